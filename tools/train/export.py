@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""Exports the best checkpoint to models/tiny-moe in the Hugging Face layout (bf16
+safetensors), verifies it by reading it back, measures validation/test perplexity and the
+routing statistics of the shipped bf16 weights, and writes them to eval/metrics.json."""
+import os
+os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+
+import argparse
+import itertools
+import json
+import math
+import shutil
+
+import sentencepiece as spm
+import torch
+
+import data
+import safetensors_io
+from model import Config, MixtralForCausalLM, param_counts
+
+
+def config_from_hf(d):
+    names = Config.__dataclass_fields__.keys()
+    return Config(**{k: v for k, v in d.items() if k in names})
+
+
+def load_shipped(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = config_from_hf(json.load(f))
+    model = MixtralForCausalLM(cfg)
+    tensors = safetensors_io.read(os.path.join(model_dir, "model.safetensors"))
+    model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+    model.eval()
+    return cfg, model
+
+
+@torch.no_grad()
+def routing_stats(cfg, model, docs):
+    e = cfg.num_local_experts
+    freq = torch.zeros(cfg.num_hidden_layers, e)
+    pairs = torch.zeros(cfg.num_hidden_layers, e, e)
+    for inp, _ in data.eval_windows(docs):
+        trace = []
+        model(torch.tensor([inp]), trace)
+        for layer, (chosen, _, _) in enumerate(trace):
+            for row in chosen.tolist():
+                a, b = sorted(row)
+                freq[layer, a] += 1
+                freq[layer, b] += 1
+                pairs[layer, a, b] += 1
+    out = []
+    for layer in range(cfg.num_hidden_layers):
+        counts = sorted((pairs[layer, a, b].item() for a, b in itertools.combinations(range(e), 2)),
+                        reverse=True)
+        top = sum(counts[: len(counts) // 4]) / sum(counts)
+        f = freq[layer] / freq[layer].sum()
+        out.append({"layer": layer, "expert_share": [round(x, 4) for x in f.tolist()],
+                    "top25_pairs_share": round(top, 4), "pairs_never_used": sum(c == 0 for c in counts)})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--model-dir", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    ckpt = torch.load(os.path.join(args.work, "best.pt"))
+    os.makedirs(args.model_dir, exist_ok=True)
+    tensors = {k: v.to(torch.bfloat16) for k, v in ckpt["state_dict"].items()}
+    path = os.path.join(args.model_dir, "model.safetensors")
+    safetensors_io.write(path, tensors, {"format": "pt"})
+    back = safetensors_io.read(path)
+    assert back.keys() == tensors.keys()
+    for k in tensors:
+        assert torch.equal(back[k].view(torch.int16), tensors[k].view(torch.int16)), k
+
+    cfg_dict = ckpt["config"]
+    with open(os.path.join(args.model_dir, "config.json"), "w") as f:
+        json.dump(cfg_dict, f, indent=2, sort_keys=True)
+    with open(os.path.join(args.model_dir, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False,
+                   "max_new_tokens": 128}, f, indent=2)
+    with open(os.path.join(args.model_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True,
+                   "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
+                   "unk_token": "<unk>", "pad_token": None, "model_max_length": 512,
+                   "legacy": False}, f, indent=2)
+    shutil.copy(os.path.join(args.work, "tokenizer.model"), os.path.join(args.model_dir, "tokenizer.model"))
+
+    cfg, model = load_shipped(args.model_dir)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.model_dir, "tokenizer.model"))
+    metrics = {"step": ckpt["step"], "train_elapsed_s": round(ckpt["elapsed_s"]),
+               "train_args": ckpt["args"], "checkpoint_valid_nll_bf16_autocast": ckpt["valid_nll"]}
+    for part in ("valid", "test"):
+        docs = data.encode_docs(sp, os.path.join(args.model_dir, "eval", f"{part}.txt"))
+        nll, count = data.evaluate(model, docs, autocast=False)
+        metrics[part] = {"nll": nll, "perplexity": math.exp(nll), "tokens": count,
+                         "documents": len(docs)}
+        print(part, metrics[part], flush=True)
+    total, active = param_counts(cfg)
+    metrics["params_total"], metrics["params_active"] = total, active
+    test_docs = data.encode_docs(sp, os.path.join(args.model_dir, "eval", "test.txt"))
+    metrics["routing_test_split"] = routing_stats(cfg, model, test_docs)
+    with open(os.path.join(args.model_dir, "eval", "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=1)
+    print(json.dumps({k: v for k, v in metrics.items() if k != "routing_test_split"}, indent=1))
+    for r in metrics["routing_test_split"]:
+        print(r["layer"], r["top25_pairs_share"], max(r["expert_share"]), min(r["expert_share"]))
+
+
+if __name__ == "__main__":
+    main()

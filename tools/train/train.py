@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+"""Trains the tiny Mixtral on the Brown train split (run prepare_data.py first).
+
+Every sequence starts with BOS (the exported tokenizer_config says add_bos_token: true);
+documents are joined with EOS. Keeps the checkpoint with the best validation loss.
+"""
+import os
+os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")  # must precede loading OpenBLAS
+
+import argparse
+import json
+import math
+import random
+import time
+
+import sentencepiece as spm
+import torch
+import torch.nn.functional as F
+
+import data
+from model import Config, MixtralForCausalLM, load_balancing_loss, param_counts
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--batch", type=int, default=4, help="sequences per micro-batch")
+    ap.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
+    ap.add_argument("--autocast", type=int, default=0, help="bf16 autocast (slower on Debian's torch 1.13)")
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--dropout", type=float, default=0.05)
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(args.work, "tokenizer.model"))
+    train_stream = [t for doc in data.encode_docs(sp, os.path.join(args.work, "train.txt")) for t in doc]
+    train_stream = torch.tensor(train_stream)
+    valid_docs = data.encode_docs(sp, os.path.join(args.work, "valid.txt"))
+
+    cfg = Config(dropout=args.dropout)
+    model = MixtralForCausalLM(cfg)
+    total, active = param_counts(cfg)
+    assert total == sum(p.numel() for p in model.parameters())
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    log = open(os.path.join(args.work, "train.log"), "a")
+
+    def say(msg):
+        print(msg, flush=True)
+        log.write(msg + "\n")
+        log.flush()
+
+    say(json.dumps({"start": time.strftime("%Y-%m-%dT%H:%M:%S"), "args": vars(args),
+                    "train_tokens": len(train_stream), "params_total": total,
+                    "params_active": active}))
+    best = float("inf")
+    t0 = time.time()
+    n = args.seq - 1
+    for step in range(1, args.steps + 1):
+        lr = args.lr * min(1.0, step / args.warmup) * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        lr = max(lr, args.lr * 0.02)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        for _ in range(args.accum):
+            starts = [rng.randrange(0, len(train_stream) - n - 1) for _ in range(args.batch)]
+            chunk = torch.stack([train_stream[s:s + n + 1] for s in starts])
+            bos = torch.full((args.batch, 1), data.BOS, dtype=torch.long)
+            inp = torch.cat([bos, chunk[:, :-1]], dim=1)
+            tgt = chunk
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(args.autocast)):
+                logits, router_logits = model(inp)
+            ce = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), tgt.reshape(-1))
+            aux = load_balancing_loss([r.float() for r in router_logits], cfg.num_local_experts,
+                                      cfg.num_experts_per_tok)
+            loss = (ce + cfg.router_aux_loss_coef * aux) / args.accum
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 10 == 0:
+            el = time.time() - t0
+            say(f"step {step} loss {ce.item():.4f} aux {aux.item():.3f} lr {lr:.2e} "
+                f"tok/s {step * args.accum * args.batch * args.seq / el:.0f} elapsed {el:.0f}s")
+        if step % args.eval_every == 0 or step == args.steps:
+            nll, count = data.evaluate(model, valid_docs, autocast=bool(args.autocast))
+            say(f"eval step {step} valid_nll {nll:.4f} valid_ppl {math.exp(nll):.2f} tokens {count}")
+            if nll < best:
+                best = nll
+                torch.save({"config": cfg.hf_dict(), "state_dict": model.state_dict(), "step": step,
+                            "valid_nll": nll, "elapsed_s": time.time() - t0, "args": vars(args)},
+                           os.path.join(args.work, "best.pt"))
+    say(json.dumps({"done": True, "best_valid_nll": best, "elapsed_s": time.time() - t0}))
+
+
+if __name__ == "__main__":
+    main()
