@@ -1,0 +1,69 @@
+#include "common/kv/geometry.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status.h"
+
+namespace tandem::kv {
+
+tandem::v1::KvGeometry MakeKvGeometry(const model::ModelConfig& config, int block_size,
+                                      tandem::v1::KvDtype dtype) {
+  tandem::v1::KvGeometry geometry;
+  geometry.set_num_layers(static_cast<int32_t>(config.num_hidden_layers));
+  geometry.set_num_kv_heads(static_cast<int32_t>(config.num_key_value_heads));
+  geometry.set_head_dim(static_cast<int32_t>(config.head_dim));
+  geometry.set_dtype(dtype);
+  geometry.set_block_size(block_size);
+  geometry.set_rope_theta(config.rope_theta);
+  geometry.set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
+  return geometry;
+}
+
+absl::Status CheckCompatible(const tandem::v1::KvGeometry& ours,
+                             const tandem::v1::KvGeometry& theirs) {
+  auto mismatch = [](absl::string_view field, auto a, auto b) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV geometry mismatch in ", field, ": this instance has ", a, ", the peer has ", b));
+  };
+  if (ours.num_layers() != theirs.num_layers()) {
+    return mismatch("num_layers", ours.num_layers(), theirs.num_layers());
+  }
+  if (ours.num_kv_heads() != theirs.num_kv_heads()) {
+    return mismatch("num_kv_heads", ours.num_kv_heads(), theirs.num_kv_heads());
+  }
+  if (ours.head_dim() != theirs.head_dim()) {
+    return mismatch("head_dim", ours.head_dim(), theirs.head_dim());
+  }
+  if (ours.dtype() != theirs.dtype()) {
+    return mismatch("dtype", tandem::v1::KvDtype_Name(ours.dtype()),
+                    tandem::v1::KvDtype_Name(theirs.dtype()));
+  }
+  if (ours.block_size() != theirs.block_size()) {
+    return mismatch("block_size", ours.block_size(), theirs.block_size());
+  }
+  if (ours.rope_theta() != theirs.rope_theta()) {
+    return mismatch("rope_theta", ours.rope_theta(), theirs.rope_theta());
+  }
+  if (ours.max_position_embeddings() != theirs.max_position_embeddings()) {
+    return mismatch("max_position_embeddings", ours.max_position_embeddings(),
+                    theirs.max_position_embeddings());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, int block_size) {
+  if (block_size < 1 || block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV block size ", block_size, " must be in [1, 1024]"));
+  }
+  const std::filesystem::path dir(model_dir);
+  InstanceModel out;
+  ASSIGN_OR_RETURN(out.config, model::LoadModelConfig(dir / "config.json"));
+  out.name = std::filesystem::absolute(dir).lexically_normal().filename().string();
+  if (out.name.empty()) out.name = std::filesystem::absolute(dir).parent_path().filename();
+  out.geometry = MakeKvGeometry(out.config, block_size, tandem::v1::KV_DTYPE_F32);
+  return out;
+}
+
+}  // namespace tandem::kv

@@ -1,0 +1,34 @@
+// KV-cache geometry: what a prefill and a decode instance must agree on to exchange KV
+// blocks. Only attention and cache layout count: expert pruning does not change the cache,
+// so a pruned decoder pairs with a full prefill.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+#include "tandem/v1/kv.pb.h"
+
+namespace tandem::kv {
+
+tandem::v1::KvGeometry MakeKvGeometry(const model::ModelConfig& config, int block_size,
+                                      tandem::v1::KvDtype dtype);
+
+// OK when `ours` and `theirs` can exchange blocks; otherwise FAILED_PRECONDITION naming the
+// first field that differs and both values.
+absl::Status CheckCompatible(const tandem::v1::KvGeometry& ours,
+                             const tandem::v1::KvGeometry& theirs);
+
+// What a prefill or decode instance serves: its model's name (the directory's), config, and
+// the KV geometry it exchanges.
+struct InstanceModel {
+  std::string name;
+  model::ModelConfig config;
+  tandem::v1::KvGeometry geometry;
+};
+
+// Loads DIR/config.json and derives the geometry; INVALID_ARGUMENT for a bad block size.
+absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, int block_size);
+
+}  // namespace tandem::kv

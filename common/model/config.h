@@ -1,0 +1,112 @@
+// Model configuration: a Hugging Face config.json parsed into ModelConfig, and the
+// architecture tables that say, per MoE family, how routing behaves and what the checkpoint's
+// tensors are called and shaped. Adding an architecture means adding one ArchitectureSpec
+// entry (plus any config keys it names), not a new code path.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::model {
+
+// The weights of a decoder-only MoE transformer, by role. Per-layer kinds take a layer index;
+// expert kinds take a layer and an expert index.
+enum class TensorKind {
+  kTokenEmbedding,  // (vocab, hidden)
+  kOutputNorm,      // (hidden)
+  kOutput,          // (vocab, hidden); absent when tie_word_embeddings
+  kAttnNorm,        // (hidden)
+  kAttnQ,           // (heads*head_dim, hidden)
+  kAttnK,           // (kv_heads*head_dim, hidden)
+  kAttnV,           // (kv_heads*head_dim, hidden)
+  kAttnOut,         // (hidden, heads*head_dim)
+  kAttnQNorm,       // (head_dim); per-head RMSNorm of q, only where the architecture has it
+  kAttnKNorm,       // (head_dim)
+  kFfnNorm,         // (hidden)
+  kRouter,          // (experts, hidden)
+  kExpertGate,      // (intermediate, hidden)   w1 / gate_proj
+  kExpertUp,        // (intermediate, hidden)   w3 / up_proj
+  kExpertDown,      // (hidden, intermediate)   w2 / down_proj
+};
+inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kExpertDown) + 1;
+
+// One MoE family, declared as data. Name patterns use "{layer}" and "{expert}"; an empty
+// pattern means the architecture has no such tensor.
+struct ArchitectureSpec {
+  std::string_view model_type;  // config.json "model_type", e.g. "mixtral"
+  // Default for ModelConfig::norm_topk_prob: whether the selected top-k router probabilities
+  // are renormalised to sum to one (Mixtral: softmax over the top-k logits, equivalent).
+  bool norm_topk_prob;
+  // When set, config.json may override norm_topk_prob with a key of that name.
+  bool norm_topk_prob_from_config;
+  std::string_view num_experts_key;        // "num_local_experts" (Mixtral), "num_experts"
+  std::string_view intermediate_size_key;  // the expert FFN width's key
+  std::array<std::string_view, kNumTensorKinds> tensor_names;  // indexed by TensorKind
+};
+
+// All known architectures; the table is the single source of per-architecture facts.
+const std::vector<const ArchitectureSpec*>& Architectures();
+// The entry for `model_type`; INVALID_ARGUMENT listing the known ones when there is none.
+absl::StatusOr<const ArchitectureSpec*> FindArchitecture(std::string_view model_type);
+const ArchitectureSpec& MixtralArchitecture();
+
+// A parsed config.json. Sizes are validated by ParseModelConfig: all positive,
+// hidden_size == num_attention_heads * head_dim unless head_dim was given explicitly,
+// num_attention_heads % num_key_value_heads == 0, num_experts_per_tok <= num_local_experts.
+struct ModelConfig {
+  const ArchitectureSpec* arch = &MixtralArchitecture();  // never null; static storage
+  std::vector<std::string> architectures;  // config.json "architectures" (informational)
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // per-expert FFN width
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
+  int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  int64_t num_local_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t max_position_embeddings = 0;
+  int64_t sliding_window = 0;  // 0: full attention (config value null or absent)
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-5;
+  int32_t bos_token_id = -1;           // -1 when config.json has none
+  int32_t eos_token_id = -1;           // the first when config.json lists several; -1: none
+  std::vector<int32_t> eos_token_ids;  // all of them
+  bool tie_word_embeddings = false;
+  bool norm_topk_prob = true;
+  std::string torch_dtype;  // "bfloat16", "float16", "float32", or empty when absent
+
+  std::string_view model_type() const { return arch->model_type; }
+};
+
+// Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that
+// Tandem does not use are ignored (Hugging Face configs carry many).
+absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text);
+// Reads and parses a config.json file; NOT_FOUND when it does not exist.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+// One expected checkpoint tensor.
+struct TensorSpec {
+  std::string name;            // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // row-major, as stored
+  TensorKind kind;
+  int layer = -1;   // -1 for whole-model tensors
+  int expert = -1;  // -1 for non-expert tensors
+};
+
+// The Hugging Face name of a tensor; layer/expert are ignored where the kind has none.
+// Empty when the architecture has no tensor of that kind.
+std::string TensorName(const ArchitectureSpec& arch, TensorKind kind, int layer = -1,
+                       int expert = -1);
+// The shape a tensor of `kind` has under `config`.
+std::vector<int64_t> TensorShape(const ModelConfig& config, TensorKind kind);
+// Every tensor a checkpoint of `config` must hold, in a stable order: embedding, then per
+// layer (norms, attention, router, experts in index order), then final norm and lm_head.
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
+
+}  // namespace tandem::model

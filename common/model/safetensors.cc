@@ -1,0 +1,536 @@
+#include "common/model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/util/status.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::model {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors stores little-endian data; big-endian hosts are not supported");
+
+using Json = nlohmann::json;
+
+// The installed Abseil's string_view is its own type, not std::string_view; absl::StrCat and
+// friends need it.
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // the reference loader's limit
+constexpr size_t kMaxReportedProblems = 10;
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Parses JSON without exceptions and reports the first key repeated inside one object
+// (nlohmann::json would otherwise keep the last value silently). `duplicate_depth` is 1 for
+// keys of the top-level object.
+struct ParsedJson {
+  Json value;  // discarded on a syntax error
+  std::string duplicate_key;
+  int duplicate_depth = 0;
+};
+
+ParsedJson ParseJsonStrict(std::string_view text) {
+  ParsedJson out;
+  std::vector<std::set<std::string>> open_objects;
+  auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!open_objects.empty() && out.duplicate_key.empty() && parsed.is_string() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second) {
+          out.duplicate_key = parsed.get<std::string>();
+          out.duplicate_depth = static_cast<int>(open_objects.size());
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  out.value = Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/false);
+  return out;
+}
+
+// A non-negative JSON integer, or nullopt.
+std::optional<uint64_t> NonNegativeInt(const Json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<uint64_t>();
+  return std::nullopt;
+}
+
+class FileCloser {
+ public:
+  explicit FileCloser(int fd) : fd_(fd) {}
+  ~FileCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int release() { return std::exchange(fd_, -1); }
+  FileCloser(const FileCloser&) = delete;
+  FileCloser& operator=(const FileCloser&) = delete;
+
+ private:
+  int fd_;
+};
+
+absl::Status OpenError(int error, const std::string& path) {
+  if (error == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  return absl::ErrnoToStatus(error, absl::StrCat("cannot open ", path));
+}
+
+}  // namespace
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kF32:
+      return 4;
+  }
+  return 0;
+}
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kF32:
+      return "F32";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDType(std::string_view name) {
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
+    if (DTypeName(d) == name) return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported dtype \"", Sv(name), "\" (supported: BF16, F16, F32)"));
+}
+
+int64_t TensorView::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile
+
+SafetensorsFile::SafetensorsFile(std::string path, int fd, const std::byte* map, size_t map_size)
+    : path_(std::move(path)), fd_(fd), map_(map), map_size_(map_size), data_offset_(0) {}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return OpenError(errno, path);
+  FileCloser closer(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", path));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": file is ", size, " bytes, shorter than the 8-byte header length field"));
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (map == MAP_FAILED) return absl::ErrnoToStatus(errno, absl::StrCat("cannot mmap ", path));
+  std::unique_ptr<SafetensorsFile> file(
+      new SafetensorsFile(path, closer.release(), static_cast<const std::byte*>(map), size));
+  absl::Status status = file->ParseHeader();
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  }
+  return file;
+}
+
+absl::Status SafetensorsFile::ParseHeader() {
+  uint64_t header_len;
+  std::memcpy(&header_len, map_, sizeof(header_len));
+  if (header_len > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("header length ", header_len,
+                                                   " exceeds the limit of ", kMaxHeaderBytes,
+                                                   " bytes (corrupt or not a safetensors file)"));
+  }
+  if (header_len > map_size_ - 8) {
+    return absl::InvalidArgumentError(absl::StrCat("header length ", header_len,
+                                                   " is larger than the file (", map_size_,
+                                                   " bytes); the file may be truncated"));
+  }
+  data_offset_ = 8 + header_len;
+  const uint64_t data_size = map_size_ - data_offset_;
+  const std::string_view header(reinterpret_cast<const char*>(map_) + 8, header_len);
+  if (header.empty() || header.front() != '{') {
+    return absl::InvalidArgumentError("header is not a JSON object (must start with '{')");
+  }
+  ParsedJson parsed = ParseJsonStrict(header);
+  if (parsed.value.is_discarded()) return absl::InvalidArgumentError("header is not valid JSON");
+  if (!parsed.value.is_object()) return absl::InvalidArgumentError("header is not a JSON object");
+  if (!parsed.duplicate_key.empty()) {
+    return absl::InvalidArgumentError(
+        parsed.duplicate_depth == 1
+            ? absl::StrCat("duplicate tensor name '", parsed.duplicate_key, "' in header")
+            : absl::StrCat("duplicate key '", parsed.duplicate_key, "' in header"));
+  }
+
+  struct Extent {
+    uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Extent> extents;
+  for (const auto& [name, info] : parsed.value.items()) {
+    if (name == "__metadata__") {
+      if (!info.is_object()) {
+        return absl::InvalidArgumentError("__metadata__ must be an object of strings");
+      }
+      for (const auto& [key, value] : info.items()) {
+        if (!value.is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("__metadata__ value for '", key, "' must be a string"));
+        }
+        metadata_[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = absl::StrCat("tensor '", name, "': ");
+    if (name.empty()) return absl::InvalidArgumentError("empty tensor name in header");
+    if (!info.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "entry must be an object"));
+    }
+    auto dtype_it = info.find("dtype");
+    if (dtype_it == info.end() || !dtype_it->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "missing or non-string dtype"));
+    }
+    absl::StatusOr<DType> dtype = ParseDType(dtype_it->get<std::string>());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, dtype.status().message()));
+    }
+
+    auto shape_it = info.find("shape");
+    if (shape_it == info.end() || !shape_it->is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "shape must be an array of non-negative integers"));
+    }
+    std::vector<int64_t> shape;
+    uint64_t num_elements = 1;
+    bool overflow = false;
+    for (const Json& d : *shape_it) {
+      std::optional<uint64_t> dim = NonNegativeInt(d);
+      if (!dim.has_value() || *dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "shape must be an array of non-negative integers, got ", shape_it->dump()));
+      }
+      shape.push_back(static_cast<int64_t>(*dim));
+      overflow |= __builtin_mul_overflow(num_elements, *dim, &num_elements);
+    }
+    uint64_t expected_bytes = 0;
+    overflow |= __builtin_mul_overflow(num_elements, DTypeSize(*dtype), &expected_bytes);
+    if (overflow) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "shape ", ShapeString(shape), " overflows the byte size"));
+    }
+
+    auto offsets_it = info.find("data_offsets");
+    std::optional<uint64_t> begin, end;
+    if (offsets_it != info.end() && offsets_it->is_array() && offsets_it->size() == 2) {
+      begin = NonNegativeInt((*offsets_it)[0]);
+      end = NonNegativeInt((*offsets_it)[1]);
+    }
+    if (!begin.has_value() || !end.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "data_offsets must be two non-negative integers [begin, end]"));
+    }
+    if (*begin > *end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "data_offsets begin ", *begin, " is after end ", *end));
+    }
+    if (*end > data_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "data_offsets [", *begin, ", ", *end, "] extend beyond the data section (",
+          data_size, " bytes); the file may be truncated"));
+    }
+    if (*end - *begin != expected_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "byte size ", *end - *begin, " does not match dtype ", Sv(DTypeName(*dtype)),
+          " and shape ", ShapeString(shape), " (expected ", expected_bytes, " bytes)"));
+    }
+    auto [it, inserted] =
+        tensors_.emplace(name, Entry{*dtype, std::move(shape), static_cast<size_t>(*begin),
+                                     static_cast<size_t>(expected_bytes)});
+    if (!inserted) {  // unreachable after the duplicate-key check; kept as a guard
+      return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name '", name, "'"));
+    }
+    extents.push_back(Extent{*begin, *end, &it->first});
+  }
+
+  // Like the reference implementation, tensors must tile the data section exactly.
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
+  uint64_t covered = 0;
+  const std::string* previous = nullptr;
+  for (const Extent& e : extents) {
+    if (e.begin < covered) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", *e.name, "' overlaps tensor '",
+                                                     *previous, "' in the data section"));
+    }
+    if (e.begin > covered) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", *e.name, "' starts at data offset ", e.begin,
+                       " leaving a gap after offset ", covered, " (unreferenced bytes)"));
+    }
+    covered = e.end;
+    previous = e.name;
+  }
+  if (covered != data_size) {
+    return absl::InvalidArgumentError(absl::StrCat("data section has ", data_size - covered,
+                                                   " trailing bytes not covered by any tensor"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorView> SafetensorsFile::Get(std::string_view name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor named '", Sv(name), "'"));
+  }
+  const Entry& e = it->second;
+  return TensorView{it->first, e.dtype, e.shape, map_ + data_offset_ + e.begin, e.size_bytes};
+}
+
+bool SafetensorsFile::Contains(std::string_view name) const {
+  return tensors_.find(name) != tensors_.end();
+}
+
+std::vector<std::string> SafetensorsFile::Names() const {
+  std::vector<std::string> names;
+  names.reserve(tensors_.size());
+  for (const auto& [name, entry] : tensors_) names.push_back(name);
+  return names;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsModel
+
+absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<SafetensorsModel> model(new SafetensorsModel());
+  std::error_code ec;
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (fs::exists(single, ec)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single));
+    for (const std::string& name : file->Names()) model->shard_of_.emplace(name, 0);
+    model->shards_.push_back(std::move(file));
+    return model;
+  }
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  if (!fs::exists(index_path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("no model.safetensors or model.safetensors.index.json in ", dir));
+  }
+
+  std::ifstream in(index_path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", index_path.string()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::string where = absl::StrCat(index_path.string(), ": ");
+  ParsedJson index = ParseJsonStrict(text.str());
+  if (index.value.is_discarded() || !index.value.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "not a JSON object"));
+  }
+  if (!index.duplicate_key.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "duplicate key '", index.duplicate_key, "'"));
+  }
+  auto map_it = index.value.find("weight_map");
+  if (map_it == index.value.end() || !map_it->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "missing \"weight_map\" object"));
+  }
+
+  std::map<std::string, size_t> shard_index;  // file name -> index in shards_
+  for (const auto& [tensor, file_json] : map_it->items()) {
+    if (!file_json.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "weight_map entry for '", tensor, "' must be a file name string"));
+    }
+    const std::string file_name = file_json.get<std::string>();
+    // Shards must be plain names inside `dir`; an index must not reach elsewhere.
+    if (file_name.empty() || file_name == "." || file_name == ".." ||
+        file_name.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "weight_map entry for '", tensor,
+                                                     "' is not a plain file name: \"", file_name,
+                                                     "\""));
+    }
+    auto [it, inserted] = shard_index.emplace(file_name, model->shards_.size());
+    if (inserted) {
+      ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> shard,
+                       SafetensorsFile::Open(fs::path(dir) / file_name));
+      model->shards_.push_back(std::move(shard));
+    }
+    if (!model->shards_[it->second]->Contains(tensor)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "weight_map puts tensor '", tensor,
+                                                     "' in ", file_name, ", which lacks it"));
+    }
+    model->shard_of_.emplace(tensor, it->second);
+  }
+  for (const auto& [file_name, i] : shard_index) {
+    for (const std::string& tensor : model->shards_[i]->Names()) {
+      auto it = model->shard_of_.find(tensor);
+      if (it == model->shard_of_.end() || it->second != i) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "shard ", file_name, " holds tensor '", tensor,
+                         "', which weight_map does not assign to it"));
+      }
+    }
+  }
+  return model;
+}
+
+absl::StatusOr<TensorView> SafetensorsModel::Get(std::string_view name) const {
+  auto it = shard_of_.find(name);
+  if (it == shard_of_.end()) {
+    return absl::NotFoundError(absl::StrCat("model has no tensor named '", Sv(name), "'"));
+  }
+  return shards_[it->second]->Get(name);
+}
+
+bool SafetensorsModel::Contains(std::string_view name) const {
+  return shard_of_.find(name) != shard_of_.end();
+}
+
+std::vector<std::string> SafetensorsModel::Names() const {
+  std::vector<std::string> names;
+  names.reserve(shard_of_.size());
+  for (const auto& [name, shard] : shard_of_) names.push_back(name);
+  return names;
+}
+
+absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelConfig& config) {
+  std::vector<std::string> problems;
+  std::set<std::string, std::less<>> expected_names;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    expected_names.insert(spec.name);
+    absl::StatusOr<TensorView> t = model.Get(spec.name);
+    if (!t.ok()) {
+      problems.push_back(absl::StrCat("missing tensor '", spec.name, "'"));
+      continue;
+    }
+    if (t->shape != spec.shape) {
+      problems.push_back(absl::StrCat("tensor '", spec.name, "' has shape ", ShapeString(t->shape),
+                                      ", expected ", ShapeString(spec.shape)));
+    }
+    // Every DType the loader accepts is usable; this guards against the enum growing.
+    if (t->dtype != DType::kBF16 && t->dtype != DType::kF16 && t->dtype != DType::kF32) {
+      problems.push_back(
+          absl::StrCat("tensor '", spec.name, "' has unsupported dtype ", Sv(DTypeName(t->dtype))));
+    }
+  }
+  for (const std::string& name : model.Names()) {
+    if (!expected_names.contains(name)) {
+      problems.push_back(absl::StrCat("unexpected tensor '", name, "'"));
+    }
+  }
+  if (problems.empty()) return absl::OkStatus();
+  const size_t total = problems.size();
+  if (total > kMaxReportedProblems) {
+    problems.resize(kMaxReportedProblems);
+    problems.push_back(absl::StrCat("and ", total - kMaxReportedProblems, " more"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("checkpoint does not match config (model_type ",
+                                                 Sv(config.model_type()), "): ", total,
+                                                 " problem(s): ", absl::StrJoin(problems, "; ")));
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const TensorView& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__" || header.contains(t.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("WriteSafetensors: bad or duplicate tensor name '", t.name, "'"));
+    }
+    uint64_t expected = DTypeSize(t.dtype);
+    for (int64_t d : t.shape) {
+      if (d < 0 || __builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("WriteSafetensors: tensor '", t.name, "' has a bad shape"));
+      }
+    }
+    if (expected != t.size_bytes || (t.data == nullptr && t.size_bytes != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("WriteSafetensors: tensor '", t.name, "' has ",
+                                                     t.size_bytes, " bytes, its shape ",
+                                                     ShapeString(t.shape), " needs ", expected));
+    }
+    header[t.name] = {{"dtype", DTypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.size_bytes}}};
+    offset += t.size_bytes;
+  }
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const uint64_t header_len = header_text.size();
+
+  // Write beside the target and rename, so readers never see a half-written checkpoint.
+  const std::string tmp_path = path + ".tmp";
+  {
+    std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp_path));
+    out.write(reinterpret_cast<const char*>(&header_len), sizeof(header_len));
+    out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
+    for (const TensorView& t : tensors) {
+      out.write(reinterpret_cast<const char*>(t.data), static_cast<std::streamsize>(t.size_bytes));
+    }
+    out.close();
+    if (!out) {
+      std::error_code ec;
+      std::filesystem::remove(tmp_path, ec);
+      return absl::DataLossError(absl::StrCat("failed writing ", tmp_path));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp_path, path, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp_path, " to ", path, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::model

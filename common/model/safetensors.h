@@ -1,0 +1,116 @@
+// Memory-mapped safetensors checkpoints: a single file (SafetensorsFile) or a Hugging Face
+// model directory, single-file or sharded with an index (SafetensorsModel).
+//
+// Opening validates the whole header up front, so a file that opens is safe to read: every
+// tensor's bytes lie inside the file, match its dtype and shape exactly, and do not overlap.
+// Malformed input yields INVALID_ARGUMENT naming the tensor and the problem, never a crash.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+
+namespace tandem::model {
+
+// Element types Tandem reads from checkpoints.
+enum class DType { kBF16, kF16, kF32 };
+
+size_t DTypeSize(DType dtype);            // bytes per element
+std::string_view DTypeName(DType dtype);  // the safetensors spelling: "BF16", "F16", "F32"
+absl::StatusOr<DType> ParseDType(std::string_view name);
+
+// A tensor inside a mapped file. `data` stays valid while the file that produced it is open.
+// It is not necessarily aligned to the element size (the format does not guarantee it), so
+// read elements with memcpy or copy the tensor out.
+struct TensorView {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;  // row-major
+  const std::byte* data;       // size_bytes bytes
+  size_t size_bytes;           // product(shape) * DTypeSize(dtype)
+
+  int64_t num_elements() const;
+};
+
+// One .safetensors file, mapped read-only for its lifetime. Thread-safe for reads.
+class SafetensorsFile {
+ public:
+  // NOT_FOUND when `path` does not exist; INVALID_ARGUMENT for any malformation.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  // NOT_FOUND when the file has no tensor of that name.
+  absl::StatusOr<TensorView> Get(std::string_view name) const;
+  bool Contains(std::string_view name) const;
+  std::vector<std::string> Names() const;  // sorted
+  size_t num_tensors() const { return tensors_.size(); }
+  // The header's "__metadata__" (string to string); empty when absent.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Entry {
+    DType dtype;
+    std::vector<int64_t> shape;
+    size_t begin;  // offset into the data section
+    size_t size_bytes;
+  };
+
+  SafetensorsFile(std::string path, int fd, const std::byte* map, size_t map_size);
+  // Validates the header and fills tensors_ and metadata_.
+  absl::Status ParseHeader();
+
+  std::string path_;
+  int fd_;
+  const std::byte* map_;
+  size_t map_size_;
+  size_t data_offset_;  // 8 + header length
+  std::map<std::string, Entry, std::less<>> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A Hugging Face model directory's weights: DIR/model.safetensors, or when that is absent
+// DIR/model.safetensors.index.json, whose "weight_map" maps each tensor to a shard file in DIR.
+// Tensor lookups go to the right shard. Thread-safe for reads.
+class SafetensorsModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsModel>> Open(const std::string& dir);
+
+  SafetensorsModel(const SafetensorsModel&) = delete;
+  SafetensorsModel& operator=(const SafetensorsModel&) = delete;
+
+  // NOT_FOUND when no shard has a tensor of that name.
+  absl::StatusOr<TensorView> Get(std::string_view name) const;
+  bool Contains(std::string_view name) const;
+  std::vector<std::string> Names() const;  // sorted, across all shards
+  size_t num_shards() const { return shards_.size(); }
+
+ private:
+  SafetensorsModel() = default;
+
+  std::vector<std::unique_ptr<SafetensorsFile>> shards_;
+  std::map<std::string, size_t, std::less<>> shard_of_;  // tensor name -> index in shards_
+};
+
+// Checks that `model` holds exactly ExpectedTensors(config): each with the expected shape and
+// a supported dtype, and nothing else. INVALID_ARGUMENT listing the problems otherwise.
+absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelConfig& config);
+
+// Writes `tensors` (in the given order, contiguous) and `metadata` as a safetensors file,
+// with the header padded to a multiple of 8 bytes. Used by tools that write checkpoints and by
+// tests.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace tandem::model

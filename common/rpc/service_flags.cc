@@ -1,0 +1,68 @@
+#include "common/rpc/service_flags.h"
+
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/logging.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (gRPC and HTTP).");
+ABSL_FLAG(int, grpc_port, 0, "gRPC port; 0 picks a free one (see --port_file).");
+ABSL_FLAG(int, http_port, 0, "HTTP port for /metrics, /healthz, /readyz; 0 picks a free one.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write {\"grpc_port\",\"http_port\",\"pid\"} as JSON here once listening.");
+ABSL_FLAG(double, drain_timeout_s, 10.0,
+          "On SIGTERM/SIGINT, seconds in-flight requests get to finish before cancellation.");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+
+namespace tandem::rpc {
+
+absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const std::string& name) {
+  ServiceOptions options;
+  options.name = name;
+  options.host = absl::GetFlag(FLAGS_host);
+  options.grpc_port = absl::GetFlag(FLAGS_grpc_port);
+  options.http_port = absl::GetFlag(FLAGS_http_port);
+  options.port_file = absl::GetFlag(FLAGS_port_file);
+  const double drain = absl::GetFlag(FLAGS_drain_timeout_s);
+  for (const auto& [flag, port] :
+       {std::pair{"grpc_port", options.grpc_port}, std::pair{"http_port", options.http_port}}) {
+    if (port < 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", port, " is not a port"));
+    }
+  }
+  if (options.grpc_port != 0 && options.grpc_port == options.http_port) {
+    return absl::InvalidArgumentError("--grpc_port and --http_port must differ");
+  }
+  if (!(drain >= 0 && drain <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--drain_timeout_s=", drain, " must be within [0, 3600]"));
+  }
+  options.drain_timeout = absl::Seconds(drain);
+  util::LogLevel level;
+  if (!util::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    return absl::InvalidArgumentError(absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level),
+                                                   " is not debug|info|warning|error"));
+  }
+  util::SetMinLogLevel(level);
+  return options;
+}
+
+ServiceOptions InitService(int argc, char** argv, const config::ProgramInfo& program) {
+  BlockShutdownSignals();
+  auto args = config::ParseFlags(argc, argv, program);
+  if (args.ok() && args->size() > 1) {
+    args = absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", (*args)[1], "' (see --help)"));
+  }
+  absl::StatusOr<ServiceOptions> options =
+      args.ok() ? ServiceOptionsFromFlags(program.name) : args.status();
+  if (!options.ok()) {
+    std::cerr << program.name << ": " << options.status().message() << "\n";
+    std::exit(2);
+  }
+  return *std::move(options);
+}
+
+}  // namespace tandem::rpc

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what Tandem needs from Debian 12's packages, idempotently: only missing packages
+# are installed, and nothing is downloaded when everything is present.
+#   scripts/setup.sh           build, test and run dependencies
+#   scripts/setup.sh --train   also what tools/train needs (PyTorch, NumPy, SentencePiece, npm)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ccache git clang-format
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libucx-dev ucx-utils
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libsentencepiece-dev
+  libcivetweb-dev civetweb
+  prometheus
+)
+if [[ "${1:-}" == "--train" ]]; then
+  packages+=(python3-torch python3-numpy python3-sentencepiece sentencepiece
+             libopenblas0-openmp npm)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) != 0 ]]; then sudo_cmd=(sudo); fi
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+  "${missing[@]}" >/dev/null
+echo "setup: done"

@@ -1,0 +1,85 @@
+#include "tandem/client.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/status.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace tandem::sdk {
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : channel_(std::move(channel)),
+      stub_(tandem::v1::Gateway::NewStub(channel_)),
+      options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        ClientOptions options,
+                                                        absl::Duration connect_timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to the gateway at ", target,
+                                               " within ", absl::FormatDuration(connect_timeout)));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+}
+
+void Client::SetDeadline(grpc::ClientContext* context) const {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+}
+
+absl::StatusOr<tandem::v1::GenerateResponse> Client::Generate(
+    const tandem::v1::GenerateRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  tandem::v1::GenerateResponse response;
+  grpc::Status status = stub_->Generate(&context, request, &response);
+  if (!status.ok()) return rpc::FromGrpcStatus(status);
+  return response;
+}
+
+absl::Status Client::GenerateStream(
+    const tandem::v1::GenerateRequest& request,
+    const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  auto reader = stub_->GenerateStream(&context, request);
+  tandem::v1::GenerateStreamResponse chunk;
+  while (reader->Read(&chunk)) on_chunk(chunk);
+  return rpc::FromGrpcStatus(reader->Finish());
+}
+
+absl::StatusOr<tandem::v1::TokenizeResponse> Client::Tokenize(
+    const tandem::v1::TokenizeRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  tandem::v1::TokenizeResponse response;
+  grpc::Status status = stub_->Tokenize(&context, request, &response);
+  if (!status.ok()) return rpc::FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<tandem::v1::ListModelsResponse> Client::ListModels() {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  tandem::v1::ListModelsResponse response;
+  grpc::Status status = stub_->ListModels(&context, tandem::v1::ListModelsRequest(), &response);
+  if (!status.ok()) return rpc::FromGrpcStatus(status);
+  return response;
+}
+
+absl::Status Client::Health() {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
+  if (!status.ok()) return rpc::FromGrpcStatus(status);
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError("gateway reports NOT_SERVING");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::sdk

@@ -1,0 +1,51 @@
+// Tandem's C++ client SDK: a thin, synchronous layer over the gateway's gRPC API, with
+// deadlines on every call and errors as absl::Status (the server's code and message kept).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tandem/v1/gateway.grpc.pb.h"
+
+namespace tandem::sdk {
+
+struct ClientOptions {
+  // Deadline of each call (a streamed call: of the whole stream).
+  absl::Duration timeout = absl::Seconds(60);
+  int max_message_bytes = 64 << 20;
+};
+
+class Client {
+ public:
+  // Connects to a gateway at `target` ("host:port"); fails if it is not reachable within
+  // `connect_timeout`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target, ClientOptions options = {},
+      absl::Duration connect_timeout = absl::Seconds(5));
+
+  absl::StatusOr<tandem::v1::GenerateResponse> Generate(const tandem::v1::GenerateRequest& request);
+  // Calls `on_chunk` for every streamed chunk, in order; returns the stream's final status.
+  absl::Status GenerateStream(
+      const tandem::v1::GenerateRequest& request,
+      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk);
+  absl::StatusOr<tandem::v1::TokenizeResponse> Tokenize(const tandem::v1::TokenizeRequest& request);
+  absl::StatusOr<tandem::v1::ListModelsResponse> ListModels();
+  // grpc.health.v1 status of the whole server: OK when SERVING.
+  absl::Status Health();
+
+ private:
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+  void SetDeadline(grpc::ClientContext* context) const;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<tandem::v1::Gateway::Stub> stub_;
+  const ClientOptions options_;
+};
+
+}  // namespace tandem::sdk

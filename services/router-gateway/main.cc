@@ -1,0 +1,90 @@
+// tandem-gateway: the public entry point. Accepts client requests, picks a decode and a
+// prefill instance, runs reserve -> prefill -> decode, and streams the tokens back.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
+#include "common/model/config.h"
+#include "common/model/tokenizer.h"
+#include "common/rpc/service_flags.h"
+#include "nlohmann/json.hpp"
+#include "services/router-gateway/gateway_service.h"
+
+ABSL_FLAG(std::string, model, "models/tiny-moe",
+          "Model directory: its tokenizer and config (the gateway holds no weights).");
+ABSL_FLAG(std::vector<std::string>, prefill, {},
+          "Prefill instances, comma-separated host:port (gRPC).");
+ABSL_FLAG(std::vector<std::string>, decode, {},
+          "Decode instances, comma-separated host:port (gRPC).");
+ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Largest prompt accepted, in bytes.");
+
+namespace {
+
+// tokenizer_config.json's add_bos_token; Hugging Face's Llama tokenizer defaults to true.
+absl::StatusOr<bool> ReadAddBosToken(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "tokenizer_config.json");
+  if (!in) return true;
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("tokenizer_config.json is not a JSON object");
+  }
+  if (!doc.contains("add_bos_token")) return true;
+  if (!doc["add_bos_token"].is_boolean()) {
+    return absl::InvalidArgumentError("tokenizer_config.json: add_bos_token must be a boolean");
+  }
+  return doc["add_bos_token"].get<bool>();
+}
+
+int Fail(const std::string& message) {
+  std::cerr << "tandem-gateway: " << message << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const tandem::config::ProgramInfo program{
+      "tandem-gateway",
+      "public API: dispatches requests to prefill and decode instances",
+      "TANDEM_GATEWAY_",
+      {"services/router-gateway/", tandem::rpc::kServiceFlagsSource}};
+  const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
+
+  const std::filesystem::path model_dir = absl::GetFlag(FLAGS_model);
+  tandem::gateway::GatewayConfig config;
+  auto model_config = tandem::model::LoadModelConfig(model_dir / "config.json");
+  if (!model_config.ok()) return Fail("--model: " + std::string(model_config.status().message()));
+  config.model_config = *model_config;
+  config.model_name = std::filesystem::absolute(model_dir).lexically_normal().filename().string();
+  auto add_bos = ReadAddBosToken(model_dir);
+  if (!add_bos.ok()) return Fail("--model: " + std::string(add_bos.status().message()));
+  config.add_bos_token = *add_bos;
+  auto tokenizer = tandem::model::Tokenizer::Load((model_dir / "tokenizer.model").string());
+  if (!tokenizer.ok()) return Fail("--model: " + std::string(tokenizer.status().message()));
+  const int64_t max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
+  if (max_prompt_bytes < 1 || max_prompt_bytes > (int64_t{64} << 20)) {
+    return Fail("--max_prompt_bytes must be in [1, 64 MiB]");
+  }
+  config.max_prompt_bytes = static_cast<size_t>(max_prompt_bytes);
+  for (const auto& [flag, targets, out] :
+       {std::tuple{"--prefill", absl::GetFlag(FLAGS_prefill), &config.prefill_targets},
+        std::tuple{"--decode", absl::GetFlag(FLAGS_decode), &config.decode_targets}}) {
+    for (const std::string& target : targets) {
+      std::vector<std::string> parts = absl::StrSplit(target, ':');
+      int port = 0;
+      if (parts.size() != 2 || parts[0].empty() || !absl::SimpleAtoi(parts[1], &port) || port < 1 ||
+          port > 65535) {
+        return Fail(std::string(flag) + ": '" + target + "' is not host:port");
+      }
+      out->push_back(target);
+    }
+  }
+
+  tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "gateway"}});
+  tandem::metrics::HealthState health;
+  tandem::rpc::RpcMetrics rpc_metrics(&registry);
+  tandem::gateway::GatewayService service(std::move(config), *std::move(tokenizer), &rpc_metrics);
+  return tandem::rpc::RunService(options, {&service}, &registry, &health);
+}

@@ -1,0 +1,55 @@
+#include "common/kv/geometry.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace tandem::kv {
+namespace {
+
+using ::testing::HasSubstr;
+
+model::ModelConfig TinyConfig() {
+  model::ModelConfig config;
+  config.num_hidden_layers = 6;
+  config.num_key_value_heads = 2;
+  config.head_dim = 32;
+  config.rope_theta = 10000;
+  config.max_position_embeddings = 512;
+  return config;
+}
+
+TEST(KvGeometryTest, SameConfigIsCompatible) {
+  auto a = MakeKvGeometry(TinyConfig(), 16, tandem::v1::KV_DTYPE_F32);
+  auto b = MakeKvGeometry(TinyConfig(), 16, tandem::v1::KV_DTYPE_F32);
+  EXPECT_TRUE(CheckCompatible(a, b).ok());
+}
+
+TEST(KvGeometryTest, ExpertCountDoesNotMatter) {
+  model::ModelConfig pruned = TinyConfig();
+  pruned.num_local_experts = 4;
+  pruned.intermediate_size = 128;
+  EXPECT_TRUE(CheckCompatible(MakeKvGeometry(TinyConfig(), 16, tandem::v1::KV_DTYPE_F32),
+                              MakeKvGeometry(pruned, 16, tandem::v1::KV_DTYPE_F32))
+                  .ok());
+}
+
+TEST(KvGeometryTest, MismatchNamesTheField) {
+  const auto base = MakeKvGeometry(TinyConfig(), 16, tandem::v1::KV_DTYPE_F32);
+  auto other = base;
+  other.set_block_size(32);
+  absl::Status status = CheckCompatible(base, other);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("block_size"));
+  other = base;
+  other.set_dtype(tandem::v1::KV_DTYPE_BF16);
+  EXPECT_THAT(CheckCompatible(base, other).message(), HasSubstr("KV_DTYPE_BF16"));
+  other = base;
+  other.set_num_kv_heads(4);
+  EXPECT_THAT(CheckCompatible(base, other).message(), HasSubstr("num_kv_heads"));
+  other = base;
+  other.set_rope_theta(1e6);
+  EXPECT_THAT(CheckCompatible(base, other).message(), HasSubstr("rope_theta"));
+}
+
+}  // namespace
+}  // namespace tandem::kv

@@ -1,0 +1,400 @@
+#include "common/model/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace tandem::model {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// Mixtral-8x7B-v0.1's config.json, verbatim.
+constexpr char kMixtral8x7B[] = R"json({
+  "architectures": ["MixtralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mixtral",
+  "num_attention_heads": 32,
+  "num_experts_per_tok": 2,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "num_local_experts": 8,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.02,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})json";
+
+// A tiny Mixtral-shaped model, the size of the test checkpoints.
+Json TinyMixtral() {
+  return Json{{"model_type", "mixtral"},  {"vocab_size", 64},       {"hidden_size", 16},
+              {"intermediate_size", 24},  {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+              {"num_key_value_heads", 2}, {"num_local_experts", 4}, {"num_experts_per_tok", 2}};
+}
+
+void ExpectInvalid(const Json& config, const std::vector<std::string>& needles) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(config.dump());
+  ASSERT_FALSE(c.ok()) << "accepted: " << config.dump();
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  for (const std::string& needle : needles) {
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle)) << config.dump();
+  }
+}
+
+TEST(ModelConfigTest, ParsesMixtral8x7B) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kMixtral8x7B);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "mixtral");
+  EXPECT_THAT(c->architectures, ElementsAre("MixtralForCausalLM"));
+  EXPECT_EQ(c->vocab_size, 32000);
+  EXPECT_EQ(c->hidden_size, 4096);
+  EXPECT_EQ(c->intermediate_size, 14336);
+  EXPECT_EQ(c->num_hidden_layers, 32);
+  EXPECT_EQ(c->num_attention_heads, 32);
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_EQ(c->head_dim, 128);  // derived: 4096 / 32
+  EXPECT_EQ(c->num_local_experts, 8);
+  EXPECT_EQ(c->num_experts_per_tok, 2);
+  EXPECT_EQ(c->max_position_embeddings, 32768);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_EQ(c->eos_token_id, 2);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(2));
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+}
+
+TEST(ModelConfigTest, AppliesDefaults) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(TinyMixtral().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 4);
+  EXPECT_EQ(c->bos_token_id, -1);
+  EXPECT_EQ(c->eos_token_id, -1);
+  EXPECT_TRUE(c->eos_token_ids.empty());
+  EXPECT_EQ(c->torch_dtype, "");
+  EXPECT_FALSE(c->tie_word_embeddings);
+
+  Json no_kv = TinyMixtral();
+  no_kv.erase("num_key_value_heads");
+  c = ParseModelConfig(no_kv.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_key_value_heads, 4);  // multi-head attention
+}
+
+TEST(ModelConfigTest, ExplicitHeadDimNeedNotDivideHidden) {
+  Json j = TinyMixtral();
+  j["hidden_size"] = 18;  // 4 heads do not divide 18, but head_dim is given
+  j["head_dim"] = 8;
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 8);
+}
+
+TEST(ModelConfigTest, AcceptsEosList) {
+  Json j = TinyMixtral();
+  j["eos_token_id"] = {5, 7};
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->eos_token_id, 5);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(5, 7));
+}
+
+TEST(ModelConfigTest, RejectsMissingRequiredFields) {
+  for (const char* field :
+       {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_local_experts", "num_experts_per_tok"}) {
+    Json j = TinyMixtral();
+    j.erase(field);
+    ExpectInvalid(j, {field, "missing"});
+    j[field] = nullptr;  // null counts as missing
+    ExpectInvalid(j, {field, "missing"});
+  }
+}
+
+TEST(ModelConfigTest, RejectsWrongTypes) {
+  struct Case {
+    const char* field;
+    Json value;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"hidden_size", "4096", "must be an integer"},
+      {"vocab_size", 64.5, "must be an integer"},
+      {"num_hidden_layers", true, "must be an integer"},
+      {"num_key_value_heads", Json::array({2}), "must be an integer"},
+      {"rope_theta", "1e6", "must be a number"},
+      {"rms_norm_eps", Json::object(), "must be a number"},
+      {"tie_word_embeddings", "false", "must be a boolean"},
+      {"torch_dtype", 16, "must be a string"},
+      {"model_type", 1, "must be a string"},
+      {"architectures", "MixtralForCausalLM", "array of strings"},
+      {"eos_token_id", "2", "must be an integer"},
+  };
+  for (const Case& c : cases) {
+    Json j = TinyMixtral();
+    j[c.field] = c.value;
+    ExpectInvalid(j, {c.field, c.expected});
+  }
+}
+
+TEST(ModelConfigTest, RejectsBadSizes) {
+  for (const char* field :
+       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "num_local_experts", "num_experts_per_tok"}) {
+    Json j = TinyMixtral();
+    j[field] = 0;
+    ExpectInvalid(j, {field, "must be positive"});
+    j[field] = -3;
+    ExpectInvalid(j, {field, "must be positive"});
+  }
+  Json j = TinyMixtral();
+  j["num_hidden_layers"] = 1000000;
+  ExpectInvalid(j, {"num_hidden_layers", "too large"});
+  j = TinyMixtral();
+  j["vocab_size"] = uint64_t{1} << 63;
+  ExpectInvalid(j, {"vocab_size", "out of range"});
+  j = TinyMixtral();
+  j["rope_theta"] = 0;
+  ExpectInvalid(j, {"rope_theta", "positive"});
+  j = TinyMixtral();
+  j["rms_norm_eps"] = -1e-6;
+  ExpectInvalid(j, {"rms_norm_eps", "positive"});
+}
+
+TEST(ModelConfigTest, RejectsInconsistentGeometry) {
+  Json j = TinyMixtral();
+  j["num_attention_heads"] = 3;  // 16 % 3 != 0, no head_dim
+  j["num_key_value_heads"] = 1;
+  ExpectInvalid(j, {"num_attention_heads", "must divide hidden_size"});
+
+  j = TinyMixtral();
+  j["num_key_value_heads"] = 3;  // 4 % 3 != 0
+  ExpectInvalid(j, {"num_key_value_heads", "must divide num_attention_heads"});
+
+  j = TinyMixtral();
+  j["num_experts_per_tok"] = 5;  // > 4 experts
+  ExpectInvalid(j, {"num_experts_per_tok", "must not exceed", "num_local_experts"});
+
+  j = TinyMixtral();
+  j["bos_token_id"] = 64;  // == vocab_size
+  ExpectInvalid(j, {"bos_token_id", "vocab_size"});
+}
+
+TEST(ModelConfigTest, RejectsUnknownModelTypeAndUnsupportedFeatures) {
+  Json j = TinyMixtral();
+  j["model_type"] = "llama";
+  ExpectInvalid(j, {"model_type", "\"llama\"", "mixtral"});
+
+  j = TinyMixtral();
+  j["torch_dtype"] = "int8";
+  ExpectInvalid(j, {"torch_dtype", "int8"});
+
+  j = TinyMixtral();
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  ExpectInvalid(j, {"rope_scaling", "not supported"});
+}
+
+TEST(ModelConfigTest, RejectsMalformedJson) {
+  for (const char* text : {"", "{", "{\"model_type\": \"mixtral\",}", "nonsense", "{'a': 1}"}) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(text);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("malformed JSON"));
+  }
+  absl::StatusOr<ModelConfig> c = ParseModelConfig("[1, 2]");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("must be an object"));
+}
+
+TEST(ModelConfigTest, SlidingWindow) {
+  Json j = TinyMixtral();
+  j["sliding_window"] = 4096;
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 4096);
+  j["use_sliding_window"] = false;  // Qwen-style switch
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+}
+
+TEST(ModelConfigTest, LoadsFromFile) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tandem_config_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "config.json").string();
+  std::ofstream(path) << kMixtral8x7B;
+  absl::StatusOr<ModelConfig> c = LoadModelConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_local_experts, 8);
+
+  std::ofstream(path) << "{\"model_type\": \"mixtral\"}";
+  c = LoadModelConfig(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr(path));  // names the file
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("vocab_size"));
+  std::filesystem::remove_all(dir);
+
+  c = LoadModelConfig("/nonexistent/tandem/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+}
+
+// The shipped tiny model's config, when this checkout has it.
+TEST(ModelConfigTest, ShippedTinyMoeConfig) {
+  const char* root = std::getenv("TANDEM_SOURCE_DIR");
+  const std::string path =
+      std::string(root != nullptr ? root : ".") + "/models/tiny-moe/config.json";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no shipped config at " << path;
+  absl::StatusOr<ModelConfig> c = LoadModelConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "mixtral");
+  EXPECT_FALSE(ExpectedTensors(*c).empty());
+}
+
+TEST(ModelConfigTest, ArchitectureTable) {
+  absl::StatusOr<const ArchitectureSpec*> mixtral = FindArchitecture("mixtral");
+  ASSERT_TRUE(mixtral.ok());
+  EXPECT_EQ(*mixtral, &MixtralArchitecture());
+  EXPECT_TRUE(FindArchitecture("qwen3_moe").ok());
+  EXPECT_FALSE(FindArchitecture("gpt2").ok());
+  for (const ArchitectureSpec* arch : Architectures()) {
+    // Every architecture names the tensors every MoE decoder has.
+    for (TensorKind kind : {TensorKind::kTokenEmbedding, TensorKind::kAttnQ, TensorKind::kRouter,
+                            TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown,
+                            TensorKind::kOutputNorm}) {
+      EXPECT_FALSE(TensorName(*arch, kind, 0, 0).empty()) << arch->model_type;
+    }
+  }
+  EXPECT_EQ(TensorName(MixtralArchitecture(), TensorKind::kExpertDown, 3, 7),
+            "model.layers.3.block_sparse_moe.experts.7.w2.weight");
+  EXPECT_EQ(TensorName(MixtralArchitecture(), TensorKind::kAttnQNorm, 0), "");
+}
+
+TEST(ModelConfigTest, ExpectedTensorsMixtral) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(TinyMixtral().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<TensorSpec> tensors = ExpectedTensors(*c);
+  // embed + per layer (2 norms + 4 attention + router + 4 experts * 3) + norm + lm_head.
+  ASSERT_EQ(tensors.size(), 1u + 2u * (2 + 4 + 1 + 4 * 3) + 1u + 1u);
+
+  std::map<std::string, std::vector<int64_t>> by_name;
+  for (const TensorSpec& t : tensors) {
+    EXPECT_TRUE(by_name.emplace(t.name, t.shape).second) << "duplicate " << t.name;
+  }
+  auto shape = [&](const std::string& name) {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? std::vector<int64_t>{-1} : it->second;
+  };
+  EXPECT_THAT(shape("model.embed_tokens.weight"), ElementsAre(64, 16));
+  EXPECT_THAT(shape("model.layers.1.input_layernorm.weight"), ElementsAre(16));
+  EXPECT_THAT(shape("model.layers.1.post_attention_layernorm.weight"), ElementsAre(16));
+  EXPECT_THAT(shape("model.layers.0.self_attn.q_proj.weight"), ElementsAre(16, 16));
+  EXPECT_THAT(shape("model.layers.0.self_attn.k_proj.weight"), ElementsAre(8, 16));  // 2 kv
+  EXPECT_THAT(shape("model.layers.0.self_attn.v_proj.weight"), ElementsAre(8, 16));
+  EXPECT_THAT(shape("model.layers.0.self_attn.o_proj.weight"), ElementsAre(16, 16));
+  EXPECT_THAT(shape("model.layers.1.block_sparse_moe.gate.weight"), ElementsAre(4, 16));
+  EXPECT_THAT(shape("model.layers.1.block_sparse_moe.experts.3.w1.weight"), ElementsAre(24, 16));
+  EXPECT_THAT(shape("model.layers.1.block_sparse_moe.experts.3.w3.weight"), ElementsAre(24, 16));
+  EXPECT_THAT(shape("model.layers.1.block_sparse_moe.experts.3.w2.weight"), ElementsAre(16, 24));
+  EXPECT_THAT(shape("model.norm.weight"), ElementsAre(16));
+  EXPECT_THAT(shape("lm_head.weight"), ElementsAre(64, 16));
+
+  const TensorSpec& first_expert = tensors[1 + 7];  // after embed and layer 0's 7 dense tensors
+  EXPECT_EQ(first_expert.kind, TensorKind::kExpertGate);
+  EXPECT_EQ(first_expert.layer, 0);
+  EXPECT_EQ(first_expert.expert, 0);
+
+  ModelConfig tied = *c;
+  tied.tie_word_embeddings = true;
+  const std::vector<TensorSpec> tied_tensors = ExpectedTensors(tied);
+  EXPECT_EQ(tied_tensors.size(), tensors.size() - 1);
+  for (const TensorSpec& t : tied_tensors) EXPECT_NE(t.name, "lm_head.weight");
+}
+
+TEST(ModelConfigTest, Qwen3MoeEntry) {
+  Json j = {{"model_type", "qwen3_moe"},
+            {"vocab_size", 100},
+            {"hidden_size", 32},
+            {"intermediate_size", 64},  // dense width; unused when every layer is MoE
+            {"moe_intermediate_size", 12},
+            {"num_hidden_layers", 1},
+            {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},
+            {"head_dim", 16},
+            {"num_experts", 8},
+            {"num_experts_per_tok", 4},
+            {"norm_topk_prob", true},
+            {"decoder_sparse_step", 1},
+            {"mlp_only_layers", Json::array()},
+            {"tie_word_embeddings", true}};
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "qwen3_moe");
+  EXPECT_EQ(c->intermediate_size, 12);
+  EXPECT_EQ(c->num_local_experts, 8);
+  EXPECT_TRUE(c->norm_topk_prob);
+  const std::vector<TensorSpec> tensors = ExpectedTensors(*c);
+  // embed + (2 norms + 4 attention + 2 qk norms + router + 8 experts * 3) + norm; tied.
+  EXPECT_EQ(tensors.size(), 1u + (2 + 4 + 2 + 1 + 8 * 3) + 1u);
+  bool saw_q_norm = false, saw_expert = false;
+  for (const TensorSpec& t : tensors) {
+    if (t.name == "model.layers.0.self_attn.q_norm.weight") {
+      saw_q_norm = true;
+      EXPECT_THAT(t.shape, ElementsAre(16));
+    }
+    if (t.name == "model.layers.0.mlp.experts.7.down_proj.weight") {
+      saw_expert = true;
+      EXPECT_THAT(t.shape, ElementsAre(32, 12));
+    }
+    if (t.name == "model.layers.0.self_attn.q_proj.weight") {
+      EXPECT_THAT(t.shape, ElementsAre(64, 32));  // 4 heads * 16 != hidden
+    }
+  }
+  EXPECT_TRUE(saw_q_norm);
+  EXPECT_TRUE(saw_expert);
+
+  j.erase("norm_topk_prob");
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->norm_topk_prob);  // Hugging Face's default for qwen3_moe
+
+  j["mlp_only_layers"] = {0};
+  ExpectInvalid(j, {"mlp_only_layers", "not supported"});
+  j["mlp_only_layers"] = Json::array();
+  j["decoder_sparse_step"] = 2;
+  ExpectInvalid(j, {"decoder_sparse_step"});
+  j["decoder_sparse_step"] = 1;
+  j.erase("moe_intermediate_size");
+  ExpectInvalid(j, {"moe_intermediate_size", "missing"});
+}
+
+}  // namespace
+}  // namespace tandem::model

@@ -1,0 +1,264 @@
+// Starts the three service binaries on ephemeral loopback ports, waits for readiness, sends
+// RPCs through the SDK, scrapes every /metrics with a real Prometheus server (Debian's
+// `prometheus`, started here with a temporary config and data dir), checks the samples through
+// its HTTP query API, and stops everything with SIGTERM, leaving no process behind.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/http/http_server.h"
+#include "nlohmann/json.hpp"
+#include "tandem/client.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Ports;
+using testing::Subprocess;
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool Ready(int http_port) {
+  auto r = http::Fetch("127.0.0.1", http_port, "GET", "/readyz", "", 1000);
+  return r.ok() && r->status == 200;
+}
+
+// Runs an instant query; returns the result vector (empty when no series).
+absl::StatusOr<nlohmann::json> Query(int port, const std::string& promql) {
+  std::string encoded;
+  for (unsigned char c : promql) {
+    if (isalnum(c) || c == '_') {
+      encoded += static_cast<char>(c);
+    } else {
+      encoded += absl::StrCat("%", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  auto r = http::Fetch("127.0.0.1", port, "GET", "/api/v1/query?query=" + encoded, "", 5000);
+  if (!r.ok()) return r.status();
+  auto doc = nlohmann::json::parse(r->body, nullptr, false);
+  if (doc.is_discarded() || doc.value("status", "") != "success") {
+    return absl::InternalError("prometheus query failed: " + r->body);
+  }
+  return doc["data"]["result"];
+}
+
+class ClusterMetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(kPrometheus)) {
+      GTEST_FAIL() << kPrometheus << " missing: scripts/setup.sh installs Debian's prometheus";
+    }
+    model_ = testing::SourceDir() + "/models/tiny-moe";
+  }
+
+  Ports StartService(const std::string& binary, std::vector<std::string> extra) {
+    const std::string port_file = dir_.path() + "/" + binary + ".ports";
+    std::vector<std::string> argv = {testing::BinDir() + "/" + binary, "--model=" + model_,
+                                     "--port_file=" + port_file, "--drain_timeout_s=2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto proc = Subprocess::Start(argv, dir_.path() + "/" + binary + ".log");
+    EXPECT_TRUE(proc.ok()) << proc.status();
+    if (!proc.ok()) return {};
+    processes_.push_back(*std::move(proc));
+    auto ports = testing::WaitForPortFile(port_file, absl::Seconds(30));
+    EXPECT_TRUE(ports.ok()) << binary << ": " << ports.status() << "\n" << Log(binary);
+    return ports.ok() ? *ports : Ports{};
+  }
+
+  std::string Log(const std::string& binary) {
+    std::ifstream in(dir_.path() + "/" + binary + ".log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  testing::TempDir dir_;
+  std::string model_;
+  std::vector<Subprocess> processes_;
+};
+
+TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
+  const Ports prefill = StartService("tandem-prefill", {});
+  const Ports decode = StartService("tandem-decode", {});
+  const Ports gateway =
+      StartService("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill.grpc_port),
+                                      absl::StrCat("--decode=127.0.0.1:", decode.grpc_port)});
+  ASSERT_FALSE(HasFailure());
+  for (const Ports& p : {prefill, decode, gateway}) {
+    ASSERT_TRUE(testing::WaitUntil([&] { return Ready(p.http_port); }, absl::Seconds(20)))
+        << "port " << p.http_port << " never became ready";
+  }
+
+  // Real RPCs through the SDK, so the metrics have something to count.
+  auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", gateway.grpc_port));
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->Health().ok());
+  auto models = (*client)->ListModels();
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->models_size(), 1);
+  EXPECT_EQ(models->models(0).name(), "tiny-moe");
+  EXPECT_EQ(models->models(0).context_length(), 512);
+  v1::TokenizeRequest tokenize;
+  tokenize.set_text("The jury said it did find that");
+  auto tokens = (*client)->Tokenize(tokenize);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_GT(tokens->token_ids_size(), 2);
+  EXPECT_EQ(tokens->token_ids(0), 1);  // BOS, as tokenizer_config.json says
+  v1::GenerateRequest generate;
+  generate.set_prompt("Hello");
+  auto generated = (*client)->Generate(generate);
+  EXPECT_EQ(generated.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(generated.status().message(), HasSubstr("not available in this build"));
+  generate.mutable_sampling()->set_temperature(-1);
+  EXPECT_EQ((*client)->Generate(generate).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::GenerateRequest bad_ids;
+  bad_ids.mutable_prompt_token_ids()->add_ids(999999);
+  auto bad = (*client)->Generate(bad_ids);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("outside the vocabulary"));
+
+  // A real Prometheus scrapes all three.
+  const int prom_port = FreePort();
+  const std::string config_path = dir_.path() + "/prometheus.yml";
+  {
+    std::ofstream config(config_path);
+    config << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+           << "  - job_name: tandem\n    static_configs:\n      - targets: ['127.0.0.1:"
+           << prefill.http_port << "', '127.0.0.1:" << decode.http_port
+           << "', '127.0.0.1:" << gateway.http_port << "']\n";
+  }
+  auto prometheus = Subprocess::Start({kPrometheus, "--config.file=" + config_path,
+                                       "--storage.tsdb.path=" + dir_.path() + "/prom-data",
+                                       absl::StrCat("--web.listen-address=127.0.0.1:", prom_port)},
+                                      dir_.path() + "/prometheus.log");
+  ASSERT_TRUE(prometheus.ok()) << prometheus.status();
+
+  std::optional<nlohmann::json> build_info;
+  const bool scraped = testing::WaitUntil(
+      [&] {
+        auto result = Query(prom_port, "tandem_build_info");
+        if (result.ok() && result->size() == 3) build_info = *result;
+        return build_info.has_value();
+      },
+      absl::Seconds(60));
+  ASSERT_TRUE(scraped) << "Prometheus never had all three tandem_build_info series";
+  std::set<std::string> roles;
+  for (const auto& series : *build_info) roles.insert(series["metric"]["role"]);
+  EXPECT_EQ(roles, (std::set<std::string>{"decode", "gateway", "prefill"}));
+
+  auto up = Query(prom_port, "sum(up{job=\"tandem\"})");
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_EQ(up->size(), 1u);
+  EXPECT_EQ((*up)[0]["value"][1], "3");
+
+  auto tokenized =
+      Query(prom_port, "tandem_rpc_requests_total{role=\"gateway\",rpc=\"Tokenize\",code=\"OK\"}");
+  ASSERT_TRUE(tokenized.ok());
+  ASSERT_EQ(tokenized->size(), 1u);
+  EXPECT_EQ((*tokenized)[0]["value"][1], "1");
+  auto invalid = Query(
+      prom_port, "sum(tandem_rpc_requests_total{rpc=\"Generate\",code=\"INVALID_ARGUMENT\"})");
+  ASSERT_TRUE(invalid.ok());
+  ASSERT_EQ(invalid->size(), 1u);
+  EXPECT_EQ((*invalid)[0]["value"][1], "2");
+  auto histogram = Query(prom_port, "tandem_rpc_duration_seconds_count{rpc=\"ListModels\"}");
+  ASSERT_TRUE(histogram.ok());
+  EXPECT_EQ(histogram->size(), 1u);
+
+  // Graceful drain: SIGTERM, exit status 0, nothing left running.
+  for (Subprocess& p : processes_) {
+    auto status = p.Stop(SIGTERM, absl::Seconds(15));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;
+    EXPECT_FALSE(p.Running());
+  }
+  for (const Ports& p : {prefill, decode, gateway}) {
+    EXPECT_NE(kill(p.pid, 0), 0) << "pid " << p.pid << " still exists";
+  }
+  EXPECT_TRUE(prometheus->Stop(SIGTERM, absl::Seconds(15)).ok());
+}
+
+TEST_F(ClusterMetricsTest, BadConfigurationFailsAtStartWithAClearMessage) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--grpc_port=70000"}, "--grpc_port=70000 is not a port"},
+      {{"--log_level=loud"}, "--log_level=loud"},
+      {{"--no_such_flag=1"}, "unknown flag --no_such_flag"},
+      {{"--model=/nonexistent"}, "--model=/nonexistent"},
+      {{"--kv_block_size=0"}, "KV block size 0"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {testing::BinDir() + "/tandem-decode", "--model=" + model_};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const std::string log = dir_.path() + "/bad.log";
+    std::filesystem::remove(log);
+    auto proc = Subprocess::Start(argv, log);
+    ASSERT_TRUE(proc.ok());
+    ASSERT_TRUE(testing::WaitUntil([&] { return !proc->Running(); }, absl::Seconds(10)))
+        << "did not exit for " << c.args[0];
+    auto status = proc->Stop(SIGKILL, absl::Seconds(1));
+    ASSERT_TRUE(status.ok());
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << c.args[0];
+    std::ifstream in(log);
+    const std::string text(std::istreambuf_iterator<char>(in), {});
+    EXPECT_THAT(text, HasSubstr(c.message)) << c.args[0];
+  }
+  // A config file with an unknown key names it.
+  const std::string config = dir_.path() + "/decode.yaml";
+  std::ofstream(config) << "grpc_prot: 5000\n";
+  auto proc = Subprocess::Start(
+      {testing::BinDir() + "/tandem-decode", "--model=" + model_, "--config=" + config},
+      dir_.path() + "/cfg.log");
+  ASSERT_TRUE(proc.ok());
+  ASSERT_TRUE(testing::WaitUntil([&] { return !proc->Running(); }, absl::Seconds(10)));
+  std::ifstream in(dir_.path() + "/cfg.log");
+  EXPECT_THAT(std::string(std::istreambuf_iterator<char>(in), {}),
+              HasSubstr("unknown flag 'grpc_prot'"));
+}
+
+TEST_F(ClusterMetricsTest, HelpAndVersion) {
+  for (const std::string binary : {"tandem-prefill", "tandem-decode", "tandem-gateway", "tandem"}) {
+    for (const std::string flag : {"--help", "--version"}) {
+      const std::string log = dir_.path() + "/" + binary + flag + ".log";
+      auto proc = Subprocess::Start({testing::BinDir() + "/" + binary, flag}, log);
+      ASSERT_TRUE(proc.ok());
+      ASSERT_TRUE(testing::WaitUntil([&] { return !proc->Running(); }, absl::Seconds(10)));
+      auto status = proc->Stop(SIGKILL, absl::Seconds(1));
+      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << binary << " " << flag;
+      std::ifstream in(log);
+      const std::string text(std::istreambuf_iterator<char>(in), {});
+      EXPECT_THAT(text, HasSubstr(binary)) << flag;
+      if (flag == "--help" && binary != "tandem") {
+        EXPECT_THAT(text, HasSubstr("--grpc_port"));
+        EXPECT_THAT(text, HasSubstr("--model"));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,143 @@
+#include "tests/testing/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+namespace tandem::testing {
+
+absl::StatusOr<Subprocess> Subprocess::Start(std::vector<std::string> argv,
+                                             const std::string& log_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  // The child must not inherit a blocked SIGTERM from a test that blocked it.
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
+  }
+  return Subprocess(pid);
+}
+
+Subprocess::Subprocess(Subprocess&& other) noexcept
+    : pid_(other.pid_), exit_status_(other.exit_status_) {
+  other.pid_ = -1;
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0) (void)Stop(SIGKILL, absl::Seconds(5));
+}
+
+bool Subprocess::Running() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  const pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    exit_status_ = status;
+    pid_ = -1;
+    return false;
+  }
+  return r == 0;
+}
+
+absl::StatusOr<int> Subprocess::Stop(int signal, absl::Duration deadline) {
+  if (pid_ <= 0) return exit_status_;
+  kill(pid_, signal);
+  const absl::Time end = absl::Now() + deadline;
+  while (absl::Now() < end) {
+    if (!Running()) return exit_status_;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  exit_status_ = status;
+  return absl::DeadlineExceededError(absl::StrCat("process did not exit within ",
+                                                  absl::FormatDuration(deadline), " of signal ",
+                                                  signal, "; killed"));
+}
+
+absl::StatusOr<Ports> WaitForPortFile(const std::string& path, absl::Duration deadline) {
+  Ports ports;
+  absl::Status last = absl::NotFoundError(absl::StrCat("no port file at ", path));
+  const bool ok = WaitUntil(
+      [&] {
+        std::ifstream in(path);
+        if (!in) return false;
+        nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+        if (doc.is_discarded()) {
+          last = absl::DataLossError(absl::StrCat("unparsable port file ", path));
+          return false;
+        }
+        ports.grpc_port = doc.value("grpc_port", 0);
+        ports.http_port = doc.value("http_port", 0);
+        ports.pid = doc.value("pid", 0);
+        return ports.grpc_port > 0 && ports.http_port > 0;
+      },
+      deadline);
+  if (!ok) return last;
+  return ports;
+}
+
+bool WaitUntil(const std::function<bool()>& ready, absl::Duration deadline) {
+  const absl::Time end = absl::Now() + deadline;
+  while (true) {
+    if (ready()) return true;
+    if (absl::Now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+TempDir::TempDir() {
+  std::string templ = (std::filesystem::temp_directory_path() / "tandem_test_XXXXXX").string();
+  char* made = mkdtemp(templ.data());
+  path_ = made != nullptr ? made : "";
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+}
+
+std::string BinDir() {
+  const char* dir = std::getenv("TANDEM_BIN_DIR");
+  return dir != nullptr ? dir : "build/bin";
+}
+
+std::string SourceDir() {
+  const char* dir = std::getenv("TANDEM_SOURCE_DIR");
+  return dir != nullptr ? dir : ".";
+}
+
+}  // namespace tandem::testing

@@ -1,0 +1,68 @@
+// Test helpers that start real processes: a Subprocess (RAII: terminated and reaped when
+// destroyed), port files written by the services, and polling with a deadline.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem::testing {
+
+class Subprocess {
+ public:
+  // Starts `argv[0]` with `argv`; stdout and stderr go to `log_path` (appended).
+  static absl::StatusOr<Subprocess> Start(std::vector<std::string> argv,
+                                          const std::string& log_path);
+  Subprocess(Subprocess&& other) noexcept;
+  Subprocess& operator=(Subprocess&&) = delete;
+  Subprocess(const Subprocess&) = delete;
+  ~Subprocess();
+
+  pid_t pid() const { return pid_; }
+  // Sends `signal`, waits up to `deadline` for exit; SIGKILLs after that. Returns the exit
+  // status as waitpid reports it, or an error if it had to be killed.
+  absl::StatusOr<int> Stop(int signal, absl::Duration deadline);
+  // True while the process has not exited (reaps it if it has).
+  bool Running();
+
+ private:
+  explicit Subprocess(pid_t pid) : pid_(pid) {}
+  pid_t pid_ = -1;
+  int exit_status_ = -1;
+};
+
+struct Ports {
+  int grpc_port = 0;
+  int http_port = 0;
+  int pid = 0;
+};
+
+// Waits for a service's --port_file to appear and parses it.
+absl::StatusOr<Ports> WaitForPortFile(const std::string& path, absl::Duration deadline);
+
+// Polls `ready` every 50 ms until it returns true or `deadline` passes.
+bool WaitUntil(const std::function<bool()>& ready, absl::Duration deadline);
+
+// A fresh directory under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Directory of the built binaries ($TANDEM_BIN_DIR, set by CTest).
+std::string BinDir();
+// Repository root ($TANDEM_SOURCE_DIR, set by CTest).
+std::string SourceDir();
+
+}  // namespace tandem::testing

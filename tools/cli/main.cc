@@ -1,0 +1,143 @@
+// `tandem`: the command-line client. Talks to a gateway through the C++ SDK.
+//   tandem generate --endpoint HOST:PORT --prompt TEXT [--max_tokens N --temperature T
+//                   --top_p P --seed S --stream]
+//   tandem tokenize --endpoint HOST:PORT --text TEXT
+//   tandem models   --endpoint HOST:PORT
+//   tandem health   --endpoint HOST:PORT
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/config/config.h"
+#include "tandem/client.h"
+
+ABSL_FLAG(std::string, endpoint, "127.0.0.1:50051", "Gateway gRPC address, host:port.");
+ABSL_FLAG(std::string, model, "",
+          "Run locally on this model directory instead of a gateway (needs the engine).");
+ABSL_FLAG(std::string, prompt, "", "Prompt text (generate).");
+ABSL_FLAG(std::string, text, "", "Text to tokenize (tokenize).");
+ABSL_FLAG(int, max_tokens, 64, "Tokens to generate at most (generate).");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy (generate).");
+ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass (generate).");
+ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random (generate).");
+ABSL_FLAG(bool, stream, false, "Stream tokens as they arrive (generate).");
+ABSL_FLAG(double, timeout_s, 120.0, "Deadline of each call, in seconds.");
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: tandem <command> [flags]\n"
+    "commands:\n"
+    "  generate   send a prompt to a gateway and print the completion\n"
+    "  tokenize   print the token ids of --text\n"
+    "  models     list the gateway's models\n"
+    "  health     check the gateway's gRPC health\n"
+    "run `tandem --help` for the flags\n";
+
+int Report(const absl::Status& status) {
+  std::cerr << "tandem: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+            << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+absl::StatusOr<std::unique_ptr<tandem::sdk::Client>> Connect() {
+  tandem::sdk::ClientOptions options;
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  return tandem::sdk::Client::Connect(absl::GetFlag(FLAGS_endpoint), options);
+}
+
+int Generate() {
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    return Report(absl::UnimplementedError(
+        "local generation (--model) needs the inference engine (issue #4), which is not in "
+        "this build; use --endpoint to reach a gateway"));
+  }
+  if (absl::GetFlag(FLAGS_prompt).empty()) {
+    return Report(absl::InvalidArgumentError("--prompt is required"));
+  }
+  auto client = Connect();
+  if (!client.ok()) return Report(client.status());
+  tandem::v1::GenerateRequest request;
+  request.set_prompt(absl::GetFlag(FLAGS_prompt));
+  auto* sampling = request.mutable_sampling();
+  sampling->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
+  sampling->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  sampling->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  if (absl::GetFlag(FLAGS_seed) >= 0) sampling->set_seed(absl::GetFlag(FLAGS_seed));
+  const absl::Time start = absl::Now();
+  int tokens = 0;
+  absl::Status status;
+  if (absl::GetFlag(FLAGS_stream)) {
+    status = (*client)->GenerateStream(request, [&](const auto& chunk) {
+      std::cout << chunk.text() << std::flush;
+      tokens += chunk.token_ids_size();
+    });
+    std::cout << "\n";
+  } else {
+    auto response = (*client)->Generate(request);
+    status = response.status();
+    if (response.ok()) {
+      std::cout << response->text() << "\n";
+      tokens = response->usage().completion_tokens();
+    }
+  }
+  if (!status.ok()) return Report(status);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  std::cerr << absl::StrCat(tokens, " tokens in ", seconds, " s (", tokens / seconds,
+                            " tokens/s)\n");
+  return 0;
+}
+
+int Tokenize() {
+  auto client = Connect();
+  if (!client.ok()) return Report(client.status());
+  tandem::v1::TokenizeRequest request;
+  request.set_text(absl::GetFlag(FLAGS_text));
+  auto response = (*client)->Tokenize(request);
+  if (!response.ok()) return Report(response.status());
+  std::cout << absl::StrJoin(response->token_ids(), " ") << "\n";
+  return 0;
+}
+
+int Models() {
+  auto client = Connect();
+  if (!client.ok()) return Report(client.status());
+  auto response = (*client)->ListModels();
+  if (!response.ok()) return Report(response.status());
+  for (const auto& model : response->models()) {
+    std::cout << model.name() << "\t" << model.architecture() << "\tcontext "
+              << model.context_length() << "\n";
+  }
+  return 0;
+}
+
+int Health() {
+  auto client = Connect();
+  if (!client.ok()) return Report(client.status());
+  if (absl::Status status = (*client)->Health(); !status.ok()) return Report(status);
+  std::cout << "SERVING\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const tandem::config::ProgramInfo program{
+      "tandem", "Tandem's command-line client", "", {"tools/cli/"}};
+  auto args = tandem::config::ParseFlags(argc, argv, program);
+  if (!args.ok()) return Report(args.status());
+  if (args->size() != 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string& command = (*args)[1];
+  if (command == "generate") return Generate();
+  if (command == "tokenize") return Tokenize();
+  if (command == "models") return Models();
+  if (command == "health") return Health();
+  std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;
+  return 2;
+}
