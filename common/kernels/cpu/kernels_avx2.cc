@@ -1,0 +1,329 @@
+// AVX2 + FMA kernels, for CPUs without AVX-512. Compiled for those instructions with a target
+// pragma; kernels.cc calls into this file only after checking the CPU. Every function compiled
+// under the pragma has internal linkage, so the linker cannot pick a copy built here for code
+// that runs on older CPUs.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common/kernels/cpu/kernels_internal.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+namespace tandem::kernels::cpu::internal {
+namespace {
+
+#define TANDEM_INLINE inline __attribute__((always_inline))
+
+// All-ones in lanes [0, count), for _mm256_maskload_ps / _mm256_maskstore_ps; count in [0, 8].
+TANDEM_INLINE __m256i LowLanes8(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+TANDEM_INLINE float HorizontalSum(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+  return _mm_cvtss_f32(sum);
+}
+
+TANDEM_INLINE float HorizontalMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+TANDEM_INLINE double HorizontalSum(__m256d v) {
+  __m128d sum = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  sum = _mm_add_sd(sum, _mm_unpackhi_pd(sum, sum));
+  return _mm_cvtsd_f64(sum);
+}
+
+// Adds the 8 lanes of v, widened to double, into a 4-lane double accumulator.
+TANDEM_INLINE void AddToDouble(__m256 v, __m256d& acc) {
+  acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+  acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+// Widens 8 bf16 values to float32: the bf16 bits are the high half of the float32 bits.
+TANDEM_INLINE __m256 WidenBf16(__m128i bits) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+TANDEM_INLINE __m256 LoadWeights(const float* w) { return _mm256_loadu_ps(w); }
+TANDEM_INLINE __m256 LoadWeights(const uint16_t* w) {
+  return WidenBf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
+// The first `count` (< 8) weights, zeros after.
+TANDEM_INLINE __m256 LoadWeights(const float* w, int64_t count) {
+  return _mm256_maskload_ps(w, LowLanes8(count));
+}
+TANDEM_INLINE __m256 LoadWeights(const uint16_t* w, int64_t count) {
+  // AVX2 has no 16-bit masked load.
+  alignas(16) uint16_t padded[8] = {};
+  std::memcpy(padded, w, count * sizeof(uint16_t));
+  return WidenBf16(_mm_load_si128(reinterpret_cast<const __m128i*>(padded)));
+}
+
+// Prefetch distance for the weights (see kernels_avx512.cc).
+constexpr int64_t kPrefetchBytes = 4096;
+
+template <typename T>
+int64_t PrefetchRows(int64_t block, int64_t n) {
+  const int64_t block_bytes = block * n * static_cast<int64_t>(sizeof(T));
+  return block * ((kPrefetchBytes + block_bytes - 1) / block_bytes);
+}
+
+// Y[j][r] = X row j . W row r for R weight rows and B activation rows (see kernels_avx512.cc).
+template <int R, int B, typename T>
+TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t ldy,
+                        int64_t prefetch_ahead) {
+  __m256 acc[R][B];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < B; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    __m256 xv[B];
+#pragma GCC unroll 16
+    for (int j = 0; j < B; ++j) xv[j] = _mm256_loadu_ps(x + j * n + k);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * n + k + prefetch_ahead), _MM_HINT_T0);
+      const __m256 wv = LoadWeights(w + r * n + k);
+#pragma GCC unroll 16
+      for (int j = 0; j < B; ++j) acc[r][j] = _mm256_fmadd_ps(wv, xv[j], acc[r][j]);
+    }
+  }
+  if (k < n) {
+    const __m256i lanes = LowLanes8(n - k);
+    __m256 xv[B];
+#pragma GCC unroll 16
+    for (int j = 0; j < B; ++j) xv[j] = _mm256_maskload_ps(x + j * n + k, lanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = LoadWeights(w + r * n + k, n - k);
+#pragma GCC unroll 16
+      for (int j = 0; j < B; ++j) acc[r][j] = _mm256_fmadd_ps(wv, xv[j], acc[r][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < B; ++j) y[j * ldy + r] = HorizontalSum(acc[r][j]);
+  }
+}
+
+// R weight rows against activation rows [0, b), in tiles of 2 (16 ymm registers).
+template <int R, typename T>
+TANDEM_INLINE void RowBlock(const float* x, int b, int64_t n, const T* w, float* y, int64_t ldy,
+                            int64_t prefetch_ahead) {
+  int j = 0;
+  for (; j + 2 <= b; j += 2) {
+    Tile<R, 2>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+    prefetch_ahead = 0;  // Later batch tiles find the weights in cache.
+  }
+  if (j < b) Tile<R, 1>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+}
+
+constexpr int kBatchBlock = 16;
+constexpr int kRowAlign = 8;
+
+// Y (b,d) columns [row_begin, row_end) = X (b,n) @ W^T rows [row_begin, row_end).
+template <typename T>
+void MatMulSlice(const float* x, int b, int64_t n, const T* w, int64_t d, int row_begin,
+                 int row_end, float* y) {
+  for (int j0 = 0; j0 < b; j0 += kBatchBlock) {
+    const int bb = std::min(kBatchBlock, b - j0);
+    const float* xb = x + j0 * n;
+    float* yb = y + j0 * d;
+    int r = row_begin;
+    if (bb == 1) {
+      const int64_t ahead = PrefetchRows<T>(8, n);
+      for (; r + 8 <= row_end; r += 8) {
+        Tile<8, 1>(xb, n, w + r * n, yb + r, d, r + ahead + 8 <= d ? ahead * n : 0);
+      }
+    } else {
+      const int64_t ahead = PrefetchRows<T>(4, n);
+      for (; r + 4 <= row_end; r += 4) {
+        RowBlock<4>(xb, bb, n, w + r * n, yb + r, d, r + ahead + 4 <= d ? ahead * n : 0);
+      }
+    }
+    for (; r < row_end; ++r) RowBlock<1>(xb, bb, n, w + r * n, yb + r, d, 0);
+  }
+}
+
+void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y) {
+  ParallelRows(b, n, d, kRowAlign,
+               [&](int begin, int end) { MatMulSlice(x, b, n, w, d, begin, end, y); });
+}
+
+void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
+  ParallelRows(b, n, d, kRowAlign,
+               [&](int begin, int end) { MatMulSlice(x, b, n, w, d, begin, end, y); });
+}
+
+// exp(x) for 8 lanes; the same Cephes expf as kernels_avx512.cc.
+TANDEM_INLINE __m256 Exp(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f);
+  const __m256 hi = _mm256_set1_ps(88.37626f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), x);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i exponent =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(exponent)));
+}
+
+float Dot(const float* a, const float* b, int n) {
+  __m256 acc0 = _mm256_setzero_ps();
+  __m256 acc1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i < n; i += 8) {
+    const __m256i lanes = LowLanes8(std::min(8, n - i));
+    acc0 =
+        _mm256_fmadd_ps(_mm256_maskload_ps(a + i, lanes), _mm256_maskload_ps(b + i, lanes), acc0);
+  }
+  return HorizontalSum(_mm256_add_ps(acc0, acc1));
+}
+
+void Axpy(float alpha, const float* x, int n, float* y) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __m256i lanes = LowLanes8(n - i);
+    const __m256 yv = _mm256_maskload_ps(y + i, lanes);
+    _mm256_maskstore_ps(y + i, lanes, _mm256_fmadd_ps(a, _mm256_maskload_ps(x + i, lanes), yv));
+  }
+}
+
+void Softmax(float* x, int n) {
+  if (n <= 0) return;
+  __m256 max_v = _mm256_set1_ps(-INFINITY);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) max_v = _mm256_max_ps(max_v, _mm256_loadu_ps(x + i));
+  float max_value = HorizontalMax(max_v);
+  for (; i < n; ++i) max_value = std::max(max_value, x[i]);
+  const __m256 max_b = _mm256_set1_ps(max_value);
+  __m256d sum = _mm256_setzero_pd();
+  for (i = 0; i < n; i += 8) {
+    const __m256i lanes = LowLanes8(std::min(8, n - i));
+    // Masked-off lanes load 0 and are cleared after Exp, so they add nothing.
+    const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(lanes),
+                                   Exp(_mm256_sub_ps(_mm256_maskload_ps(x + i, lanes), max_b)));
+    _mm256_maskstore_ps(x + i, lanes, e);
+    AddToDouble(e, sum);
+  }
+  const __m256 inv_sum = _mm256_set1_ps(static_cast<float>(1.0 / HorizontalSum(sum)));
+  for (i = 0; i < n; i += 8) {
+    const __m256i lanes = LowLanes8(std::min(8, n - i));
+    _mm256_maskstore_ps(x + i, lanes, _mm256_mul_ps(_mm256_maskload_ps(x + i, lanes), inv_sum));
+  }
+}
+
+void SiluMul(const float* gate, const float* up, int n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int i = 0; i < n; i += 8) {
+    const __m256i lanes = LowLanes8(std::min(8, n - i));
+    const __m256 g = _mm256_maskload_ps(gate + i, lanes);
+    const __m256 silu =
+        _mm256_div_ps(g, _mm256_add_ps(one, Exp(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    _mm256_maskstore_ps(out + i, lanes, _mm256_mul_ps(silu, _mm256_maskload_ps(up + i, lanes)));
+  }
+}
+
+void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out) {
+  for (int64_t row = 0; row < b; ++row) {
+    const float* xr = x + row * n;
+    float* outr = out + row * n;
+    __m256d sum = _mm256_setzero_pd();
+    for (int i = 0; i < n; i += 8) {
+      const __m256 v = _mm256_maskload_ps(xr + i, LowLanes8(std::min(8, n - i)));
+      AddToDouble(_mm256_mul_ps(v, v), sum);
+    }
+    const __m256 inv_rms =
+        _mm256_set1_ps(static_cast<float>(1.0 / std::sqrt(HorizontalSum(sum) / n + eps)));
+    for (int i = 0; i < n; i += 8) {
+      const __m256i lanes = LowLanes8(std::min(8, n - i));
+      const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(xr + i, lanes), inv_rms);
+      _mm256_maskstore_ps(outr + i, lanes, _mm256_mul_ps(_mm256_maskload_ps(weight + i, lanes), v));
+    }
+  }
+}
+
+void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                    const float* k_pool, const float* v_pool, const int32_t* block_table,
+                    int block_size, int context_len, float scale, float* out) {
+  std::fill(out, out + int64_t{num_heads} * head_dim, 0.0f);
+  if (context_len <= 0) return;
+  const int group = num_heads / num_kv_heads;
+  auto offset = [&](int t, int kv_head) {
+    const int64_t block = block_table[t / block_size];
+    return ((block * block_size + t % block_size) * num_kv_heads + kv_head) * head_dim;
+  };
+  // Scores of the `group` query heads sharing one KV head, so each K and V row is read once.
+  std::vector<float> scores(static_cast<size_t>(group) * context_len);
+  for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+    const int first_head = kv_head * group;
+    for (int t = 0; t < context_len; ++t) {
+      const float* k = k_pool + offset(t, kv_head);
+      for (int g = 0; g < group; ++g) {
+        scores[g * context_len + t] = Dot(q + (first_head + g) * head_dim, k, head_dim) * scale;
+      }
+    }
+    for (int g = 0; g < group; ++g) Softmax(scores.data() + g * context_len, context_len);
+    for (int t = 0; t < context_len; ++t) {
+      const float* v = v_pool + offset(t, kv_head);
+      for (int g = 0; g < group; ++g) {
+        Axpy(scores[g * context_len + t], v, head_dim, out + (first_head + g) * head_dim);
+      }
+    }
+  }
+}
+
+#undef TANDEM_INLINE
+
+}  // namespace
+
+const IsaKernels kAvx2Kernels = {
+    .name = "avx2",
+    .matmul_bf16 = MatMulBf16,
+    .matmul_f32 = MatMulF32,
+    .rms_norm = RmsNorm,
+    .rope = RopeSharedAngles,
+    .softmax = Softmax,
+    .silu_mul = SiluMul,
+    .axpy = Axpy,
+    .paged_attention = PagedAttention,
+};
+
+}  // namespace tandem::kernels::cpu::internal
+
+#pragma GCC pop_options

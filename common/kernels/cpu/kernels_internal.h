@@ -1,0 +1,53 @@
+// Private to common/kernels/cpu: the per-ISA kernel tables that kernels.cc dispatches between,
+// and helpers they share.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <functional>
+
+namespace tandem::kernels::cpu::internal {
+
+// One implementation of every dispatched kernel, with the public kernels' signatures.
+struct IsaKernels {
+  const char* name;
+  void (*matmul_bf16)(const float* x, int b, int n, const uint16_t* w, int d, float* y);
+  void (*matmul_f32)(const float* x, int b, int n, const float* w, int d, float* y);
+  void (*rms_norm)(const float* x, int b, int n, const float* weight, float eps, float* out);
+  void (*rope)(float* x, int heads, int head_dim, int pos, float theta);
+  void (*softmax)(float* x, int n);
+  void (*silu_mul)(const float* gate, const float* up, int n, float* out);
+  void (*axpy)(float alpha, const float* x, int n, float* y);
+  void (*paged_attention)(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                          const float* k_pool, const float* v_pool, const int32_t* block_table,
+                          int block_size, int context_len, float scale, float* out);
+};
+
+extern const IsaKernels kAvx512Kernels;      // kernels_avx512.cc
+extern const IsaKernels kAvx512Bf16Kernels;  // kernels_avx512.cc
+extern const IsaKernels kAvx2Kernels;        // kernels_avx2.cc
+
+// Calls fn(row_begin, row_end) on ranges covering the d output features of a (b,n) x (n,d)
+// product: across DefaultThreadPool() when the product is large, in one inline call otherwise.
+// Every range but the last starts and ends at a multiple of `row_align`.
+void ParallelRows(int b, int n, int d, int row_align, const std::function<void(int, int)>& fn);
+
+// Rope for the fast paths: the reference's arithmetic, with each angle's sine and cosine
+// computed once for all heads rather than once per head. Results equal the reference's.
+void RopeSharedAngles(float* x, int heads, int head_dim, int pos, float theta);
+
+inline float Bf16BitsToF32(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+inline uint16_t F32ToBf16Bits(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  // NaN: keep the sign and top payload bits and set the quiet bit, so that a NaN whose
+  // payload lies only in the low 16 bits does not become infinity.
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  // Round to nearest, ties to even; overflow carries into the exponent, giving infinity.
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+}  // namespace tandem::kernels::cpu::internal

@@ -1,0 +1,123 @@
+// Reference kernels: the test oracle. Plain loops, written to be obviously correct rather than
+// fast; sums are accumulated in double.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/kernels/cpu/kernels.h"
+
+namespace tandem::kernels::cpu::reference {
+
+// X (b,n) @ W^T, W (d,n) bf16 -> Y (b,d)
+void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y) {
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < d; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < n; ++k) sum += double{Bf16ToF32(w[j * n + k])} * x[i * n + k];
+      y[i * d + j] = static_cast<float>(sum);
+    }
+  }
+}
+
+// X (b,n) @ W^T, W (d,n) f32 -> Y (b,d)
+void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < d; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < n; ++k) sum += double{w[j * n + k]} * x[i * n + k];
+      y[i * d + j] = static_cast<float>(sum);
+    }
+  }
+}
+
+// x (b,n), weight (n,) -> out (b,n) = x / sqrt(mean(x^2) + eps) * weight
+void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out) {
+  for (int64_t i = 0; i < b; ++i) {
+    const float* row = x + i * n;
+    double sum_squares = 0;
+    for (int k = 0; k < n; ++k) sum_squares += double{row[k]} * row[k];
+    const float inv_rms = static_cast<float>(1.0 / std::sqrt(sum_squares / n + eps));
+    for (int k = 0; k < n; ++k) out[i * n + k] = weight[k] * (row[k] * inv_rms);
+  }
+}
+
+// x (heads, head_dim) rotated in place; pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim).
+// Angles are computed in float32, as Hugging Face does.
+void Rope(float* x, int heads, int head_dim, int pos, float theta) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < heads; ++h) {
+    float* head = x + h * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / head_dim);
+      const float angle = static_cast<float>(pos) * inv_freq;
+      const float c = std::cos(angle);
+      const float s = std::sin(angle);
+      const float x1 = head[i];
+      const float x2 = head[i + half];
+      head[i] = x1 * c - x2 * s;
+      head[i + half] = x2 * c + x1 * s;
+    }
+  }
+}
+
+// x (n,) <- exp(x - max) / sum(exp(x - max))
+void Softmax(float* x, int n) {
+  if (n <= 0) return;
+  float max_value = x[0];
+  for (int i = 1; i < n; ++i) max_value = std::max(max_value, x[i]);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max_value);
+    sum += x[i];
+  }
+  const float inv_sum = static_cast<float>(1.0 / sum);
+  for (int i = 0; i < n; ++i) x[i] *= inv_sum;
+}
+
+// gate (n,), up (n,) -> out (n,) = gate / (1 + exp(-gate)) * up
+void SiluMul(const float* gate, const float* up, int n, float* out) {
+  for (int i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+// y (n,) += alpha * x (n,)
+void Axpy(float alpha, const float* x, int n, float* y) {
+  for (int i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// q (num_heads, head_dim), pools (num_blocks, block_size, num_kv_heads, head_dim)
+// -> out (num_heads, head_dim) = softmax(scale * q.K^T) @ V over positions [0, context_len)
+void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                    const float* k_pool, const float* v_pool, const int32_t* block_table,
+                    int block_size, int context_len, float scale, float* out) {
+  const int group = num_heads / num_kv_heads;
+  // Offset of (position t, kv head) in either pool.
+  auto offset = [&](int t, int kv_head) {
+    const int64_t block = block_table[t / block_size];
+    return ((block * block_size + t % block_size) * num_kv_heads + kv_head) * head_dim;
+  };
+  std::vector<double> scores(context_len);
+  for (int h = 0; h < num_heads; ++h) {
+    const int kv_head = h / group;
+    const float* qh = q + h * head_dim;
+    double max_score = -INFINITY;
+    for (int t = 0; t < context_len; ++t) {
+      const float* k = k_pool + offset(t, kv_head);
+      double dot = 0;
+      for (int i = 0; i < head_dim; ++i) dot += double{qh[i]} * k[i];
+      scores[t] = dot * scale;
+      max_score = std::max(max_score, scores[t]);
+    }
+    double sum = 0;
+    for (int t = 0; t < context_len; ++t) {
+      scores[t] = std::exp(scores[t] - max_score);
+      sum += scores[t];
+    }
+    for (int i = 0; i < head_dim; ++i) {
+      double acc = 0;
+      for (int t = 0; t < context_len; ++t) acc += scores[t] / sum * v_pool[offset(t, kv_head) + i];
+      out[h * head_dim + i] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace tandem::kernels::cpu::reference

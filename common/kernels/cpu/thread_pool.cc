@@ -1,0 +1,121 @@
+#include "common/kernels/cpu/thread_pool.h"
+
+#include <algorithm>
+#include <exception>
+
+namespace tandem::kernels::cpu {
+
+struct ThreadPool::Job {
+  const std::function<void(int64_t, int64_t)>* fn = nullptr;
+  int64_t n = 0;
+  int64_t chunk = 0;
+  int64_t num_chunks = 0;
+  std::atomic<int64_t> next{0};       // Next chunk to claim.
+  std::atomic<int64_t> remaining{0};  // Chunks not yet finished.
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::condition_variable done;
+  std::exception_ptr error;  // Guarded by mu.
+};
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) {
+    num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }
+  workers_.reserve(num_threads - 1);
+  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void ThreadPool::WorkerLoop() {
+  uint64_t seen = 0;
+  while (true) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    // A worker that wakes late may find the job finished: it then claims no chunk, and the
+    // shared_ptr keeps the counters alive while it looks.
+    if (job != nullptr) RunChunks(*job);
+  }
+}
+
+void ThreadPool::RunChunks(Job& job) {
+  while (true) {
+    const int64_t c = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (c >= job.num_chunks) return;
+    if (!job.failed.load(std::memory_order_relaxed)) {
+      const int64_t begin = c * job.chunk;
+      try {
+        (*job.fn)(begin, std::min(job.n, begin + job.chunk));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(job.mu);
+        if (!job.error) job.error = std::current_exception();
+        job.failed.store(true, std::memory_order_relaxed);
+      }
+    }
+    if (job.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(job.mu);
+      job.done.notify_all();
+    }
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, int64_t grain,
+                             const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  if (workers_.empty() || n <= grain || busy_.exchange(true, std::memory_order_acquire)) {
+    fn(0, n);
+    return;
+  }
+  // A few chunks per thread, so that a thread slowed by other load takes fewer of them.
+  const int64_t per_thread = (n + 4 * num_threads() - 1) / (4 * num_threads());
+  auto job = std::make_shared<Job>();
+  job->fn = &fn;
+  job->n = n;
+  job->chunk = std::max(grain, per_thread);
+  job->num_chunks = (n + job->chunk - 1) / job->chunk;
+  job->remaining.store(job->num_chunks, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = job;
+    ++generation_;
+  }
+  wake_.notify_all();
+
+  RunChunks(*job);
+  // Every chunk is claimed now; wait only for those still running in workers, which finish
+  // because fn does.
+  {
+    std::unique_lock<std::mutex> lock(job->mu);
+    job->done.wait(lock, [&] { return job->remaining.load(std::memory_order_acquire) == 0; });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_.reset();
+  }
+  busy_.store(false, std::memory_order_release);
+  if (job->error) std::rethrow_exception(job->error);
+}
+
+ThreadPool& DefaultThreadPool() {
+  // Never destroyed (Google style for statics), so kernels stay usable during static
+  // destruction; its idle workers simply end with the process.
+  static ThreadPool* const pool = new ThreadPool();
+  return *pool;
+}
+
+}  // namespace tandem::kernels::cpu

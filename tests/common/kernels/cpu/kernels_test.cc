@@ -1,0 +1,485 @@
+#include "common/kernels/cpu/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int kSizes[] = {1, 3, 7, 31, 33, 127, 192, 384, 1000};
+
+std::vector<float> RandomFloats(size_t count, std::mt19937& rng, float stddev = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> values(count);
+  for (float& v : values) v = dist(rng);
+  return values;
+}
+
+std::vector<uint16_t> RandomBf16(size_t count, std::mt19937& rng) {
+  const std::vector<float> floats = RandomFloats(count, rng);
+  std::vector<uint16_t> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = F32ToBf16(floats[i]);
+  return values;
+}
+
+std::vector<float> Abs(std::vector<float> values) {
+  for (float& v : values) v = std::fabs(v);
+  return values;
+}
+
+std::vector<uint16_t> Abs(std::vector<uint16_t> values) {
+  for (uint16_t& v : values) v &= 0x7fff;
+  return values;
+}
+
+double MaxAbs(const std::vector<float>& values) {
+  double max = 0;
+  for (float v : values) max = std::max(max, std::fabs(double{v}));
+  return max;
+}
+
+double MaxAbsDiff(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double max = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double diff = std::fabs(double{got[i]} - want[i]);
+    if (std::isnan(diff)) return INFINITY;
+    max = std::max(max, diff);
+  }
+  return max;
+}
+
+// max |got - want| / max |want|: the error relative to the output's scale.
+double NormalisedError(const std::vector<float>& got, const std::vector<float>& want) {
+  return MaxAbsDiff(got, want) / (MaxAbs(want) + 1e-30);
+}
+
+TEST(Bf16Test, RoundTripsEveryValueExactly) {
+  for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    const float value = Bf16ToF32(static_cast<uint16_t>(bits));
+    if (std::isnan(value)) continue;
+    ASSERT_EQ(F32ToBf16(value), bits) << "bits 0x" << std::hex << bits;
+  }
+}
+
+TEST(Bf16Test, WidensByShifting) {
+  EXPECT_EQ(Bf16ToF32(0x3f80), 1.0f);
+  EXPECT_EQ(Bf16ToF32(0xc000), -2.0f);
+  EXPECT_EQ(Bf16ToF32(0x3fc0), 1.5f);
+}
+
+TEST(Bf16Test, RoundsToNearestEven) {
+  // Between 1.0 (0x3f80) and the next bf16 1 + 2^-7 (0x3f81).
+  EXPECT_EQ(F32ToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);  // Tie: to even.
+  EXPECT_EQ(F32ToBf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3f81);
+  EXPECT_EQ(F32ToBf16(1.0f + std::ldexp(1.0f, -8) - std::ldexp(1.0f, -20)), 0x3f80);
+  // Between 0x3f81 and 0x3f82: the tie goes up, to the even 0x3f82.
+  EXPECT_EQ(F32ToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_EQ(F32ToBf16(-(1.0f + 3 * std::ldexp(1.0f, -8))), 0xbf82);
+  // Rounding up carries into the exponent.
+  EXPECT_EQ(F32ToBf16(std::nextafter(2.0f, 0.0f)), 0x4000);
+}
+
+TEST(Bf16Test, NanStaysNan) {
+  EXPECT_TRUE(std::isnan(Bf16ToF32(F32ToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  // Payloads only in the low 16 bits must not turn into infinity.
+  for (uint32_t bits : {0x7f800001u, 0xff800001u, 0x7fffffffu, 0x7f80ffffu, 0x7fc00000u}) {
+    float nan;
+    std::memcpy(&nan, &bits, sizeof(nan));
+    const uint16_t bf16 = F32ToBf16(nan);
+    EXPECT_TRUE(std::isnan(Bf16ToF32(bf16))) << std::hex << bits << " -> " << bf16;
+    EXPECT_EQ(bf16 >> 15, bits >> 31) << "sign kept";
+  }
+}
+
+TEST(Bf16Test, Infinities) {
+  EXPECT_EQ(F32ToBf16(INFINITY), 0x7f80);
+  EXPECT_EQ(F32ToBf16(-INFINITY), 0xff80);
+  EXPECT_EQ(Bf16ToF32(0x7f80), INFINITY);
+  EXPECT_EQ(Bf16ToF32(0xff80), -INFINITY);
+  // FLT_MAX is more than half a bf16 step above the largest bf16, so it rounds to infinity.
+  EXPECT_EQ(F32ToBf16(std::numeric_limits<float>::max()), 0x7f80);
+  EXPECT_EQ(F32ToBf16(Bf16ToF32(0x7f7f)), 0x7f7f);
+}
+
+TEST(Bf16Test, SubnormalsAndZeros) {
+  EXPECT_EQ(F32ToBf16(0.0f), 0x0000);
+  EXPECT_EQ(F32ToBf16(-0.0f), 0x8000);
+  EXPECT_EQ(Bf16ToF32(0x0001), std::ldexp(1.0f, -133));  // Smallest bf16 subnormal.
+  EXPECT_EQ(F32ToBf16(std::ldexp(1.0f, -133)), 0x0001);
+  EXPECT_EQ(F32ToBf16(std::ldexp(1.0f, -134)), 0x0000);      // Tie: to even (zero).
+  EXPECT_EQ(F32ToBf16(3 * std::ldexp(1.0f, -134)), 0x0002);  // Tie: to even (2).
+  EXPECT_EQ(F32ToBf16(-3 * std::ldexp(1.0f, -134)), 0x8002);
+  EXPECT_EQ(F32ToBf16(std::numeric_limits<float>::denorm_min()), 0x0000);
+  // The largest subnormal rounds up to the smallest normal.
+  EXPECT_EQ(F32ToBf16(std::nextafter(std::numeric_limits<float>::min(), 0.0f)), 0x0080);
+}
+
+TEST(KernelIsaTest, DefaultNeverRoundsActivations) {
+  const std::string isa = KernelIsa();
+  EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "reference") << isa;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    EXPECT_EQ(isa, "avx512");
+  }
+}
+
+TEST(KernelIsaTest, SetRejectsUnknownNamesAndRestores) {
+  const std::string isa = KernelIsa();
+  EXPECT_FALSE(SetKernelIsaForTesting("sse9"));
+  EXPECT_EQ(KernelIsa(), isa);
+  EXPECT_TRUE(SetKernelIsaForTesting("reference"));
+  EXPECT_STREQ(KernelIsa(), "reference");
+  EXPECT_TRUE(SetKernelIsaForTesting(nullptr));
+  EXPECT_EQ(KernelIsa(), isa);
+}
+
+// Every dispatched kernel under each instruction set this CPU has.
+class IsaTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!SetKernelIsaForTesting(GetParam())) {
+      GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
+    }
+    ASSERT_STREQ(KernelIsa(), GetParam());
+  }
+  void TearDown() override { SetKernelIsaForTesting(nullptr); }
+
+  bool RoundsActivations() const { return std::string(GetParam()) == "avx512bf16"; }
+
+  std::mt19937 rng_{1234};
+};
+
+// Checks MatMulBf16 on one shape against the reference. Errors are measured relative to the
+// largest sum of |w x| terms, the scale of float32 accumulation error.
+void CheckMatMulBf16(int b, int n, int d, bool rounds_activations, std::mt19937& rng) {
+  const std::vector<float> x = RandomFloats(size_t{1} * b * n, rng);
+  const std::vector<uint16_t> w = RandomBf16(size_t{1} * d * n, rng);
+  std::vector<float> got(size_t{1} * b * d, NAN);
+  std::vector<float> want(got.size());
+  std::vector<float> magnitude(got.size());
+  MatMulBf16(x.data(), b, n, w.data(), d, got.data());
+  reference::MatMulBf16(x.data(), b, n, w.data(), d, want.data());
+  reference::MatMulBf16(Abs(x).data(), b, n, Abs(w).data(), d, magnitude.data());
+  const double scale = MaxAbs(magnitude) + 1e-30;
+  if (!rounds_activations) {
+    EXPECT_LT(MaxAbsDiff(got, want) / scale, 1e-5) << "b=" << b << " n=" << n << " d=" << d;
+    return;
+  }
+  // Rounding x to bf16 (8 significant bits) changes each product by at most 2^-8 of itself.
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::fabs(got[i] - want[i]), 0x1p-8 * magnitude[i] + 1e-6 * scale)
+        << "b=" << b << " n=" << n << " d=" << d << " i=" << i;
+  }
+  // Against the reference fed the same rounded activations, only accumulation differs.
+  std::vector<float> x_rounded = x;
+  for (float& v : x_rounded) v = Bf16ToF32(F32ToBf16(v));
+  reference::MatMulBf16(x_rounded.data(), b, n, w.data(), d, want.data());
+  EXPECT_LT(MaxAbsDiff(got, want) / scale, 1e-5) << "b=" << b << " n=" << n << " d=" << d;
+}
+
+void CheckMatMulF32(int b, int n, int d, std::mt19937& rng) {
+  const std::vector<float> x = RandomFloats(size_t{1} * b * n, rng);
+  const std::vector<float> w = RandomFloats(size_t{1} * d * n, rng);
+  std::vector<float> got(size_t{1} * b * d, NAN);
+  std::vector<float> want(got.size());
+  std::vector<float> magnitude(got.size());
+  MatMulF32(x.data(), b, n, w.data(), d, got.data());
+  reference::MatMulF32(x.data(), b, n, w.data(), d, want.data());
+  reference::MatMulF32(Abs(x).data(), b, n, Abs(w).data(), d, magnitude.data());
+  EXPECT_LT(MaxAbsDiff(got, want) / (MaxAbs(magnitude) + 1e-30), 1e-5)
+      << "b=" << b << " n=" << n << " d=" << d;
+}
+
+TEST_P(IsaTest, MatMulBf16MatchesReference) {
+  for (int n : kSizes) {
+    for (int b = 1; b <= 9; ++b) {
+      for (int d : {1, 2, 7, 8, 17, 24}) CheckMatMulBf16(b, n, d, RoundsActivations(), rng_);
+    }
+  }
+}
+
+TEST_P(IsaTest, MatMulF32MatchesReference) {
+  for (int n : kSizes) {
+    for (int b = 1; b <= 9; ++b) {
+      for (int d : {1, 2, 7, 8, 17, 24}) CheckMatMulF32(b, n, d, rng_);
+    }
+  }
+}
+
+// Over 4M multiply-adds, so split across threads (kernels.cc), and with b > 16 to take
+// several passes over the weights.
+TEST_P(IsaTest, LargeMatMulsMatchReference) {
+  const struct {
+    int b, n, d;
+  } shapes[] = {{1, 1000, 4201}, {3, 384, 4003}, {16, 192, 1400}, {17, 127, 2001}, {40, 64, 1700}};
+  for (const auto& s : shapes) {
+    CheckMatMulBf16(s.b, s.n, s.d, RoundsActivations(), rng_);
+    CheckMatMulF32(s.b, s.n, s.d, rng_);
+  }
+}
+
+TEST_P(IsaTest, MatMulReadsNoWeightsPastTheEnd) {
+  // Zero weights followed by NaN: any weight read past the end poisons an output.
+  for (int n : kSizes) {
+    std::vector<float> x = RandomFloats(size_t{3} * n + 64, rng_);
+    std::vector<uint16_t> w(size_t{5} * n + 64, F32ToBf16(NAN));
+    std::fill(w.begin(), w.begin() + 5 * n, 0);
+    std::vector<float> y(15, NAN);
+    MatMulBf16(x.data(), 3, n, w.data(), 5, y.data());
+    for (float v : y) ASSERT_EQ(v, 0.0f) << "n=" << n;
+  }
+}
+
+TEST_P(IsaTest, RmsNormMatchesHandComputedValues) {
+  const float x[] = {1, 2, 3, 4, -2, 0, 0, 0};
+  const float weight[] = {1, 0.5f, 2, 1};
+  float out[8];
+  RmsNorm(x, 2, 4, weight, 1e-5f, out);
+  // Row 0: mean square 7.5; row 1: mean square 1.
+  const float want[] = {
+      0.365148128f, 0.365148128f, 2.190888769f, 1.460592513f, -1.999990000f, 0, 0, 0};
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(out[i], want[i], 1e-6) << i;
+}
+
+TEST_P(IsaTest, RmsNormMatchesReference) {
+  for (int n : kSizes) {
+    for (int b : {1, 3}) {
+      const std::vector<float> x = RandomFloats(size_t{1} * b * n, rng_, 3.0f);
+      const std::vector<float> weight = RandomFloats(n, rng_);
+      std::vector<float> got(x.size()), want(x.size());
+      RmsNorm(x.data(), b, n, weight.data(), 1e-5f, got.data());
+      reference::RmsNorm(x.data(), b, n, weight.data(), 1e-5f, want.data());
+      EXPECT_LT(NormalisedError(got, want), 1e-5) << "b=" << b << " n=" << n;
+    }
+  }
+}
+
+TEST_P(IsaTest, RopeAtPositionZeroIsIdentity) {
+  const std::vector<float> x = RandomFloats(6 * 64, rng_);
+  std::vector<float> rotated = x;
+  Rope(rotated.data(), 6, 64, 0, 10000.0f);
+  EXPECT_EQ(rotated, x);
+}
+
+TEST_P(IsaTest, RopePreservesNormsOfEachPair) {
+  const int heads = 6, head_dim = 64, half = head_dim / 2;
+  const std::vector<float> x = RandomFloats(heads * head_dim, rng_);
+  for (int pos : {1, 17, 4095}) {
+    std::vector<float> rotated = x;
+    Rope(rotated.data(), heads, head_dim, pos, 1e6f);
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < half; ++i) {
+        const float* a = x.data() + h * head_dim;
+        const float* r = rotated.data() + h * head_dim;
+        EXPECT_NEAR(std::hypot(r[i], r[i + half]), std::hypot(a[i], a[i + half]), 1e-5)
+            << "pos=" << pos << " head=" << h << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST_P(IsaTest, RopeRotatesFirstHalfAgainstSecondHalf) {
+  // head_dim 8: pair (1, 5) turns by pos * 10000^(-2/8) = 3 * 0.1 radians.
+  const float angle = 0.3f;
+  std::vector<float> x(2 * 8, 0.0f);
+  x[8 + 1] = 1.0f;  // Head 1, first half: (1, 0) -> (cos, sin).
+  Rope(x.data(), 2, 8, 3, 10000.0f);
+  for (int i = 0; i < 16; ++i) {
+    const float want = i == 9 ? std::cos(angle) : i == 13 ? std::sin(angle) : 0.0f;
+    EXPECT_NEAR(x[i], want, 1e-6) << i;
+  }
+  std::fill(x.begin(), x.end(), 0.0f);
+  x[5] = 1.0f;  // Head 0, second half: (0, 1) -> (-sin, cos).
+  Rope(x.data(), 2, 8, 3, 10000.0f);
+  for (int i = 0; i < 16; ++i) {
+    const float want = i == 1 ? -std::sin(angle) : i == 5 ? std::cos(angle) : 0.0f;
+    EXPECT_NEAR(x[i], want, 1e-6) << i;
+  }
+}
+
+TEST_P(IsaTest, RopeMatchesReference) {
+  for (int head_dim : {2, 8, 64, 128}) {
+    const std::vector<float> x = RandomFloats(6 * head_dim, rng_);
+    std::vector<float> got = x, want = x;
+    Rope(got.data(), 6, head_dim, 1234, 1e6f);
+    reference::Rope(want.data(), 6, head_dim, 1234, 1e6f);
+    EXPECT_LT(NormalisedError(got, want), 1e-6) << "head_dim=" << head_dim;
+  }
+}
+
+TEST_P(IsaTest, SoftmaxSumsToOneAndMatchesReference) {
+  for (int n : {1, 3, 7, 15, 16, 17, 31, 33, 127, 192, 1000, 32000}) {
+    const std::vector<float> x = RandomFloats(n, rng_, 4.0f);
+    std::vector<float> got = x, want = x;
+    Softmax(got.data(), n);
+    reference::Softmax(want.data(), n);
+    EXPECT_NEAR(std::accumulate(got.begin(), got.end(), 0.0), 1.0, 1e-5) << "n=" << n;
+    EXPECT_LT(NormalisedError(got, want), 1e-5) << "n=" << n;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5 * want[i] + 1e-12) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+TEST_P(IsaTest, SoftmaxIsStableForLargeInputs) {
+  std::vector<float> x = {1e4f, 1e4f - 1, -1e4f, 1e4f, -INFINITY};
+  Softmax(x.data(), static_cast<int>(x.size()));
+  const float e = std::exp(-1.0f);
+  const float sum = 2 + e;
+  EXPECT_NEAR(x[0], 1 / sum, 1e-6);
+  EXPECT_NEAR(x[1], e / sum, 1e-6);
+  EXPECT_EQ(x[2], 0.0f);
+  EXPECT_NEAR(x[3], 1 / sum, 1e-6);
+  EXPECT_EQ(x[4], 0.0f);
+  std::vector<float> same(37, 1e4f);
+  Softmax(same.data(), 37);
+  for (float v : same) EXPECT_NEAR(v, 1.0f / 37, 1e-7);
+}
+
+TEST_P(IsaTest, SiluMulMatchesReference) {
+  for (int n : {1, 3, 7, 15, 16, 17, 31, 33, 127, 192, 1000, 14336}) {
+    std::vector<float> gate = RandomFloats(n, rng_, 4.0f);
+    gate[0] = -100.0f;  // exp(100) overflows: silu is (-)0.
+    if (n > 1) gate[1] = 100.0f;
+    const std::vector<float> up = RandomFloats(n, rng_);
+    std::vector<float> got(n), want(n);
+    SiluMul(gate.data(), up.data(), n, got.data());
+    reference::SiluMul(gate.data(), up.data(), n, want.data());
+    EXPECT_LT(NormalisedError(got, want), 1e-5) << "n=" << n;
+  }
+}
+
+TEST_P(IsaTest, AxpyMatchesReference) {
+  for (int n : {1, 3, 7, 15, 16, 17, 31, 33, 127, 192, 1000}) {
+    const std::vector<float> x = RandomFloats(n, rng_);
+    std::vector<float> got = RandomFloats(n + 1, rng_);
+    got[n] = 12345.0f;  // Past the end: must stay untouched.
+    std::vector<float> want = got;
+    Axpy(-0.75f, x.data(), n, got.data());
+    reference::Axpy(-0.75f, x.data(), n, want.data());
+    EXPECT_LT(NormalisedError(got, want), 1e-6) << "n=" << n;
+    EXPECT_EQ(got[n], 12345.0f);
+  }
+}
+
+// A KV cache for paged attention: K and V for context_len positions, stored contiguously
+// (for the dense check) and scattered over a pool's blocks in shuffled order. Every other
+// slot of the pool holds NaN, so reading outside the context poisons the result.
+struct ScatteredKv {
+  ScatteredKv(int num_kv_heads, int head_dim, int block_size, int context_len, std::mt19937& rng)
+      : row(size_t{1} * num_kv_heads * head_dim) {
+    k = RandomFloats(context_len * row, rng);
+    v = RandomFloats(context_len * row, rng);
+    const int used = (context_len + block_size - 1) / block_size;
+    const int num_blocks = 2 * used + 3;
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    block_table.assign(ids.begin(), ids.begin() + used);
+    k_pool.assign(num_blocks * block_size * row, NAN);
+    v_pool.assign(k_pool.size(), NAN);
+    for (int t = 0; t < context_len; ++t) {
+      const size_t slot = (size_t{1} * block_table[t / block_size] * block_size + t % block_size);
+      std::copy_n(k.begin() + t * row, row, k_pool.begin() + slot * row);
+      std::copy_n(v.begin() + t * row, row, v_pool.begin() + slot * row);
+    }
+  }
+
+  size_t row;
+  std::vector<float> k, v;  // (context_len, num_kv_heads, head_dim)
+  std::vector<float> k_pool, v_pool;
+  std::vector<int32_t> block_table;
+};
+
+// Attention over contiguous K/V (context_len, num_kv_heads, head_dim), in double.
+std::vector<float> DenseAttention(const std::vector<float>& q, int num_heads, int num_kv_heads,
+                                  int head_dim, const std::vector<float>& k,
+                                  const std::vector<float>& v, int context_len, float scale) {
+  std::vector<float> out(size_t{1} * num_heads * head_dim);
+  for (int h = 0; h < num_heads; ++h) {
+    const int kv = h / (num_heads / num_kv_heads);
+    std::vector<double> p(context_len);
+    for (int t = 0; t < context_len; ++t) {
+      const float* kt = k.data() + (size_t{1} * t * num_kv_heads + kv) * head_dim;
+      double dot = 0;
+      for (int i = 0; i < head_dim; ++i) dot += double{q[h * head_dim + i]} * kt[i];
+      p[t] = dot * scale;
+    }
+    const double max = *std::max_element(p.begin(), p.end());
+    double sum = 0;
+    for (double& s : p) sum += (s = std::exp(s - max));
+    for (int i = 0; i < head_dim; ++i) {
+      double acc = 0;
+      for (int t = 0; t < context_len; ++t) {
+        acc += p[t] / sum * v[(size_t{1} * t * num_kv_heads + kv) * head_dim + i];
+      }
+      out[h * head_dim + i] = static_cast<float>(acc);
+    }
+  }
+  return out;
+}
+
+TEST_P(IsaTest, PagedAttentionMatchesDenseAttention) {
+  const int num_heads = 6, num_kv_heads = 2;
+  for (int head_dim : {16, 33, 64}) {
+    for (int block_size : {5, 16}) {
+      for (int context_len : {1, 5, 16, 37, 100}) {
+        ScatteredKv kv(num_kv_heads, head_dim, block_size, context_len, rng_);
+        const std::vector<float> q = RandomFloats(num_heads * head_dim, rng_);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        const std::vector<float> want =
+            DenseAttention(q, num_heads, num_kv_heads, head_dim, kv.k, kv.v, context_len, scale);
+        std::vector<float> got(want.size(), NAN), ref(want.size(), NAN);
+        PagedAttention(q.data(), num_heads, num_kv_heads, head_dim, kv.k_pool.data(),
+                       kv.v_pool.data(), kv.block_table.data(), block_size, context_len, scale,
+                       got.data());
+        reference::PagedAttention(q.data(), num_heads, num_kv_heads, head_dim, kv.k_pool.data(),
+                                  kv.v_pool.data(), kv.block_table.data(), block_size, context_len,
+                                  scale, ref.data());
+        EXPECT_LT(NormalisedError(got, want), 1e-5)
+            << "head_dim=" << head_dim << " block_size=" << block_size
+            << " context_len=" << context_len;
+        EXPECT_LT(NormalisedError(ref, want), 1e-6)
+            << "head_dim=" << head_dim << " block_size=" << block_size
+            << " context_len=" << context_len;
+      }
+    }
+  }
+}
+
+TEST_P(IsaTest, PagedAttentionMapsQueryHeadsToKvHeads) {
+  // V is kv_head + 1 everywhere, so each output is the value of the KV head its query used:
+  // query heads 0-2 read KV head 0, heads 3-5 read KV head 1.
+  const int num_heads = 6, num_kv_heads = 2, head_dim = 8, block_size = 4, context_len = 10;
+  ScatteredKv kv(num_kv_heads, head_dim, block_size, context_len, rng_);
+  for (size_t i = 0; i < kv.v_pool.size(); ++i) {
+    if (!std::isnan(kv.v_pool[i]))
+      kv.v_pool[i] = static_cast<float>(i / head_dim % num_kv_heads + 1);
+  }
+  const std::vector<float> q = RandomFloats(num_heads * head_dim, rng_);
+  std::vector<float> out(num_heads * head_dim, NAN);
+  PagedAttention(q.data(), num_heads, num_kv_heads, head_dim, kv.k_pool.data(), kv.v_pool.data(),
+                 kv.block_table.data(), block_size, context_len, 0.35f, out.data());
+  for (int h = 0; h < num_heads; ++h) {
+    for (int i = 0; i < head_dim; ++i) EXPECT_NEAR(out[h * head_dim + i], h / 3 + 1, 1e-5) << h;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, IsaTest,
+                         ::testing::Values("reference", "avx2", "avx512", "avx512bf16"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
+}  // namespace
+}  // namespace tandem::kernels::cpu
