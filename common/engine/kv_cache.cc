@@ -1,0 +1,213 @@
+#include "common/engine/kv_cache.h"
+
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/logging.h"
+#include "common/util/status.h"
+
+namespace tandem::engine {
+namespace {
+
+bool MulOverflows(size_t a, size_t b, size_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+}  // namespace
+
+absl::Status KvCacheConfig::Validate() const {
+  const std::pair<const char*, int> fields[] = {{"num_layers", num_layers},
+                                                {"num_kv_heads", num_kv_heads},
+                                                {"head_dim", head_dim},
+                                                {"block_size", block_size},
+                                                {"num_blocks", num_blocks}};
+  for (const auto& [name, value] : fields) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV cache ", name, " must be positive, got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void KvBlockPool::AlignedDelete::operator()(float* p) const {
+  ::operator delete (p, std::align_val_t{kAlignment});
+}
+
+absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvCacheConfig& config) {
+  RETURN_IF_ERROR(config.Validate());
+  constexpr size_t kAlignFloats = kAlignment / sizeof(float);
+  size_t slot = 0, block = 0, pool = 0, total = 0, bytes = 0;
+  const bool overflows =
+      MulOverflows(config.num_kv_heads, config.head_dim, &slot) ||
+      MulOverflows(slot, config.block_size, &block) ||
+      MulOverflows(block, config.num_blocks, &pool) || pool > SIZE_MAX - kAlignFloats ||
+      MulOverflows((pool + kAlignFloats - 1) / kAlignFloats * kAlignFloats,
+                   2 * static_cast<size_t>(config.num_layers), &total) ||
+      MulOverflows(total, sizeof(float), &bytes) || bytes > static_cast<size_t>(PTRDIFF_MAX);
+  if (overflows) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache size overflows: ", config.num_layers, " layers x 2 x ",
+                     config.num_blocks, " blocks x ", config.block_size, " tokens x ",
+                     config.num_kv_heads, " heads x ", config.head_dim, " floats"));
+  }
+  void* memory = ::operator new (bytes, std::align_val_t{kAlignment}, std::nothrow);
+  if (memory == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes for the KV cache"));
+  }
+  // Zero-filling commits the pages now, so a pool that does not fit fails at start-up rather
+  // than mid-request, and unwritten slots read as zeros rather than garbage.
+  std::memset(memory, 0, bytes);
+  std::unique_ptr<float[], AlignedDelete> data(static_cast<float*>(memory));
+  return std::unique_ptr<KvBlockPool>(
+      new KvBlockPool(config, std::move(data), total / (2 * config.num_layers), bytes));
+}
+
+KvBlockPool::KvBlockPool(const KvCacheConfig& config, std::unique_ptr<float[], AlignedDelete> data,
+                         size_t pool_stride_floats, size_t size_bytes)
+    : config_(config),
+      data_(std::move(data)),
+      slot_floats_(static_cast<size_t>(config.num_kv_heads) * config.head_dim),
+      block_floats_(slot_floats_ * config.block_size),
+      pool_stride_floats_(pool_stride_floats),
+      size_bytes_(size_bytes),
+      ref_counts_(config.num_blocks, 0) {
+  // Popped from the back, so a fresh pool hands out ids 0, 1, 2, ...
+  free_.reserve(config.num_blocks);
+  for (int32_t b = config.num_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+KvBlockPool::~KvBlockPool() = default;
+
+size_t KvBlockPool::PoolOffset(int layer, int kv) const {
+  TANDEM_CHECK(layer >= 0 && layer < config_.num_layers)
+      << "layer " << layer << " outside [0, " << config_.num_layers << ")";
+  return (2 * static_cast<size_t>(layer) + kv) * pool_stride_floats_;
+}
+
+float* KvBlockPool::k_pool(int layer) { return data_.get() + PoolOffset(layer, 0); }
+float* KvBlockPool::v_pool(int layer) { return data_.get() + PoolOffset(layer, 1); }
+const float* KvBlockPool::k_pool(int layer) const { return data_.get() + PoolOffset(layer, 0); }
+const float* KvBlockPool::v_pool(int layer) const { return data_.get() + PoolOffset(layer, 1); }
+
+absl::StatusOr<std::vector<int32_t>> KvBlockPool::Allocate(int n) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", n, " KV blocks"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (static_cast<size_t>(n) > free_.size()) {
+    return absl::ResourceExhaustedError(absl::StrCat("asked for ", n, " KV blocks but only ",
+                                                     free_.size(), " of ", config_.num_blocks,
+                                                     " are free"));
+  }
+  std::vector<int32_t> blocks(free_.rbegin(), free_.rbegin() + n);
+  free_.resize(free_.size() - n);
+  for (int32_t b : blocks) ref_counts_[b] = 1;
+  return blocks;
+}
+
+void KvBlockPool::Ref(absl::Span<const int32_t> blocks) {
+  absl::MutexLock lock(&mu_);
+  for (int32_t b : blocks) {
+    TANDEM_CHECK(b >= 0 && b < config_.num_blocks) << "KV block id " << b << " out of range";
+    TANDEM_CHECK(ref_counts_[b] > 0) << "Ref of free KV block " << b;
+    ++ref_counts_[b];
+  }
+}
+
+void KvBlockPool::Release(absl::Span<const int32_t> blocks) {
+  absl::MutexLock lock(&mu_);
+  for (int32_t b : blocks) {
+    TANDEM_CHECK(b >= 0 && b < config_.num_blocks) << "KV block id " << b << " out of range";
+    TANDEM_CHECK(ref_counts_[b] > 0) << "Release of free KV block " << b;
+    if (--ref_counts_[b] == 0) free_.push_back(b);
+  }
+}
+
+int KvBlockPool::num_free() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(free_.size());
+}
+
+int KvBlockPool::ref_count(int32_t block) const {
+  TANDEM_CHECK(block >= 0 && block < config_.num_blocks)
+      << "KV block id " << block << " out of range";
+  absl::MutexLock lock(&mu_);
+  return ref_counts_[block];
+}
+
+void BlockTable::BindPool(const KvBlockPool* pool) {
+  TANDEM_CHECK(pool != nullptr);
+  if (pool_ == nullptr) pool_ = pool;
+  CheckSamePool(pool);
+}
+
+void BlockTable::CheckSamePool(const KvBlockPool* pool) const {
+  TANDEM_CHECK(pool_ == nullptr || pool == pool_) << "block table used with a second KV pool";
+}
+
+absl::Status BlockTable::Reserve(KvBlockPool* pool, int new_num_tokens) {
+  if (new_num_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot reserve KV space for ", new_num_tokens, " tokens"));
+  }
+  BindPool(pool);
+  const int64_t block_size = pool->config().block_size;
+  const int64_t needed = (new_num_tokens + block_size - 1) / block_size;
+  const int64_t have = static_cast<int64_t>(blocks_.size());
+  if (needed <= have) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int32_t> fresh, pool->Allocate(static_cast<int>(needed - have)));
+  blocks_.insert(blocks_.end(), fresh.begin(), fresh.end());
+  return absl::OkStatus();
+}
+
+void BlockTable::Append(int n) {
+  const int capacity = pool_ == nullptr ? 0 : capacity_tokens(pool_->config().block_size);
+  TANDEM_CHECK(n >= 0 && num_tokens_ + n <= capacity)
+      << "append of " << n << " tokens to " << num_tokens_ << " with capacity " << capacity;
+  num_tokens_ += n;
+}
+
+void BlockTable::ReleaseAll(KvBlockPool* pool) {
+  if (!blocks_.empty()) {
+    CheckSamePool(pool);
+    pool->Release(blocks_);
+  }
+  blocks_.clear();
+  num_tokens_ = 0;
+  pool_ = nullptr;
+}
+
+BlockSlot BlockTable::Locate(int position, int block_size) const {
+  TANDEM_CHECK(position >= 0 && position < capacity_tokens(block_size))
+      << "position " << position << " outside the reserved " << capacity_tokens(block_size)
+      << " tokens";
+  return BlockSlot{blocks_[position / block_size], position % block_size};
+}
+
+size_t BlockTable::SlotOffset(const KvBlockPool& pool, int position) const {
+  CheckSamePool(&pool);
+  const BlockSlot slot = Locate(position, pool.config().block_size);
+  return static_cast<size_t>(slot.block) * pool.block_floats() +
+         static_cast<size_t>(slot.offset) * pool.slot_floats();
+}
+
+float* BlockTable::KeySlot(KvBlockPool& pool, int layer, int position) const {
+  return pool.k_pool(layer) + SlotOffset(pool, position);
+}
+
+float* BlockTable::ValueSlot(KvBlockPool& pool, int layer, int position) const {
+  return pool.v_pool(layer) + SlotOffset(pool, position);
+}
+
+const float* BlockTable::KeySlot(const KvBlockPool& pool, int layer, int position) const {
+  return pool.k_pool(layer) + SlotOffset(pool, position);
+}
+
+const float* BlockTable::ValueSlot(const KvBlockPool& pool, int layer, int position) const {
+  return pool.v_pool(layer) + SlotOffset(pool, position);
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,153 @@
+// Paged KV cache: one pool of fixed-size blocks shared by every sequence, and the per-sequence
+// table that maps token positions to (block, offset).
+//
+// Memory layout (float32), one contiguous 64-byte-aligned allocation, zero-filled at creation:
+//   for each layer l:  K pool (num_blocks, block_size, num_kv_heads, head_dim)
+//                      V pool (num_blocks, block_size, num_kv_heads, head_dim)
+// Each pool starts on a 64-byte boundary (pools are padded up to a multiple of 16 floats;
+// there is no padding when block_size * num_kv_heads * head_dim is a multiple of 16), so an
+// attention kernel indexes k_pool(l) by block id and a transport registers data() once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+
+namespace tandem::engine {
+
+struct KvCacheConfig {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;  // tokens per block
+  int num_blocks = 0;
+
+  // INVALID_ARGUMENT naming the first field that is not positive.
+  absl::Status Validate() const;
+};
+
+// Owns the KV memory and hands out blocks. Blocks are reference counted so that sequences can
+// share a prefix: Allocate returns blocks with count 1, Ref adds a holder, Release drops one,
+// and a block returns to the free list when its count reaches zero. Allocate, Ref, Release and
+// the counters are thread-safe; the memory itself is not guarded (a block's holders coordinate
+// writes to it).
+class KvBlockPool {
+ public:
+  static constexpr size_t kAlignment = 64;  // bytes, for data() and every k_pool / v_pool
+
+  // INVALID_ARGUMENT for a bad config; RESOURCE_EXHAUSTED when the size overflows or the
+  // allocation fails.
+  static absl::StatusOr<std::unique_ptr<KvBlockPool>> Create(const KvCacheConfig& config);
+
+  KvBlockPool(const KvBlockPool&) = delete;
+  KvBlockPool& operator=(const KvBlockPool&) = delete;
+  ~KvBlockPool();
+
+  const KvCacheConfig& config() const { return config_; }
+
+  // Layer `layer`'s pools, each (num_blocks, block_size, num_kv_heads, head_dim).
+  float* k_pool(int layer);
+  float* v_pool(int layer);
+  const float* k_pool(int layer) const;
+  const float* v_pool(int layer) const;
+
+  // Floats in one token's slot (num_kv_heads * head_dim) and in one block of one pool
+  // (block_size * num_kv_heads * head_dim).
+  size_t slot_floats() const { return slot_floats_; }
+  size_t block_floats() const { return block_floats_; }
+
+  // The whole region, for registering with a transport.
+  float* data() { return data_.get(); }
+  const float* data() const { return data_.get(); }
+  size_t size_bytes() const { return size_bytes_; }
+
+  // `n` distinct free blocks, each with reference count 1; all or nothing: RESOURCE_EXHAUSTED
+  // (with the numbers asked and free) leaves the pool unchanged. INVALID_ARGUMENT for n < 0.
+  absl::StatusOr<std::vector<int32_t>> Allocate(int n);
+  // Adds one holder to each block; each must be allocated (CHECK).
+  void Ref(absl::Span<const int32_t> blocks);
+  // Drops one holder from each block; each must be allocated (CHECK).
+  void Release(absl::Span<const int32_t> blocks);
+
+  int num_free() const;
+  int num_total() const { return config_.num_blocks; }
+  int ref_count(int32_t block) const;  // 0 for a free block; CHECK on an out-of-range id
+
+ private:
+  struct AlignedDelete {
+    void operator()(float* p) const;
+  };
+
+  KvBlockPool(const KvCacheConfig& config, std::unique_ptr<float[], AlignedDelete> data,
+              size_t pool_stride_floats, size_t size_bytes);
+  size_t PoolOffset(int layer, int kv) const;  // kv: 0 = K, 1 = V
+
+  const KvCacheConfig config_;
+  const std::unique_ptr<float[], AlignedDelete> data_;
+  const size_t slot_floats_;
+  const size_t block_floats_;
+  const size_t pool_stride_floats_;  // block_floats * num_blocks, padded to kAlignment
+  const size_t size_bytes_;
+
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);        // stack of free block ids
+  std::vector<int32_t> ref_counts_ ABSL_GUARDED_BY(mu_);  // (num_blocks,)
+};
+
+// Where a token position lives in the pool.
+struct BlockSlot {
+  int32_t block = 0;
+  int offset = 0;  // in [0, block_size)
+};
+
+// One sequence's blocks, in position order, and how many tokens they hold. Position p lives in
+// blocks()[p / block_size] at offset p % block_size. Not thread-safe. The table does not
+// release its blocks when destroyed: the owner calls ReleaseAll. Between ReleaseAll calls every
+// call must pass the same pool (CHECK).
+class BlockTable {
+ public:
+  BlockTable() = default;
+
+  int num_tokens() const { return num_tokens_; }
+  const std::vector<int32_t>& blocks() const { return blocks_; }
+  int capacity_tokens(int block_size) const {
+    return static_cast<int>(blocks_.size()) * block_size;
+  }
+
+  // Allocates the blocks needed to hold `new_num_tokens` tokens (none if they are held
+  // already). All or nothing: on RESOURCE_EXHAUSTED the table is unchanged.
+  absl::Status Reserve(KvBlockPool* pool, int new_num_tokens);
+  // Marks `n` more tokens as written; num_tokens() + n must not exceed the capacity (CHECK).
+  void Append(int n);
+  // Releases every block to `pool` and empties the table.
+  void ReleaseAll(KvBlockPool* pool);
+
+  // Where position `position` lives; it must be within the reserved capacity (CHECK), which
+  // may be beyond num_tokens() (a step writes new tokens' slots before Append).
+  BlockSlot Locate(int position, int block_size) const;
+
+  // The (num_kv_heads, head_dim) key / value slot of `position` in layer `layer`.
+  float* KeySlot(KvBlockPool& pool, int layer, int position) const;
+  float* ValueSlot(KvBlockPool& pool, int layer, int position) const;
+  const float* KeySlot(const KvBlockPool& pool, int layer, int position) const;
+  const float* ValueSlot(const KvBlockPool& pool, int layer, int position) const;
+
+ private:
+  size_t SlotOffset(const KvBlockPool& pool, int position) const;
+
+  void BindPool(const KvBlockPool* pool);             // on first use; then CHECKs sameness
+  void CheckSamePool(const KvBlockPool* pool) const;  // CHECK
+
+  std::vector<int32_t> blocks_;
+  int num_tokens_ = 0;
+  const KvBlockPool* pool_ = nullptr;  // the pool the blocks come from, once known
+};
+
+}  // namespace tandem::engine

@@ -1,0 +1,181 @@
+#include "common/engine/model_weights.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/kernels/cpu/kernels.h"
+#include "common/util/status.h"
+
+namespace tandem::engine {
+namespace {
+
+using kernels::cpu::Bf16ToF32;
+using kernels::cpu::F32ToBf16;
+using model::DType;
+using model::TensorKind;
+
+float HalfToF32(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t mant = h & 0x3ff;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  const uint32_t bits =
+      exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+// Element i of a tensor as float32; `data` may be unaligned, so it is read with memcpy.
+float ElementAsF32(const model::TensorView& view, int64_t i) {
+  switch (view.dtype) {
+    case DType::kBF16: {
+      uint16_t bits;
+      std::memcpy(&bits, view.data + i * 2, 2);
+      return Bf16ToF32(bits);
+    }
+    case DType::kF16: {
+      uint16_t bits;
+      std::memcpy(&bits, view.data + i * 2, 2);
+      return HalfToF32(bits);
+    }
+    case DType::kF32: {
+      float v;
+      std::memcpy(&v, view.data + i * 4, 4);
+      return v;
+    }
+  }
+  return 0.0f;
+}
+
+absl::StatusOr<model::TensorView> Get(const model::SafetensorsModel& checkpoint,
+                                      const model::ModelConfig& config, TensorKind kind,
+                                      int layer = -1, int expert = -1) {
+  return checkpoint.Get(model::TensorName(*config.arch, kind, layer, expert));
+}
+
+absl::StatusOr<Bf16Matrix> LoadMatrix(const model::SafetensorsModel& checkpoint,
+                                      const model::ModelConfig& config, TensorKind kind,
+                                      int layer = -1, int expert = -1) {
+  ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer, expert));
+  if (view.shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(view.name, " is not a matrix"));
+  }
+  Bf16Matrix m;
+  m.rows = static_cast<int>(view.shape[0]);
+  m.cols = static_cast<int>(view.shape[1]);
+  m.data.resize(static_cast<size_t>(m.rows) * m.cols);
+  if (view.dtype == DType::kBF16) {
+    std::memcpy(m.data.data(), view.data, view.size_bytes);
+  } else {
+    for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = F32ToBf16(ElementAsF32(view, i));
+  }
+  return m;
+}
+
+absl::StatusOr<std::vector<float>> LoadVector(const model::SafetensorsModel& checkpoint,
+                                              const model::ModelConfig& config, TensorKind kind,
+                                              int layer = -1) {
+  ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer));
+  std::vector<float> out(view.num_elements());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ElementAsF32(view, i);
+  return out;
+}
+
+Bf16Matrix RandomMatrix(int rows, int cols, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  Bf16Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.data.resize(static_cast<size_t>(rows) * cols);
+  for (auto& x : m.data) x = F32ToBf16(normal(rng));
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
+    const model::ModelConfig& config, const model::SafetensorsModel& checkpoint) {
+  RETURN_IF_ERROR(model::ValidateAgainstConfig(checkpoint, config));
+  if (!model::TensorName(*config.arch, TensorKind::kAttnQNorm).empty()) {
+    return absl::UnimplementedError(absl::StrCat("architecture ", std::string(config.model_type()),
+                                                 " has q/k norms, which the CPU engine lacks"));
+  }
+  auto w = std::make_unique<ModelWeights>();
+  w->config = config;
+  ASSIGN_OR_RETURN(w->embed, LoadMatrix(checkpoint, config, TensorKind::kTokenEmbedding));
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    LayerWeights layer;
+    ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(checkpoint, config, TensorKind::kAttnNorm, l));
+    ASSIGN_OR_RETURN(layer.q, LoadMatrix(checkpoint, config, TensorKind::kAttnQ, l));
+    ASSIGN_OR_RETURN(layer.k, LoadMatrix(checkpoint, config, TensorKind::kAttnK, l));
+    ASSIGN_OR_RETURN(layer.v, LoadMatrix(checkpoint, config, TensorKind::kAttnV, l));
+    ASSIGN_OR_RETURN(layer.o, LoadMatrix(checkpoint, config, TensorKind::kAttnOut, l));
+    ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(checkpoint, config, TensorKind::kFfnNorm, l));
+    ASSIGN_OR_RETURN(layer.router, LoadMatrix(checkpoint, config, TensorKind::kRouter, l));
+    for (int e = 0; e < config.num_local_experts; ++e) {
+      ExpertWeights expert;
+      ASSIGN_OR_RETURN(expert.gate, LoadMatrix(checkpoint, config, TensorKind::kExpertGate, l, e));
+      ASSIGN_OR_RETURN(expert.up, LoadMatrix(checkpoint, config, TensorKind::kExpertUp, l, e));
+      ASSIGN_OR_RETURN(expert.down, LoadMatrix(checkpoint, config, TensorKind::kExpertDown, l, e));
+      layer.experts.push_back(std::move(expert));
+    }
+    w->layers.push_back(std::move(layer));
+  }
+  ASSIGN_OR_RETURN(w->final_norm, LoadVector(checkpoint, config, TensorKind::kOutputNorm));
+  if (config.tie_word_embeddings) {
+    w->lm_head = w->embed;
+  } else {
+    ASSIGN_OR_RETURN(w->lm_head, LoadMatrix(checkpoint, config, TensorKind::kOutput));
+  }
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::ModelConfig& config,
+                                                                   uint64_t seed) {
+  int64_t params = 0;
+  for (const auto& spec : model::ExpectedTensors(config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    params += n;
+  }
+  if (params > (int64_t{1} << 36)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dummy model of ", params, " parameters is too large"));
+  }
+  std::mt19937_64 rng(seed);
+  auto w = std::make_unique<ModelWeights>();
+  w->config = config;
+  const int h = static_cast<int>(config.hidden_size);
+  const int inter = static_cast<int>(config.intermediate_size);
+  const int q_dim = static_cast<int>(config.num_attention_heads * config.head_dim);
+  const int kv_dim = static_cast<int>(config.num_key_value_heads * config.head_dim);
+  w->embed = RandomMatrix(static_cast<int>(config.vocab_size), h, rng);
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    LayerWeights layer;
+    layer.attn_norm.assign(h, 1.0f);
+    layer.q = RandomMatrix(q_dim, h, rng);
+    layer.k = RandomMatrix(kv_dim, h, rng);
+    layer.v = RandomMatrix(kv_dim, h, rng);
+    layer.o = RandomMatrix(h, q_dim, rng);
+    layer.ffn_norm.assign(h, 1.0f);
+    layer.router = RandomMatrix(static_cast<int>(config.num_local_experts), h, rng);
+    for (int e = 0; e < config.num_local_experts; ++e) {
+      layer.experts.push_back(
+          {RandomMatrix(inter, h, rng), RandomMatrix(inter, h, rng), RandomMatrix(h, inter, rng)});
+    }
+    w->layers.push_back(std::move(layer));
+  }
+  w->final_norm.assign(h, 1.0f);
+  w->lm_head = config.tie_word_embeddings
+                   ? w->embed
+                   : RandomMatrix(static_cast<int>(config.vocab_size), h, rng);
+  return w;
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,56 @@
+// A model's weights in the layout the CPU kernels use: matrices as bfloat16 (raw bits,
+// row-major, one row per output feature), norm weights as float32. Loaded from a checkpoint
+// (converted from bf16/f16/f32) or made random for throughput work (`--load-format dummy`).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+#include "common/model/safetensors.h"
+
+namespace tandem::engine {
+
+// A bf16 matrix W (rows, cols), row-major.
+struct Bf16Matrix {
+  int rows = 0;
+  int cols = 0;
+  std::vector<uint16_t> data;  // (rows, cols)
+  const uint16_t* row(int r) const { return data.data() + static_cast<size_t>(r) * cols; }
+};
+
+struct ExpertWeights {
+  Bf16Matrix gate;  // w1 (intermediate, hidden)
+  Bf16Matrix up;    // w3 (intermediate, hidden)
+  Bf16Matrix down;  // w2 (hidden, intermediate)
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm;        // (hidden,)
+  Bf16Matrix q;                        // (heads*head_dim, hidden)
+  Bf16Matrix k;                        // (kv_heads*head_dim, hidden)
+  Bf16Matrix v;                        // (kv_heads*head_dim, hidden)
+  Bf16Matrix o;                        // (hidden, heads*head_dim)
+  std::vector<float> ffn_norm;         // (hidden,)
+  Bf16Matrix router;                   // (experts, hidden)
+  std::vector<ExpertWeights> experts;  // (experts,)
+};
+
+struct ModelWeights {
+  model::ModelConfig config;
+  Bf16Matrix embed;  // (vocab, hidden)
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // (hidden,)
+  Bf16Matrix lm_head;             // (vocab, hidden); the embedding when tied
+
+  // Copies every tensor out of `checkpoint` (validated against `config` first).
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(
+      const model::ModelConfig& config, const model::SafetensorsModel& checkpoint);
+  // Random weights (normal, std 0.02; norms 1) of any configured shape, deterministic in `seed`.
+  static absl::StatusOr<std::unique_ptr<ModelWeights>> Random(const model::ModelConfig& config,
+                                                              uint64_t seed);
+};
+
+}  // namespace tandem::engine

@@ -1,0 +1,235 @@
+// The engine against the PyTorch model that trained the shipped weights: logits, router
+// choices and greedy continuations of the golden prompts (tests/golden/tiny-moe), computed
+// whole, chunked, token by token through the paged KV cache, and batched.
+#include "common/engine/forward.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/npy.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+
+namespace tandem::engine {
+namespace {
+
+class ForwardGoldenTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = testing::SourceDir() + "/models/tiny-moe";
+    auto config = model::LoadModelConfig(dir + "/config.json");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto checkpoint = model::SafetensorsModel::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    auto weights = ModelWeights::Load(*config, **checkpoint);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = weights->release();
+    std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
+    manifest_ = new nlohmann::json(nlohmann::json::parse(in, nullptr, false));
+    ASSERT_FALSE(manifest_->is_discarded());
+  }
+  static void TearDownTestSuite() {
+    delete weights_;
+    delete manifest_;
+  }
+
+  void SetUp() override {
+    if (weights_ == nullptr) GTEST_SKIP() << "model did not load";
+    const auto& c = weights_->config;
+    KvCacheConfig kv{static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
+                     static_cast<int>(c.head_dim), /*block_size=*/16, /*num_blocks=*/256};
+    auto pool = KvBlockPool::Create(kv);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+    auto fwd = ForwardPass::Create(weights_, pool_.get());
+    ASSERT_TRUE(fwd.ok()) << fwd.status();
+    forward_ = *std::move(fwd);
+  }
+
+  std::vector<float> GoldenLogits(int k) {
+    auto array = model::ReadNpy(
+        absl::StrCat(testing::SourceDir(), "/tests/golden/tiny-moe/prompt_", k, "_logits.npy"));
+    EXPECT_TRUE(array.ok());
+    return *array->AsFloat32();
+  }
+
+  // max |a - b| / max |b| over one row of logits.
+  static double RowError(const float* a, const float* b, int n) {
+    double err = 0, scale = 1e-6;
+    for (int i = 0; i < n; ++i) {
+      err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+    }
+    return err / scale;
+  }
+
+  static ModelWeights* weights_;
+  static nlohmann::json* manifest_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<ForwardPass> forward_;
+};
+
+ModelWeights* ForwardGoldenTest::weights_ = nullptr;
+nlohmann::json* ForwardGoldenTest::manifest_ = nullptr;
+
+constexpr double kLogitTolerance = 2e-4;  // normalised max error vs float32 PyTorch
+
+TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
+  const int vocab = static_cast<int>(weights_->config.vocab_size);
+  const int layers = static_cast<int>(weights_->config.num_hidden_layers);
+  const int experts = static_cast<int>(weights_->config.num_local_experts);
+  int routing_compared = 0, routing_skipped = 0;
+  for (size_t k = 0; k < (*manifest_)["prompts"].size(); ++k) {
+    SCOPED_TRACE(absl::StrCat("prompt ", k));
+    const auto& prompt = (*manifest_)["prompts"][k];
+    const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
+    const auto positions = prompt["logit_positions"].get<std::vector<int>>();
+    BlockTable table;
+    ASSERT_TRUE(table.Reserve(pool_.get(), static_cast<int>(ids.size())).ok());
+    std::vector<std::vector<float>> logits;
+    RouterTrace trace;
+    StepInput in{ids, 0, &table, /*all_logits=*/true};
+    ASSERT_TRUE(forward_->Step({&in, 1}, nullptr, &logits, &trace).ok());
+    const std::vector<float> golden = GoldenLogits(static_cast<int>(k));
+    for (size_t i = 0; i < positions.size(); ++i) {
+      EXPECT_LT(RowError(&logits[0][static_cast<size_t>(positions[i]) * vocab], &golden[i * vocab],
+                         vocab),
+                kLogitTolerance)
+          << "position " << positions[i];
+    }
+    // Router choices agree wherever the 2nd and 3rd probabilities are not a near-tie.
+    auto golden_experts =
+        *model::ReadNpy(absl::StrCat(testing::SourceDir(), "/tests/golden/tiny-moe/prompt_", k,
+                                     "_experts.npy"))
+             ->AsInt32();
+    const int n = static_cast<int>(ids.size());
+    for (int l = 0; l < layers; ++l) {
+      for (int t = 0; t < n; ++t) {
+        std::vector<float> p(&trace.probs[l][static_cast<size_t>(t) * experts],
+                             &trace.probs[l][static_cast<size_t>(t + 1) * experts]);
+        std::sort(p.rbegin(), p.rend());
+        if (p[1] - p[2] < 1e-4) {
+          ++routing_skipped;
+          continue;
+        }
+        ++routing_compared;
+        std::vector<int> ours = {trace.experts[l][t * 2], trace.experts[l][t * 2 + 1]};
+        std::vector<int> theirs = {golden_experts[(static_cast<size_t>(l) * n + t) * 2],
+                                   golden_experts[(static_cast<size_t>(l) * n + t) * 2 + 1]};
+        std::sort(ours.begin(), ours.end());
+        std::sort(theirs.begin(), theirs.end());
+        EXPECT_EQ(ours, theirs) << "layer " << l << " token " << t;
+      }
+    }
+    table.ReleaseAll(pool_.get());
+  }
+  EXPECT_GT(routing_compared, 20 * routing_skipped);
+  std::cout << "router choices compared " << routing_compared << ", near-ties skipped "
+            << routing_skipped << "\n";
+}
+
+TEST_F(ForwardGoldenTest, ChunkedPrefillAndCachedDecodeGiveTheGreedyContinuation) {
+  const int vocab = static_cast<int>(weights_->config.vocab_size);
+  for (size_t k = 0; k < (*manifest_)["prompts"].size(); ++k) {
+    SCOPED_TRACE(absl::StrCat("prompt ", k));
+    const auto& prompt = (*manifest_)["prompts"][k];
+    const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
+    const auto greedy = prompt["greedy_token_ids"].get<std::vector<int32_t>>();
+    BlockTable table;
+    ASSERT_TRUE(table.Reserve(pool_.get(), static_cast<int>(ids.size() + greedy.size())).ok());
+    std::vector<std::vector<float>> logits;
+    // Prefill in chunks of 7 tokens.
+    for (size_t start = 0; start < ids.size(); start += 7) {
+      const size_t n = std::min<size_t>(7, ids.size() - start);
+      StepInput in{absl::MakeConstSpan(ids).subspan(start, n), static_cast<int>(start), &table};
+      ASSERT_TRUE(forward_->Step({&in, 1}, nullptr, &logits).ok());
+    }
+    const std::vector<float> golden = GoldenLogits(static_cast<int>(k));
+    EXPECT_LT(RowError(logits[0].data(), &golden[golden.size() - vocab], vocab), kLogitTolerance);
+    // Decode one token at a time from the cache.
+    std::vector<int32_t> generated;
+    for (size_t i = 0; i < greedy.size(); ++i) {
+      const int32_t next = static_cast<int32_t>(
+          std::max_element(logits[0].begin(), logits[0].end()) - logits[0].begin());
+      generated.push_back(next);
+      if (i + 1 == greedy.size()) break;
+      StepInput in{absl::MakeConstSpan(&generated.back(), 1), static_cast<int>(ids.size() + i),
+                   &table};
+      ASSERT_TRUE(forward_->Step({&in, 1}, nullptr, &logits).ok());
+    }
+    EXPECT_EQ(generated, greedy);
+    table.ReleaseAll(pool_.get());
+  }
+}
+
+TEST_F(ForwardGoldenTest, BatchedSequencesMatchSeparateRuns) {
+  const auto& prompts = (*manifest_)["prompts"];
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t k = 0; k < 4; ++k) ids.push_back(prompts[k]["token_ids"].get<std::vector<int32_t>>());
+  std::vector<BlockTable> tables(ids.size());
+  std::vector<StepInput> batch;
+  for (size_t s = 0; s < ids.size(); ++s) {
+    ASSERT_TRUE(tables[s].Reserve(pool_.get(), static_cast<int>(ids[s].size())).ok());
+    batch.push_back({ids[s], 0, &tables[s]});
+  }
+  std::vector<std::vector<float>> together;
+  ASSERT_TRUE(forward_->Step(batch, nullptr, &together).ok());
+  for (size_t s = 0; s < ids.size(); ++s) {
+    BlockTable alone_table;
+    ASSERT_TRUE(alone_table.Reserve(pool_.get(), static_cast<int>(ids[s].size())).ok());
+    StepInput alone{ids[s], 0, &alone_table};
+    std::vector<std::vector<float>> logits;
+    ASSERT_TRUE(forward_->Step({&alone, 1}, nullptr, &logits).ok());
+    EXPECT_LT(RowError(together[s].data(), logits[0].data(), static_cast<int>(logits[0].size())),
+              1e-5);
+    alone_table.ReleaseAll(pool_.get());
+    tables[s].ReleaseAll(pool_.get());
+  }
+}
+
+TEST_F(ForwardGoldenTest, ExpertMaskKeepsTopKAndNeverRoutesToPrunedExperts) {
+  const auto& c = weights_->config;
+  ExpertMask mask;
+  mask.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
+  for (auto& layer : mask.retained) {
+    for (int e = 0; e < c.num_local_experts; e += 2) layer[e] = true;  // keep the even experts
+  }
+  const auto ids = (*manifest_)["prompts"][0]["token_ids"].get<std::vector<int32_t>>();
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool_.get(), static_cast<int>(ids.size())).ok());
+  StepInput in{ids, 0, &table};
+  std::vector<std::vector<float>> logits;
+  RouterTrace trace;
+  ASSERT_TRUE(forward_->Step({&in, 1}, &mask, &logits, &trace).ok());
+  for (const auto& layer : trace.experts) {
+    for (int32_t e : layer) EXPECT_EQ(e % 2, 0);
+  }
+  for (const auto& layer : trace.weights) {
+    for (size_t t = 0; t + 1 < layer.size(); t += 2)
+      EXPECT_NEAR(layer[t] + layer[t + 1], 1.0, 1e-6);
+  }
+  table.ReleaseAll(pool_.get());
+}
+
+TEST_F(ForwardGoldenTest, BadInputIsRejected) {
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool_.get(), 4).ok());
+  std::vector<std::vector<float>> logits;
+  const std::vector<int32_t> bad_token = {1, 999999};
+  StepInput a{bad_token, 0, &table};
+  EXPECT_EQ(forward_->Step({&a, 1}, nullptr, &logits).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> ok = {1, 2};
+  StepInput b{ok, 100, &table};  // beyond the reserved blocks
+  EXPECT_EQ(forward_->Step({&b, 1}, nullptr, &logits).code(), absl::StatusCode::kInvalidArgument);
+  StepInput c{ok, 0, nullptr};
+  EXPECT_EQ(forward_->Step({&c, 1}, nullptr, &logits).code(), absl::StatusCode::kInvalidArgument);
+  table.ReleaseAll(pool_.get());
+}
+
+}  // namespace
+}  // namespace tandem::engine

@@ -1,0 +1,316 @@
+#include "common/engine/kv_cache.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tandem::engine {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+KvCacheConfig SmallConfig() {
+  KvCacheConfig config;
+  config.num_layers = 3;
+  config.num_kv_heads = 2;
+  config.head_dim = 5;  // slot 10 floats, block 40: pools need padding to 64 bytes
+  config.block_size = 4;
+  config.num_blocks = 7;
+  return config;
+}
+
+std::unique_ptr<KvBlockPool> MakePool(const KvCacheConfig& config = SmallConfig()) {
+  auto pool = KvBlockPool::Create(config);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return *std::move(pool);
+}
+
+bool IsAligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % KvBlockPool::kAlignment == 0;
+}
+
+TEST(KvCacheConfigTest, ValidateNamesTheField) {
+  EXPECT_TRUE(SmallConfig().Validate().ok());
+  for (const char* field : {"num_layers", "num_kv_heads", "head_dim", "block_size", "num_blocks"}) {
+    KvCacheConfig config = SmallConfig();
+    const std::string name = field;
+    if (name == "num_layers") config.num_layers = 0;
+    if (name == "num_kv_heads") config.num_kv_heads = -1;
+    if (name == "head_dim") config.head_dim = 0;
+    if (name == "block_size") config.block_size = 0;
+    if (name == "num_blocks") config.num_blocks = -3;
+    absl::Status status = config.Validate();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(status.message(), HasSubstr(field));
+    EXPECT_EQ(KvBlockPool::Create(config).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(KvBlockPoolTest, OverflowingSizeIsResourceExhausted) {
+  KvCacheConfig config;
+  config.num_layers = INT_MAX;
+  config.num_kv_heads = INT_MAX;
+  config.head_dim = INT_MAX;
+  config.block_size = INT_MAX;
+  config.num_blocks = INT_MAX;
+  auto pool = KvBlockPool::Create(config);
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(pool.status().message(), HasSubstr("overflows"));
+}
+
+TEST(KvBlockPoolTest, LayoutIsAlignedAndPoolsDoNotOverlap) {
+  const KvCacheConfig config = SmallConfig();
+  auto pool = MakePool(config);
+  EXPECT_EQ(pool->slot_floats(), 10u);
+  EXPECT_EQ(pool->block_floats(), 40u);
+  EXPECT_TRUE(IsAligned(pool->data()));
+  const size_t pool_floats = pool->block_floats() * config.num_blocks;
+  const float* begin = pool->data();
+  const float* end = pool->data() + pool->size_bytes() / sizeof(float);
+  std::vector<std::pair<const float*, const float*>> ranges;
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    for (const float* p : {pool->k_pool(layer), pool->v_pool(layer)}) {
+      EXPECT_TRUE(IsAligned(p)) << "layer " << layer;
+      EXPECT_GE(p, begin);
+      EXPECT_LE(p + pool_floats, end);
+      ranges.push_back({p, p + pool_floats});
+    }
+  }
+  // K then V per layer, in layer order, disjoint.
+  for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
+  EXPECT_EQ(pool->k_pool(0), pool->data());
+  const KvBlockPool& const_pool = *pool;
+  EXPECT_EQ(const_pool.v_pool(2), pool->v_pool(2));
+}
+
+TEST(KvBlockPoolTest, UnpaddedLayoutIsExactlyContiguous) {
+  KvCacheConfig config = SmallConfig();
+  config.head_dim = 8;  // block 64 floats: no padding
+  auto pool = MakePool(config);
+  const size_t pool_floats = pool->block_floats() * config.num_blocks;
+  EXPECT_EQ(pool->size_bytes(), 2 * config.num_layers * pool_floats * sizeof(float));
+  EXPECT_EQ(pool->v_pool(0), pool->k_pool(0) + pool_floats);
+  EXPECT_EQ(pool->k_pool(1), pool->v_pool(0) + pool_floats);
+}
+
+TEST(KvBlockPoolTest, StartsZeroedAndWritingOneBlockTouchesNoOther) {
+  const KvCacheConfig config = SmallConfig();
+  auto pool = MakePool(config);
+  const size_t total = pool->size_bytes() / sizeof(float);
+  for (size_t i = 0; i < total; ++i) ASSERT_EQ(pool->data()[i], 0.0f) << i;
+
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool.get(), 3 * config.block_size).ok());
+  // Fill every slot of the middle block in layer 1, keys and values.
+  const int32_t middle = table.blocks()[1];
+  for (int pos = config.block_size; pos < 2 * config.block_size; ++pos) {
+    float* k = table.KeySlot(*pool, 1, pos);
+    float* v = table.ValueSlot(*pool, 1, pos);
+    for (size_t i = 0; i < pool->slot_floats(); ++i) {
+      k[i] = 1.0f;
+      v[i] = 2.0f;
+    }
+  }
+  const float* k_block = pool->k_pool(1) + middle * pool->block_floats();
+  const float* v_block = pool->v_pool(1) + middle * pool->block_floats();
+  size_t written = 0;
+  for (size_t i = 0; i < total; ++i) {
+    const float* p = pool->data() + i;
+    const bool in_k = p >= k_block && p < k_block + pool->block_floats();
+    const bool in_v = p >= v_block && p < v_block + pool->block_floats();
+    const float expected = in_k ? 1.0f : in_v ? 2.0f : 0.0f;
+    ASSERT_EQ(*p, expected) << "float " << i;
+    written += in_k || in_v;
+  }
+  EXPECT_EQ(written, 2 * pool->block_floats());
+  table.ReleaseAll(pool.get());
+}
+
+TEST(KvBlockPoolTest, AllocateRefRelease) {
+  auto pool = MakePool();
+  EXPECT_EQ(pool->num_total(), 7);
+  EXPECT_EQ(pool->num_free(), 7);
+  auto a = pool->Allocate(3);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_THAT(*a, ElementsAre(0, 1, 2));
+  EXPECT_EQ(pool->num_free(), 4);
+  for (int32_t b : *a) EXPECT_EQ(pool->ref_count(b), 1);
+  EXPECT_EQ(pool->ref_count(3), 0);
+
+  pool->Ref({a->data(), 2});  // share blocks 0 and 1
+  EXPECT_EQ(pool->ref_count(0), 2);
+  EXPECT_EQ(pool->ref_count(2), 1);
+  pool->Release(*a);
+  EXPECT_EQ(pool->ref_count(0), 1);
+  EXPECT_EQ(pool->ref_count(2), 0);
+  EXPECT_EQ(pool->num_free(), 5);
+  pool->Release({a->data(), 2});
+  EXPECT_EQ(pool->num_free(), 7);
+
+  auto none = pool->Allocate(0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ(pool->Allocate(-1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvBlockPoolTest, AllocationIsAllOrNothing) {
+  auto pool = MakePool();
+  auto a = pool->Allocate(5);
+  ASSERT_TRUE(a.ok());
+  auto b = pool->Allocate(3);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(b.status().message(), HasSubstr("asked for 3"));
+  EXPECT_THAT(b.status().message(), HasSubstr("only 2 of 7 are free"));
+  EXPECT_EQ(pool->num_free(), 2);
+  auto c = pool->Allocate(2);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(pool->num_free(), 0);
+  pool->Release(*a);
+  pool->Release(*c);
+  EXPECT_EQ(pool->num_free(), 7);
+}
+
+TEST(KvBlockPoolTest, ConcurrentAllocateAndReleaseKeepCountsConsistent) {
+  KvCacheConfig config = SmallConfig();
+  config.num_blocks = 32;
+  auto pool = MakePool(config);
+  // owner[b] is the thread holding block b, or -1; a block handed to two threads at once
+  // would be caught by the exchange.
+  std::vector<std::atomic<int>> owner(config.num_blocks);
+  for (auto& o : owner) o.store(-1);
+  std::atomic<int> double_allocations{0};
+  std::atomic<int> failed_allocations{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int iter = 0; iter < 2000; ++iter) {
+        const int n = 1 + static_cast<int>(rng() % 6);
+        auto blocks = pool->Allocate(n);
+        if (!blocks.ok()) {
+          ++failed_allocations;
+          continue;
+        }
+        for (int32_t b : *blocks) {
+          if (owner[b].exchange(t) != -1) ++double_allocations;
+        }
+        pool->Ref(*blocks);  // a second holder, as a shared prefix would have
+        pool->Release(*blocks);
+        for (int32_t b : *blocks) owner[b].store(-1);
+        pool->Release(*blocks);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(double_allocations.load(), 0);
+  EXPECT_EQ(pool->num_free(), config.num_blocks);
+  for (int32_t b = 0; b < config.num_blocks; ++b) EXPECT_EQ(pool->ref_count(b), 0) << b;
+  // Each block is free exactly once: allocating everything yields every id.
+  auto all = pool->Allocate(config.num_blocks);
+  ASSERT_TRUE(all.ok());
+  std::vector<int32_t> ids = *all;
+  std::sort(ids.begin(), ids.end());
+  for (int32_t b = 0; b < config.num_blocks; ++b) EXPECT_EQ(ids[b], b);
+}
+
+TEST(KvBlockPoolDeathTest, ReleasingAFreeBlockIsFatal) {
+  auto pool = MakePool();
+  const std::vector<int32_t> free_block = {4};
+  EXPECT_DEATH(pool->Release(free_block), "Release of free KV block 4");
+  const std::vector<int32_t> out_of_range = {7};
+  EXPECT_DEATH(pool->Release(out_of_range), "out of range");
+  EXPECT_DEATH(pool->Ref(free_block), "Ref of free KV block 4");
+}
+
+TEST(BlockTableTest, GrowsAcrossBlockBoundaries) {
+  const KvCacheConfig config = SmallConfig();  // block_size 4
+  auto pool = MakePool(config);
+  BlockTable table;
+  EXPECT_EQ(table.num_tokens(), 0);
+  EXPECT_EQ(table.capacity_tokens(config.block_size), 0);
+
+  ASSERT_TRUE(table.Reserve(pool.get(), 3).ok());
+  EXPECT_EQ(table.blocks().size(), 1u);
+  table.Append(3);
+  ASSERT_TRUE(table.Reserve(pool.get(), 4).ok());  // still fits
+  EXPECT_EQ(table.blocks().size(), 1u);
+  table.Append(1);
+  ASSERT_TRUE(table.Reserve(pool.get(), 5).ok());  // crosses into a second block
+  EXPECT_EQ(table.blocks().size(), 2u);
+  table.Append(1);
+  ASSERT_TRUE(table.Reserve(pool.get(), 13).ok());  // 4 blocks
+  EXPECT_EQ(table.blocks().size(), 4u);
+  EXPECT_EQ(table.capacity_tokens(config.block_size), 16);
+  table.Append(8);
+  EXPECT_EQ(table.num_tokens(), 13);
+  EXPECT_EQ(pool->num_free(), 3);
+
+  // Asking for more than is free changes nothing.
+  absl::Status status = table.Reserve(pool.get(), 33);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(table.blocks().size(), 4u);
+  EXPECT_EQ(pool->num_free(), 3);
+  EXPECT_EQ(table.Reserve(pool.get(), -1).code(), absl::StatusCode::kInvalidArgument);
+
+  table.ReleaseAll(pool.get());
+  EXPECT_EQ(table.num_tokens(), 0);
+  EXPECT_TRUE(table.blocks().empty());
+  EXPECT_EQ(pool->num_free(), 7);
+}
+
+TEST(BlockTableTest, MapsPositionsToSlots) {
+  const KvCacheConfig config = SmallConfig();
+  auto pool = MakePool(config);
+  // Interleave two sequences so that a table's blocks are not consecutive ids.
+  BlockTable a, b;
+  for (int tokens = 4; tokens <= 12; tokens += 4) {
+    ASSERT_TRUE(a.Reserve(pool.get(), tokens).ok());
+    ASSERT_TRUE(b.Reserve(pool.get(), tokens).ok());
+  }
+  EXPECT_THAT(a.blocks(), ElementsAre(0, 2, 4));
+  EXPECT_THAT(b.blocks(), ElementsAre(1, 3, 5));
+  for (int pos = 0; pos < 12; ++pos) {
+    const BlockSlot slot = a.Locate(pos, config.block_size);
+    EXPECT_EQ(slot.block, a.blocks()[pos / 4]);
+    EXPECT_EQ(slot.offset, pos % 4);
+    for (int layer = 0; layer < config.num_layers; ++layer) {
+      const size_t offset = slot.block * pool->block_floats() + slot.offset * pool->slot_floats();
+      EXPECT_EQ(a.KeySlot(*pool, layer, pos), pool->k_pool(layer) + offset);
+      EXPECT_EQ(a.ValueSlot(*pool, layer, pos), pool->v_pool(layer) + offset);
+      const KvBlockPool& const_pool = *pool;
+      EXPECT_EQ(a.KeySlot(const_pool, layer, pos), pool->k_pool(layer) + offset);
+    }
+  }
+  // Positions 4 and 5 of sequence b are adjacent slots of its second block.
+  EXPECT_EQ(b.KeySlot(*pool, 0, 5), b.KeySlot(*pool, 0, 4) + pool->slot_floats());
+  a.ReleaseAll(pool.get());
+  b.ReleaseAll(pool.get());
+  EXPECT_EQ(pool->num_free(), 7);
+}
+
+TEST(BlockTableDeathTest, AppendBeyondCapacityAndBadPositionsAreFatal) {
+  const KvCacheConfig config = SmallConfig();
+  auto pool = MakePool(config);
+  BlockTable table;
+  EXPECT_DEATH(table.Append(1), "capacity 0");
+  ASSERT_TRUE(table.Reserve(pool.get(), 2).ok());
+  table.Append(4);
+  EXPECT_DEATH(table.Append(1), "capacity 4");
+  EXPECT_DEATH(table.KeySlot(*pool, 0, 4), "position 4 outside");
+  EXPECT_DEATH(table.KeySlot(*pool, 3, 0), "layer 3 outside");
+  auto other = MakePool(config);
+  EXPECT_DEATH(table.Reserve(other.get(), 8).IgnoreError(), "second KV pool");
+  table.ReleaseAll(pool.get());
+}
+
+}  // namespace
+}  // namespace tandem::engine
