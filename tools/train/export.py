@@ -63,9 +63,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", required=True)
     ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--checkpoint", default="best.pt", help="file in --work to export")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    ckpt = torch.load(os.path.join(args.work, "best.pt"))
+    ckpt = torch.load(os.path.join(args.work, args.checkpoint))
     os.makedirs(args.model_dir, exist_ok=True)
     tensors = {k: v.to(torch.bfloat16) for k, v in ckpt["state_dict"].items()}
     path = os.path.join(args.model_dir, "model.safetensors")
@@ -91,7 +92,7 @@ def main():
     cfg, model = load_shipped(args.model_dir)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(args.model_dir, "tokenizer.model"))
     metrics = {"step": ckpt["step"], "train_elapsed_s": round(ckpt["elapsed_s"]),
-               "train_args": ckpt["args"], "checkpoint_valid_nll_bf16_autocast": ckpt["valid_nll"]}
+               "train_args": ckpt["args"], "checkpoint_valid_nll_in_training": ckpt["valid_nll"]}
     for part in ("valid", "test"):
         docs = data.encode_docs(sp, os.path.join(args.model_dir, "eval", f"{part}.txt"))
         nll, count = data.evaluate(model, docs, autocast=False)
@@ -100,6 +101,7 @@ def main():
         print(part, metrics[part], flush=True)
     total, active = param_counts(cfg)
     metrics["params_total"], metrics["params_active"] = total, active
+    metrics["torch_version"] = torch.__version__
     test_docs = data.encode_docs(sp, os.path.join(args.model_dir, "eval", "test.txt"))
     metrics["routing_test_split"] = routing_stats(cfg, model, test_docs)
     with open(os.path.join(args.model_dir, "eval", "metrics.json"), "w") as f:

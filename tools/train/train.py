@@ -36,6 +36,13 @@ def main():
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--init", default="", help="start from this checkpoint's weights")
+    ap.add_argument("--balance", choices=["concat", "per-layer"], default="concat",
+                    help="load balancing over all layers' router logits concatenated (Hugging "
+                         "Face's rule) or per layer, averaged")
+    ap.add_argument("--aux-coef", type=float, default=None,
+                    help="load-balancing loss coefficient (default: the config's)")
+    ap.add_argument("--tag", default="", help="suffix of this run's log and checkpoint names")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -48,6 +55,9 @@ def main():
 
     cfg = Config(dropout=args.dropout)
     model = MixtralForCausalLM(cfg)
+    if args.init:
+        model.load_state_dict(torch.load(args.init)["state_dict"])
+    aux_coef = cfg.router_aux_loss_coef if args.aux_coef is None else args.aux_coef
     total, active = param_counts(cfg)
     assert total == sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -55,7 +65,7 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-    log = open(os.path.join(args.work, "train.log"), "a")
+    log = open(os.path.join(args.work, f"train{args.tag}.log"), "a")
 
     def say(msg):
         print(msg, flush=True)
@@ -83,9 +93,14 @@ def main():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(args.autocast)):
                 logits, router_logits = model(inp)
             ce = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), tgt.reshape(-1))
-            aux = load_balancing_loss([r.float() for r in router_logits], cfg.num_local_experts,
-                                      cfg.num_experts_per_tok)
-            loss = (ce + cfg.router_aux_loss_coef * aux) / args.accum
+            if args.balance == "concat":
+                aux = load_balancing_loss([r.float() for r in router_logits],
+                                          cfg.num_local_experts, cfg.num_experts_per_tok)
+            else:
+                aux = sum(load_balancing_loss([r.float()], cfg.num_local_experts,
+                                              cfg.num_experts_per_tok)
+                          for r in router_logits) / len(router_logits)
+            loss = (ce + aux_coef * aux) / args.accum
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -100,7 +115,7 @@ def main():
                 best = nll
                 torch.save({"config": cfg.hf_dict(), "state_dict": model.state_dict(), "step": step,
                             "valid_nll": nll, "elapsed_s": time.time() - t0, "args": vars(args)},
-                           os.path.join(args.work, "best.pt"))
+                           os.path.join(args.work, f"best{args.tag}.pt"))
     say(json.dumps({"done": True, "best_valid_nll": best, "elapsed_s": time.time() - t0}))
 
 
