@@ -66,11 +66,16 @@ if ((status != 0)); then
   cat <<'TXT'
 
 What works today: the three services start, serve health, readiness and Prometheus metrics,
-drain on SIGTERM; the gateway tokenizes and lists its model. What does not yet: generation.
-The inference engine (issue #4) and the prefill -> KV over UCX -> decode path (issue #5) have
-not landed, so no tokens are generated and no throughput can be measured; the gateway says so
-instead of pretending.
+drain on SIGTERM; the gateway tokenizes and lists its model. What does not yet: generation
+through the cluster. The prefill -> KV over UCX -> decode path (issue #5) has not landed, so
+the cluster generates no tokens and its throughput cannot be measured; the gateway says so
+instead of pretending. The engine itself works: the same prompts, generated
+in one process (tandem generate --model), greedy:
 TXT
+  for prompt in "The jury said it did find that" "She opened the door and" "In the beginning of the year,"; do
+    echo "prompt: $prompt"
+    "$bin/tandem" generate --model="$model" --prompt="$prompt" --max_tokens=32
+  done
 fi
 echo
 echo "== Metrics =="

@@ -10,8 +10,8 @@ grpc::Status NotYet(absl::string_view rpc) {
   return grpc::Status(
       grpc::StatusCode::UNIMPLEMENTED,
       absl::StrCat(rpc,
-                   " is not available in this build: the inference engine "
-                   "(issue #4) and the KV transfer (issue #5) have not landed yet"));
+                   " is not available in this build: the decode "
+                   "service path and the KV transfer (issue #5) have not landed yet"));
 }
 
 }  // namespace

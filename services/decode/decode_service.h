@@ -1,7 +1,7 @@
 // tandem-decode's gRPC service: reserves KV blocks for prompts, then decodes from the KV
 // cache a prefill instance wrote, with continuous batching over every running sequence.
-// Until the engine lands, Reserve/Decode/Release answer UNIMPLEMENTED (saying so); GetInfo
-// reports the instance's model and KV geometry.
+// Until the service path lands (issue #5), Reserve/Decode/Release answer UNIMPLEMENTED
+// (saying so); GetInfo reports the instance's model and KV geometry.
 #pragma once
 
 #include <string>

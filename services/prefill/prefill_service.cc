@@ -8,8 +8,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
                                                   const tandem::v1::PrefillRequest* request,
                                                   tandem::v1::PrefillResponse* response) {
   const grpc::Status status(grpc::StatusCode::UNIMPLEMENTED,
-                            "Prefill is not available in this build: the inference engine "
-                            "(issue #4) and the KV transfer (issue #5) have not landed yet");
+                            "Prefill is not available in this build: the prefill "
+                            "service path and the KV transfer (issue #5) have not landed yet");
   metrics_->Record("Prefill", status, absl::ZeroDuration());
   auto* reactor = context->DefaultReactor();
   reactor->Finish(status);

@@ -1,6 +1,6 @@
 // tandem-prefill's gRPC service: full-expert chunked prefill that ships the prompt's KV cache
-// to a decode instance. Until the engine lands, Prefill answers UNIMPLEMENTED (saying so);
-// GetInfo reports the instance's model and KV geometry.
+// to a decode instance. Until the service path lands (issue #5), Prefill answers UNIMPLEMENTED
+// (saying so); GetInfo reports the instance's model and KV geometry.
 #pragma once
 
 #include <string>

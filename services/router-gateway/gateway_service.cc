@@ -102,8 +102,8 @@ namespace {
 
 grpc::Status GenerationUnavailable() {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "generation is not available in this build: the inference engine "
-                      "(issue #4) and the prefill -> decode path (issue #5) have not landed yet");
+                      "generation through the cluster is not available in this build: the "
+                      "prefill -> KV transfer -> decode path (issue #5) has not landed yet");
 }
 
 }  // namespace

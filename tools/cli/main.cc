@@ -1,6 +1,7 @@
 // `tandem`: the command-line client. Talks to a gateway through the C++ SDK.
 //   tandem generate --endpoint HOST:PORT --prompt TEXT [--max_tokens N --temperature T
-//                   --top_p P --seed S --stream]
+//                   --top_p P --top_k K --seed S --stream]
+//   tandem generate --model DIR --prompt TEXT [...]   (in this process, no services)
 //   tandem tokenize --endpoint HOST:PORT --text TEXT
 //   tandem models   --endpoint HOST:PORT
 //   tandem health   --endpoint HOST:PORT
@@ -12,16 +13,18 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/config/config.h"
+#include "common/engine/generator.h"
 #include "tandem/client.h"
 
 ABSL_FLAG(std::string, endpoint, "127.0.0.1:50051", "Gateway gRPC address, host:port.");
 ABSL_FLAG(std::string, model, "",
-          "Run locally on this model directory instead of a gateway (needs the engine).");
+          "Generate in this process from this model directory instead of through a gateway.");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (generate).");
 ABSL_FLAG(std::string, text, "", "Text to tokenize (tokenize).");
 ABSL_FLAG(int, max_tokens, 64, "Tokens to generate at most (generate).");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy (generate).");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass (generate).");
+ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 = off (generate).");
 ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random (generate).");
 ABSL_FLAG(bool, stream, false, "Stream tokens as they arrive (generate).");
 ABSL_FLAG(double, timeout_s, 120.0, "Deadline of each call, in seconds.");
@@ -31,7 +34,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: tandem <command> [flags]\n"
     "commands:\n"
-    "  generate   send a prompt to a gateway and print the completion\n"
+    "  generate   send a prompt to a gateway (--endpoint) and print the completion, or\n"
+    "             generate in this process (--model DIR)\n"
     "  tokenize   print the token ids of --text\n"
     "  models     list the gateway's models\n"
     "  health     check the gateway's gRPC health\n"
@@ -49,15 +53,54 @@ absl::StatusOr<std::unique_ptr<tandem::sdk::Client>> Connect() {
   return tandem::sdk::Client::Connect(absl::GetFlag(FLAGS_endpoint), options);
 }
 
-int Generate() {
-  if (!absl::GetFlag(FLAGS_model).empty()) {
-    return Report(absl::UnimplementedError(
-        "local generation (--model) needs the inference engine (issue #4), which is not in "
-        "this build; use --endpoint to reach a gateway"));
+const char* FinishName(tandem::engine::FinishReason reason) {
+  switch (reason) {
+    case tandem::engine::FinishReason::kStop:
+      return "stop";
+    case tandem::engine::FinishReason::kLength:
+      return "length";
+    case tandem::engine::FinishReason::kNone:
+      break;
   }
+  return "none";
+}
+
+// Generation in this process: load the model, prefill, decode one token at a time.
+int GenerateLocally() {
+  const absl::Time load_start = absl::Now();
+  auto generator = tandem::engine::Generator::Load(absl::GetFlag(FLAGS_model));
+  if (!generator.ok()) return Report(generator.status());
+  const double load_seconds = absl::ToDoubleSeconds(absl::Now() - load_start);
+  tandem::engine::SamplingParams params;
+  params.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  params.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  params.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  params.top_k = absl::GetFlag(FLAGS_top_k);
+  if (absl::GetFlag(FLAGS_seed) >= 0) params.seed = absl::GetFlag(FLAGS_seed);
+  const bool stream = absl::GetFlag(FLAGS_stream);
+  auto result =
+      (*generator)->Generate(absl::GetFlag(FLAGS_prompt), params, [&](const std::string& text) {
+        if (stream) std::cout << text << std::flush;
+      });
+  if (!result.ok()) return Report(result.status());
+  std::cout << (stream ? "" : result->text) << std::endl;
+  const size_t generated = result->output_ids.size();
+  std::cerr << absl::StrCat(
+      "load ", absl::SixDigits(load_seconds), " s; prompt ", result->prompt_ids.size(),
+      " tokens in ", absl::SixDigits(result->prefill_seconds), " s (",
+      absl::SixDigits(result->prompt_ids.size() / result->prefill_seconds), " tokens/s); ",
+      generated, " generated in ", absl::SixDigits(result->decode_seconds), " s (",
+      generated > 1 ? absl::StrCat(absl::SixDigits((generated - 1) / result->decode_seconds))
+                    : std::string("-"),
+      " tokens/s after the first); finish: ", FinishName(result->finish_reason), "\n");
+  return 0;
+}
+
+int Generate() {
   if (absl::GetFlag(FLAGS_prompt).empty()) {
     return Report(absl::InvalidArgumentError("--prompt is required"));
   }
+  if (!absl::GetFlag(FLAGS_model).empty()) return GenerateLocally();
   auto client = Connect();
   if (!client.ok()) return Report(client.status());
   tandem::v1::GenerateRequest request;
@@ -66,6 +109,7 @@ int Generate() {
   sampling->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
   sampling->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
   sampling->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  sampling->set_top_k(absl::GetFlag(FLAGS_top_k));
   if (absl::GetFlag(FLAGS_seed) >= 0) sampling->set_seed(absl::GetFlag(FLAGS_seed));
   const absl::Time start = absl::Now();
   int tokens = 0;

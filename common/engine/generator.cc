@@ -1,0 +1,122 @@
+#include "common/engine/generator.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/util/status.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::engine {
+namespace {
+
+constexpr int kBlockSize = 16;
+
+// tokenizer_config.json's add_bos_token; Hugging Face's Llama tokenizer defaults to true.
+absl::StatusOr<bool> ReadAddBos(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "tokenizer_config.json");
+  if (!in) return true;
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("tokenizer_config.json is not a JSON object");
+  }
+  if (!doc.contains("add_bos_token")) return true;
+  if (!doc["add_bos_token"].is_boolean()) {
+    return absl::InvalidArgumentError("tokenizer_config.json: add_bos_token must be a boolean");
+  }
+  return doc["add_bos_token"].get<bool>();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const std::string& model_dir,
+                                                           int prefill_chunk) {
+  if (prefill_chunk < 1) return absl::InvalidArgumentError("prefill_chunk must be >= 1");
+  const std::filesystem::path dir(model_dir);
+  std::unique_ptr<Generator> g(new Generator());
+  g->prefill_chunk_ = prefill_chunk;
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir / "config.json"));
+  ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
+  ASSIGN_OR_RETURN(g->weights_, ModelWeights::Load(config, *checkpoint));
+  ASSIGN_OR_RETURN(g->tokenizer_, model::Tokenizer::Load(dir / "tokenizer.model"));
+  ASSIGN_OR_RETURN(g->add_bos_, ReadAddBos(dir));
+  const int context = static_cast<int>(config.max_position_embeddings);
+  KvCacheConfig kv{static_cast<int>(config.num_hidden_layers),
+                   static_cast<int>(config.num_key_value_heads), static_cast<int>(config.head_dim),
+                   kBlockSize, (context + kBlockSize - 1) / kBlockSize};
+  ASSIGN_OR_RETURN(g->pool_, KvBlockPool::Create(kv));
+  ASSIGN_OR_RETURN(g->forward_, ForwardPass::Create(g->weights_.get(), g->pool_.get()));
+  return g;
+}
+
+absl::StatusOr<GenerationResult> Generator::Generate(
+    const std::string& prompt, const SamplingParams& params,
+    const std::function<void(const std::string&)>& on_text) {
+  const model::ModelConfig& c = weights_->config;
+  RETURN_IF_ERROR(params.Validate(static_cast<int>(c.vocab_size)));
+  GenerationResult result;
+  if (add_bos_) result.prompt_ids.push_back(tokenizer_->bos_id());
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->Encode(prompt));
+  result.prompt_ids.insert(result.prompt_ids.end(), ids.begin(), ids.end());
+  const int n = static_cast<int>(result.prompt_ids.size());
+  const int context = static_cast<int>(c.max_position_embeddings);
+  if (n >= context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt has ", n, " tokens; the context length is ", context));
+  }
+  const int max_new = std::min(params.max_tokens, context - n);
+
+  BlockTable table;
+  RETURN_IF_ERROR(table.Reserve(pool_.get(), n + max_new));
+  Sampler sampler(params);
+  StopChecker stop(params, tokenizer_->eos_id());
+  model::StreamingDetokenizer detok(tokenizer_.get());
+  auto emit = [&](const std::string& text) {
+    result.text += text;
+    if (on_text && !text.empty()) on_text(text);
+  };
+
+  std::vector<std::vector<float>> logits;
+  absl::Status status;
+  const absl::Time start = absl::Now();
+  for (int begin = 0; begin < n && status.ok(); begin += prefill_chunk_) {
+    const int len = std::min(prefill_chunk_, n - begin);
+    StepInput in{absl::MakeConstSpan(result.prompt_ids).subspan(begin, len), begin, &table};
+    status = forward_->Step({&in, 1}, nullptr, &logits);
+  }
+  const absl::Time first = absl::Now();
+  result.prefill_seconds = absl::ToDoubleSeconds(first - start);
+  while (status.ok()) {
+    const int32_t token = sampler.Sample(logits[0]);
+    result.output_ids.push_back(token);
+    absl::StatusOr<std::string> piece = detok.Add(token);
+    if (!piece.ok()) {
+      status = piece.status();
+      break;
+    }
+    StopResult r = stop.Add(token, *piece);
+    emit(r.text);
+    if (r.reason != FinishReason::kNone) {
+      result.finish_reason = r.reason;
+      break;
+    }
+    if (static_cast<int>(result.output_ids.size()) >= max_new) {
+      // The context is full before max_tokens: a length finish, as vLLM reports it.
+      emit(stop.Flush());
+      absl::StatusOr<std::string> rest = detok.Flush();  // an incomplete character, if any
+      if (rest.ok()) emit(*rest);
+      result.finish_reason = FinishReason::kLength;
+      break;
+    }
+    StepInput in{absl::MakeConstSpan(&result.output_ids.back(), 1),
+                 n + static_cast<int>(result.output_ids.size()) - 1, &table};
+    status = forward_->Step({&in, 1}, nullptr, &logits);
+  }
+  result.decode_seconds = absl::ToDoubleSeconds(absl::Now() - first);
+  table.ReleaseAll(pool_.get());
+  if (!status.ok()) return status;
+  return result;
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,55 @@
+// Single-process generation for one prompt at a time: tokenizer + weights + paged KV cache +
+// forward pass + sampling. This is what `tandem generate --model` runs; the services batch
+// many sequences with a scheduler instead (issue #5).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/engine/forward.h"
+#include "common/engine/kv_cache.h"
+#include "common/engine/model_weights.h"
+#include "common/engine/sampling.h"
+#include "common/model/tokenizer.h"
+
+namespace tandem::engine {
+
+struct GenerationResult {
+  std::vector<int32_t> prompt_ids;  // BOS included when the tokenizer config says so
+  std::vector<int32_t> output_ids;
+  std::string text;
+  FinishReason finish_reason = FinishReason::kNone;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;  // after the first token
+};
+
+class Generator {
+ public:
+  // Loads DIR (config.json, model.safetensors, tokenizer.model, tokenizer_config.json).
+  // `prefill_chunk` bounds the tokens of one prefill step.
+  static absl::StatusOr<std::unique_ptr<Generator>> Load(const std::string& model_dir,
+                                                         int prefill_chunk = 256);
+
+  // Generates from `prompt` (tokenized here). `on_text`, when set, gets each piece of final
+  // text as soon as it is known (stop strings already removed).
+  absl::StatusOr<GenerationResult> Generate(
+      const std::string& prompt, const SamplingParams& params,
+      const std::function<void(const std::string&)>& on_text = nullptr);
+
+  const model::ModelConfig& config() const { return weights_->config; }
+
+ private:
+  Generator() = default;
+
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<ForwardPass> forward_;
+  bool add_bos_ = true;
+  int prefill_chunk_ = 256;
+};
+
+}  // namespace tandem::engine
