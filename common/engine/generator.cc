@@ -1,32 +1,15 @@
 #include "common/engine/generator.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/util/status.h"
-#include "nlohmann/json.hpp"
 
 namespace tandem::engine {
 namespace {
 
 constexpr int kBlockSize = 16;
-
-// tokenizer_config.json's add_bos_token; Hugging Face's Llama tokenizer defaults to true.
-absl::StatusOr<bool> ReadAddBos(const std::filesystem::path& dir) {
-  std::ifstream in(dir / "tokenizer_config.json");
-  if (!in) return true;
-  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return absl::InvalidArgumentError("tokenizer_config.json is not a JSON object");
-  }
-  if (!doc.contains("add_bos_token")) return true;
-  if (!doc["add_bos_token"].is_boolean()) {
-    return absl::InvalidArgumentError("tokenizer_config.json: add_bos_token must be a boolean");
-  }
-  return doc["add_bos_token"].get<bool>();
-}
 
 }  // namespace
 
@@ -40,7 +23,7 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const std::string& mo
   ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
   ASSIGN_OR_RETURN(g->weights_, ModelWeights::Load(config, *checkpoint));
   ASSIGN_OR_RETURN(g->tokenizer_, model::Tokenizer::Load(dir / "tokenizer.model"));
-  ASSIGN_OR_RETURN(g->add_bos_, ReadAddBos(dir));
+  ASSIGN_OR_RETURN(g->add_bos_, model::ReadAddBosToken(model_dir));
   const int context = static_cast<int>(config.max_position_embeddings);
   KvCacheConfig kv{static_cast<int>(config.num_hidden_layers),
                    static_cast<int>(config.num_key_value_heads), static_cast<int>(config.head_dim),

@@ -8,12 +8,14 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model/spm_backend.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem::model {
 namespace {
@@ -126,6 +128,20 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids) con
     return absl::InternalError(absl::StrCat("Decode: ", error));
   }
   return text;
+}
+
+absl::StatusOr<bool> ReadAddBosToken(const std::string& model_dir) {
+  std::ifstream in(std::filesystem::path(model_dir) / "tokenizer_config.json");
+  if (!in) return true;
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("tokenizer_config.json is not a JSON object");
+  }
+  if (!doc.contains("add_bos_token")) return true;
+  if (!doc["add_bos_token"].is_boolean()) {
+    return absl::InvalidArgumentError("tokenizer_config.json: add_bos_token must be a boolean");
+  }
+  return doc["add_bos_token"].get<bool>();
 }
 
 int32_t Tokenizer::vocab_size() const { return backend_->PieceSize(); }

@@ -49,6 +49,10 @@ class Tokenizer {
   std::unique_ptr<SpmBackend> backend_;  // in libtandem_spm.so, see spm_backend.h
 };
 
+// tokenizer_config.json's add_bos_token in `model_dir` (true when the file or the key is
+// absent, as for Hugging Face's Llama tokenizer); INVALID_ARGUMENT when the file is malformed.
+absl::StatusOr<bool> ReadAddBosToken(const std::string& model_dir);
+
 // Turns a stream of generated ids into text pieces as soon as they are final. Each piece is
 // valid UTF-8: bytes of a character split across byte-fallback tokens are held until the
 // character is complete, and SentencePiece's word-leading "▁" becomes a space exactly where

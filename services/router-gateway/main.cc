@@ -1,7 +1,6 @@
 // tandem-gateway: the public entry point. Accepts client requests, picks a decode and a
 // prefill instance, runs reserve -> prefill -> decode, and streams the tokens back.
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -9,7 +8,6 @@
 #include "common/model/config.h"
 #include "common/model/tokenizer.h"
 #include "common/rpc/service_flags.h"
-#include "nlohmann/json.hpp"
 #include "services/router-gateway/gateway_service.h"
 
 ABSL_FLAG(std::string, model, "models/tiny-moe",
@@ -21,21 +19,6 @@ ABSL_FLAG(std::vector<std::string>, decode, {},
 ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Largest prompt accepted, in bytes.");
 
 namespace {
-
-// tokenizer_config.json's add_bos_token; Hugging Face's Llama tokenizer defaults to true.
-absl::StatusOr<bool> ReadAddBosToken(const std::filesystem::path& dir) {
-  std::ifstream in(dir / "tokenizer_config.json");
-  if (!in) return true;
-  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return absl::InvalidArgumentError("tokenizer_config.json is not a JSON object");
-  }
-  if (!doc.contains("add_bos_token")) return true;
-  if (!doc["add_bos_token"].is_boolean()) {
-    return absl::InvalidArgumentError("tokenizer_config.json: add_bos_token must be a boolean");
-  }
-  return doc["add_bos_token"].get<bool>();
-}
 
 int Fail(const std::string& message) {
   std::cerr << "tandem-gateway: " << message << "\n";
@@ -58,7 +41,7 @@ int main(int argc, char** argv) {
   if (!model_config.ok()) return Fail("--model: " + std::string(model_config.status().message()));
   config.model_config = *model_config;
   config.model_name = std::filesystem::absolute(model_dir).lexically_normal().filename().string();
-  auto add_bos = ReadAddBosToken(model_dir);
+  auto add_bos = tandem::model::ReadAddBosToken(model_dir.string());
   if (!add_bos.ok()) return Fail("--model: " + std::string(add_bos.status().message()));
   config.add_bos_token = *add_bos;
   auto tokenizer = tandem::model::Tokenizer::Load((model_dir / "tokenizer.model").string());

@@ -91,6 +91,26 @@ void ExpectStreamMatchesDecode(const Tokenizer& tok, const std::vector<int32_t>&
   EXPECT_EQ(streamed, *whole) << "ids: " << id_list;
 }
 
+TEST(ReadAddBosTokenTest, DefaultsToTrueAndRejectsMalformedConfigs) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tandem_bos_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  EXPECT_TRUE(*ReadAddBosToken(dir.string()));  // no tokenizer_config.json
+  auto write = [&](const std::string& text) {
+    std::ofstream(dir / "tokenizer_config.json") << text;
+  };
+  write(R"({"add_bos_token": false})");
+  EXPECT_FALSE(*ReadAddBosToken(dir.string()));
+  write(R"({"tokenizer_class": "LlamaTokenizer"})");
+  EXPECT_TRUE(*ReadAddBosToken(dir.string()));
+  write(R"({"add_bos_token": "yes"})");
+  EXPECT_THAT(ReadAddBosToken(dir.string()).status().message(),
+              ::testing::HasSubstr("must be a boolean"));
+  write("not json");
+  EXPECT_EQ(ReadAddBosToken(dir.string()).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TokenizerTest, MissingFileIsNotFound) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::Load("/nonexistent/tokenizer.model");
   ASSERT_FALSE(tok.ok());
