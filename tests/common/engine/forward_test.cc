@@ -77,13 +77,15 @@ class ForwardGoldenTest : public ::testing::Test {
 ModelWeights* ForwardGoldenTest::weights_ = nullptr;
 nlohmann::json* ForwardGoldenTest::manifest_ = nullptr;
 
-constexpr double kLogitTolerance = 2e-4;  // normalised max error vs float32 PyTorch
+constexpr double kLogitTolerance =
+    2e-5;  // normalised max error vs float32 PyTorch (measured ~1e-6)
 
 TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
   const int vocab = static_cast<int>(weights_->config.vocab_size);
   const int layers = static_cast<int>(weights_->config.num_hidden_layers);
   const int experts = static_cast<int>(weights_->config.num_local_experts);
   int routing_compared = 0, routing_skipped = 0;
+  double worst = 0;
   for (size_t k = 0; k < (*manifest_)["prompts"].size(); ++k) {
     SCOPED_TRACE(absl::StrCat("prompt ", k));
     const auto& prompt = (*manifest_)["prompts"][k];
@@ -97,10 +99,10 @@ TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
     ASSERT_TRUE(forward_->Step({&in, 1}, nullptr, &logits, &trace).ok());
     const std::vector<float> golden = GoldenLogits(static_cast<int>(k));
     for (size_t i = 0; i < positions.size(); ++i) {
-      EXPECT_LT(RowError(&logits[0][static_cast<size_t>(positions[i]) * vocab], &golden[i * vocab],
-                         vocab),
-                kLogitTolerance)
-          << "position " << positions[i];
+      const double error = RowError(&logits[0][static_cast<size_t>(positions[i]) * vocab],
+                                    &golden[i * vocab], vocab);
+      worst = std::max(worst, error);
+      EXPECT_LT(error, kLogitTolerance) << "position " << positions[i];
     }
     // Router choices agree wherever the 2nd and 3rd probabilities are not a near-tie.
     auto golden_experts =
@@ -129,8 +131,8 @@ TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
     table.ReleaseAll(pool_.get());
   }
   EXPECT_GT(routing_compared, 20 * routing_skipped);
-  std::cout << "router choices compared " << routing_compared << ", near-ties skipped "
-            << routing_skipped << "\n";
+  std::cout << "worst normalised logit error " << worst << "; router choices compared "
+            << routing_compared << ", near-ties skipped " << routing_skipped << "\n";
 }
 
 TEST_F(ForwardGoldenTest, ChunkedPrefillAndCachedDecodeGiveTheGreedyContinuation) {
