@@ -60,8 +60,7 @@ absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, in
   const std::filesystem::path dir(model_dir);
   InstanceModel out;
   ASSIGN_OR_RETURN(out.config, model::LoadModelConfig(dir / "config.json"));
-  out.name = std::filesystem::absolute(dir).lexically_normal().filename().string();
-  if (out.name.empty()) out.name = std::filesystem::absolute(dir).parent_path().filename();
+  out.name = model::ModelNameFromDir(model_dir);
   out.geometry = MakeKvGeometry(out.config, block_size, tandem::v1::KV_DTYPE_F32);
   return out;
 }

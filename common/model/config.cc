@@ -1,5 +1,7 @@
 #include "common/model/config.h"
 
+#include <filesystem>
+
 #include <fstream>
 #include <initializer_list>
 #include <limits>
@@ -305,6 +307,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     if (!v->empty()) return FieldError("mlp_only_layers", "(dense MLP layers) is not supported");
   }
   return c;
+}
+
+std::string ModelNameFromDir(const std::string& model_dir) {
+  std::filesystem::path dir = std::filesystem::absolute(model_dir).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // a trailing separator
+  return dir.filename().string();
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   auto model_config = tandem::model::LoadModelConfig(model_dir / "config.json");
   if (!model_config.ok()) return Fail("--model: " + std::string(model_config.status().message()));
   config.model_config = *model_config;
-  config.model_name = std::filesystem::absolute(model_dir).lexically_normal().filename().string();
+  config.model_name = tandem::model::ModelNameFromDir(model_dir.string());
   auto add_bos = tandem::model::ReadAddBosToken(model_dir.string());
   if (!add_bos.ok()) return Fail("--model: " + std::string(add_bos.status().message()));
   config.add_bos_token = *add_bos;

@@ -396,5 +396,11 @@ TEST(ModelConfigTest, Qwen3MoeEntry) {
   ExpectInvalid(j, {"moe_intermediate_size", "missing"});
 }
 
+TEST(ModelNameFromDirTest, LastComponentWithOrWithoutTrailingSlash) {
+  EXPECT_EQ(ModelNameFromDir("models/tiny-moe"), "tiny-moe");
+  EXPECT_EQ(ModelNameFromDir("models/tiny-moe/"), "tiny-moe");
+  EXPECT_EQ(ModelNameFromDir("/srv/models/./mixtral"), "mixtral");
+}
+
 }  // namespace
 }  // namespace tandem::model
