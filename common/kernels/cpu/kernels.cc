@@ -64,7 +64,7 @@ namespace {
 // For CPUs without AVX2 (and for testing the fast paths against it).
 constexpr IsaKernels kReferenceKernels = {
     .name = "reference",
-    .matmul_bf16 = reference::MatMulBf16,
+    .matmul_bf16 = reference::MatMulBf16Strided,
     .matmul_f32 = reference::MatMulF32,
     .rms_norm = reference::RmsNorm,
     .rope = reference::Rope,
@@ -134,7 +134,11 @@ bool SetKernelIsaForTesting(const char* isa) {
 }
 
 void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y) {
-  internal::Kernels().matmul_bf16(x, b, n, w, d, y);
+  internal::Kernels().matmul_bf16(x, b, n, w, n, d, y);
+}
+
+void MatMulBf16Strided(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y) {
+  internal::Kernels().matmul_bf16(x, b, n, w, ldw, d, y);
 }
 
 void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {

@@ -31,6 +31,8 @@ bool SetKernelIsaForTesting(const char* isa);
 
 // Y (b,d) = X (b,n) @ W^T, W (d,n) bf16 — one weight row per output feature.
 void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y);
+// The same over the first n columns of a W whose rows are ldw >= n apart: a width-n slice.
+void MatMulBf16Strided(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y);
 // Same with float32 weights.
 void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y);
 // out (b,n) = x (b,n) / rms(x row) * weight (n,)
@@ -59,6 +61,7 @@ void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_di
 
 namespace reference {
 void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y);
+void MatMulBf16Strided(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y);
 void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y);
 void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out);
 void Rope(float* x, int heads, int head_dim, int pos, float theta);

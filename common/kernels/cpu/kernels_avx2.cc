@@ -83,7 +83,8 @@ int64_t PrefetchRows(int64_t block, int64_t n) {
 
 // Y[j][r] = X row j . W row r for R weight rows and B activation rows (see kernels_avx512.cc).
 template <int R, int B, typename T>
-TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t ldy,
+TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, int64_t ldw, float* y,
+                        int64_t ldy,
                         int64_t prefetch_ahead) {
   __m256 acc[R][B];
 #pragma GCC unroll 16
@@ -98,8 +99,8 @@ TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t
     for (int j = 0; j < B; ++j) xv[j] = _mm256_loadu_ps(x + j * n + k);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * n + k + prefetch_ahead), _MM_HINT_T0);
-      const __m256 wv = LoadWeights(w + r * n + k);
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k + prefetch_ahead), _MM_HINT_T0);
+      const __m256 wv = LoadWeights(w + r * ldw + k);
 #pragma GCC unroll 16
       for (int j = 0; j < B; ++j) acc[r][j] = _mm256_fmadd_ps(wv, xv[j], acc[r][j]);
     }
@@ -111,7 +112,7 @@ TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t
     for (int j = 0; j < B; ++j) xv[j] = _mm256_maskload_ps(x + j * n + k, lanes);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m256 wv = LoadWeights(w + r * n + k, n - k);
+      const __m256 wv = LoadWeights(w + r * ldw + k, n - k);
 #pragma GCC unroll 16
       for (int j = 0; j < B; ++j) acc[r][j] = _mm256_fmadd_ps(wv, xv[j], acc[r][j]);
     }
@@ -125,14 +126,15 @@ TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t
 
 // R weight rows against activation rows [0, b), in tiles of 2 (16 ymm registers).
 template <int R, typename T>
-TANDEM_INLINE void RowBlock(const float* x, int b, int64_t n, const T* w, float* y, int64_t ldy,
+TANDEM_INLINE void RowBlock(const float* x, int b, int64_t n, const T* w, int64_t ldw, float* y,
+                            int64_t ldy,
                             int64_t prefetch_ahead) {
   int j = 0;
   for (; j + 2 <= b; j += 2) {
-    Tile<R, 2>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+    Tile<R, 2>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
     prefetch_ahead = 0;  // Later batch tiles find the weights in cache.
   }
-  if (j < b) Tile<R, 1>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+  if (j < b) Tile<R, 1>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
 }
 
 constexpr int kBatchBlock = 16;
@@ -140,8 +142,8 @@ constexpr int kRowAlign = 8;
 
 // Y (b,d) columns [row_begin, row_end) = X (b,n) @ W^T rows [row_begin, row_end).
 template <typename T>
-void MatMulSlice(const float* x, int b, int64_t n, const T* w, int64_t d, int row_begin,
-                 int row_end, float* y) {
+void MatMulSlice(const float* x, int b, int64_t n, const T* w, int64_t ldw, int64_t d,
+                 int row_begin, int row_end, float* y) {
   for (int j0 = 0; j0 < b; j0 += kBatchBlock) {
     const int bb = std::min(kBatchBlock, b - j0);
     const float* xb = x + j0 * n;
@@ -150,26 +152,26 @@ void MatMulSlice(const float* x, int b, int64_t n, const T* w, int64_t d, int ro
     if (bb == 1) {
       const int64_t ahead = PrefetchRows<T>(8, n);
       for (; r + 8 <= row_end; r += 8) {
-        Tile<8, 1>(xb, n, w + r * n, yb + r, d, r + ahead + 8 <= d ? ahead * n : 0);
+        Tile<8, 1>(xb, n, w + r * ldw, ldw, yb + r, d, r + ahead + 8 <= d ? ahead * ldw : 0);
       }
     } else {
       const int64_t ahead = PrefetchRows<T>(4, n);
       for (; r + 4 <= row_end; r += 4) {
-        RowBlock<4>(xb, bb, n, w + r * n, yb + r, d, r + ahead + 4 <= d ? ahead * n : 0);
+        RowBlock<4>(xb, bb, n, w + r * ldw, ldw, yb + r, d, r + ahead + 4 <= d ? ahead * ldw : 0);
       }
     }
-    for (; r < row_end; ++r) RowBlock<1>(xb, bb, n, w + r * n, yb + r, d, 0);
+    for (; r < row_end; ++r) RowBlock<1>(xb, bb, n, w + r * ldw, ldw, yb + r, d, 0);
   }
 }
 
-void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y) {
+void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y) {
   ParallelRows(b, n, d, kRowAlign,
-               [&](int begin, int end) { MatMulSlice(x, b, n, w, d, begin, end, y); });
+               [&](int begin, int end) { MatMulSlice(x, b, n, w, ldw, d, begin, end, y); });
 }
 
 void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
   ParallelRows(b, n, d, kRowAlign,
-               [&](int begin, int end) { MatMulSlice(x, b, n, w, d, begin, end, y); });
+               [&](int begin, int end) { MatMulSlice(x, b, n, w, n, d, begin, end, y); });
 }
 
 // exp(x) for 8 lanes; the same Cephes expf as kernels_avx512.cc.

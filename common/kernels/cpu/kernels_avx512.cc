@@ -66,7 +66,8 @@ int64_t PrefetchRows(int64_t block, int64_t n) {
 // sums the same products in the same lanes whatever R and B are, so results do not depend on
 // the tiling or on how rows are split across threads.
 template <int R, int B, typename T>
-TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t ldy,
+TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, int64_t ldw, float* y,
+                        int64_t ldy,
                         int64_t prefetch_ahead) {
   __m512 acc[R][B];
 #pragma GCC unroll 16
@@ -81,8 +82,8 @@ TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t
     for (int j = 0; j < B; ++j) xv[j] = _mm512_loadu_ps(x + j * n + k);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * n + k + prefetch_ahead), _MM_HINT_T0);
-      const __m512 wv = LoadWeights(w + r * n + k);
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k + prefetch_ahead), _MM_HINT_T0);
+      const __m512 wv = LoadWeights(w + r * ldw + k);
 #pragma GCC unroll 16
       for (int j = 0; j < B; ++j) acc[r][j] = _mm512_fmadd_ps(wv, xv[j], acc[r][j]);
     }
@@ -94,7 +95,7 @@ TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t
     for (int j = 0; j < B; ++j) xv[j] = _mm512_maskz_loadu_ps(lanes, x + j * n + k);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512 wv = LoadWeights(w + r * n + k, lanes);
+      const __m512 wv = LoadWeights(w + r * ldw + k, lanes);
 #pragma GCC unroll 16
       for (int j = 0; j < B; ++j) acc[r][j] = _mm512_fmadd_ps(wv, xv[j], acc[r][j]);
     }
@@ -108,22 +109,23 @@ TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, float* y, int64_t
 
 // R weight rows against activation rows [0, b), b <= kBatchBlock, in tiles of 4.
 template <int R, typename T>
-TANDEM_INLINE void RowBlock(const float* x, int b, int64_t n, const T* w, float* y, int64_t ldy,
+TANDEM_INLINE void RowBlock(const float* x, int b, int64_t n, const T* w, int64_t ldw, float* y,
+                            int64_t ldy,
                             int64_t prefetch_ahead) {
   int j = 0;
   for (; j + 4 <= b; j += 4) {
-    Tile<R, 4>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+    Tile<R, 4>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
     prefetch_ahead = 0;  // Later batch tiles find the weights in cache.
   }
   switch (b - j) {
     case 3:
-      Tile<R, 3>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+      Tile<R, 3>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
       break;
     case 2:
-      Tile<R, 2>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+      Tile<R, 2>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
       break;
     case 1:
-      Tile<R, 1>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+      Tile<R, 1>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
       break;
   }
 }
@@ -136,8 +138,8 @@ constexpr int kRowAlign = 8;
 
 // Y (b,d) columns [row_begin, row_end) = X (b,n) @ W^T rows [row_begin, row_end).
 template <typename T>
-void MatMulSlice(const float* x, int b, int64_t n, const T* w, int64_t d, int row_begin,
-                 int row_end, float* y) {
+void MatMulSlice(const float* x, int b, int64_t n, const T* w, int64_t ldw, int64_t d,
+                 int row_begin, int row_end, float* y) {
   for (int j0 = 0; j0 < b; j0 += kBatchBlock) {
     const int bb = std::min(kBatchBlock, b - j0);
     const float* xb = x + j0 * n;
@@ -147,26 +149,26 @@ void MatMulSlice(const float* x, int b, int64_t n, const T* w, int64_t d, int ro
       // 8 independent accumulators keep enough loads in flight to stream the weights.
       const int64_t ahead = PrefetchRows<T>(8, n);
       for (; r + 8 <= row_end; r += 8) {
-        Tile<8, 1>(xb, n, w + r * n, yb + r, d, r + ahead + 8 <= d ? ahead * n : 0);
+        Tile<8, 1>(xb, n, w + r * ldw, ldw, yb + r, d, r + ahead + 8 <= d ? ahead * ldw : 0);
       }
     } else {
       const int64_t ahead = PrefetchRows<T>(4, n);
       for (; r + 4 <= row_end; r += 4) {
-        RowBlock<4>(xb, bb, n, w + r * n, yb + r, d, r + ahead + 4 <= d ? ahead * n : 0);
+        RowBlock<4>(xb, bb, n, w + r * ldw, ldw, yb + r, d, r + ahead + 4 <= d ? ahead * ldw : 0);
       }
     }
-    for (; r < row_end; ++r) RowBlock<1>(xb, bb, n, w + r * n, yb + r, d, 0);
+    for (; r < row_end; ++r) RowBlock<1>(xb, bb, n, w + r * ldw, ldw, yb + r, d, 0);
   }
 }
 
-void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y) {
+void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y) {
   ParallelRows(b, n, d, kRowAlign,
-               [&](int begin, int end) { MatMulSlice(x, b, n, w, d, begin, end, y); });
+               [&](int begin, int end) { MatMulSlice(x, b, n, w, ldw, d, begin, end, y); });
 }
 
 void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
   ParallelRows(b, n, d, kRowAlign,
-               [&](int begin, int end) { MatMulSlice(x, b, n, w, d, begin, end, y); });
+               [&](int begin, int end) { MatMulSlice(x, b, n, w, n, d, begin, end, y); });
 }
 
 // The bf16 dot-product path: activations rounded to bf16, pairs of products summed by
@@ -175,7 +177,8 @@ void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 
 template <int R, int B>
-TANDEM_INLINE void TileDp(const uint16_t* x, int64_t n, const uint16_t* w, float* y, int64_t ldy,
+TANDEM_INLINE void TileDp(const uint16_t* x, int64_t n, const uint16_t* w, int64_t ldw, float* y,
+                          int64_t ldy,
                           int64_t prefetch_ahead) {
   __m512 acc[R][B];
 #pragma GCC unroll 16
@@ -191,8 +194,8 @@ TANDEM_INLINE void TileDp(const uint16_t* x, int64_t n, const uint16_t* w, float
     for (int j = 0; j < B; ++j) xv[j] = (__m512bh)_mm512_maskz_loadu_epi16(lanes, x + j * n + k);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * n + k + prefetch_ahead), _MM_HINT_T0);
-      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(lanes, w + r * n + k);
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k + prefetch_ahead), _MM_HINT_T0);
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(lanes, w + r * ldw + k);
 #pragma GCC unroll 16
       for (int j = 0; j < B; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv, xv[j]);
     }
@@ -205,27 +208,27 @@ TANDEM_INLINE void TileDp(const uint16_t* x, int64_t n, const uint16_t* w, float
 }
 
 template <int R>
-TANDEM_INLINE void RowBlockDp(const uint16_t* x, int b, int64_t n, const uint16_t* w, float* y,
-                              int64_t ldy, int64_t prefetch_ahead) {
+TANDEM_INLINE void RowBlockDp(const uint16_t* x, int b, int64_t n, const uint16_t* w,
+                              int64_t ldw, float* y, int64_t ldy, int64_t prefetch_ahead) {
   int j = 0;
   for (; j + 4 <= b; j += 4) {
-    TileDp<R, 4>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+    TileDp<R, 4>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
     prefetch_ahead = 0;
   }
   switch (b - j) {
     case 3:
-      TileDp<R, 3>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+      TileDp<R, 3>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
       break;
     case 2:
-      TileDp<R, 2>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+      TileDp<R, 2>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
       break;
     case 1:
-      TileDp<R, 1>(x + j * n, n, w, y + j * ldy, ldy, prefetch_ahead);
+      TileDp<R, 1>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
       break;
   }
 }
 
-void MatMulBf16Dp(const float* x, int b, int n, const uint16_t* w, int d, float* y) {
+void MatMulBf16Dp(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y) {
   std::vector<uint16_t> x_bf16(static_cast<size_t>(b) * n);
   for (size_t i = 0; i < x_bf16.size(); ++i) x_bf16[i] = F32ToBf16Bits(x[i]);
   const int64_t n64 = n;
@@ -238,15 +241,15 @@ void MatMulBf16Dp(const float* x, int b, int n, const uint16_t* w, int d, float*
       if (bb == 1) {
         const int64_t ahead = PrefetchRows<uint16_t>(8, n64);
         for (; r + 8 <= end; r += 8) {
-          TileDp<8, 1>(xb, n64, w + r * n64, yb + r, d, r + ahead + 8 <= d ? ahead * n64 : 0);
+          TileDp<8, 1>(xb, n64, w + r * ldw, ldw, yb + r, d, r + ahead + 8 <= d ? ahead * ldw : 0);
         }
       } else {
         const int64_t ahead = PrefetchRows<uint16_t>(4, n64);
         for (; r + 4 <= end; r += 4) {
-          RowBlockDp<4>(xb, bb, n64, w + r * n64, yb + r, d, r + ahead + 4 <= d ? ahead * n64 : 0);
+          RowBlockDp<4>(xb, bb, n64, w + r * ldw, ldw, yb + r, d, r + ahead + 4 <= d ? ahead * ldw : 0);
         }
       }
-      for (; r < end; ++r) RowBlockDp<1>(xb, bb, n64, w + r * n64, yb + r, d, 0);
+      for (; r < end; ++r) RowBlockDp<1>(xb, bb, n64, w + r * ldw, ldw, yb + r, d, 0);
     }
   });
 }

@@ -11,7 +11,7 @@ namespace tandem::kernels::cpu::internal {
 // One implementation of every dispatched kernel, with the public kernels' signatures.
 struct IsaKernels {
   const char* name;
-  void (*matmul_bf16)(const float* x, int b, int n, const uint16_t* w, int d, float* y);
+  void (*matmul_bf16)(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y);
   void (*matmul_f32)(const float* x, int b, int n, const float* w, int d, float* y);
   void (*rms_norm)(const float* x, int b, int n, const float* weight, float eps, float* out);
   void (*rope)(float* x, int heads, int head_dim, int pos, float theta);

@@ -240,6 +240,30 @@ TEST_P(IsaTest, MatMulReadsNoWeightsPastTheEnd) {
   }
 }
 
+// A width-n slice of a wider W: columns [n, ldw) hold NaN, so reading one poisons the output,
+// and the result must equal the contiguous product over the extracted slice.
+TEST_P(IsaTest, StridedMatMulReadsOnlyTheSlice) {
+  for (int n : kSizes) {
+    for (int extra : {1, 16, 45}) {
+      const int ldw = n + extra;
+      for (int b : {1, 3, 18}) {
+        for (int d : {1, 9, 24}) {
+          const std::vector<float> x = RandomFloats(size_t{1} * b * n, rng_);
+          const std::vector<uint16_t> slice = RandomBf16(size_t{1} * d * n, rng_);
+          std::vector<uint16_t> w(size_t{1} * d * ldw, F32ToBf16(NAN));
+          for (int r = 0; r < d; ++r) {
+            std::copy_n(slice.begin() + size_t{1} * r * n, n, w.begin() + size_t{1} * r * ldw);
+          }
+          std::vector<float> got(size_t{1} * b * d, NAN), want(got.size());
+          MatMulBf16Strided(x.data(), b, n, w.data(), ldw, d, got.data());
+          MatMulBf16(x.data(), b, n, slice.data(), d, want.data());
+          ASSERT_EQ(got, want) << "b=" << b << " n=" << n << " ldw=" << ldw << " d=" << d;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(IsaTest, RmsNormMatchesHandComputedValues) {
   const float x[] = {1, 2, 3, 4, -2, 0, 0, 0};
   const float weight[] = {1, 0.5f, 2, 1};
