@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/kernels/cpu/kernels.h"
+#include "common/kernels/cpu/thread_pool.h"
 
 namespace tandem::engine {
 namespace {
@@ -15,9 +16,19 @@ namespace k = kernels::cpu;
 
 // Where a token of the batch comes from.
 struct TokenRef {
-  int seq;       // index into the batch
-  int position;  // absolute position in its sequence
+  int seq;        // index into the batch
+  int position;   // absolute position in its sequence
+  int32_t token;  // token id
 };
+
+// Sizes a (rows, cols) buffer; its capacity only grows, so steady-state steps do not allocate.
+void Resize(std::vector<float>& buffer, int rows, int cols) {
+  buffer.resize(static_cast<size_t>(rows) * cols);
+}
+
+float* Row(std::vector<float>& buffer, int64_t row, int cols) {
+  return buffer.data() + row * cols;
+}
 
 void Bf16RowToF32(const uint16_t* row, int n, float* out) {
   for (int i = 0; i < n; ++i) out[i] = k::Bf16ToF32(row[i]);
@@ -40,7 +51,8 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
 }
 
 absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch,
-                                   const ExpertMask* mask) const {
+                                   const MoeOptions& moe) const {
+  const ExpertMask* mask = moe.mask;
   const model::ModelConfig& c = w_->config;
   const int block_size = pool_->config().block_size;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -85,9 +97,9 @@ absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch,
   return absl::OkStatus();
 }
 
-absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const ExpertMask* mask,
+absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptions& moe,
                                std::vector<std::vector<float>>* logits, RouterTrace* trace) {
-  if (absl::Status s = Validate(batch, mask); !s.ok()) return s;
+  if (absl::Status s = Validate(batch, moe); !s.ok()) return s;
   const model::ModelConfig& c = w_->config;
   const int hidden = static_cast<int>(c.hidden_size);
   const int heads = static_cast<int>(c.num_attention_heads);
@@ -102,137 +114,193 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const ExpertMa
   const float theta = static_cast<float>(c.rope_theta);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const bool use_mask = mask != nullptr && !mask->retained.empty();
+  const bool use_mask = moe.mask != nullptr && !moe.mask->retained.empty();
 
   std::vector<TokenRef> refs;
   for (size_t s = 0; s < batch.size(); ++s) {
     for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
-      refs.push_back({static_cast<int>(s), batch[s].start_position + static_cast<int>(i)});
+      refs.push_back({static_cast<int>(s), batch[s].start_position + static_cast<int>(i),
+                      batch[s].tokens[i]});
     }
   }
   const int T = static_cast<int>(refs.size());
+  stats_ = StepStats();
+  stats_.tokens = T;
+  auto matmul = [&](const float* in, int rows, int n, const Bf16Matrix& w, int d, float* out) {
+    k::MatMulBf16(in, rows, n, w.data.data(), d, out);
+    stats_.weight_bytes += int64_t{n} * d * 2;
+  };
 
   // x (T, hidden): the residual stream.
-  std::vector<float> x(static_cast<size_t>(T) * hidden);
-  {
-    int t = 0;
-    for (const StepInput& in : batch) {
-      for (int32_t token : in.tokens) Bf16RowToF32(w_->embed.row(token), hidden, &x[t++ * hidden]);
-    }
-  }
-  std::vector<float> h(x.size()), q(static_cast<size_t>(T) * q_dim),
-      kk(static_cast<size_t>(T) * kv_dim), vv(static_cast<size_t>(T) * kv_dim),
-      attn(static_cast<size_t>(T) * q_dim), proj(x.size()),
-      router(static_cast<size_t>(T) * num_experts), moe(x.size());
-  std::vector<int32_t> chosen(static_cast<size_t>(T) * top_k);
-  std::vector<float> chosen_w(static_cast<size_t>(T) * top_k);
+  Resize(x_, T, hidden);
+  for (int t = 0; t < T; ++t) Bf16RowToF32(w_->embed.row(refs[t].token), hidden, Row(x_, t, hidden));
+  Resize(h_, T, hidden);
+  Resize(q_, T, q_dim);
+  Resize(k_, T, kv_dim);
+  Resize(v_, T, kv_dim);
+  Resize(attn_, T, q_dim);
+  Resize(proj_, T, hidden);
+  Resize(router_logits_, T, num_experts);
+  Resize(moe_, T, hidden);
+  chosen_.resize(static_cast<size_t>(T) * top_k);
+  chosen_w_.resize(chosen_.size());
+  chosen_width_.resize(chosen_.size());
+  routed_.resize(num_experts);
   if (trace != nullptr) *trace = RouterTrace();
+  std::vector<int> order(num_experts);
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = w_->layers[l];
     // Attention.
-    k::RmsNorm(x.data(), T, hidden, L.attn_norm.data(), eps, h.data());
-    k::MatMulBf16(h.data(), T, hidden, L.q.data.data(), q_dim, q.data());
-    k::MatMulBf16(h.data(), T, hidden, L.k.data.data(), kv_dim, kk.data());
-    k::MatMulBf16(h.data(), T, hidden, L.v.data.data(), kv_dim, vv.data());
+    k::RmsNorm(x_.data(), T, hidden, L.attn_norm.data(), eps, h_.data());
+    matmul(h_.data(), T, hidden, L.q, q_dim, q_.data());
+    matmul(h_.data(), T, hidden, L.k, kv_dim, k_.data());
+    matmul(h_.data(), T, hidden, L.v, kv_dim, v_.data());
     float* k_pool = pool_->k_pool(l);
     float* v_pool = pool_->v_pool(l);
     for (int t = 0; t < T; ++t) {
       const TokenRef& r = refs[t];
-      k::Rope(&q[static_cast<size_t>(t) * q_dim], heads, head_dim, r.position, theta);
-      k::Rope(&kk[static_cast<size_t>(t) * kv_dim], kv_heads, head_dim, r.position, theta);
+      k::Rope(Row(q_, t, q_dim), heads, head_dim, r.position, theta);
+      k::Rope(Row(k_, t, kv_dim), kv_heads, head_dim, r.position, theta);
       const auto& blocks = batch[r.seq].block_table->blocks();
       const size_t slot = (static_cast<size_t>(blocks[r.position / block_size]) * block_size +
                            r.position % block_size) *
                           kv_dim;
-      std::memcpy(k_pool + slot, &kk[static_cast<size_t>(t) * kv_dim], kv_dim * sizeof(float));
-      std::memcpy(v_pool + slot, &vv[static_cast<size_t>(t) * kv_dim], kv_dim * sizeof(float));
+      std::memcpy(k_pool + slot, Row(k_, t, kv_dim), kv_dim * sizeof(float));
+      std::memcpy(v_pool + slot, Row(v_, t, kv_dim), kv_dim * sizeof(float));
     }
-    // Every token's K/V is in the cache before any query reads it (causal within a chunk).
-    for (int t = 0; t < T; ++t) {
-      const TokenRef& r = refs[t];
-      k::PagedAttention(&q[static_cast<size_t>(t) * q_dim], heads, kv_heads, head_dim, k_pool,
-                        v_pool, batch[r.seq].block_table->blocks().data(), block_size,
-                        r.position + 1, scale, &attn[static_cast<size_t>(t) * q_dim]);
-    }
-    k::MatMulBf16(attn.data(), T, q_dim, L.o.data.data(), hidden, proj.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
+    // Every token's K/V is in the cache before any query reads it (causal within a chunk);
+    // queries are independent, so they spread over the kernel threads.
+    k::DefaultThreadPool().ParallelFor(T, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const TokenRef& r = refs[t];
+        k::PagedAttention(Row(q_, t, q_dim), heads, kv_heads, head_dim, k_pool, v_pool,
+                          batch[r.seq].block_table->blocks().data(), block_size, r.position + 1,
+                          scale, Row(attn_, t, q_dim));
+      }
+    });
+    matmul(attn_.data(), T, q_dim, L.o, hidden, proj_.data());
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] += proj_[i];
 
-    // MoE: route, group tokens per expert, run each expert once on its tokens.
-    k::RmsNorm(x.data(), T, hidden, L.ffn_norm.data(), eps, h.data());
-    k::MatMulBf16(h.data(), T, hidden, L.router.data.data(), num_experts, router.data());
-    std::vector<std::vector<std::pair<int, float>>> routed(num_experts);
+    // MoE: route, then group tokens per (expert, width).
+    k::RmsNorm(x_.data(), T, hidden, L.ffn_norm.data(), eps, h_.data());
+    if (router_ == nullptr) {
+      matmul(h_.data(), T, hidden, L.router, num_experts, router_logits_.data());
+    } else {
+      for (int t = 0; t < T; ++t) {
+        router_->Logits(l, refs[t].token, refs[t].position,
+                        absl::MakeSpan(Row(router_logits_, t, num_experts), num_experts));
+      }
+    }
+    for (auto& pairs : routed_) pairs.clear();
     for (int t = 0; t < T; ++t) {
-      float* p = &router[static_cast<size_t>(t) * num_experts];
+      float* p = Row(router_logits_, t, num_experts);
       if (use_mask) {
         for (int e = 0; e < num_experts; ++e) {
-          if (!mask->retained[l][e]) p[e] = -std::numeric_limits<float>::infinity();
+          if (!moe.mask->retained[l][e]) p[e] = -std::numeric_limits<float>::infinity();
         }
       }
       k::Softmax(p, num_experts);
       // Top-k by probability; on equal probabilities the lower expert index wins.
-      std::vector<int> order(num_experts);
       for (int e = 0; e < num_experts; ++e) order[e] = e;
       std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
                         [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
       float mass = 0;
       for (int j = 0; j < top_k; ++j) mass += p[order[j]];
+      int32_t* experts = &chosen_[static_cast<size_t>(t) * top_k];
+      float* weights = &chosen_w_[static_cast<size_t>(t) * top_k];
+      int* widths = &chosen_width_[static_cast<size_t>(t) * top_k];
       for (int j = 0; j < top_k; ++j) {
-        const float weight = p[order[j]] / mass;
-        chosen[static_cast<size_t>(t) * top_k + j] = order[j];
-        chosen_w[static_cast<size_t>(t) * top_k + j] = weight;
-        routed[order[j]].emplace_back(t, weight);
+        experts[j] = order[j];
+        weights[j] = p[order[j]] / mass;
+        widths[j] = inter;
+      }
+      if (moe.widths != nullptr) {
+        moe.widths->Widths(l, absl::MakeConstSpan(experts, top_k),
+                           absl::MakeConstSpan(weights, top_k), absl::MakeSpan(widths, top_k));
+      }
+      for (int j = 0; j < top_k; ++j) {
+        if (widths[j] < 0 || widths[j] > inter) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "width policy gave width ", widths[j], " for expert ", experts[j], " of layer ", l,
+              "; widths must lie in [0, ", inter, "]"));
+        }
+        if (widths[j] > 0) routed_[experts[j]].push_back({t, widths[j], weights[j]});
       }
     }
     if (trace != nullptr) {
-      trace->probs.push_back(router);
-      trace->experts.push_back(chosen);
-      trace->weights.push_back(chosen_w);
+      trace->probs.push_back(router_logits_);
+      trace->experts.push_back(chosen_);
+      trace->weights.push_back(chosen_w_);
+      trace->widths.emplace_back(chosen_width_.begin(), chosen_width_.end());
     }
-    std::fill(moe.begin(), moe.end(), 0.0f);
-    std::vector<float> hs, gate, up, act, out;
-    for (int e = 0; e < num_experts; ++e) {
-      const auto& tokens = routed[e];
-      if (tokens.empty()) continue;
-      const int m = static_cast<int>(tokens.size());
-      hs.resize(static_cast<size_t>(m) * hidden);
-      for (int i = 0; i < m; ++i) {
-        std::memcpy(&hs[static_cast<size_t>(i) * hidden],
-                    &h[static_cast<size_t>(tokens[i].first) * hidden], hidden * sizeof(float));
-      }
-      const ExpertWeights& E = L.experts[e];
-      gate.resize(static_cast<size_t>(m) * inter);
-      up.resize(gate.size());
-      act.resize(gate.size());
-      out.resize(hs.size());
-      k::MatMulBf16(hs.data(), m, hidden, E.gate.data.data(), inter, gate.data());
-      k::MatMulBf16(hs.data(), m, hidden, E.up.data.data(), inter, up.data());
-      k::SiluMul(gate.data(), up.data(), m * inter, act.data());
-      k::MatMulBf16(act.data(), m, inter, E.down.data.data(), hidden, out.data());
-      for (int i = 0; i < m; ++i) {
-        k::Axpy(tokens[i].second, &out[static_cast<size_t>(i) * hidden], hidden,
-                &moe[static_cast<size_t>(tokens[i].first) * hidden]);
-      }
-    }
-    for (size_t i = 0; i < x.size(); ++i) x[i] += moe[i];
+    RunExperts(l);
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
   }
 
   // Final norm and lm_head, only for the rows whose logits are wanted.
-  logits->assign(batch.size(), {});
+  logits->resize(batch.size());
   const int vocab = static_cast<int>(c.vocab_size);
   int first = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     const int n = static_cast<int>(batch[s].tokens.size());
-    const int rows = batch[s].all_logits ? n : 1;
-    const int row0 = first + n - rows;
-    std::vector<float> normed(static_cast<size_t>(rows) * hidden);
-    k::RmsNorm(&x[static_cast<size_t>(row0) * hidden], rows, hidden, w_->final_norm.data(), eps,
-               normed.data());
+    const int rows = batch[s].logits == LogitRows::kAll    ? n
+                     : batch[s].logits == LogitRows::kLast ? 1
+                                                           : 0;
     (*logits)[s].resize(static_cast<size_t>(rows) * vocab);
-    k::MatMulBf16(normed.data(), rows, hidden, w_->lm_head.data.data(), vocab, (*logits)[s].data());
+    if (rows > 0) {
+      const int row0 = first + n - rows;
+      k::RmsNorm(Row(x_, row0, hidden), rows, hidden, w_->final_norm.data(), eps, h_.data());
+      matmul(h_.data(), rows, hidden, w_->lm_head, vocab, (*logits)[s].data());
+    }
     first += n;
   }
   return absl::OkStatus();
+}
+
+void ForwardPass::RunExperts(int l) {
+  const model::ModelConfig& c = w_->config;
+  const int hidden = static_cast<int>(c.hidden_size);
+  const int inter = static_cast<int>(c.intermediate_size);
+  std::fill(moe_.begin(), moe_.end(), 0.0f);
+  for (size_t e = 0; e < routed_.size(); ++e) {
+    std::vector<Routed>& pairs = routed_[e];
+    if (pairs.empty()) continue;
+    // Widest first; token order within a width, so results do not depend on the batch.
+    std::stable_sort(pairs.begin(), pairs.end(),
+                     [](const Routed& a, const Routed& b) { return a.width > b.width; });
+    const ExpertWeights& E = w_->layers[l].experts[e];
+    for (size_t begin = 0; begin < pairs.size();) {
+      const int width = pairs[begin].width;
+      size_t end = begin;
+      while (end < pairs.size() && pairs[end].width == width) ++end;
+      const int m = static_cast<int>(end - begin);
+      Resize(expert_in_, m, hidden);
+      Resize(gate_, m, width);
+      Resize(up_, m, width);
+      Resize(act_, m, width);
+      Resize(expert_out_, m, hidden);
+      for (int i = 0; i < m; ++i) {
+        std::memcpy(Row(expert_in_, i, hidden), Row(h_, pairs[begin + i].token, hidden),
+                    hidden * sizeof(float));
+      }
+      // gate and up: the first `width` rows; down: the first `width` columns of each row.
+      k::MatMulBf16(expert_in_.data(), m, hidden, E.gate.data.data(), width, gate_.data());
+      k::MatMulBf16(expert_in_.data(), m, hidden, E.up.data.data(), width, up_.data());
+      k::SiluMul(gate_.data(), up_.data(), m * width, act_.data());
+      k::MatMulBf16Strided(act_.data(), m, width, E.down.data.data(), inter, hidden,
+                           expert_out_.data());
+      const int64_t bytes = int64_t{3} * width * hidden * 2;
+      stats_.weight_bytes += bytes;
+      stats_.expert_weight_bytes += bytes;
+      ++stats_.expert_runs;
+      for (int i = 0; i < m; ++i) {
+        k::Axpy(pairs[begin + i].weight, Row(expert_out_, i, hidden), hidden,
+                Row(moe_, pairs[begin + i].token, hidden));
+      }
+      begin = end;
+    }
+  }
 }
 
 }  // namespace tandem::engine

@@ -4,26 +4,37 @@
 // their block tables, and returns logits.
 //
 // MoE layer, per the design: router logits -> retained-expert mask (pruned experts get -inf)
-// -> softmax -> top-k -> weights renormalised (Mixtral) -> tokens grouped per expert -> expert
-// FFN -> weighted sum. Callers may assume Step is deterministic for the same batch, and that
-// a sequence's result does not depend on which other sequences share its batch.
+// -> softmax -> top-k -> weights renormalised (Mixtral) -> width per (token, expert) -> tokens
+// grouped per (expert, width) -> expert FFN at that width -> weighted sum. Callers may assume
+// Step is deterministic for the same batch, and that a sequence's result does not depend on
+// which other sequences share its batch. A ForwardPass runs one Step at a time (it reuses its
+// buffers); use one per thread.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/model_weights.h"
 
 namespace tandem::engine {
 
+// Which rows of logits a sequence wants back from a step.
+enum class LogitRows {
+  kNone,  // an intermediate prefill chunk: only its KV matters
+  kLast,  // the next-token distribution
+  kAll,   // every position (perplexity, tests)
+};
+
 struct StepInput {
   absl::Span<const int32_t> tokens;   // (n,) n >= 1
   int start_position = 0;             // position of tokens[0]; earlier positions are in the cache
   BlockTable* block_table = nullptr;  // capacity for start_position + n tokens, reserved
-  bool all_logits = false;            // logits of every token, else of the last one only
+  LogitRows logits = LogitRows::kLast;
 };
 
 // Experts each layer keeps; an empty mask keeps every expert.
@@ -31,11 +42,51 @@ struct ExpertMask {
   std::vector<std::vector<bool>> retained;  // (layers, experts)
 };
 
+// The width each routed (token, expert) pair runs at: how many of the expert's intermediate
+// neurons it uses. Checkpoints for mixed width store neurons in importance order, so width w
+// reads the first w gate and up rows and the first w down columns; 0 skips the expert; the
+// intermediate size is the whole expert. Router weights are applied as routed (not
+// renormalised over the experts that run). Implementations must be deterministic and safe
+// to call from the stepping thread.
+class ExpertWidthPolicy {
+ public:
+  virtual ~ExpertWidthPolicy() = default;
+  // experts (top_k,): one token's routed experts in descending router weight, with their
+  // weights (top_k,); fills widths (top_k,) with values in [0, intermediate_size].
+  virtual void Widths(int layer, absl::Span<const int32_t> experts,
+                      absl::Span<const float> weights, absl::Span<int> widths) const = 0;
+};
+
+// Replaces the learned router with a stated one (`--load-format dummy`, whose random router
+// says nothing about real routing). Deterministic in its arguments, so batching and chunking
+// do not change a sequence's routing.
+class RouterOverride {
+ public:
+  virtual ~RouterOverride() = default;
+  // Fills logits (experts,) for `token` at `position` in `layer`.
+  virtual void Logits(int layer, int32_t token, int position, absl::Span<float> logits) const = 0;
+};
+
+// Per-step MoE controls; the defaults run every expert at full width.
+struct MoeOptions {
+  const ExpertMask* mask = nullptr;
+  const ExpertWidthPolicy* widths = nullptr;
+};
+
 // Router decisions of one Step, rows in batch token order, for calibration and tests.
 struct RouterTrace {
   std::vector<std::vector<float>> probs;      // (layers) x (tokens, experts), after masking
   std::vector<std::vector<int32_t>> experts;  // (layers) x (tokens, top_k)
   std::vector<std::vector<float>> weights;    // (layers) x (tokens, top_k)
+  std::vector<std::vector<int32_t>> widths;   // (layers) x (tokens, top_k)
+};
+
+// What the last Step did, for benchmarks and metrics.
+struct StepStats {
+  int64_t tokens = 0;              // tokens run
+  int64_t weight_bytes = 0;        // bytes of weight matrices the step read (each product once)
+  int64_t expert_weight_bytes = 0; // the part of weight_bytes that is expert FFNs
+  int64_t expert_runs = 0;         // (expert, width) groups run, over all layers
 };
 
 class ForwardPass {
@@ -44,17 +95,42 @@ class ForwardPass {
   static absl::StatusOr<std::unique_ptr<ForwardPass>> Create(const ModelWeights* weights,
                                                              KvBlockPool* pool);
 
-  // Runs one step. `logits` gets one entry per batch element: (rows, vocab) with rows = n when
-  // all_logits, else 1. INVALID_ARGUMENT for bad tokens, positions or block tables.
-  absl::Status Step(absl::Span<const StepInput> batch, const ExpertMask* mask,
+  // Uses `router` instead of the model's router weights from now on (null restores them).
+  void SetRouterOverride(std::unique_ptr<RouterOverride> router) { router_ = std::move(router); }
+
+  // Runs one step. `logits` gets one entry per batch element: (rows, vocab) with rows = n for
+  // kAll, 1 for kLast and 0 (empty) for kNone. INVALID_ARGUMENT for bad tokens, positions,
+  // block tables, masks or widths.
+  absl::Status Step(absl::Span<const StepInput> batch, const MoeOptions& moe,
                     std::vector<std::vector<float>>* logits, RouterTrace* trace = nullptr);
+
+  const StepStats& last_step_stats() const { return stats_; }
+  const ModelWeights& weights() const { return *w_; }
+  KvBlockPool* pool() const { return pool_; }
 
  private:
   ForwardPass(const ModelWeights* weights, KvBlockPool* pool) : w_(weights), pool_(pool) {}
-  absl::Status Validate(absl::Span<const StepInput> batch, const ExpertMask* mask) const;
+  absl::Status Validate(absl::Span<const StepInput> batch, const MoeOptions& moe) const;
+  // Expert FFNs of layer l over the routed tokens; adds their weighted outputs to moe_.
+  void RunExperts(int l);
 
   const ModelWeights* w_;
   KvBlockPool* pool_;
+  std::unique_ptr<RouterOverride> router_;
+  StepStats stats_;
+
+  // Buffers reused across steps (sized by the largest step so far).
+  struct Routed {
+    int token;
+    int width;
+    float weight;
+  };
+  std::vector<std::vector<Routed>> routed_;  // (experts) x routed pairs of the current layer
+  std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, router_logits_, moe_;
+  std::vector<float> expert_in_, gate_, up_, act_, expert_out_;
+  std::vector<int32_t> chosen_;
+  std::vector<float> chosen_w_;
+  std::vector<int> chosen_width_;
 };
 
 }  // namespace tandem::engine

@@ -65,8 +65,9 @@ absl::StatusOr<GenerationResult> Generator::Generate(
   const absl::Time start = absl::Now();
   for (int begin = 0; begin < n && status.ok(); begin += prefill_chunk_) {
     const int len = std::min(prefill_chunk_, n - begin);
-    StepInput in{absl::MakeConstSpan(result.prompt_ids).subspan(begin, len), begin, &table};
-    status = forward_->Step({&in, 1}, nullptr, &logits);
+    StepInput in{absl::MakeConstSpan(result.prompt_ids).subspan(begin, len), begin, &table,
+                 begin + len < n ? LogitRows::kNone : LogitRows::kLast};
+    status = forward_->Step({&in, 1}, {}, &logits);
   }
   const absl::Time first = absl::Now();
   result.prefill_seconds = absl::ToDoubleSeconds(first - start);
@@ -94,7 +95,7 @@ absl::StatusOr<GenerationResult> Generator::Generate(
     }
     StepInput in{absl::MakeConstSpan(&result.output_ids.back(), 1),
                  n + static_cast<int>(result.output_ids.size()) - 1, &table};
-    status = forward_->Step({&in, 1}, nullptr, &logits);
+    status = forward_->Step({&in, 1}, {}, &logits);
   }
   result.decode_seconds = absl::ToDoubleSeconds(absl::Now() - first);
   table.ReleaseAll(pool_.get());

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/npy.h"
@@ -68,6 +69,21 @@ class ForwardGoldenTest : public ::testing::Test {
     return err / scale;
   }
 
+  // Runs `ids` as one prefill on `forward` (the fixture's by default); logits of the last token.
+  absl::Status RunPrompt(const std::vector<int32_t>& ids, const MoeOptions& moe,
+                         std::vector<std::vector<float>>* logits, RouterTrace* trace = nullptr,
+                         ForwardPass* forward = nullptr) {
+    BlockTable table;
+    if (absl::Status s = table.Reserve(pool_.get(), static_cast<int>(ids.size())); !s.ok()) {
+      return s;
+    }
+    StepInput in{ids, 0, &table};
+    absl::Status status =
+        (forward != nullptr ? forward : forward_.get())->Step({&in, 1}, moe, logits, trace);
+    table.ReleaseAll(pool_.get());
+    return status;
+  }
+
   static ModelWeights* weights_;
   static nlohmann::json* manifest_;
   std::unique_ptr<KvBlockPool> pool_;
@@ -95,8 +111,8 @@ TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
     ASSERT_TRUE(table.Reserve(pool_.get(), static_cast<int>(ids.size())).ok());
     std::vector<std::vector<float>> logits;
     RouterTrace trace;
-    StepInput in{ids, 0, &table, /*all_logits=*/true};
-    ASSERT_TRUE(forward_->Step({&in, 1}, nullptr, &logits, &trace).ok());
+    StepInput in{ids, 0, &table, LogitRows::kAll};
+    ASSERT_TRUE(forward_->Step({&in, 1}, {}, &logits, &trace).ok());
     const std::vector<float> golden = GoldenLogits(static_cast<int>(k));
     for (size_t i = 0; i < positions.size(); ++i) {
       const double error = RowError(&logits[0][static_cast<size_t>(positions[i]) * vocab],
@@ -149,7 +165,7 @@ TEST_F(ForwardGoldenTest, ChunkedPrefillAndCachedDecodeGiveTheGreedyContinuation
     for (size_t start = 0; start < ids.size(); start += 7) {
       const size_t n = std::min<size_t>(7, ids.size() - start);
       StepInput in{absl::MakeConstSpan(ids).subspan(start, n), static_cast<int>(start), &table};
-      ASSERT_TRUE(forward_->Step({&in, 1}, nullptr, &logits).ok());
+      ASSERT_TRUE(forward_->Step({&in, 1}, {}, &logits).ok());
     }
     const std::vector<float> golden = GoldenLogits(static_cast<int>(k));
     EXPECT_LT(RowError(logits[0].data(), &golden[golden.size() - vocab], vocab), kLogitTolerance);
@@ -162,7 +178,7 @@ TEST_F(ForwardGoldenTest, ChunkedPrefillAndCachedDecodeGiveTheGreedyContinuation
       if (i + 1 == greedy.size()) break;
       StepInput in{absl::MakeConstSpan(&generated.back(), 1), static_cast<int>(ids.size() + i),
                    &table};
-      ASSERT_TRUE(forward_->Step({&in, 1}, nullptr, &logits).ok());
+      ASSERT_TRUE(forward_->Step({&in, 1}, {}, &logits).ok());
     }
     EXPECT_EQ(generated, greedy);
     table.ReleaseAll(pool_.get());
@@ -180,13 +196,13 @@ TEST_F(ForwardGoldenTest, BatchedSequencesMatchSeparateRuns) {
     batch.push_back({ids[s], 0, &tables[s]});
   }
   std::vector<std::vector<float>> together;
-  ASSERT_TRUE(forward_->Step(batch, nullptr, &together).ok());
+  ASSERT_TRUE(forward_->Step(batch, {}, &together).ok());
   for (size_t s = 0; s < ids.size(); ++s) {
     BlockTable alone_table;
     ASSERT_TRUE(alone_table.Reserve(pool_.get(), static_cast<int>(ids[s].size())).ok());
     StepInput alone{ids[s], 0, &alone_table};
     std::vector<std::vector<float>> logits;
-    ASSERT_TRUE(forward_->Step({&alone, 1}, nullptr, &logits).ok());
+    ASSERT_TRUE(forward_->Step({&alone, 1}, {}, &logits).ok());
     EXPECT_LT(RowError(together[s].data(), logits[0].data(), static_cast<int>(logits[0].size())),
               1e-5);
     alone_table.ReleaseAll(pool_.get());
@@ -207,7 +223,7 @@ TEST_F(ForwardGoldenTest, ExpertMaskKeepsTopKAndNeverRoutesToPrunedExperts) {
   StepInput in{ids, 0, &table};
   std::vector<std::vector<float>> logits;
   RouterTrace trace;
-  ASSERT_TRUE(forward_->Step({&in, 1}, &mask, &logits, &trace).ok());
+  ASSERT_TRUE(forward_->Step({&in, 1}, {.mask = &mask}, &logits, &trace).ok());
   for (const auto& layer : trace.experts) {
     for (int32_t e : layer) EXPECT_EQ(e % 2, 0);
   }
@@ -218,18 +234,141 @@ TEST_F(ForwardGoldenTest, ExpertMaskKeepsTopKAndNeverRoutesToPrunedExperts) {
   table.ReleaseAll(pool_.get());
 }
 
+// Runs every routed pair at the width fn(layer, rank j) gives.
+class FnWidths : public ExpertWidthPolicy {
+ public:
+  explicit FnWidths(std::function<int(int, int)> fn) : fn_(std::move(fn)) {}
+  void Widths(int layer, absl::Span<const int32_t> experts, absl::Span<const float>,
+              absl::Span<int> widths) const override {
+    for (size_t j = 0; j < experts.size(); ++j) widths[j] = fn_(layer, static_cast<int>(j));
+  }
+
+ private:
+  std::function<int(int, int)> fn_;
+};
+
+TEST_F(ForwardGoldenTest, FullWidthPolicyChangesNothing) {
+  const int inter = static_cast<int>(weights_->config.intermediate_size);
+  FnWidths full([&](int, int) { return inter; });
+  const auto ids = (*manifest_)["prompts"][1]["token_ids"].get<std::vector<int32_t>>();
+  std::vector<std::vector<float>> plain, with_policy;
+  EXPECT_EQ(RunPrompt(ids, {}, &plain), absl::OkStatus());
+  EXPECT_EQ(RunPrompt(ids, {.widths = &full}, &with_policy), absl::OkStatus());
+  EXPECT_EQ(plain, with_policy);
+}
+
+// Width w reads only the first w neurons: the same as a checkpoint whose other neurons are
+// zero (silu(0) * 0 = 0), run at full width. Width 0 for every pair leaves only attention.
+TEST_F(ForwardGoldenTest, NarrowWidthsEqualExpertsWithTheOtherNeuronsZeroed) {
+  const int inter = static_cast<int>(weights_->config.intermediate_size);
+  const int hidden = static_cast<int>(weights_->config.hidden_size);
+  const auto ids = (*manifest_)["prompts"][2]["token_ids"].get<std::vector<int32_t>>();
+  for (int width : {inter / 2 + 3, 17, 0}) {
+    FnWidths narrow([&](int, int) { return width; });
+    std::vector<std::vector<float>> got;
+    RouterTrace trace;
+    ASSERT_EQ(RunPrompt(ids, {.widths = &narrow}, &got, &trace), absl::OkStatus());
+    for (const auto& layer : trace.widths) {
+      for (int32_t w : layer) ASSERT_EQ(w, width);
+    }
+    ModelWeights zeroed = *weights_;
+    for (LayerWeights& layer : zeroed.layers) {
+      for (ExpertWeights& e : layer.experts) {
+        std::fill(e.gate.data.begin() + static_cast<size_t>(width) * hidden, e.gate.data.end(), 0);
+        std::fill(e.up.data.begin() + static_cast<size_t>(width) * hidden, e.up.data.end(), 0);
+      }
+    }
+    auto fwd = ForwardPass::Create(&zeroed, pool_.get());
+    ASSERT_TRUE(fwd.ok());
+    std::vector<std::vector<float>> want;
+    ASSERT_EQ(RunPrompt(ids, {}, &want, nullptr, fwd->get()), absl::OkStatus());
+    EXPECT_LT(RowError(got[0].data(), want[0].data(), static_cast<int>(want[0].size())), 1e-6)
+        << "width " << width;
+  }
+}
+
+// Dominant full, auxiliary narrowed or skipped: an expert runs at two widths in one step, and a
+// sequence still gets the same logits alone as in a batch.
+TEST_F(ForwardGoldenTest, MixedWidthsDoNotDependOnTheBatch) {
+  const int inter = static_cast<int>(weights_->config.intermediate_size);
+  FnWidths mixed([&](int layer, int j) { return j == 0 ? inter : (layer % 2 ? inter / 4 : 0); });
+  const auto& prompts = (*manifest_)["prompts"];
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t k = 0; k < 3; ++k) ids.push_back(prompts[k]["token_ids"].get<std::vector<int32_t>>());
+  std::vector<BlockTable> tables(ids.size());
+  std::vector<StepInput> batch;
+  for (size_t s = 0; s < ids.size(); ++s) {
+    ASSERT_TRUE(tables[s].Reserve(pool_.get(), static_cast<int>(ids[s].size())).ok());
+    batch.push_back({ids[s], 0, &tables[s]});
+  }
+  std::vector<std::vector<float>> together;
+  ASSERT_TRUE(forward_->Step(batch, {.widths = &mixed}, &together).ok());
+  EXPECT_GT(forward_->last_step_stats().expert_runs, 0);
+  std::vector<std::vector<float>> full;
+  for (size_t s = 0; s < ids.size(); ++s) {
+    std::vector<std::vector<float>> alone;
+    ASSERT_EQ(RunPrompt(ids[s], {.widths = &mixed}, &alone), absl::OkStatus());
+    EXPECT_LT(RowError(together[s].data(), alone[0].data(), static_cast<int>(alone[0].size())),
+              1e-5);
+    ASSERT_EQ(RunPrompt(ids[s], {}, &full), absl::OkStatus());
+    EXPECT_GT(RowError(alone[0].data(), full[0].data(), static_cast<int>(full[0].size())), 1e-3)
+        << "narrowing should change the logits";
+    tables[s].ReleaseAll(pool_.get());
+  }
+}
+
+TEST_F(ForwardGoldenTest, OutOfRangeWidthIsInvalidArgument) {
+  const int inter = static_cast<int>(weights_->config.intermediate_size);
+  const auto ids = (*manifest_)["prompts"][0]["token_ids"].get<std::vector<int32_t>>();
+  std::vector<std::vector<float>> logits;
+  for (int bad : {-1, inter + 1}) {
+    FnWidths policy([&](int, int j) { return j == 1 ? bad : inter; });
+    absl::Status status = RunPrompt(ids, {.widths = &policy}, &logits);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("width"));
+  }
+}
+
+// Routes token t of layer l to experts (t + l) % E and (t + l + 1) % E, whatever the weights.
+class RotatingRouter : public RouterOverride {
+ public:
+  void Logits(int layer, int32_t, int position, absl::Span<float> logits) const override {
+    const int e = static_cast<int>(logits.size());
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    logits[(position + layer) % e] = 3.0f;
+    logits[(position + layer + 1) % e] = 2.0f;
+  }
+};
+
+TEST_F(ForwardGoldenTest, RouterOverrideDecidesTheExperts) {
+  const int num_experts = static_cast<int>(weights_->config.num_local_experts);
+  forward_->SetRouterOverride(std::make_unique<RotatingRouter>());
+  const auto ids = (*manifest_)["prompts"][3]["token_ids"].get<std::vector<int32_t>>();
+  std::vector<std::vector<float>> logits;
+  RouterTrace trace;
+  ASSERT_EQ(RunPrompt(ids, {}, &logits, &trace), absl::OkStatus());
+  for (size_t l = 0; l < trace.experts.size(); ++l) {
+    for (size_t t = 0; t < ids.size(); ++t) {
+      EXPECT_EQ(trace.experts[l][2 * t], static_cast<int>(t + l) % num_experts);
+      EXPECT_EQ(trace.experts[l][2 * t + 1], static_cast<int>(t + l + 1) % num_experts);
+      EXPECT_NEAR(trace.weights[l][2 * t], 1 / (1 + std::exp(-1.0)), 1e-6);
+    }
+  }
+  forward_->SetRouterOverride(nullptr);
+}
+
 TEST_F(ForwardGoldenTest, BadInputIsRejected) {
   BlockTable table;
   ASSERT_TRUE(table.Reserve(pool_.get(), 4).ok());
   std::vector<std::vector<float>> logits;
   const std::vector<int32_t> bad_token = {1, 999999};
   StepInput a{bad_token, 0, &table};
-  EXPECT_EQ(forward_->Step({&a, 1}, nullptr, &logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward_->Step({&a, 1}, {}, &logits).code(), absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> ok = {1, 2};
   StepInput b{ok, 100, &table};  // beyond the reserved blocks
-  EXPECT_EQ(forward_->Step({&b, 1}, nullptr, &logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward_->Step({&b, 1}, {}, &logits).code(), absl::StatusCode::kInvalidArgument);
   StepInput c{ok, 0, nullptr};
-  EXPECT_EQ(forward_->Step({&c, 1}, nullptr, &logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward_->Step({&c, 1}, {}, &logits).code(), absl::StatusCode::kInvalidArgument);
   table.ReleaseAll(pool_.get());
 }
 
