@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
+#include "common/util/status.h"
 
 namespace tandem::engine {
 namespace {
@@ -50,10 +51,29 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
   return std::unique_ptr<ForwardPass>(new ForwardPass(weights, pool));
 }
 
+absl::Status ForwardPass::ValidateMask(const ExpertMask* mask) const {
+  const model::ModelConfig& c = w_->config;
+  if (mask != nullptr && !mask->retained.empty()) {
+    if (static_cast<int64_t>(mask->retained.size()) != c.num_hidden_layers) {
+      return absl::InvalidArgumentError("expert mask must have one entry per layer");
+    }
+    for (const auto& layer : mask->retained) {
+      const int64_t kept = std::count(layer.begin(), layer.end(), true);
+      if (static_cast<int64_t>(layer.size()) != c.num_local_experts ||
+          kept < c.num_experts_per_tok) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("expert mask layers need ", c.num_local_experts, " entries with at least ",
+                         c.num_experts_per_tok, " retained"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch,
                                    const MoeOptions& moe) const {
-  const ExpertMask* mask = moe.mask;
   const model::ModelConfig& c = w_->config;
+  RETURN_IF_ERROR(ValidateMask(moe.mask));
   const int block_size = pool_->config().block_size;
   for (size_t s = 0; s < batch.size(); ++s) {
     const StepInput& in = batch[s];
@@ -79,18 +99,9 @@ absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch,
             absl::StrCat("sequence ", s, ": token id ", token, " outside the vocabulary"));
       }
     }
-  }
-  if (mask != nullptr && !mask->retained.empty()) {
-    if (static_cast<int64_t>(mask->retained.size()) != c.num_hidden_layers) {
-      return absl::InvalidArgumentError("expert mask must have one entry per layer");
-    }
-    for (const auto& layer : mask->retained) {
-      const int64_t kept = std::count(layer.begin(), layer.end(), true);
-      if (static_cast<int64_t>(layer.size()) != c.num_local_experts ||
-          kept < c.num_experts_per_tok) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("expert mask layers need ", c.num_local_experts, " entries with at least ",
-                         c.num_experts_per_tok, " retained"));
+    if (in.moe != nullptr) {
+      if (absl::Status status = ValidateMask(in.moe->mask); !status.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", status.message()));
       }
     }
   }
@@ -114,7 +125,6 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   const float theta = static_cast<float>(c.rope_theta);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const bool use_mask = moe.mask != nullptr && !moe.mask->retained.empty();
 
   std::vector<TokenRef> refs;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -195,9 +205,10 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     for (auto& pairs : routed_) pairs.clear();
     for (int t = 0; t < T; ++t) {
       float* p = Row(router_logits_, t, num_experts);
-      if (use_mask) {
+      const MoeOptions& options = batch[refs[t].seq].moe != nullptr ? *batch[refs[t].seq].moe : moe;
+      if (options.mask != nullptr && !options.mask->retained.empty()) {
         for (int e = 0; e < num_experts; ++e) {
-          if (!moe.mask->retained[l][e]) p[e] = -std::numeric_limits<float>::infinity();
+          if (!options.mask->retained[l][e]) p[e] = -std::numeric_limits<float>::infinity();
         }
       }
       k::Softmax(p, num_experts);
@@ -215,8 +226,8 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
         weights[j] = p[order[j]] / mass;
         widths[j] = inter;
       }
-      if (moe.widths != nullptr) {
-        moe.widths->Widths(l, absl::MakeConstSpan(experts, top_k),
+      if (options.widths != nullptr) {
+        options.widths->Widths(l, absl::MakeConstSpan(experts, top_k),
                            absl::MakeConstSpan(weights, top_k), absl::MakeSpan(widths, top_k));
       }
       for (int j = 0; j < top_k; ++j) {

@@ -30,12 +30,6 @@ enum class LogitRows {
   kAll,   // every position (perplexity, tests)
 };
 
-struct StepInput {
-  absl::Span<const int32_t> tokens;   // (n,) n >= 1
-  int start_position = 0;             // position of tokens[0]; earlier positions are in the cache
-  BlockTable* block_table = nullptr;  // capacity for start_position + n tokens, reserved
-  LogitRows logits = LogitRows::kLast;
-};
 
 // Experts each layer keeps; an empty mask keeps every expert.
 struct ExpertMask {
@@ -73,6 +67,16 @@ struct MoeOptions {
   const ExpertWidthPolicy* widths = nullptr;
 };
 
+struct StepInput {
+  absl::Span<const int32_t> tokens;   // (n,) n >= 1
+  int start_position = 0;             // position of tokens[0]; earlier positions are in the cache
+  BlockTable* block_table = nullptr;  // capacity for start_position + n tokens, reserved
+  LogitRows logits = LogitRows::kLast;
+  // This sequence's MoE controls, instead of the step's (colocated mode: a prefill chunk runs
+  // the full pool while decode tokens in the same step run the pruned one). Not owned.
+  const MoeOptions* moe = nullptr;
+};
+
 // Router decisions of one Step, rows in batch token order, for calibration and tests.
 struct RouterTrace {
   std::vector<std::vector<float>> probs;      // (layers) x (tokens, experts), after masking
@@ -98,7 +102,7 @@ class ForwardPass {
   // Uses `router` instead of the model's router weights from now on (null restores them).
   void SetRouterOverride(std::unique_ptr<RouterOverride> router) { router_ = std::move(router); }
 
-  // Runs one step. `logits` gets one entry per batch element: (rows, vocab) with rows = n for
+  // Runs one step; `moe` applies to every sequence without its own. `logits` gets one entry per batch element: (rows, vocab) with rows = n for
   // kAll, 1 for kLast and 0 (empty) for kNone. INVALID_ARGUMENT for bad tokens, positions,
   // block tables, masks or widths.
   absl::Status Step(absl::Span<const StepInput> batch, const MoeOptions& moe,
@@ -111,6 +115,7 @@ class ForwardPass {
  private:
   ForwardPass(const ModelWeights* weights, KvBlockPool* pool) : w_(weights), pool_(pool) {}
   absl::Status Validate(absl::Span<const StepInput> batch, const MoeOptions& moe) const;
+  absl::Status ValidateMask(const ExpertMask* mask) const;
   // Expert FFNs of layer l over the routed tokens; adds their weighted outputs to moe_.
   void RunExperts(int l);
 

@@ -317,6 +317,32 @@ TEST_F(ForwardGoldenTest, MixedWidthsDoNotDependOnTheBatch) {
   }
 }
 
+// Colocated mode: one step holds a full-pool sequence and a pruned one.
+TEST_F(ForwardGoldenTest, PerSequenceMoeOptionsOverrideTheStep) {
+  const auto& c = weights_->config;
+  ExpertMask mask;
+  mask.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, true));
+  for (auto& layer : mask.retained) {
+    for (int e = 0; e < c.num_local_experts / 2; ++e) layer[e] = false;
+  }
+  const MoeOptions pruned{.mask = &mask};
+  const auto a = (*manifest_)["prompts"][4]["token_ids"].get<std::vector<int32_t>>();
+  const auto b = (*manifest_)["prompts"][5]["token_ids"].get<std::vector<int32_t>>();
+  BlockTable ta, tb;
+  ASSERT_TRUE(ta.Reserve(pool_.get(), static_cast<int>(a.size())).ok());
+  ASSERT_TRUE(tb.Reserve(pool_.get(), static_cast<int>(b.size())).ok());
+  std::vector<StepInput> batch = {{a, 0, &ta}, {b, 0, &tb, LogitRows::kLast, &pruned}};
+  std::vector<std::vector<float>> together, want_a, want_b;
+  ASSERT_TRUE(forward_->Step(batch, {}, &together).ok());
+  ASSERT_EQ(RunPrompt(a, {}, &want_a), absl::OkStatus());
+  ASSERT_EQ(RunPrompt(b, pruned, &want_b), absl::OkStatus());
+  const int vocab = static_cast<int>(c.vocab_size);
+  EXPECT_LT(RowError(together[0].data(), want_a[0].data(), vocab), 1e-5);
+  EXPECT_LT(RowError(together[1].data(), want_b[0].data(), vocab), 1e-5);
+  ta.ReleaseAll(pool_.get());
+  tb.ReleaseAll(pool_.get());
+}
+
 TEST_F(ForwardGoldenTest, OutOfRangeWidthIsInvalidArgument) {
   const int inter = static_cast<int>(weights_->config.intermediate_size);
   const auto ids = (*manifest_)["prompts"][0]["token_ids"].get<std::vector<int32_t>>();
