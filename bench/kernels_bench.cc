@@ -98,7 +98,8 @@ void BM_ReadBandwidth(benchmark::State& state) {
 void RegisterBenchmarks() {
   // (d, n): attention and expert projections of the tiny model, its vocabulary projection,
   // and a Mixtral-sized square matrix.
-  const int64_t shapes[][2] = {{384, 192}, {192, 384}, {8192, 192}, {4096, 4096}};
+  const int64_t shapes[][2] = {{384, 192},   {192, 384},   {8192, 192},
+                               {4096, 4096}, {3584, 1024}, {1024, 3584}};
   for (const auto& shape : shapes) {
     benchmark::RegisterBenchmark("ReadBandwidth", BM_ReadBandwidth)
         ->Args({shape[0], shape[1]})

@@ -19,12 +19,13 @@ uint16_t F32ToBf16(float value) { return internal::F32ToBf16Bits(value); }
 
 namespace internal {
 
-// Below this many multiply-adds (8 MB of bf16 weights at b = 1, tens of microseconds of
-// arithmetic at b = 16) a product runs inline: waking a worker costs microseconds, and far more
-// when other processes hold the cores, while one thread already saturates memory bandwidth.
-constexpr int64_t kMinParallelWork = int64_t{1} << 22;
+// Below this many multiply-adds (1 MB of bf16 weights at b = 1, about 30 us on one thread) a
+// product runs inline. One thread streams weights at about 30 GB/s here, two at 52-55 GB/s
+// (measured on 7-32 MB products), so everything larger is split; idle workers spin briefly
+// between products (thread_pool.cc), which keeps the hand-off to a few microseconds.
+constexpr int64_t kMinParallelWork = int64_t{1} << 19;
 // Smallest share of a product handed to one thread.
-constexpr int64_t kMinChunkWork = int64_t{1} << 18;
+constexpr int64_t kMinChunkWork = int64_t{1} << 17;
 
 void ParallelRows(int b, int n, int d, int row_align, const std::function<void(int, int)>& fn) {
   const int64_t work = int64_t{b} * n * d;
@@ -71,7 +72,7 @@ constexpr IsaKernels kReferenceKernels = {
     .softmax = reference::Softmax,
     .silu_mul = reference::SiluMul,
     .axpy = reference::Axpy,
-    .paged_attention = reference::PagedAttention,
+    .paged_attention = reference::PagedAttentionHeads,
 };
 
 bool CpuHasAvx512() {
@@ -167,7 +168,17 @@ void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_di
                     const float* k_pool, const float* v_pool, const int32_t* block_table,
                     int block_size, int context_len, float scale, float* out) {
   internal::Kernels().paged_attention(q, num_heads, num_kv_heads, head_dim, k_pool, v_pool,
-                                      block_table, block_size, context_len, scale, out);
+                                      block_table, block_size, context_len, scale, 0, num_kv_heads,
+                                      out);
+}
+
+void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                         const float* k_pool, const float* v_pool, const int32_t* block_table,
+                         int block_size, int context_len, float scale, int kv_head_begin,
+                         int kv_head_end, float* out) {
+  internal::Kernels().paged_attention(q, num_heads, num_kv_heads, head_dim, k_pool, v_pool,
+                                      block_table, block_size, context_len, scale, kv_head_begin,
+                                      kv_head_end, out);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -58,6 +58,12 @@ void Axpy(float alpha, const float* x, int n, float* y);
 void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
                     const float* k_pool, const float* v_pool, const int32_t* block_table,
                     int block_size, int context_len, float scale, float* out);
+// The same for the query heads of KV heads [kv_head_begin, kv_head_end) only: the rest of out
+// is untouched, so disjoint ranges can run on different threads.
+void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                         const float* k_pool, const float* v_pool, const int32_t* block_table,
+                         int block_size, int context_len, float scale, int kv_head_begin,
+                         int kv_head_end, float* out);
 
 namespace reference {
 void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y);
@@ -71,6 +77,10 @@ void Axpy(float alpha, const float* x, int n, float* y);
 void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
                     const float* k_pool, const float* v_pool, const int32_t* block_table,
                     int block_size, int context_len, float scale, float* out);
+void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                         const float* k_pool, const float* v_pool, const int32_t* block_table,
+                         int block_size, int context_len, float scale, int kv_head_begin,
+                         int kv_head_end, float* out);
 }  // namespace reference
 
 }  // namespace tandem::kernels::cpu

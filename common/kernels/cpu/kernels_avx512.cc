@@ -66,8 +66,7 @@ int64_t PrefetchRows(int64_t block, int64_t n) {
 // sums the same products in the same lanes whatever R and B are, so results do not depend on
 // the tiling or on how rows are split across threads.
 template <int R, int B, typename T>
-TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, int64_t ldw, float* y,
-                        int64_t ldy,
+TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, int64_t ldw, float* y, int64_t ldy,
                         int64_t prefetch_ahead) {
   __m512 acc[R][B];
 #pragma GCC unroll 16
@@ -110,8 +109,7 @@ TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, int64_t ldw, floa
 // R weight rows against activation rows [0, b), b <= kBatchBlock, in tiles of 4.
 template <int R, typename T>
 TANDEM_INLINE void RowBlock(const float* x, int b, int64_t n, const T* w, int64_t ldw, float* y,
-                            int64_t ldy,
-                            int64_t prefetch_ahead) {
+                            int64_t ldy, int64_t prefetch_ahead) {
   int j = 0;
   for (; j + 4 <= b; j += 4) {
     Tile<R, 4>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
@@ -178,8 +176,7 @@ void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
 
 template <int R, int B>
 TANDEM_INLINE void TileDp(const uint16_t* x, int64_t n, const uint16_t* w, int64_t ldw, float* y,
-                          int64_t ldy,
-                          int64_t prefetch_ahead) {
+                          int64_t ldy, int64_t prefetch_ahead) {
   __m512 acc[R][B];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
@@ -208,8 +205,8 @@ TANDEM_INLINE void TileDp(const uint16_t* x, int64_t n, const uint16_t* w, int64
 }
 
 template <int R>
-TANDEM_INLINE void RowBlockDp(const uint16_t* x, int b, int64_t n, const uint16_t* w,
-                              int64_t ldw, float* y, int64_t ldy, int64_t prefetch_ahead) {
+TANDEM_INLINE void RowBlockDp(const uint16_t* x, int b, int64_t n, const uint16_t* w, int64_t ldw,
+                              float* y, int64_t ldy, int64_t prefetch_ahead) {
   int j = 0;
   for (; j + 4 <= b; j += 4) {
     TileDp<R, 4>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
@@ -246,7 +243,8 @@ void MatMulBf16Dp(const float* x, int b, int n, const uint16_t* w, int ldw, int 
       } else {
         const int64_t ahead = PrefetchRows<uint16_t>(4, n64);
         for (; r + 4 <= end; r += 4) {
-          RowBlockDp<4>(xb, bb, n64, w + r * ldw, ldw, yb + r, d, r + ahead + 4 <= d ? ahead * ldw : 0);
+          RowBlockDp<4>(xb, bb, n64, w + r * ldw, ldw, yb + r, d,
+                        r + ahead + 4 <= d ? ahead * ldw : 0);
         }
       }
       for (; r < end; ++r) RowBlockDp<1>(xb, bb, n64, w + r * ldw, ldw, yb + r, d, 0);
@@ -375,17 +373,19 @@ void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float
 
 void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
                     const float* k_pool, const float* v_pool, const int32_t* block_table,
-                    int block_size, int context_len, float scale, float* out) {
-  std::fill(out, out + int64_t{num_heads} * head_dim, 0.0f);
-  if (context_len <= 0) return;
+                    int block_size, int context_len, float scale, int kv_head_begin,
+                    int kv_head_end, float* out) {
   const int group = num_heads / num_kv_heads;
+  std::fill(out + int64_t{kv_head_begin} * group * head_dim,
+            out + int64_t{kv_head_end} * group * head_dim, 0.0f);
+  if (context_len <= 0) return;
   auto offset = [&](int t, int kv_head) {
     const int64_t block = block_table[t / block_size];
     return ((block * block_size + t % block_size) * num_kv_heads + kv_head) * head_dim;
   };
   // Scores of the `group` query heads sharing one KV head, so each K and V row is read once.
   std::vector<float> scores(static_cast<size_t>(group) * context_len);
-  for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+  for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
     const int first_head = kv_head * group;
     for (int t = 0; t < context_len; ++t) {
       const float* k = k_pool + offset(t, kv_head);

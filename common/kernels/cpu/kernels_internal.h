@@ -20,7 +20,8 @@ struct IsaKernels {
   void (*axpy)(float alpha, const float* x, int n, float* y);
   void (*paged_attention)(const float* q, int num_heads, int num_kv_heads, int head_dim,
                           const float* k_pool, const float* v_pool, const int32_t* block_table,
-                          int block_size, int context_len, float scale, float* out);
+                          int block_size, int context_len, float scale, int kv_head_begin,
+                          int kv_head_end, float* out);
 };
 
 extern const IsaKernels kAvx512Kernels;      // kernels_avx512.cc

@@ -90,9 +90,10 @@ void Axpy(float alpha, const float* x, int n, float* y) {
 
 // q (num_heads, head_dim), pools (num_blocks, block_size, num_kv_heads, head_dim)
 // -> out (num_heads, head_dim) = softmax(scale * q.K^T) @ V over positions [0, context_len)
-void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                    const float* k_pool, const float* v_pool, const int32_t* block_table,
-                    int block_size, int context_len, float scale, float* out) {
+void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                         const float* k_pool, const float* v_pool, const int32_t* block_table,
+                         int block_size, int context_len, float scale, int kv_head_begin,
+                         int kv_head_end, float* out) {
   const int group = num_heads / num_kv_heads;
   // Offset of (position t, kv head) in either pool.
   auto offset = [&](int t, int kv_head) {
@@ -100,7 +101,7 @@ void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_di
     return ((block * block_size + t % block_size) * num_kv_heads + kv_head) * head_dim;
   };
   std::vector<double> scores(context_len);
-  for (int h = 0; h < num_heads; ++h) {
+  for (int h = kv_head_begin * group; h < kv_head_end * group; ++h) {
     const int kv_head = h / group;
     const float* qh = q + h * head_dim;
     double max_score = -INFINITY;
@@ -122,6 +123,13 @@ void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_di
       out[h * head_dim + i] = static_cast<float>(acc);
     }
   }
+}
+
+void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                    const float* k_pool, const float* v_pool, const int32_t* block_table,
+                    int block_size, int context_len, float scale, float* out) {
+  PagedAttentionHeads(q, num_heads, num_kv_heads, head_dim, k_pool, v_pool, block_table, block_size,
+                      context_len, scale, 0, num_kv_heads, out);
 }
 
 }  // namespace tandem::kernels::cpu::reference

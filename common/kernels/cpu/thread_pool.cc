@@ -1,9 +1,43 @@
 #include "common/kernels/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace tandem::kernels::cpu {
+namespace {
+
+// How long an idle worker, and a caller waiting for workers, spin before sleeping. A decode
+// step issues matrix products back to back, each a few hundred microseconds; waking a worker
+// from a condition variable costs tens of microseconds on a VM, which is most of a small
+// product's parallel gain. Spinning bridges the gaps inside a step; it ends soon after the
+// step, so an idle process does not burn its cores.
+constexpr std::chrono::microseconds kSpin(200);
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+// Spins until done() or kSpin has passed; returns done().
+template <typename Done>
+bool SpinUntil(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      CpuRelax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
+}  // namespace
 
 struct ThreadPool::Job {
   const std::function<void(int64_t, int64_t)>* fn = nullptr;
@@ -30,6 +64,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    published_.store(~uint64_t{0}, std::memory_order_release);
   }
   wake_.notify_all();
   for (std::thread& worker : workers_) worker.join();
@@ -39,6 +74,7 @@ void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   while (true) {
     std::shared_ptr<Job> job;
+    SpinUntil([&] { return published_.load(std::memory_order_acquire) != seen; });
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -93,15 +129,17 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     std::lock_guard<std::mutex> lock(mu_);
     job_ = job;
     ++generation_;
+    published_.store(generation_, std::memory_order_release);
   }
   wake_.notify_all();
 
   RunChunks(*job);
   // Every chunk is claimed now; wait only for those still running in workers, which finish
   // because fn does.
-  {
+  auto finished = [&] { return job->remaining.load(std::memory_order_acquire) == 0; };
+  if (!SpinUntil(finished)) {
     std::unique_lock<std::mutex> lock(job->mu);
-    job->done.wait(lock, [&] { return job->remaining.load(std::memory_order_acquire) == 0; });
+    job->done.wait(lock, finished);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

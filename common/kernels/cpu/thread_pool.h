@@ -45,8 +45,10 @@ class ThreadPool {
 
   std::mutex mu_;
   std::condition_variable wake_;
-  std::shared_ptr<Job> job_;       // Guarded by mu_; the job the workers should help with.
-  uint64_t generation_ = 0;        // Guarded by mu_; bumped for each new job.
+  std::shared_ptr<Job> job_;  // Guarded by mu_; the job the workers should help with.
+  uint64_t generation_ = 0;   // Guarded by mu_; bumped for each new job.
+  // generation_ as idle workers poll it while spinning (all ones once stopping).
+  std::atomic<uint64_t> published_{0};
   bool stop_ = false;              // Guarded by mu_.
   std::atomic<bool> busy_{false};  // A ParallelFor is using the workers.
   std::vector<std::thread> workers_;

@@ -481,6 +481,27 @@ TEST_P(IsaTest, PagedAttentionMatchesDenseAttention) {
   }
 }
 
+// Head ranges write only their own query heads, and together equal the whole call.
+TEST_P(IsaTest, PagedAttentionHeadRangesPartitionTheHeads) {
+  const int num_heads = 8, num_kv_heads = 4, head_dim = 24, block_size = 16, context_len = 45;
+  ScatteredKv kv(num_kv_heads, head_dim, block_size, context_len, rng_);
+  const std::vector<float> q = RandomFloats(num_heads * head_dim, rng_);
+  std::vector<float> whole(num_heads * head_dim, NAN);
+  PagedAttention(q.data(), num_heads, num_kv_heads, head_dim, kv.k_pool.data(), kv.v_pool.data(),
+                 kv.block_table.data(), block_size, context_len, 0.2f, whole.data());
+  std::vector<float> parts(whole.size(), NAN);
+  for (auto [begin, end] : {std::pair{0, 1}, std::pair{1, 3}, std::pair{3, 4}}) {
+    PagedAttentionHeads(q.data(), num_heads, num_kv_heads, head_dim, kv.k_pool.data(),
+                        kv.v_pool.data(), kv.block_table.data(), block_size, context_len, 0.2f,
+                        begin, end, parts.data());
+    // Heads past this range are still untouched.
+    for (size_t i = static_cast<size_t>(end) * 2 * head_dim; i < parts.size(); ++i) {
+      ASSERT_TRUE(std::isnan(parts[i])) << "range [" << begin << ", " << end << ") wrote " << i;
+    }
+  }
+  EXPECT_EQ(parts, whole);
+}
+
 TEST_P(IsaTest, PagedAttentionMapsQueryHeadsToKvHeads) {
   // V is kv_head + 1 everywhere, so each output is the value of the KV head its query used:
   // query heads 0-2 read KV head 0, heads 3-5 read KV head 1.
