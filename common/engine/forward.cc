@@ -27,9 +27,7 @@ void Resize(std::vector<float>& buffer, int rows, int cols) {
   buffer.resize(static_cast<size_t>(rows) * cols);
 }
 
-float* Row(std::vector<float>& buffer, int64_t row, int cols) {
-  return buffer.data() + row * cols;
-}
+float* Row(std::vector<float>& buffer, int64_t row, int cols) { return buffer.data() + row * cols; }
 
 void Bf16RowToF32(const uint16_t* row, int n, float* out) {
   for (int i = 0; i < n; ++i) out[i] = k::Bf16ToF32(row[i]);
@@ -70,8 +68,7 @@ absl::Status ForwardPass::ValidateMask(const ExpertMask* mask) const {
   return absl::OkStatus();
 }
 
-absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch,
-                                   const MoeOptions& moe) const {
+absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch, const MoeOptions& moe) const {
   const model::ModelConfig& c = w_->config;
   RETURN_IF_ERROR(ValidateMask(moe.mask));
   const int block_size = pool_->config().block_size;
@@ -129,8 +126,8 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   std::vector<TokenRef> refs;
   for (size_t s = 0; s < batch.size(); ++s) {
     for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
-      refs.push_back({static_cast<int>(s), batch[s].start_position + static_cast<int>(i),
-                      batch[s].tokens[i]});
+      refs.push_back(
+          {static_cast<int>(s), batch[s].start_position + static_cast<int>(i), batch[s].tokens[i]});
     }
   }
   const int T = static_cast<int>(refs.size());
@@ -139,11 +136,13 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   auto matmul = [&](const float* in, int rows, int n, const Bf16Matrix& w, int d, float* out) {
     k::MatMulBf16(in, rows, n, w.data.data(), d, out);
     stats_.weight_bytes += int64_t{n} * d * 2;
+    stats_.matmul_flops += int64_t{2} * rows * n * d;
   };
 
   // x (T, hidden): the residual stream.
   Resize(x_, T, hidden);
-  for (int t = 0; t < T; ++t) Bf16RowToF32(w_->embed.row(refs[t].token), hidden, Row(x_, t, hidden));
+  for (int t = 0; t < T; ++t)
+    Bf16RowToF32(w_->embed.row(refs[t].token), hidden, Row(x_, t, hidden));
   Resize(h_, T, hidden);
   Resize(q_, T, q_dim);
   Resize(k_, T, kv_dim);
@@ -180,13 +179,15 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
       std::memcpy(v_pool + slot, Row(v_, t, kv_dim), kv_dim * sizeof(float));
     }
     // Every token's K/V is in the cache before any query reads it (causal within a chunk);
-    // queries are independent, so they spread over the kernel threads.
-    k::DefaultThreadPool().ParallelFor(T, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
+    // (token, KV head) pairs are independent, so they spread over the kernel threads.
+    k::DefaultThreadPool().ParallelFor(int64_t{T} * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t t = item / kv_heads;
+        const int kv_head = static_cast<int>(item % kv_heads);
         const TokenRef& r = refs[t];
-        k::PagedAttention(Row(q_, t, q_dim), heads, kv_heads, head_dim, k_pool, v_pool,
-                          batch[r.seq].block_table->blocks().data(), block_size, r.position + 1,
-                          scale, Row(attn_, t, q_dim));
+        k::PagedAttentionHeads(Row(q_, t, q_dim), heads, kv_heads, head_dim, k_pool, v_pool,
+                               batch[r.seq].block_table->blocks().data(), block_size,
+                               r.position + 1, scale, kv_head, kv_head + 1, Row(attn_, t, q_dim));
       }
     });
     matmul(attn_.data(), T, q_dim, L.o, hidden, proj_.data());
@@ -228,13 +229,13 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
       }
       if (options.widths != nullptr) {
         options.widths->Widths(l, absl::MakeConstSpan(experts, top_k),
-                           absl::MakeConstSpan(weights, top_k), absl::MakeSpan(widths, top_k));
+                               absl::MakeConstSpan(weights, top_k), absl::MakeSpan(widths, top_k));
       }
       for (int j = 0; j < top_k; ++j) {
         if (widths[j] < 0 || widths[j] > inter) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "width policy gave width ", widths[j], " for expert ", experts[j], " of layer ", l,
-              "; widths must lie in [0, ", inter, "]"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("width policy gave width ", widths[j], " for expert ", experts[j],
+                           " of layer ", l, "; widths must lie in [0, ", inter, "]"));
         }
         if (widths[j] > 0) routed_[experts[j]].push_back({t, widths[j], weights[j]});
       }
@@ -304,6 +305,7 @@ void ForwardPass::RunExperts(int l) {
       const int64_t bytes = int64_t{3} * width * hidden * 2;
       stats_.weight_bytes += bytes;
       stats_.expert_weight_bytes += bytes;
+      stats_.matmul_flops += int64_t{6} * m * width * hidden;
       ++stats_.expert_runs;
       for (int i = 0; i < m; ++i) {
         k::Axpy(pairs[begin + i].weight, Row(expert_out_, i, hidden), hidden,

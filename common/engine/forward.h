@@ -30,7 +30,6 @@ enum class LogitRows {
   kAll,   // every position (perplexity, tests)
 };
 
-
 // Experts each layer keeps; an empty mask keeps every expert.
 struct ExpertMask {
   std::vector<std::vector<bool>> retained;  // (layers, experts)
@@ -47,8 +46,8 @@ class ExpertWidthPolicy {
   virtual ~ExpertWidthPolicy() = default;
   // experts (top_k,): one token's routed experts in descending router weight, with their
   // weights (top_k,); fills widths (top_k,) with values in [0, intermediate_size].
-  virtual void Widths(int layer, absl::Span<const int32_t> experts,
-                      absl::Span<const float> weights, absl::Span<int> widths) const = 0;
+  virtual void Widths(int layer, absl::Span<const int32_t> experts, absl::Span<const float> weights,
+                      absl::Span<int> widths) const = 0;
 };
 
 // Replaces the learned router with a stated one (`--load-format dummy`, whose random router
@@ -87,10 +86,11 @@ struct RouterTrace {
 
 // What the last Step did, for benchmarks and metrics.
 struct StepStats {
-  int64_t tokens = 0;              // tokens run
-  int64_t weight_bytes = 0;        // bytes of weight matrices the step read (each product once)
-  int64_t expert_weight_bytes = 0; // the part of weight_bytes that is expert FFNs
-  int64_t expert_runs = 0;         // (expert, width) groups run, over all layers
+  int64_t tokens = 0;               // tokens run
+  int64_t weight_bytes = 0;         // bytes of weight matrices the step read (each product once)
+  int64_t expert_weight_bytes = 0;  // the part of weight_bytes that is expert FFNs
+  int64_t expert_runs = 0;          // (expert, width) groups run, over all layers
+  int64_t matmul_flops = 0;         // 2 * rows * n * d summed over the weight products
 };
 
 class ForwardPass {
@@ -102,9 +102,9 @@ class ForwardPass {
   // Uses `router` instead of the model's router weights from now on (null restores them).
   void SetRouterOverride(std::unique_ptr<RouterOverride> router) { router_ = std::move(router); }
 
-  // Runs one step; `moe` applies to every sequence without its own. `logits` gets one entry per batch element: (rows, vocab) with rows = n for
-  // kAll, 1 for kLast and 0 (empty) for kNone. INVALID_ARGUMENT for bad tokens, positions,
-  // block tables, masks or widths.
+  // Runs one step; `moe` applies to every sequence without its own. `logits` gets one entry per
+  // batch element: (rows, vocab) with rows = n for kAll, 1 for kLast and 0 (empty) for kNone.
+  // INVALID_ARGUMENT for bad tokens, positions, block tables, masks or widths.
   absl::Status Step(absl::Span<const StepInput> batch, const MoeOptions& moe,
                     std::vector<std::vector<float>>* logits, RouterTrace* trace = nullptr);
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/engine/synthetic_router.h"
 #include "common/util/status.h"
 
 namespace tandem::engine {
@@ -13,23 +14,48 @@ constexpr int kBlockSize = 16;
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const std::string& model_dir,
-                                                           int prefill_chunk) {
-  if (prefill_chunk < 1) return absl::InvalidArgumentError("prefill_chunk must be >= 1");
+absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir, const LoadOptions& options) {
+  if (options.format == LoadFormat::kDummy && options.routing.empty()) {
+    return absl::InvalidArgumentError(
+        "dummy weights need a stated routing (uniform or zipf:S): their random router says "
+        "nothing about how a trained one spreads tokens");
+  }
   const std::filesystem::path dir(model_dir);
+  LoadedModel loaded;
+  ASSIGN_OR_RETURN(loaded.weights, LoadModelWeights(model_dir, options.format, options.seed));
+  ASSIGN_OR_RETURN(loaded.tokenizer, model::Tokenizer::Load(dir / "tokenizer.model"));
+  ASSIGN_OR_RETURN(loaded.add_bos, model::ReadAddBosToken(model_dir));
+  if (loaded.tokenizer->vocab_size() > loaded.weights->config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_dir, "/tokenizer.model has ", loaded.tokenizer->vocab_size(),
+        " pieces, more than the config's vocab_size ", loaded.weights->config.vocab_size));
+  }
+  return loaded;
+}
+
+absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const std::string& model_dir,
+                                                           int prefill_chunk,
+                                                           const LoadOptions& options) {
+  if (prefill_chunk < 1) return absl::InvalidArgumentError("prefill_chunk must be >= 1");
   std::unique_ptr<Generator> g(new Generator());
   g->prefill_chunk_ = prefill_chunk;
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir / "config.json"));
-  ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
-  ASSIGN_OR_RETURN(g->weights_, ModelWeights::Load(config, *checkpoint));
-  ASSIGN_OR_RETURN(g->tokenizer_, model::Tokenizer::Load(dir / "tokenizer.model"));
-  ASSIGN_OR_RETURN(g->add_bos_, model::ReadAddBosToken(model_dir));
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelDir(model_dir, options));
+  g->weights_ = std::move(loaded.weights);
+  g->tokenizer_ = std::move(loaded.tokenizer);
+  g->add_bos_ = loaded.add_bos;
+  const model::ModelConfig& config = g->weights_->config;
   const int context = static_cast<int>(config.max_position_embeddings);
   KvCacheConfig kv{static_cast<int>(config.num_hidden_layers),
                    static_cast<int>(config.num_key_value_heads), static_cast<int>(config.head_dim),
                    kBlockSize, (context + kBlockSize - 1) / kBlockSize};
   ASSIGN_OR_RETURN(g->pool_, KvBlockPool::Create(kv));
   ASSIGN_OR_RETURN(g->forward_, ForwardPass::Create(g->weights_.get(), g->pool_.get()));
+  if (!options.routing.empty()) {
+    ASSIGN_OR_RETURN(auto router, ZipfRouter::FromSpec(
+                                      options.routing, static_cast<int>(config.num_hidden_layers),
+                                      static_cast<int>(config.num_local_experts), options.seed));
+    g->forward_->SetRouterOverride(std::move(router));
+  }
   return g;
 }
 

@@ -26,12 +26,32 @@ struct GenerationResult {
   double decode_seconds = 0;  // after the first token
 };
 
+// A model directory loaded for the engine: config.json, model.safetensors (random weights for
+// LoadFormat::kDummy), tokenizer.model and tokenizer_config.json's add_bos_token.
+struct LoadedModel {
+  std::unique_ptr<ModelWeights> weights;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  bool add_bos = true;
+};
+
+struct LoadOptions {
+  LoadFormat format = LoadFormat::kSafetensors;
+  uint64_t seed = 0;  // of dummy weights and synthetic routing
+  // The routing of a dummy model ("uniform" or "zipf:S", see synthetic_router.h): required
+  // with dummy weights, whose random router says nothing; optional otherwise.
+  std::string routing;
+};
+
+absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir,
+                                         const LoadOptions& options = {});
+
 class Generator {
  public:
   // Loads DIR (config.json, model.safetensors, tokenizer.model, tokenizer_config.json).
   // `prefill_chunk` bounds the tokens of one prefill step.
   static absl::StatusOr<std::unique_ptr<Generator>> Load(const std::string& model_dir,
-                                                         int prefill_chunk = 256);
+                                                         int prefill_chunk = 256,
+                                                         const LoadOptions& options = {});
 
   // Generates from `prompt` (tokenized here). `on_text`, when set, gets each piece of final
   // text as soon as it is known (stop strings already removed).

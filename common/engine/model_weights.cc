@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/kernels/cpu/kernels.h"
+#include "common/kernels/cpu/thread_pool.h"
 #include "common/util/status.h"
 
 namespace tandem::engine {
@@ -87,15 +88,42 @@ absl::StatusOr<std::vector<float>> LoadVector(const model::SafetensorsModel& che
   return out;
 }
 
-Bf16Matrix RandomMatrix(int rows, int cols, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  Bf16Matrix m;
-  m.rows = rows;
-  m.cols = cols;
-  m.data.resize(static_cast<size_t>(rows) * cols);
-  for (auto& x : m.data) x = F32ToBf16(normal(rng));
-  return m;
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
 }
+
+// Weights uniform in [-a, a], a = 0.02 * sqrt(3) (standard deviation 0.02), each hashed from
+// (seed, matrix, index): a multi-gigabyte dummy model fills in seconds on every core, and the
+// values do not depend on the thread count.
+class RandomFill {
+ public:
+  explicit RandomFill(uint64_t seed) : seed_(seed) {}
+
+  Bf16Matrix Matrix(int rows, int cols) {
+    Bf16Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.data.resize(static_cast<size_t>(rows) * cols);
+    const uint64_t key = SplitMix64(seed_ ^ SplitMix64(++matrices_));
+    constexpr float kHalfWidth = 0.02f * 1.7320508f;
+    kernels::cpu::DefaultThreadPool().ParallelFor(
+        static_cast<int64_t>(m.data.size()), 1 << 16, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const uint64_t bits = SplitMix64(key + static_cast<uint64_t>(i));
+            const float u = static_cast<float>(bits >> 40) * 0x1p-24f;  // [0, 1)
+            m.data[i] = F32ToBf16((2.0f * u - 1.0f) * kHalfWidth);
+          }
+        });
+    return m;
+  }
+
+ private:
+  const uint64_t seed_;
+  uint64_t matrices_ = 0;
+};
 
 }  // namespace
 
@@ -148,34 +176,52 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     return absl::ResourceExhaustedError(
         absl::StrCat("dummy model of ", params, " parameters is too large"));
   }
-  std::mt19937_64 rng(seed);
+  if (!model::TensorName(*config.arch, TensorKind::kAttnQNorm).empty()) {
+    return absl::UnimplementedError(absl::StrCat("architecture ", std::string(config.model_type()),
+                                                 " has q/k norms, which the CPU engine lacks"));
+  }
+  RandomFill fill(seed);
   auto w = std::make_unique<ModelWeights>();
   w->config = config;
   const int h = static_cast<int>(config.hidden_size);
   const int inter = static_cast<int>(config.intermediate_size);
   const int q_dim = static_cast<int>(config.num_attention_heads * config.head_dim);
   const int kv_dim = static_cast<int>(config.num_key_value_heads * config.head_dim);
-  w->embed = RandomMatrix(static_cast<int>(config.vocab_size), h, rng);
+  w->embed = fill.Matrix(static_cast<int>(config.vocab_size), h);
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights layer;
     layer.attn_norm.assign(h, 1.0f);
-    layer.q = RandomMatrix(q_dim, h, rng);
-    layer.k = RandomMatrix(kv_dim, h, rng);
-    layer.v = RandomMatrix(kv_dim, h, rng);
-    layer.o = RandomMatrix(h, q_dim, rng);
+    layer.q = fill.Matrix(q_dim, h);
+    layer.k = fill.Matrix(kv_dim, h);
+    layer.v = fill.Matrix(kv_dim, h);
+    layer.o = fill.Matrix(h, q_dim);
     layer.ffn_norm.assign(h, 1.0f);
-    layer.router = RandomMatrix(static_cast<int>(config.num_local_experts), h, rng);
+    layer.router = fill.Matrix(static_cast<int>(config.num_local_experts), h);
     for (int e = 0; e < config.num_local_experts; ++e) {
       layer.experts.push_back(
-          {RandomMatrix(inter, h, rng), RandomMatrix(inter, h, rng), RandomMatrix(h, inter, rng)});
+          {fill.Matrix(inter, h), fill.Matrix(inter, h), fill.Matrix(h, inter)});
     }
     w->layers.push_back(std::move(layer));
   }
   w->final_norm.assign(h, 1.0f);
-  w->lm_head = config.tie_word_embeddings
-                   ? w->embed
-                   : RandomMatrix(static_cast<int>(config.vocab_size), h, rng);
+  w->lm_head =
+      config.tie_word_embeddings ? w->embed : fill.Matrix(static_cast<int>(config.vocab_size), h);
   return w;
+}
+
+absl::StatusOr<LoadFormat> ParseLoadFormat(const std::string& name) {
+  if (name == "safetensors" || name == "auto") return LoadFormat::kSafetensors;
+  if (name == "dummy") return LoadFormat::kDummy;
+  return absl::InvalidArgumentError(
+      absl::StrCat("load format \"", name, "\" is not \"auto\", \"safetensors\" or \"dummy\""));
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& dir,
+                                                               LoadFormat format, uint64_t seed) {
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir + "/config.json"));
+  if (format == LoadFormat::kDummy) return ModelWeights::Random(config, seed);
+  ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(dir));
+  return ModelWeights::Load(config, *checkpoint);
 }
 
 }  // namespace tandem::engine

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,9 +49,22 @@ struct ModelWeights {
   // Copies every tensor out of `checkpoint` (validated against `config` first).
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(
       const model::ModelConfig& config, const model::SafetensorsModel& checkpoint);
-  // Random weights (normal, std 0.02; norms 1) of any configured shape, deterministic in `seed`.
+  // Random weights (uniform, standard deviation 0.02; norms 1) of any configured shape,
+  // deterministic in `seed`.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Random(const model::ModelConfig& config,
                                                               uint64_t seed);
 };
+
+// How a model directory's weights are obtained: from its safetensors, or random at the shape
+// its config.json gives (`--load-format dummy`, for throughput work).
+enum class LoadFormat { kSafetensors, kDummy };
+
+// "safetensors" (also "auto") or "dummy"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<LoadFormat> ParseLoadFormat(const std::string& name);
+
+// Reads DIR/config.json, then the weights as `format` says (`seed` for dummy weights).
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& dir,
+                                                               LoadFormat format,
+                                                               uint64_t seed = 0);
 
 }  // namespace tandem::engine

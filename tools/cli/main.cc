@@ -1,10 +1,14 @@
-// `tandem`: the command-line client. Talks to a gateway through the C++ SDK.
+// `tandem`: the command-line client. Talks to a gateway through the C++ SDK, or runs a model in
+// this process (--model).
 //   tandem generate --endpoint HOST:PORT --prompt TEXT [--max_tokens N --temperature T
 //                   --top_p P --top_k K --seed S --stream]
 //   tandem generate --model DIR --prompt TEXT [...]   (in this process, no services)
+//                   [--load_format dummy --routing zipf:S]
 //   tandem tokenize --endpoint HOST:PORT --text TEXT
+//   tandem perplexity --model DIR --text FILE   (each non-blank line of FILE is a document)
 //   tandem models   --endpoint HOST:PORT
 //   tandem health   --endpoint HOST:PORT
+#include <iomanip>
 #include <iostream>
 #include <string>
 
@@ -14,19 +18,29 @@
 #include "absl/time/clock.h"
 #include "common/config/config.h"
 #include "common/engine/generator.h"
+#include "common/engine/perplexity.h"
+#include "common/util/status.h"
 #include "tandem/client.h"
 
 ABSL_FLAG(std::string, endpoint, "127.0.0.1:50051", "Gateway gRPC address, host:port.");
 ABSL_FLAG(std::string, model, "",
-          "Generate in this process from this model directory instead of through a gateway.");
+          "Model directory: generate in this process from it instead of through a gateway, or "
+          "the model perplexity scores.");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (generate).");
-ABSL_FLAG(std::string, text, "", "Text to tokenize (tokenize).");
+ABSL_FLAG(std::string, text, "",
+          "Text to tokenize (tokenize); the path of the text file to score (perplexity).");
 ABSL_FLAG(int, max_tokens, 64, "Tokens to generate at most (generate).");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy (generate).");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass (generate).");
 ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 = off (generate).");
 ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random (generate).");
 ABSL_FLAG(bool, stream, false, "Stream tokens as they arrive (generate).");
+ABSL_FLAG(std::string, load_format, "auto",
+          "With --model: auto | safetensors | dummy (random weights of the config's shape, for "
+          "throughput work; needs --routing).");
+ABSL_FLAG(std::string, routing, "",
+          "With --model: replace the router by a stated one, uniform or zipf:S (required for "
+          "--load_format dummy).");
 ABSL_FLAG(double, timeout_s, 120.0, "Deadline of each call, in seconds.");
 
 namespace {
@@ -37,6 +51,8 @@ constexpr char kUsage[] =
     "  generate   send a prompt to a gateway (--endpoint) and print the completion, or\n"
     "             generate in this process (--model DIR)\n"
     "  tokenize   print the token ids of --text\n"
+    "  perplexity score the text file --text with the model --model DIR, one document a\n"
+    "             line, by the protocol of tools/train/data.py\n"
     "  models     list the gateway's models\n"
     "  health     check the gateway's gRPC health\n"
     "run `tandem --help` for the flags\n";
@@ -65,10 +81,21 @@ const char* FinishName(tandem::engine::FinishReason reason) {
   return "none";
 }
 
+absl::StatusOr<tandem::engine::LoadOptions> LoadOptionsFromFlags() {
+  tandem::engine::LoadOptions options;
+  ASSIGN_OR_RETURN(options.format,
+                   tandem::engine::ParseLoadFormat(absl::GetFlag(FLAGS_load_format)));
+  options.routing = absl::GetFlag(FLAGS_routing);
+  if (absl::GetFlag(FLAGS_seed) >= 0) options.seed = absl::GetFlag(FLAGS_seed);
+  return options;
+}
+
 // Generation in this process: load the model, prefill, decode one token at a time.
 int GenerateLocally() {
   const absl::Time load_start = absl::Now();
-  auto generator = tandem::engine::Generator::Load(absl::GetFlag(FLAGS_model));
+  auto load = LoadOptionsFromFlags();
+  if (!load.ok()) return Report(load.status());
+  auto generator = tandem::engine::Generator::Load(absl::GetFlag(FLAGS_model), 256, *load);
   if (!generator.ok()) return Report(generator.status());
   const double load_seconds = absl::ToDoubleSeconds(absl::Now() - load_start);
   tandem::engine::SamplingParams params;
@@ -146,6 +173,34 @@ int Tokenize() {
   return 0;
 }
 
+// Perplexity of --model on the text file --text, in this process.
+int Perplexity() {
+  if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_text).empty()) {
+    return Report(absl::InvalidArgumentError("perplexity needs --model DIR and --text FILE"));
+  }
+  if (!absl::GetFlag(FLAGS_routing).empty() || absl::GetFlag(FLAGS_load_format) == "dummy") {
+    return Report(absl::InvalidArgumentError(
+        "perplexity scores a checkpoint with its own router; --load_format dummy and --routing "
+        "are for generate"));
+  }
+  const absl::Time load_start = absl::Now();
+  auto model = tandem::engine::LoadModelDir(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) return Report(model.status());
+  const absl::Time start = absl::Now();
+  auto result = tandem::engine::EvaluatePerplexity(*model->weights, *model->tokenizer,
+                                                   absl::GetFlag(FLAGS_text));
+  if (!result.ok()) return Report(result.status());
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  std::cout << std::fixed << std::setprecision(2) << "perplexity " << result->perplexity << " over "
+            << result->tokens << " tokens (" << std::setprecision(0) << result->tokens / seconds
+            << " tokens/s)" << std::endl;
+  std::cerr << absl::StrCat("load ", absl::SixDigits(absl::ToDoubleSeconds(start - load_start)),
+                            " s; ", result->documents, " documents in ", result->windows,
+                            " windows; mean nll ", absl::SixDigits(result->nll), " nats/token; ",
+                            absl::SixDigits(seconds), " s\n");
+  return 0;
+}
+
 int Models() {
   auto client = Connect();
   if (!client.ok()) return Report(client.status());
@@ -180,6 +235,7 @@ int main(int argc, char** argv) {
   const std::string& command = (*args)[1];
   if (command == "generate") return Generate();
   if (command == "tokenize") return Tokenize();
+  if (command == "perplexity") return Perplexity();
   if (command == "models") return Models();
   if (command == "health") return Health();
   std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;

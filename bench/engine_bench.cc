@@ -1,0 +1,303 @@
+// Whole-step engine benchmark: decode tokens/s at several batch sizes and prefill tokens/s,
+// each next to the memory-bandwidth roofline measured in the same run. The roofline of a
+// decode step is the bytes of weight matrices it reads (counted by the forward pass: attention,
+// router, every (expert, width) group it runs, lm_head) divided by the machine's read
+// bandwidth, measured here with STREAM-style loops on all cores (the larger of a read-only
+// sum and STREAM triad). KV-cache reads are not in the roofline: the step's context is short.
+//
+//   build/bin/tandem_engine_bench --model models/tiny-moe
+//   build/bin/tandem_engine_bench --model bench/configs/dummy-3b --load_format dummy
+//       --routing zipf:1.0   (one line)
+//
+// A dummy model has random router weights, so it must be given a stated routing (--routing
+// uniform or zipf:S); a checkpoint uses its own router unless --routing is set.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/engine/forward.h"
+#include "common/engine/kv_cache.h"
+#include "common/engine/model_weights.h"
+#include "common/engine/synthetic_router.h"
+#include "common/kernels/cpu/kernels.h"
+#include "common/kernels/cpu/thread_pool.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (config.json, and safetensors unless dummy).");
+ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy (random weights).");
+ABSL_FLAG(std::string, routing, "", "uniform | zipf:S; required for dummy weights.");
+ABSL_FLAG(std::string, batches, "1,4,16,64", "Decode batch sizes.");
+ABSL_FLAG(int, context, 128, "Tokens in each sequence's KV cache when decoding starts.");
+ABSL_FLAG(int, steps, 16, "Timed decode steps per batch size (after 2 untimed).");
+ABSL_FLAG(int, prefill_tokens, 512, "Prompt length of the prefill measurement.");
+ABSL_FLAG(int, stream_mib, 1024, "Buffer size of the bandwidth measurement.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of dummy weights, routing and token ids.");
+
+namespace tandem::engine {
+namespace {
+
+namespace k = kernels::cpu;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Bandwidth {
+  double read_gbs = 0;   // sum over one buffer
+  double triad_gbs = 0;  // a = b + s * c, 3 buffers counted
+};
+
+// Best of 5 passes of each loop, split over the kernels' thread pool as the products are.
+Bandwidth MeasureBandwidth(size_t mib) {
+  const size_t n = (mib << 20) / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 3.0f);
+  k::ThreadPool& pool = k::DefaultThreadPool();
+  const int64_t grain = static_cast<int64_t>(n / (4 * pool.num_threads()) + 1);
+  Bandwidth best;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<float> partial(pool.num_threads() * 8, 0.0f);
+    std::atomic<int> slot{0};
+    auto t0 = Clock::now();
+    pool.ParallelFor(static_cast<int64_t>(n), grain, [&](int64_t begin, int64_t end) {
+      float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+      int64_t i = begin;
+      for (; i + 8 <= end; i += 8) {
+        s0 += b[i];
+        s1 += b[i + 1];
+        s2 += b[i + 2];
+        s3 += b[i + 3];
+        s4 += b[i + 4];
+        s5 += b[i + 5];
+        s6 += b[i + 6];
+        s7 += b[i + 7];
+      }
+      for (; i < end; ++i) s0 += b[i];
+      partial[slot.fetch_add(1) % partial.size()] += s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
+    });
+    auto t1 = Clock::now();
+    sink = sink + std::accumulate(partial.begin(), partial.end(), 0.0f);
+    best.read_gbs = std::max(best.read_gbs, n * sizeof(float) / Seconds(t0, t1) / 1e9);
+    t0 = Clock::now();
+    pool.ParallelFor(static_cast<int64_t>(n), grain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) a[i] = b[i] + 0.5f * c[i];
+    });
+    t1 = Clock::now();
+    best.triad_gbs = std::max(best.triad_gbs, 3 * n * sizeof(float) / Seconds(t0, t1) / 1e9);
+  }
+  sink = sink + a[n / 2];
+  return best;
+}
+
+int Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty()) {
+    std::cerr << "tandem_engine_bench: --model DIR is required\n";
+    return 2;
+  }
+  auto format = ParseLoadFormat(absl::GetFlag(FLAGS_load_format));
+  if (!format.ok()) {
+    std::cerr << "tandem_engine_bench: " << format.status().message() << "\n";
+    return 2;
+  }
+  const std::string routing = absl::GetFlag(FLAGS_routing);
+  if (*format == LoadFormat::kDummy && routing.empty()) {
+    std::cerr << "tandem_engine_bench: dummy weights need --routing (uniform or zipf:S): their "
+                 "random router says nothing about real routing\n";
+    return 2;
+  }
+  std::vector<int> batches;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int b = 0;
+    if (!absl::SimpleAtoi(part, &b) || b < 1) {
+      std::cerr << "tandem_engine_bench: bad --batches entry \"" << part << "\"\n";
+      return 2;
+    }
+    batches.push_back(b);
+  }
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const int context = absl::GetFlag(FLAGS_context);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int prefill_tokens = absl::GetFlag(FLAGS_prefill_tokens);
+
+  auto t0 = Clock::now();
+  auto weights = LoadModelWeights(dir, *format, seed);
+  if (!weights.ok()) {
+    std::cerr << "tandem_engine_bench: " << weights.status() << "\n";
+    return 1;
+  }
+  const model::ModelConfig& c = (*weights)->config;
+  const double load_s = Seconds(t0, Clock::now());
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int block_size = 16;
+  const int seq_blocks =
+      (std::max(context + steps + 2, prefill_tokens) + block_size - 1) / block_size;
+  auto pool = KvBlockPool::Create(
+      {static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
+       static_cast<int>(c.head_dim), block_size, max_batch * seq_blocks});
+  if (!pool.ok()) {
+    std::cerr << "tandem_engine_bench: " << pool.status() << "\n";
+    return 1;
+  }
+  auto forward = ForwardPass::Create(weights->get(), pool->get());
+  if (!forward.ok()) {
+    std::cerr << "tandem_engine_bench: " << forward.status() << "\n";
+    return 1;
+  }
+  if (!routing.empty()) {
+    auto router = ZipfRouter::FromSpec(routing, static_cast<int>(c.num_hidden_layers),
+                                       static_cast<int>(c.num_local_experts), seed);
+    if (!router.ok()) {
+      std::cerr << "tandem_engine_bench: " << router.status().message() << "\n";
+      return 2;
+    }
+    (*forward)->SetRouterOverride(*std::move(router));
+  }
+  ForwardPass& fwd = **forward;
+
+  int64_t params = 0;
+  auto count = [&](const Bf16Matrix& m) { params += int64_t{m.rows} * m.cols; };
+  count((*weights)->embed);
+  count((*weights)->lm_head);
+  for (const auto& l : (*weights)->layers) {
+    for (const auto* m : {&l.q, &l.k, &l.v, &l.o, &l.router}) count(*m);
+    for (const auto& e : l.experts) {
+      count(e.gate);
+      count(e.up);
+      count(e.down);
+    }
+  }
+  const Bandwidth bw_before = MeasureBandwidth(absl::GetFlag(FLAGS_stream_mib));
+  std::printf("model %s (%s), %.2f GB of bf16 weights, loaded in %.1f s; kernels %s, %d threads\n",
+              dir.c_str(), absl::GetFlag(FLAGS_load_format).c_str(), params * 2 / 1e9, load_s,
+              k::KernelIsa(), k::DefaultThreadPool().num_threads());
+  std::printf("routing: %s\n", routing.empty() ? "the checkpoint's router" : routing.c_str());
+  std::printf("bandwidth (all threads, %d MiB): read %.1f GB/s, triad %.1f GB/s\n",
+              absl::GetFlag(FLAGS_stream_mib), bw_before.read_gbs, bw_before.triad_gbs);
+
+  uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 1;
+  auto random_token = [&] {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return static_cast<int32_t>(rng % static_cast<uint64_t>(c.vocab_size));
+  };
+
+  struct Row {
+    int batch;
+    double step_ms, tokens_per_s, weight_mb, experts_per_layer, gflops;
+  };
+  std::vector<Row> rows;
+  std::vector<std::vector<float>> logits;
+  for (int batch : batches) {
+    std::vector<BlockTable> tables(batch);
+    std::vector<std::vector<int32_t>> prompts(batch);
+    std::vector<StepInput> inputs;
+    for (int s = 0; s < batch; ++s) {
+      for (int i = 0; i < context; ++i) prompts[s].push_back(random_token());
+      if (!tables[s].Reserve(pool->get(), context + steps + 2).ok()) {
+        std::cerr << "tandem_engine_bench: KV pool too small\n";
+        return 1;
+      }
+      inputs.push_back({prompts[s], 0, &tables[s]});
+    }
+    if (absl::Status s = fwd.Step(inputs, {}, &logits); !s.ok()) {
+      std::cerr << "tandem_engine_bench: " << s << "\n";
+      return 1;
+    }
+    std::vector<int32_t> next(batch);
+    std::vector<double> times;
+    double bytes = 0, runs = 0, flops = 0;
+    for (int step = 0; step < steps + 2; ++step) {
+      inputs.clear();
+      for (int s = 0; s < batch; ++s) {
+        const auto& row = logits[s];
+        next[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+        inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
+      }
+      const auto start = Clock::now();
+      if (absl::Status s = fwd.Step(inputs, {}, &logits); !s.ok()) {
+        std::cerr << "tandem_engine_bench: " << s << "\n";
+        return 1;
+      }
+      if (step >= 2) {
+        times.push_back(Seconds(start, Clock::now()));
+        bytes += fwd.last_step_stats().weight_bytes;
+        runs += fwd.last_step_stats().expert_runs;
+        flops += fwd.last_step_stats().matmul_flops;
+      }
+    }
+    for (auto& t : tables) t.ReleaseAll(pool->get());
+    const double step_s = Median(times);
+    rows.push_back({batch, step_s * 1e3, batch / step_s, bytes / steps / 1e6,
+                    runs / steps / c.num_hidden_layers, flops / steps / step_s / 1e9});
+  }
+
+  // Prefill: one prompt in one step, logits of its last token.
+  std::vector<double> prefill_times;
+  double prefill_bytes = 0, prefill_flops = 0;
+  {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < prefill_tokens; ++i) prompt.push_back(random_token());
+    for (int rep = 0; rep < 3; ++rep) {
+      BlockTable table;
+      if (!table.Reserve(pool->get(), prefill_tokens).ok()) return 1;
+      StepInput in{prompt, 0, &table};
+      const auto start = Clock::now();
+      if (absl::Status s = fwd.Step({&in, 1}, {}, &logits); !s.ok()) {
+        std::cerr << "tandem_engine_bench: " << s << "\n";
+        return 1;
+      }
+      prefill_times.push_back(Seconds(start, Clock::now()));
+      prefill_bytes = fwd.last_step_stats().weight_bytes;
+      prefill_flops = fwd.last_step_stats().matmul_flops;
+      table.ReleaseAll(pool->get());
+    }
+  }
+  const Bandwidth bw_after = MeasureBandwidth(absl::GetFlag(FLAGS_stream_mib));
+  const double roofline_gbs =
+      std::max({bw_before.read_gbs, bw_before.triad_gbs, bw_after.read_gbs, bw_after.triad_gbs});
+  std::printf("bandwidth after: read %.1f GB/s, triad %.1f GB/s; roofline uses %.1f GB/s\n\n",
+              bw_after.read_gbs, bw_after.triad_gbs, roofline_gbs);
+  std::printf(
+      "| decode batch | step (ms, median of %d) | tokens/s | weights read per step (MB) "
+      "| expert groups per layer | matmul GFLOP/s | roofline tokens/s | of roofline |\n",
+      steps);
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    const double roofline = r.batch / (r.weight_mb * 1e6 / (roofline_gbs * 1e9));
+    std::printf("| %d | %.2f | %.1f | %.1f | %.2f | %.1f | %.1f | %.0f%% |\n", r.batch, r.step_ms,
+                r.tokens_per_s, r.weight_mb, r.experts_per_layer, r.gflops, roofline,
+                100 * r.tokens_per_s / roofline);
+  }
+  const double prefill_s = Median(prefill_times);
+  const double prefill_gflops = prefill_flops / prefill_s / 1e9;
+  std::printf(
+      "\nprefill: %d tokens in %.1f ms = %.0f tokens/s, matmuls at %.1f GFLOP/s "
+      "(weights read %.1f MB: bandwidth floor %.1f ms; prefill is compute-bound)\n",
+      prefill_tokens, prefill_s * 1e3, prefill_tokens / prefill_s, prefill_gflops,
+      prefill_bytes / 1e6, prefill_bytes / (roofline_gbs * 1e9) * 1e3);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::engine
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tandem::engine::Run();
+}

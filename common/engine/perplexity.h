@@ -1,0 +1,59 @@
+// Perplexity of a model on a text file, by the evaluation protocol of tools/train/data.py that
+// the shipped splits and golden files were measured with: each non-blank line of the file is
+// one document, encoded without BOS or EOS, with EOS appended, and cut into consecutive chunks
+// of at most `window` tokens; each chunk c is scored as input [BOS] + c with targets c, so every
+// token of every document, and its EOS, is predicted exactly once. Perplexity is exp(mean
+// negative log-likelihood), the log-probabilities taken from the log-softmax of the float32
+// logits. This is what `tandem perplexity` runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/engine/forward.h"
+#include "common/engine/model_weights.h"
+#include "common/model/tokenizer.h"
+
+namespace tandem::engine {
+
+struct PerplexityOptions {
+  // The longest chunk of targets; a window runs window + 1 positions (BOS first), which must fit
+  // in the model's context. 511 is the protocol's, for a 512-token context.
+  int window = 511;
+  // Positions one forward step may run: windows are batched into steps up to this many (and up
+  // to the KV blocks free in the pool), each step holding at least one window. The result does
+  // not depend on it; it trades memory ((positions, vocab) float logits) for speed.
+  int max_step_tokens = 2048;
+  // Applies to every window (the defaults run the whole model).
+  MoeOptions moe;
+};
+
+struct PerplexityResult {
+  int64_t documents = 0;
+  int64_t windows = 0;
+  int64_t tokens = 0;     // scored tokens (the documents' tokens, EOS included)
+  double nll = 0;         // mean negative log-likelihood per scored token, in nats
+  double perplexity = 0;  // exp(nll)
+  // (tokens,) log-probability of each scored token, in document order.
+  std::vector<float> logprobs;
+};
+
+// Scores the documents of `text_path` with `forward`, taking KV blocks from forward->pool() and
+// releasing them before returning. NOT_FOUND naming the path when the file does not exist;
+// INVALID_ARGUMENT when it holds no document, for bad options, or when the tokenizer has no BOS
+// or EOS; RESOURCE_EXHAUSTED when the pool's free blocks cannot hold one window.
+absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
+                                                    const model::Tokenizer& tokenizer,
+                                                    const std::string& text_path,
+                                                    const PerplexityOptions& options = {});
+
+// The same on `weights`, with a KV pool and forward pass of its own sized for
+// options.max_step_tokens.
+absl::StatusOr<PerplexityResult> EvaluatePerplexity(const ModelWeights& weights,
+                                                    const model::Tokenizer& tokenizer,
+                                                    const std::string& text_path,
+                                                    const PerplexityOptions& options = {});
+
+}  // namespace tandem::engine

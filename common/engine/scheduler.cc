@@ -1,0 +1,266 @@
+#include "common/engine/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status.h"
+
+namespace tandem::engine {
+
+struct Scheduler::Sequence {
+  Sequence(SequenceId id, SequenceRequest request, int32_t eos_token_id,
+           const model::Tokenizer* tokenizer)
+      : id(id),
+        tokens(std::move(request.prompt_ids)),
+        prompt_len(static_cast<int>(tokens.size())),
+        params(std::move(request.params)),
+        sampler(params),
+        stop(params, eos_token_id) {
+    if (tokenizer != nullptr) detok.emplace(tokenizer);
+  }
+
+  int pending() const { return static_cast<int>(tokens.size()) - num_computed; }
+  bool decoding() const { return pending() == 1 && static_cast<int>(tokens.size()) > prompt_len; }
+
+  const SequenceId id;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  const int prompt_len;
+  int num_computed = 0;  // leading tokens whose KV is in the cache
+  BlockTable table;
+  const SamplingParams params;
+  Sampler sampler;
+  StopChecker stop;
+  std::optional<model::StreamingDetokenizer> detok;
+  bool running = false;
+  bool scheduled = false;  // in the step being built
+};
+
+Scheduler::Scheduler(ForwardPass* forward, const model::Tokenizer* tokenizer, int32_t eos_token_id,
+                     const SchedulerConfig& config)
+    : forward_(forward), tokenizer_(tokenizer), eos_token_id_(eos_token_id), config_(config) {}
+
+Scheduler::~Scheduler() {
+  for (auto& seq : running_) seq->table.ReleaseAll(forward_->pool());
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(ForwardPass* forward,
+                                                             const model::Tokenizer* tokenizer,
+                                                             int32_t eos_token_id,
+                                                             const SchedulerConfig& config) {
+  if (config.max_running < 1) return absl::InvalidArgumentError("max_running must be >= 1");
+  if (config.max_step_tokens < config.max_running) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_step_tokens (", config.max_step_tokens, ") must be at least max_running (",
+        config.max_running, ") so that every running sequence can decode in each step"));
+  }
+  return std::unique_ptr<Scheduler>(new Scheduler(forward, tokenizer, eos_token_id, config));
+}
+
+absl::StatusOr<SequenceId> Scheduler::Add(SequenceRequest request) {
+  const model::ModelConfig& c = forward_->weights().config;
+  const int n = static_cast<int>(request.prompt_ids.size());
+  if (n == 0) return absl::InvalidArgumentError("prompt has no tokens");
+  for (int32_t token : request.prompt_ids) {
+    if (token < 0 || token >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", token, " outside the vocabulary of ", c.vocab_size));
+    }
+  }
+  RETURN_IF_ERROR(request.params.Validate(static_cast<int>(c.vocab_size)));
+  if (tokenizer_ == nullptr && !request.params.stop_strings.empty()) {
+    return absl::InvalidArgumentError("stop strings need a tokenizer; this engine has none");
+  }
+  if (n >= c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt has ", n, " tokens; the context length is ", c.max_position_embeddings));
+  }
+  const KvCacheConfig& kv = forward_->pool()->config();
+  const int64_t blocks = (int64_t{n} + 1 + kv.block_size - 1) / kv.block_size;
+  if (blocks > kv.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt needs ", blocks, " KV blocks; the whole pool has ", kv.num_blocks));
+  }
+  const SequenceId id{next_id_++};
+  auto seq = std::make_unique<Sequence>(id, std::move(request), eos_token_id_, tokenizer_);
+  by_id_[id] = seq.get();
+  waiting_.push_back(std::move(seq));
+  return id;
+}
+
+bool Scheduler::Cancel(SequenceId id) {
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return false;
+  Remove(it->second);
+  return true;
+}
+
+void Scheduler::Remove(Sequence* seq) {
+  seq->table.ReleaseAll(forward_->pool());
+  by_id_.erase(seq->id);
+  auto owned = [seq](const std::unique_ptr<Sequence>& p) { return p.get() == seq; };
+  if (seq->running) {
+    running_.remove_if(owned);
+  } else {
+    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), owned), waiting_.end());
+  }
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  seq->table.ReleaseAll(forward_->pool());
+  seq->num_computed = 0;
+  seq->running = false;
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->get() == seq) {
+      waiting_.push_front(std::move(*it));
+      running_.erase(it);
+      break;
+    }
+  }
+  ++counters_.preemptions;
+}
+
+bool Scheduler::ReserveOrPreempt(Sequence* seq, int num_tokens) {
+  while (!seq->table.Reserve(forward_->pool(), num_tokens).ok()) {
+    // The newest sequence not already in this step: `seq` itself or a newer one.
+    Sequence* victim = nullptr;
+    for (auto it = running_.rbegin(); victim == nullptr; ++it) {
+      if (!(*it)->scheduled) victim = it->get();
+    }
+    Preempt(victim);
+    if (victim == seq) return false;
+  }
+  return true;
+}
+
+int Scheduler::Fit(const Sequence* seq, int len) const {
+  const int block_size = forward_->pool()->config().block_size;
+  const int capacity =
+      seq->table.capacity_tokens(block_size) + forward_->pool()->num_free() * block_size;
+  return std::min(len, capacity - seq->num_computed);
+}
+
+void Scheduler::Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out) {
+  const int32_t token = seq->sampler.Sample(logits);
+  seq->tokens.push_back(token);
+  out->token = token;
+  std::string piece;
+  if (seq->detok.has_value()) {
+    absl::StatusOr<std::string> text = seq->detok->Add(token);
+    if (!text.ok()) {
+      out->status = text.status();
+      return;
+    }
+    piece = *std::move(text);
+  }
+  StopResult r = seq->stop.Add(token, piece);
+  out->text = std::move(r.text);
+  out->finish = r.reason;
+  if (out->finish == FinishReason::kNone &&
+      static_cast<int64_t>(seq->tokens.size()) >=
+          forward_->weights().config.max_position_embeddings) {
+    // The context is full before max_tokens: a length finish, as vLLM reports it.
+    out->text += seq->stop.Flush();
+    if (seq->detok.has_value()) {
+      absl::StatusOr<std::string> rest = seq->detok->Flush();
+      if (rest.ok()) out->text += *rest;
+    }
+    out->finish = FinishReason::kLength;
+  }
+}
+
+absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
+  struct Work {
+    Sequence* seq;
+    int begin;
+    int len;
+  };
+  std::vector<Work> work;
+  int budget = config_.max_step_tokens;
+  const int64_t preemptions_before = counters_.preemptions;
+
+  // Decode first: one token for every running sequence that has sampled one. Preemption only
+  // ever takes the newest sequences, which this loop has not reached yet.
+  std::vector<Sequence*> running;
+  for (auto& seq : running_) running.push_back(seq.get());
+  auto schedule = [&](Sequence* seq, int len) {
+    work.push_back({seq, seq->num_computed, len});
+    seq->scheduled = true;
+    budget -= len;
+  };
+  for (Sequence* seq : running) {
+    if (!seq->running || !seq->decoding()) continue;
+    if (ReserveOrPreempt(seq, seq->num_computed + 1)) schedule(seq, 1);
+  }
+  // Then prefill chunks: running sequences part-way through, oldest first, then new ones. A
+  // chunk stops at the end of the prompt, so each chunk is wholly prefill or wholly decode
+  // phase (tokens recomputed after a preemption), and shrinks to the free blocks; only a
+  // sequence that cannot get a single token in preempts.
+  auto chunk = [&](Sequence* seq) {
+    int end = static_cast<int>(seq->tokens.size());
+    if (seq->num_computed < seq->prompt_len) end = seq->prompt_len;
+    return Fit(seq, std::min(end - seq->num_computed, budget));
+  };
+  for (Sequence* seq : running) {
+    if (budget == 0) break;
+    if (!seq->running || seq->scheduled || seq->pending() == 0) continue;
+    const int len = std::max(1, chunk(seq));
+    if (ReserveOrPreempt(seq, seq->num_computed + len)) schedule(seq, len);
+  }
+  // Admit waiting sequences while there is room; not in a step that had to preempt, which
+  // would only hand the freed blocks back and forth.
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int>(running_.size()) < config_.max_running &&
+         counters_.preemptions == preemptions_before) {
+    Sequence* seq = waiting_.front().get();
+    const int len = chunk(seq);
+    if (len < 1 || !seq->table.Reserve(forward_->pool(), seq->num_computed + len).ok()) break;
+    seq->running = true;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    schedule(seq, len);
+  }
+  for (const Work& w : work) w.seq->scheduled = false;
+  if (work.empty()) return absl::OkStatus();
+
+  std::vector<StepInput> batch;
+  batch.reserve(work.size());
+  for (const Work& w : work) {
+    const bool last = w.begin + w.len == static_cast<int>(w.seq->tokens.size());
+    batch.push_back({absl::MakeConstSpan(w.seq->tokens).subspan(w.begin, w.len), w.begin,
+                     &w.seq->table, last ? LogitRows::kLast : LogitRows::kNone,
+                     w.begin < w.seq->prompt_len ? &config_.prefill : &config_.decode});
+  }
+  std::vector<std::vector<float>> logits;
+  ++counters_.steps;
+  if (absl::Status status = forward_->Step(batch, {}, &logits); !status.ok()) {
+    for (const Work& w : work) {
+      SequenceOutput out;
+      out.id = w.seq->id;
+      out.status = status;
+      outputs->push_back(std::move(out));
+      Remove(w.seq);
+    }
+    return status;
+  }
+  for (size_t i = 0; i < work.size(); ++i) {
+    Sequence* seq = work[i].seq;
+    seq->table.Append(work[i].len);
+    seq->num_computed += work[i].len;
+    if (work[i].begin < seq->prompt_len || work[i].len > 1) {
+      counters_.prefill_tokens += work[i].len;
+    } else {
+      counters_.decode_tokens += 1;
+    }
+    if (logits[i].empty()) continue;
+    SequenceOutput out;
+    out.id = seq->id;
+    Sample(seq, logits[i], &out);
+    const bool done = out.finish != FinishReason::kNone || !out.status.ok();
+    outputs->push_back(std::move(out));
+    if (done) Remove(seq);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,115 @@
+// Continuous batching over one ForwardPass. Sequences join (Add) and leave (they finish, fail
+// or are cancelled) between steps. Each Step builds one batch: first the next token of every
+// running sequence that is decoding, then prefill chunks in what is left of the token budget,
+// oldest sequence first (vLLM's chunked prefill with decode priority). KV blocks are reserved
+// as sequences grow. When the pool runs dry a decode preempts the newest running sequence: its
+// blocks are freed and its tokens recomputed when it runs again (vLLM's recompute
+// preemption). Batching, chunking and preemption do not change a sequence's tokens beyond the
+// forward pass's batch invariance (1e-5 relative on logits).
+//
+// Not thread-safe: one thread owns a Scheduler (a service's engine executor).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/engine/forward.h"
+#include "common/engine/sampling.h"
+#include "common/model/tokenizer.h"
+
+namespace tandem::engine {
+
+enum class SequenceId : int64_t {};
+
+struct SchedulerConfig {
+  int max_running = 64;       // sequences holding KV blocks at once
+  int max_step_tokens = 512;  // tokens per step, decode and prefill together; >= max_running
+  // Phase-aware MoE controls (colocated mode): prompt tokens run `prefill`, generated tokens
+  // `decode`. Not owned; the defaults run the full pool.
+  MoeOptions prefill = {};
+  MoeOptions decode = {};
+};
+
+struct SequenceRequest {
+  std::vector<int32_t> prompt_ids;  // (n,) n >= 1, BOS included if the model wants one
+  SamplingParams params;
+};
+
+// What one sequence did in a step.
+struct SequenceOutput {
+  SequenceId id;
+  std::optional<int32_t> token;  // the token sampled this step
+  std::string text;              // text released this step (needs a tokenizer)
+  FinishReason finish = FinishReason::kNone;
+  absl::Status status;  // not OK: the sequence failed and is gone
+};
+
+struct SchedulerCounters {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;  // recomputed tokens included
+  int64_t decode_tokens = 0;
+  int64_t preemptions = 0;
+};
+
+class Scheduler {
+ public:
+  // `forward` must outlive the scheduler and be used by nobody else while it lives.
+  // `tokenizer` may be null: outputs then carry no text and stop strings are refused.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(ForwardPass* forward,
+                                                           const model::Tokenizer* tokenizer,
+                                                           int32_t eos_token_id,
+                                                           const SchedulerConfig& config);
+  ~Scheduler();
+
+  // Queues a sequence. INVALID_ARGUMENT for an empty prompt, out-of-vocabulary tokens, bad
+  // sampling params, or a prompt that leaves no room in the context or the KV pool.
+  absl::StatusOr<SequenceId> Add(SequenceRequest request);
+  // Drops a waiting or running sequence and frees its blocks; false if it is not here.
+  bool Cancel(SequenceId id);
+
+  // Runs one step, if there is work, and appends one output per sequence that sampled a
+  // token, finished or failed. An error is returned only for a failure of the step itself;
+  // the sequences in that step then fail with it (outputs say so) and the rest carry on.
+  absl::Status Step(std::vector<SequenceOutput>* outputs);
+
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  const SchedulerCounters& counters() const { return counters_; }
+
+ private:
+  struct Sequence;
+
+  Scheduler(ForwardPass* forward, const model::Tokenizer* tokenizer, int32_t eos_token_id,
+            const SchedulerConfig& config);
+  // Frees `seq`'s blocks and puts it at the front of the waiting queue.
+  void Preempt(Sequence* seq);
+  // Reserves KV for `seq` up to `num_tokens`, preempting newer running sequences if needed.
+  // False when `seq` itself had to be preempted.
+  bool ReserveOrPreempt(Sequence* seq, int num_tokens);
+  // Samples from `logits` and applies the stop rules; fills `out`.
+  // How many of `len` more tokens of `seq` fit in its blocks and the free ones.
+  int Fit(const Sequence* seq, int len) const;
+  void Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out);
+  void Remove(Sequence* seq);
+
+  ForwardPass* const forward_;
+  const model::Tokenizer* const tokenizer_;
+  const int32_t eos_token_id_;
+  const SchedulerConfig config_;
+  int64_t next_id_ = 1;
+  std::list<std::unique_ptr<Sequence>> running_;  // admission order, oldest first
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  absl::flat_hash_map<SequenceId, Sequence*> by_id_;
+  SchedulerCounters counters_;
+};
+
+}  // namespace tandem::engine

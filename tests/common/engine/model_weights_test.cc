@@ -1,0 +1,92 @@
+// Dummy weights (`--load-format dummy`): any configured shape, reproducible, of the stated
+// spread, and runnable by the forward pass.
+#include "common/engine/model_weights.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/engine/forward.h"
+#include "common/kernels/cpu/kernels.h"
+
+namespace tandem::engine {
+namespace {
+
+model::ModelConfig SmallConfig() {
+  auto config = model::ParseModelConfig(R"({"model_type": "mixtral",
+      "hidden_size": 96, "intermediate_size": 160, "num_hidden_layers": 3,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 6,
+      "num_experts_per_tok": 2, "vocab_size": 300, "max_position_embeddings": 128,
+      "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false})");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+TEST(RandomWeightsTest, ShapesFollowTheConfig) {
+  auto w = ModelWeights::Random(SmallConfig(), 7);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const ModelWeights& m = **w;
+  EXPECT_EQ(m.embed.rows, 300);
+  EXPECT_EQ(m.embed.cols, 96);
+  ASSERT_EQ(m.layers.size(), 3u);
+  EXPECT_EQ(m.layers[0].q.rows, 96);
+  EXPECT_EQ(m.layers[0].k.rows, 48);
+  EXPECT_EQ(m.layers[0].router.rows, 6);
+  ASSERT_EQ(m.layers[2].experts.size(), 6u);
+  EXPECT_EQ(m.layers[2].experts[5].down.rows, 96);
+  EXPECT_EQ(m.layers[2].experts[5].down.cols, 160);
+  EXPECT_EQ(m.lm_head.data.size(), 300u * 96);
+}
+
+TEST(RandomWeightsTest, ReproducibleInTheSeedWithStandardDeviation002) {
+  auto a = ModelWeights::Random(SmallConfig(), 7);
+  auto b = ModelWeights::Random(SmallConfig(), 7);
+  auto c = ModelWeights::Random(SmallConfig(), 8);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ((*a)->layers[1].experts[3].up.data, (*b)->layers[1].experts[3].up.data);
+  EXPECT_NE((*a)->layers[1].experts[3].up.data, (*c)->layers[1].experts[3].up.data);
+  // Different matrices of one model differ too.
+  EXPECT_NE((*a)->layers[1].experts[3].up.data, (*a)->layers[1].experts[3].gate.data);
+  double sum = 0, sum_sq = 0;
+  const auto& data = (*a)->embed.data;
+  for (uint16_t bits : data) {
+    const double v = kernels::cpu::Bf16ToF32(bits);
+    sum += v;
+    sum_sq += v * v;
+  }
+  const double mean = sum / data.size();
+  EXPECT_NEAR(mean, 0.0, 1e-3);
+  EXPECT_NEAR(std::sqrt(sum_sq / data.size() - mean * mean), 0.02, 1e-3);
+}
+
+TEST(RandomWeightsTest, ForwardPassRunsOnThem) {
+  auto w = ModelWeights::Random(SmallConfig(), 1);
+  ASSERT_TRUE(w.ok());
+  auto pool = KvBlockPool::Create({3, 2, 24, 16, 8});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto fwd = ForwardPass::Create(w->get(), pool->get());
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool->get(), 20).ok());
+  const std::vector<int32_t> ids = {1, 5, 299, 42, 7};
+  StepInput in{ids, 0, &table};
+  std::vector<std::vector<float>> logits;
+  ASSERT_EQ((*fwd)->Step({&in, 1}, {}, &logits), absl::OkStatus());
+  ASSERT_EQ(logits[0].size(), 300u);
+  for (float v : logits[0]) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_GT((*fwd)->last_step_stats().weight_bytes, 0);
+  table.ReleaseAll(pool->get());
+}
+
+TEST(RandomWeightsTest, ArchitecturesTheEngineLacksAreUnimplemented) {
+  auto qwen = model::ParseModelConfig(R"({"model_type": "qwen3_moe", "vocab_size": 100,
+      "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 12,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 4, "norm_topk_prob": true,
+      "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": true})");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(ModelWeights::Random(*qwen, 1).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace tandem::engine

@@ -1,0 +1,276 @@
+// Continuous batching on the shipped model: sequences that join and leave between steps,
+// prefill in chunks, and are preempted when the KV pool runs dry still produce the PyTorch
+// reference's greedy continuations (tests/golden/tiny-moe), and the pool gets every block back.
+#include "common/engine/scheduler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+
+namespace tandem::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = testing::SourceDir() + "/models/tiny-moe";
+    auto config = model::LoadModelConfig(dir + "/config.json");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto checkpoint = model::SafetensorsModel::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    auto weights = ModelWeights::Load(*config, **checkpoint);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = weights->release();
+    auto tokenizer = model::Tokenizer::Load(dir + "/tokenizer.model");
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = tokenizer->release();
+    std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
+    manifest_ = new nlohmann::json(nlohmann::json::parse(in, nullptr, false));
+    ASSERT_FALSE(manifest_->is_discarded());
+  }
+  static void TearDownTestSuite() {
+    delete weights_;
+    delete tokenizer_;
+    delete manifest_;
+  }
+
+  void SetUp() override {
+    if (weights_ == nullptr || tokenizer_ == nullptr) GTEST_SKIP() << "model did not load";
+  }
+
+  // A pool of `num_blocks` blocks of 16 tokens and a scheduler over it.
+  void Build(int num_blocks, SchedulerConfig config) {
+    const auto& c = weights_->config;
+    KvCacheConfig kv{static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
+                     static_cast<int>(c.head_dim), /*block_size=*/16, num_blocks};
+    auto pool = KvBlockPool::Create(kv);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+    auto fwd = ForwardPass::Create(weights_, pool_.get());
+    ASSERT_TRUE(fwd.ok()) << fwd.status();
+    forward_ = *std::move(fwd);
+    auto scheduler = Scheduler::Create(forward_.get(), tokenizer_, tokenizer_->eos_id(), config);
+    ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+    scheduler_ = *std::move(scheduler);
+  }
+
+  std::vector<int32_t> Prompt(int k) const {
+    return (*manifest_)["prompts"][k]["token_ids"].get<std::vector<int32_t>>();
+  }
+  // The reference's greedy continuation of prompt k, cut to `n` tokens.
+  std::vector<int32_t> Greedy(int k, int n) const {
+    auto ids = (*manifest_)["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
+    if (static_cast<int>(ids.size()) > n) ids.resize(n);
+    return ids;
+  }
+  static SequenceRequest GreedyRequest(std::vector<int32_t> prompt, int max_tokens) {
+    SequenceRequest r;
+    r.prompt_ids = std::move(prompt);
+    r.params.max_tokens = max_tokens;
+    return r;
+  }
+
+  struct Result {
+    std::vector<int32_t> tokens;
+    std::string text;
+    FinishReason finish = FinishReason::kNone;
+    absl::Status status;
+  };
+
+  // Steps until idle (at most `max_steps`), adding `joins[s]` before step s.
+  std::map<SequenceId, Result> RunAll(std::map<int, std::vector<SequenceRequest>> joins,
+                                      std::vector<SequenceId>* ids, int max_steps = 5000) {
+    std::map<SequenceId, Result> results;
+    for (int step = 0; step < max_steps; ++step) {
+      for (SequenceRequest& r : joins[step]) {
+        auto id = scheduler_->Add(std::move(r));
+        EXPECT_TRUE(id.ok()) << id.status();
+        if (id.ok()) ids->push_back(*id);
+      }
+      joins.erase(step);
+      if (scheduler_->idle() && joins.empty()) break;
+      std::vector<SequenceOutput> outputs;
+      EXPECT_EQ(scheduler_->Step(&outputs), absl::OkStatus());
+      for (SequenceOutput& out : outputs) {
+        Result& r = results[out.id];
+        EXPECT_EQ(r.finish, FinishReason::kNone) << "output after the finish";
+        if (out.token.has_value()) r.tokens.push_back(*out.token);
+        r.text += out.text;
+        r.finish = out.finish;
+        r.status = out.status;
+      }
+    }
+    EXPECT_TRUE(scheduler_->idle());
+    return results;
+  }
+
+  static ModelWeights* weights_;
+  static model::Tokenizer* tokenizer_;
+  static nlohmann::json* manifest_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+ModelWeights* SchedulerTest::weights_ = nullptr;
+model::Tokenizer* SchedulerTest::tokenizer_ = nullptr;
+nlohmann::json* SchedulerTest::manifest_ = nullptr;
+
+constexpr int kTokens = 24;
+
+TEST_F(SchedulerTest, SequencesJoiningMidFlightGetTheReferenceGreedyTokens) {
+  // A 16-token budget: long prompts prefill over several steps, beside running decodes.
+  Build(/*num_blocks=*/256, {.max_running = 8, .max_step_tokens = 16});
+  std::map<int, std::vector<SequenceRequest>> joins;
+  const int num_prompts = static_cast<int>((*manifest_)["prompts"].size());
+  for (int k = 0; k < num_prompts; ++k) joins[k * 5].push_back(GreedyRequest(Prompt(k), kTokens));
+  std::vector<SequenceId> ids;
+  auto results = RunAll(std::move(joins), &ids);
+  ASSERT_EQ(static_cast<int>(ids.size()), num_prompts);
+  for (int k = 0; k < num_prompts; ++k) {
+    const Result& r = results[ids[k]];
+    EXPECT_EQ(r.status, absl::OkStatus());
+    EXPECT_EQ(r.tokens, Greedy(k, kTokens)) << "prompt " << k;
+    EXPECT_NE(r.finish, FinishReason::kNone);
+    auto text = tokenizer_->Decode(r.tokens);
+    ASSERT_TRUE(text.ok());
+    if (r.tokens.back() != tokenizer_->eos_id()) {
+      EXPECT_EQ(r.text, *text) << "prompt " << k;
+    }
+  }
+  EXPECT_GT(scheduler_->counters().steps, kTokens);
+  EXPECT_EQ(scheduler_->counters().preemptions, 0);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+TEST_F(SchedulerTest, PreemptedSequencesAreRecomputedAndStillMatch) {
+  // 20 blocks of 16 tokens cannot hold the eight sequences (about 36 blocks) at once.
+  Build(/*num_blocks=*/20, {.max_running = 8, .max_step_tokens = 64});
+  std::map<int, std::vector<SequenceRequest>> joins;
+  const int num_prompts = static_cast<int>((*manifest_)["prompts"].size());
+  for (int k = 0; k < num_prompts; ++k) joins[0].push_back(GreedyRequest(Prompt(k), kTokens));
+  std::vector<SequenceId> ids;
+  auto results = RunAll(std::move(joins), &ids);
+  for (int k = 0; k < num_prompts; ++k) {
+    EXPECT_EQ(results[ids[k]].status, absl::OkStatus());
+    EXPECT_EQ(results[ids[k]].tokens, Greedy(k, kTokens)) << "prompt " << k;
+  }
+  EXPECT_GT(scheduler_->counters().preemptions, 0);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+TEST_F(SchedulerTest, SeededSamplingDoesNotDependOnTheBatch) {
+  auto sampled = [&](int k, bool crowded) {
+    Build(/*num_blocks=*/256, {.max_running = 8, .max_step_tokens = 32});
+    std::map<int, std::vector<SequenceRequest>> joins;
+    SequenceRequest r = GreedyRequest(Prompt(k), kTokens);
+    r.params.temperature = 0.9f;
+    r.params.top_p = 0.95f;
+    r.params.seed = 1234;
+    joins[0].push_back(r);
+    if (crowded) {
+      for (int other = 0; other < 6; ++other)
+        joins[other].push_back(GreedyRequest(Prompt(other), 9));
+    }
+    std::vector<SequenceId> ids;
+    auto results = RunAll(std::move(joins), &ids);
+    return results[ids[0]].tokens;
+  };
+  for (int k : {1, 6}) {
+    const auto alone = sampled(k, false);
+    EXPECT_EQ(alone.size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(alone, sampled(k, true)) << "prompt " << k;
+    EXPECT_NE(alone, Greedy(k, kTokens)) << "sampling at temperature 0.9 should not be greedy";
+  }
+}
+
+TEST_F(SchedulerTest, FinishReasonsAndStopRules) {
+  Build(/*num_blocks=*/64, {.max_running = 4, .max_step_tokens = 64});
+  const auto greedy = Greedy(0, kTokens);
+  std::map<int, std::vector<SequenceRequest>> joins;
+  joins[0].push_back(GreedyRequest(Prompt(0), 5));  // length after 5
+  SequenceRequest stop_token = GreedyRequest(Prompt(0), kTokens);
+  stop_token.params.stop_token_ids = {greedy[3]};
+  joins[0].push_back(stop_token);
+  std::vector<SequenceId> ids;
+  auto results = RunAll(std::move(joins), &ids);
+  EXPECT_EQ(results[ids[0]].finish, FinishReason::kLength);
+  EXPECT_EQ(results[ids[0]].tokens, Greedy(0, 5));
+  EXPECT_EQ(results[ids[1]].finish, FinishReason::kStop);
+  const auto first = std::find(greedy.begin(), greedy.end(), greedy[3]) - greedy.begin();
+  EXPECT_EQ(results[ids[1]].tokens, Greedy(0, static_cast<int>(first) + 1));
+}
+
+TEST_F(SchedulerTest, CancelFreesTheBlocksAndOthersCarryOn) {
+  Build(/*num_blocks=*/64, {.max_running = 4, .max_step_tokens = 64});
+  auto a = scheduler_->Add(GreedyRequest(Prompt(2), kTokens));
+  auto b = scheduler_->Add(GreedyRequest(Prompt(3), kTokens));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<int32_t> b_tokens;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<SequenceOutput> outputs;
+    ASSERT_EQ(scheduler_->Step(&outputs), absl::OkStatus());
+    for (const auto& out : outputs) {
+      if (out.id == *b && out.token) b_tokens.push_back(*out.token);
+    }
+  }
+  EXPECT_LT(pool_->num_free(), pool_->num_total());
+  EXPECT_TRUE(scheduler_->Cancel(*a));
+  EXPECT_FALSE(scheduler_->Cancel(*a));
+  EXPECT_EQ(scheduler_->num_running(), 1);
+  while (!scheduler_->idle()) {
+    std::vector<SequenceOutput> outputs;
+    ASSERT_EQ(scheduler_->Step(&outputs), absl::OkStatus());
+    for (const auto& out : outputs) {
+      ASSERT_EQ(out.id, *b);
+      if (out.token) b_tokens.push_back(*out.token);
+    }
+  }
+  EXPECT_EQ(b_tokens, Greedy(3, kTokens));
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+TEST_F(SchedulerTest, BadRequestsAreInvalidArgumentAndChangeNothing) {
+  Build(/*num_blocks=*/4, {.max_running = 4, .max_step_tokens = 64});
+  const int vocab = static_cast<int>(weights_->config.vocab_size);
+  auto expect_invalid = [&](SequenceRequest r, const std::string& what) {
+    auto id = scheduler_->Add(std::move(r));
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(id.status().message()), HasSubstr(what));
+  };
+  expect_invalid(GreedyRequest({}, 4), "no tokens");
+  expect_invalid(GreedyRequest({1, vocab}, 4), "outside the vocabulary");
+  expect_invalid(GreedyRequest(std::vector<int32_t>(64, 5), 4), "KV blocks");
+  expect_invalid(
+      GreedyRequest(std::vector<int32_t>(weights_->config.max_position_embeddings, 5), 4),
+      "context length");
+  SequenceRequest bad_params = GreedyRequest({1, 5}, 4);
+  bad_params.params.temperature = -1;
+  expect_invalid(bad_params, "temperature");
+  EXPECT_TRUE(scheduler_->idle());
+
+  EXPECT_EQ(Scheduler::Create(forward_.get(), nullptr, 2, {.max_running = 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Scheduler::Create(forward_.get(), nullptr, 2, {.max_running = 8, .max_step_tokens = 4})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  auto untokenized = Scheduler::Create(forward_.get(), nullptr, 2, {});
+  ASSERT_TRUE(untokenized.ok());
+  SequenceRequest stop_strings = GreedyRequest({1, 5}, 4);
+  stop_strings.params.stop_strings = {"x"};
+  auto id = (*untokenized)->Add(stop_strings);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem::engine
