@@ -39,7 +39,7 @@ struct LoadOptions {
   uint64_t seed = 0;  // of dummy weights and synthetic routing
   // The routing of a dummy model ("uniform" or "zipf:S", see synthetic_router.h): required
   // with dummy weights, whose random router says nothing; optional otherwise.
-  std::string routing;
+  std::string routing = {};
 };
 
 absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir,
