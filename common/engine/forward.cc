@@ -22,6 +22,8 @@ struct TokenRef {
   int32_t token;  // token id
 };
 
+constexpr int64_t kMinAttentionWork = int64_t{1} << 16;
+
 // Sizes a (rows, cols) buffer; its capacity only grows, so steady-state steps do not allocate.
 void Resize(std::vector<float>& buffer, int rows, int cols) {
   buffer.resize(static_cast<size_t>(rows) * cols);
@@ -158,6 +160,11 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   if (trace != nullptr) *trace = RouterTrace();
   std::vector<int> order(num_experts);
 
+  int64_t attention_work = 0;  // multiply-adds of one layer's attention
+  for (const TokenRef& r : refs) attention_work += int64_t{2} * (r.position + 1) * q_dim;
+  const int64_t attention_grain =
+      std::max<int64_t>(1, kMinAttentionWork * T * kv_heads / std::max<int64_t>(1, attention_work));
+
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = w_->layers[l];
     // Attention.
@@ -179,17 +186,21 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
       std::memcpy(v_pool + slot, Row(v_, t, kv_dim), kv_dim * sizeof(float));
     }
     // Every token's K/V is in the cache before any query reads it (causal within a chunk);
-    // (token, KV head) pairs are independent, so they spread over the kernel threads.
-    k::DefaultThreadPool().ParallelFor(int64_t{T} * kv_heads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t t = item / kv_heads;
-        const int kv_head = static_cast<int>(item % kv_heads);
-        const TokenRef& r = refs[t];
-        k::PagedAttentionHeads(Row(q_, t, q_dim), heads, kv_heads, head_dim, k_pool, v_pool,
-                               batch[r.seq].block_table->blocks().data(), block_size,
-                               r.position + 1, scale, kv_head, kv_head + 1, Row(attn_, t, q_dim));
-      }
-    });
+    // (token, KV head) pairs are independent, so they spread over the kernel threads, in
+    // shares of at least kMinAttentionWork multiply-adds (smaller ones are not worth a
+    // hand-off).
+    k::DefaultThreadPool().ParallelFor(
+        int64_t{T} * kv_heads, attention_grain, [&](int64_t begin, int64_t end) {
+          for (int64_t item = begin; item < end; ++item) {
+            const int64_t t = item / kv_heads;
+            const int kv_head = static_cast<int>(item % kv_heads);
+            const TokenRef& r = refs[t];
+            k::PagedAttentionHeads(Row(q_, t, q_dim), heads, kv_heads, head_dim, k_pool, v_pool,
+                                   batch[r.seq].block_table->blocks().data(), block_size,
+                                   r.position + 1, scale, kv_head, kv_head + 1,
+                                   Row(attn_, t, q_dim));
+          }
+        });
     matmul(attn_.data(), T, q_dim, L.o, hidden, proj_.data());
     for (size_t i = 0; i < x_.size(); ++i) x_[i] += proj_[i];
 

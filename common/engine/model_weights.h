@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
+#include "common/util/huge_pages.h"
 
 namespace tandem::engine {
 
@@ -18,7 +19,8 @@ namespace tandem::engine {
 struct Bf16Matrix {
   int rows = 0;
   int cols = 0;
-  std::vector<uint16_t> data;  // (rows, cols)
+  // (rows, cols); in huge pages when large, since decode streams it from memory every step
+  std::vector<uint16_t, util::HugePageAllocator<uint16_t>> data;
   const uint16_t* row(int r) const { return data.data() + static_cast<size_t>(r) * cols; }
 };
 
