@@ -1,0 +1,109 @@
+// KV transfer bandwidth through the UCX transport: one prompt's KV blocks written from a
+// prefill-side pool into a decode-side pool (two agents in this process, each with its own UCX
+// context, worker and progress thread), for the geometry of bench/configs/dummy-3b (16 layers,
+// 4 KV heads, head dim 64, float32: 32 KiB per token), into consecutive blocks and into a
+// random permutation of blocks. bench/kv_transfer_bench.sh runs it next to ucx_perftest.
+//
+//   build/bin/tandem_kv_transfer_bench --tokens 1024,8192 --transports tcp,sm,tcp
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/kv/block_spans.h"
+#include "common/kv/ucx_transport.h"
+
+ABSL_FLAG(std::string, tokens, "1024,8192", "Prompt lengths, in tokens.");
+ABSL_FLAG(std::string, transports, "tcp;sm,tcp", "UCX_TLS settings to compare, ';'-separated.");
+ABSL_FLAG(int, reps, 3, "Timed transfers per case (the best is reported).");
+
+namespace tandem::kv {
+namespace {
+
+int Run() {
+  std::vector<int> token_counts;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 16) {
+      std::cerr << "bad --tokens entry " << part << "\n";
+      return 2;
+    }
+    token_counts.push_back(n);
+  }
+  const int max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
+  const engine::KvCacheConfig config{16, 4, 64, 16, (max_tokens + 15) / 16};
+  auto src = engine::KvBlockPool::Create(config);
+  auto dst = engine::KvBlockPool::Create(config);
+  if (!src.ok() || !dst.ok()) return 1;
+  std::fill((*src)->data(), (*src)->data() + (*src)->size_bytes() / sizeof(float), 0.5f);
+  std::printf(
+      "| transport | prompt tokens | KV bytes | destination blocks | spans | ms (best of %d) | "
+      "GB/s |\n",
+      absl::GetFlag(FLAGS_reps));
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (absl::string_view tls : absl::StrSplit(absl::GetFlag(FLAGS_transports), ';')) {
+    UcxTransportOptions options;
+    options.transports = std::string(tls);
+    options.detect_dead_peers = false;  // keeps shared memory in play (ENVIRONMENT.md)
+    auto writer = UcxTransport::Create(options);
+    auto reader = UcxTransport::Create(options);
+    if (!writer.ok() || !reader.ok()) {
+      std::cerr << (writer.ok() ? reader.status() : writer.status()) << "\n";
+      return 1;
+    }
+    auto local = (*writer)->RegisterMemory((*src)->data(), (*src)->size_bytes());
+    auto remote = (*reader)->RegisterMemory((*dst)->data(), (*dst)->size_bytes());
+    if (!local.ok() || !remote.ok()) return 1;
+    for (int tokens : token_counts) {
+      const int blocks = (tokens + 15) / 16;
+      for (bool scattered : {false, true}) {
+        std::vector<int32_t> from(blocks), to(config.num_blocks);
+        std::iota(from.begin(), from.end(), 0);
+        std::iota(to.begin(), to.end(), 0);
+        if (scattered) std::shuffle(to.begin(), to.end(), std::mt19937(1));
+        to.resize(blocks);
+        auto spans = KvBlockCopySpans(**src, from, **dst, to);
+        if (!spans.ok()) return 1;
+        uint64_t bytes = 0;
+        for (const CopySpan& s : *spans) bytes += s.length;
+        double best = 1e30;
+        for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto id = (*writer)->PostWrite(*local, *remote, *spans);
+          if (!id.ok()) {
+            std::cerr << id.status() << "\n";
+            return 1;
+          }
+          if (absl::Status s = WaitForTransfer(**writer, *id, absl::Now() + absl::Seconds(120));
+              !s.ok()) {
+            std::cerr << s << "\n";
+            return 1;
+          }
+          (*writer)->Release(*id);
+          best = std::min(
+              best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::printf("| %s | %d | %.1f MB | %s | %zu | %.1f | %.2f |\n", std::string(tls).c_str(),
+                    tokens, bytes / 1e6, scattered ? "random permutation" : "consecutive",
+                    spans->size(), best * 1e3, bytes / best / 1e9);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::kv
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tandem::kv::Run();
+}
