@@ -75,6 +75,10 @@ Sampler::Sampler(const SamplingParams& params)
       seed_(params.seed.has_value() ? *params.seed : DrawSeed()),
       rng_(seed_) {}
 
+void Sampler::SkipDraw() {
+  if (temperature_ != 0.0f && top_k_ != 1) rng_();
+}
+
 int32_t Sampler::Sample(absl::Span<const float> logits) {
   TANDEM_CHECK(!logits.empty()) << "Sample needs at least one logit";
   const int32_t argmax = Argmax(logits);

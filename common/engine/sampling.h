@@ -50,6 +50,12 @@ class Sampler {
   // logits count as -inf.
   int32_t Sample(absl::Span<const float> logits);
 
+  // Advances the random stream past the draw one random Sample makes (none for greedy), so
+  // that a decoder continuing a sequence whose first token another process sampled with the
+  // same seed draws what a single process would have. (A degenerate distribution, all logits
+  // non-finite, draws nothing; its sequence then diverges from the single-process one.)
+  void SkipDraw();
+
   // The seed in use (params.seed or the drawn one); log it to reproduce a run.
   uint64_t seed() const { return seed_; }
 

@@ -33,7 +33,9 @@ struct Scheduler::Sequence {
   StopChecker stop;
   std::optional<model::StreamingDetokenizer> detok;
   bool running = false;
-  bool scheduled = false;  // in the step being built
+  bool scheduled = false;              // in the step being built
+  bool pinned = false;                 // prefilled elsewhere: never preempted
+  std::optional<int32_t> first_token;  // sampled elsewhere, emitted by the next step
 };
 
 Scheduler::Scheduler(ForwardPass* forward, const model::Tokenizer* tokenizer, int32_t eos_token_id,
@@ -57,7 +59,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(ForwardPass* forwar
   return std::unique_ptr<Scheduler>(new Scheduler(forward, tokenizer, eos_token_id, config));
 }
 
-absl::StatusOr<SequenceId> Scheduler::Add(SequenceRequest request) {
+absl::Status Scheduler::Validate(const SequenceRequest& request) const {
   const model::ModelConfig& c = forward_->weights().config;
   const int n = static_cast<int>(request.prompt_ids.size());
   if (n == 0) return absl::InvalidArgumentError("prompt has no tokens");
@@ -81,10 +83,48 @@ absl::StatusOr<SequenceId> Scheduler::Add(SequenceRequest request) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompt needs ", blocks, " KV blocks; the whole pool has ", kv.num_blocks));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SequenceId> Scheduler::Add(SequenceRequest request) {
+  RETURN_IF_ERROR(Validate(request));
   const SequenceId id{next_id_++};
   auto seq = std::make_unique<Sequence>(id, std::move(request), eos_token_id_, tokenizer_);
   by_id_[id] = seq.get();
   waiting_.push_back(std::move(seq));
+  return id;
+}
+
+absl::StatusOr<SequenceId> Scheduler::AddPrefilled(SequenceRequest request, BlockTable table,
+                                                   int32_t first_token) {
+  const model::ModelConfig& c = forward_->weights().config;
+  absl::Status status = Validate(request);
+  const int n = static_cast<int>(request.prompt_ids.size());
+  const int block_size = forward_->pool()->config().block_size;
+  if (status.ok() && (first_token < 0 || first_token >= c.vocab_size)) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("first token id ", first_token, " outside the vocabulary"));
+  }
+  if (status.ok() && (table.num_tokens() != n || table.capacity_tokens(block_size) < n + 1)) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("the block table holds ", table.num_tokens(), " tokens in room for ",
+                     table.capacity_tokens(block_size), "; the prompt has ", n,
+                     " and decoding needs room for one more"));
+  }
+  if (!status.ok()) {
+    table.ReleaseAll(forward_->pool());
+    return status;
+  }
+  const SequenceId id{next_id_++};
+  auto seq = std::make_unique<Sequence>(id, std::move(request), eos_token_id_, tokenizer_);
+  seq->table = std::move(table);
+  seq->num_computed = n;
+  seq->pinned = true;
+  seq->running = true;
+  seq->first_token = first_token;
+  seq->sampler.SkipDraw();
+  by_id_[id] = seq.get();
+  running_.push_back(std::move(seq));
   return id;
 }
 
@@ -124,9 +164,10 @@ bool Scheduler::ReserveOrPreempt(Sequence* seq, int num_tokens) {
   while (!seq->table.Reserve(forward_->pool(), num_tokens).ok()) {
     // The newest sequence not already in this step: `seq` itself or a newer one.
     Sequence* victim = nullptr;
-    for (auto it = running_.rbegin(); victim == nullptr; ++it) {
-      if (!(*it)->scheduled) victim = it->get();
+    for (auto it = running_.rbegin(); it != running_.rend() && victim == nullptr; ++it) {
+      if (!(*it)->scheduled && (!(*it)->pinned || it->get() == seq)) victim = it->get();
     }
+    if (victim == nullptr || victim->pinned) return false;  // a pinned sequence waits
     Preempt(victim);
     if (victim == seq) return false;
   }
@@ -141,7 +182,10 @@ int Scheduler::Fit(const Sequence* seq, int len) const {
 }
 
 void Scheduler::Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out) {
-  const int32_t token = seq->sampler.Sample(logits);
+  Accept(seq, seq->sampler.Sample(logits), out);
+}
+
+void Scheduler::Accept(Sequence* seq, int32_t token, SequenceOutput* out) {
   seq->tokens.push_back(token);
   out->token = token;
   std::string piece;
@@ -178,6 +222,20 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
   std::vector<Work> work;
   int budget = config_.max_step_tokens;
   const int64_t preemptions_before = counters_.preemptions;
+
+  // First tokens sampled by another engine (AddPrefilled) are emitted before anything runs.
+  std::vector<Sequence*> finished;
+  for (auto& owned : running_) {
+    Sequence* seq = owned.get();
+    if (!seq->first_token.has_value()) continue;
+    SequenceOutput out;
+    out.id = seq->id;
+    Accept(seq, *seq->first_token, &out);
+    seq->first_token.reset();
+    if (out.finish != FinishReason::kNone || !out.status.ok()) finished.push_back(seq);
+    outputs->push_back(std::move(out));
+  }
+  for (Sequence* seq : finished) Remove(seq);
 
   // Decode first: one token for every running sequence that has sampled one. Preemption only
   // ever takes the newest sequences, which this loop has not reached yet.

@@ -72,6 +72,17 @@ class Scheduler {
   // Queues a sequence. INVALID_ARGUMENT for an empty prompt, out-of-vocabulary tokens, bad
   // sampling params, or a prompt that leaves no room in the context or the KV pool.
   absl::StatusOr<SequenceId> Add(SequenceRequest request);
+  // The checks Add makes, without adding; safe from any thread while another steps.
+  absl::Status Validate(const SequenceRequest& request) const;
+  // Adds a sequence whose prompt KV another engine already wrote into `table` (blocks of this
+  // scheduler's pool, holding prompt_ids.size() tokens) and whose first token it sampled with
+  // the same sampling params. The sequence decodes from there: the next Step emits
+  // `first_token` (stop rules applied), later steps the rest. It is never preempted, since
+  // this engine may not be able to recompute the prompt (a pruned decoder); reserve its blocks
+  // for prompt + max_tokens up front. The scheduler takes the table's blocks (released when
+  // the sequence ends). INVALID_ARGUMENT as Add, or if the table does not hold the prompt.
+  absl::StatusOr<SequenceId> AddPrefilled(SequenceRequest request, BlockTable table,
+                                          int32_t first_token);
   // Drops a waiting or running sequence and frees its blocks; false if it is not here.
   bool Cancel(SequenceId id);
 
@@ -83,6 +94,7 @@ class Scheduler {
   bool idle() const { return running_.empty() && waiting_.empty(); }
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_free_blocks() const { return forward_->pool()->num_free(); }
   const SchedulerCounters& counters() const { return counters_; }
 
  private:
@@ -99,6 +111,8 @@ class Scheduler {
   // How many of `len` more tokens of `seq` fit in its blocks and the free ones.
   int Fit(const Sequence* seq, int len) const;
   void Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out);
+  // Appends `token` to `seq` and applies the stop rules; fills `out`.
+  void Accept(Sequence* seq, int32_t token, SequenceOutput* out);
   void Remove(Sequence* seq);
 
   ForwardPass* const forward_;

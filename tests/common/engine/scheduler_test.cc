@@ -10,6 +10,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 
@@ -236,6 +237,96 @@ TEST_F(SchedulerTest, CancelFreesTheBlocksAndOthersCarryOn) {
   }
   EXPECT_EQ(b_tokens, Greedy(3, kTokens));
   EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+// Prefills `prompt` on the scheduler's own pool as another engine would have (a transfer
+// already landed there), samples the first token with `params`, and hands the sequence over.
+absl::StatusOr<SequenceId> HandOver(ForwardPass* forward, Scheduler* scheduler,
+                                    const std::vector<int32_t>& prompt,
+                                    const SamplingParams& params, int32_t* first) {
+  BlockTable table;
+  RETURN_IF_ERROR(
+      table.Reserve(forward->pool(), static_cast<int>(prompt.size()) + params.max_tokens));
+  StepInput in{prompt, 0, &table};
+  std::vector<std::vector<float>> logits;
+  RETURN_IF_ERROR(forward->Step({&in, 1}, {}, &logits));
+  table.Append(static_cast<int>(prompt.size()));
+  Sampler sampler(params);
+  *first = sampler.Sample(logits[0]);
+  SequenceRequest request;
+  request.prompt_ids = prompt;
+  request.params = params;
+  return scheduler->AddPrefilled(std::move(request), std::move(table), *first);
+}
+
+TEST_F(SchedulerTest, PrefilledSequencesContinueAsOneProcessWould) {
+  Build(/*num_blocks=*/256, {.max_running = 8, .max_step_tokens = 32});
+  SamplingParams greedy;
+  greedy.max_tokens = kTokens;
+  SamplingParams seeded = greedy;
+  seeded.temperature = 0.9f;
+  seeded.top_p = 0.95f;
+  seeded.seed = 77;
+  // The single-process reference for the seeded case, through Add.
+  std::map<int, std::vector<SequenceRequest>> joins;
+  SequenceRequest reference;
+  reference.prompt_ids = Prompt(5);
+  reference.params = seeded;
+  joins[0].push_back(reference);
+  std::vector<SequenceId> ref_ids;
+  const auto want_seeded = RunAll(std::move(joins), &ref_ids)[ref_ids[0]].tokens;
+  ASSERT_EQ(want_seeded.size(), static_cast<size_t>(kTokens));
+
+  int32_t first_greedy = -1, first_seeded = -1;
+  auto a = HandOver(forward_.get(), scheduler_.get(), Prompt(2), greedy, &first_greedy);
+  auto b = HandOver(forward_.get(), scheduler_.get(), Prompt(5), seeded, &first_seeded);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::map<SequenceId, std::vector<int32_t>> got;
+  while (!scheduler_->idle()) {
+    std::vector<SequenceOutput> outputs;
+    ASSERT_EQ(scheduler_->Step(&outputs), absl::OkStatus());
+    for (const auto& out : outputs) {
+      ASSERT_EQ(out.status, absl::OkStatus());
+      if (out.token) got[out.id].push_back(*out.token);
+    }
+  }
+  EXPECT_EQ(got[*a], Greedy(2, kTokens));
+  EXPECT_EQ(got[*a].front(), first_greedy);
+  EXPECT_EQ(got[*b], want_seeded);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+// A prefilled sequence may be the only one that cannot be recomputed: when the pool runs dry
+// the others are preempted, never it.
+TEST_F(SchedulerTest, PrefilledSequencesAreNeverPreempted) {
+  Build(/*num_blocks=*/14, {.max_running = 8, .max_step_tokens = 64});
+  SamplingParams greedy;
+  greedy.max_tokens = kTokens;
+  int32_t first = -1;
+  auto pinned = HandOver(forward_.get(), scheduler_.get(), Prompt(4), greedy, &first);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  std::map<int, std::vector<SequenceRequest>> joins;
+  for (int k : {0, 1, 3, 5, 6}) joins[0].push_back(GreedyRequest(Prompt(k), kTokens));
+  std::vector<SequenceId> ids;
+  auto results = RunAll(std::move(joins), &ids);
+  EXPECT_EQ(results[*pinned].tokens, Greedy(4, kTokens));
+  int i = 0;
+  for (int k : {0, 1, 3, 5, 6}) EXPECT_EQ(results[ids[i++]].tokens, Greedy(k, kTokens)) << k;
+  EXPECT_GT(scheduler_->counters().preemptions, 0);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+TEST_F(SchedulerTest, PrefilledTableMustHoldThePrompt) {
+  Build(/*num_blocks=*/16, {.max_running = 4, .max_step_tokens = 64});
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool_.get(), 40).ok());
+  table.Append(5);  // holds 5 tokens, the prompt has 8
+  SequenceRequest request;
+  request.prompt_ids = Prompt(0);
+  auto id = scheduler_->AddPrefilled(std::move(request), std::move(table), 7);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total()) << "a refused table's blocks are released";
 }
 
 TEST_F(SchedulerTest, BadRequestsAreInvalidArgumentAndChangeNothing) {
