@@ -94,7 +94,7 @@ class Scheduler {
   bool idle() const { return running_.empty() && waiting_.empty(); }
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
-  int num_free_blocks() const { return forward_->pool()->num_free(); }
+  KvBlockPool* pool() const { return forward_->pool(); }
   const SchedulerCounters& counters() const { return counters_; }
 
  private:

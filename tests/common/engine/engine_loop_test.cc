@@ -1,0 +1,183 @@
+// The engine executor: sequences submitted from several threads at once get the reference
+// greedy tokens through their callbacks; cancelling stops a sequence and frees its blocks;
+// shutting down ends every live sequence with CANCELLED; bad requests are refused at once.
+#include "common/engine/engine_loop.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+
+namespace tandem::engine {
+namespace {
+
+class EngineLoopTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = testing::SourceDir() + "/models/tiny-moe";
+    auto config = model::LoadModelConfig(dir + "/config.json");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto checkpoint = model::SafetensorsModel::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    auto weights = ModelWeights::Load(*config, **checkpoint);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = weights->release();
+    std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
+    manifest_ = new nlohmann::json(nlohmann::json::parse(in, nullptr, false));
+  }
+  static void TearDownTestSuite() {
+    delete weights_;
+    delete manifest_;
+  }
+
+  void SetUp() override {
+    if (weights_ == nullptr) GTEST_SKIP() << "model did not load";
+    const auto& c = weights_->config;
+    auto pool = KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
+                                     static_cast<int>(c.num_key_value_heads),
+                                     static_cast<int>(c.head_dim), 16, 128});
+    ASSERT_TRUE(pool.ok());
+    pool_ = *std::move(pool);
+    auto forward = ForwardPass::Create(weights_, pool_.get());
+    ASSERT_TRUE(forward.ok());
+    forward_ = *std::move(forward);
+    auto scheduler =
+        Scheduler::Create(forward_.get(), nullptr, 2, {.max_running = 8, .max_step_tokens = 64});
+    ASSERT_TRUE(scheduler.ok());
+    loop_ = EngineLoop::Start(*std::move(scheduler));
+  }
+  void TearDown() override { loop_.reset(); }
+
+  std::vector<int32_t> Prompt(int k) const {
+    return (*manifest_)["prompts"][k]["token_ids"].get<std::vector<int32_t>>();
+  }
+  std::vector<int32_t> Greedy(int k, int n) const {
+    auto ids = (*manifest_)["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
+    if (static_cast<int>(ids.size()) > n) ids.resize(n);
+    return ids;
+  }
+
+  // What one sequence's callback saw.
+  struct Seen {
+    std::vector<int32_t> tokens;
+    FinishReason finish = FinishReason::kNone;
+    absl::Status status;
+    bool done = false;
+  };
+  EngineLoop::OutputCallback Record(int key) {
+    return [this, key](const SequenceOutput& out) {
+      absl::MutexLock lock(&mu_);
+      Seen& seen = seen_[key];
+      EXPECT_FALSE(seen.done) << "output after the last one";
+      if (out.token) seen.tokens.push_back(*out.token);
+      seen.finish = out.finish;
+      seen.status = out.status;
+      seen.done = out.finish != FinishReason::kNone || !out.status.ok();
+    };
+  }
+  bool AllDone(int n) {
+    absl::MutexLock lock(&mu_);
+    int done = 0;
+    for (auto& [key, seen] : seen_) done += seen.done;
+    return done == n;
+  }
+
+  static ModelWeights* weights_;
+  static nlohmann::json* manifest_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<ForwardPass> forward_;
+  std::unique_ptr<EngineLoop> loop_;
+  absl::Mutex mu_;
+  std::map<int, Seen> seen_;
+};
+
+ModelWeights* EngineLoopTest::weights_ = nullptr;
+nlohmann::json* EngineLoopTest::manifest_ = nullptr;
+
+TEST_F(EngineLoopTest, ConcurrentSubmittersGetTheReferenceTokens) {
+  constexpr int kTokens = 20;
+  std::vector<std::thread> clients;
+  for (int k = 0; k < 8; ++k) {
+    clients.emplace_back([&, k] {
+      SequenceRequest request;
+      request.prompt_ids = Prompt(k);
+      request.params.max_tokens = kTokens;
+      auto id = loop_->Submit(std::move(request), Record(k));
+      EXPECT_TRUE(id.ok()) << id.status();
+    });
+  }
+  for (auto& t : clients) t.join();
+  ASSERT_TRUE(testing::WaitUntil([&] { return AllDone(8); }, absl::Seconds(60)));
+  for (int k = 0; k < 8; ++k) {
+    EXPECT_EQ(seen_[k].status, absl::OkStatus());
+    EXPECT_EQ(seen_[k].tokens, Greedy(k, kTokens)) << "prompt " << k;
+  }
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return loop_->load().free_blocks == loop_->load().total_blocks; }, absl::Seconds(5)));
+}
+
+TEST_F(EngineLoopTest, CancelStopsOutputsAndFreesBlocks) {
+  SequenceRequest request;
+  request.prompt_ids = Prompt(7);
+  request.params.max_tokens = 200;
+  request.params.ignore_eos = true;
+  auto id = loop_->Submit(std::move(request), Record(0));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        absl::MutexLock lock(&mu_);
+        return seen_[0].tokens.size() >= 3;
+      },
+      absl::Seconds(30)));
+  loop_->Cancel(*id);
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return loop_->load().free_blocks == loop_->load().total_blocks; }, absl::Seconds(5)));
+  size_t seen_at_cancel;
+  {
+    absl::MutexLock lock(&mu_);
+    seen_at_cancel = seen_[0].tokens.size();
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(seen_[0].tokens.size(), seen_at_cancel);
+  EXPECT_LT(seen_at_cancel, 200u);
+}
+
+TEST_F(EngineLoopTest, ShutdownEndsLiveSequencesWithCancelled) {
+  for (int k = 0; k < 3; ++k) {
+    SequenceRequest request;
+    request.prompt_ids = Prompt(k);
+    request.params.max_tokens = 400;
+    request.params.ignore_eos = true;
+    ASSERT_TRUE(loop_->Submit(std::move(request), Record(k)).ok());
+  }
+  loop_.reset();
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(seen_[k].done);
+    EXPECT_EQ(seen_[k].status.code(), absl::StatusCode::kCancelled) << k;
+  }
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+TEST_F(EngineLoopTest, BadRequestsAreRefusedAtSubmit) {
+  SequenceRequest empty;
+  EXPECT_EQ(loop_->Submit(empty, Record(0)).status().code(), absl::StatusCode::kInvalidArgument);
+  SequenceRequest bad_params;
+  bad_params.prompt_ids = {1, 5};
+  bad_params.params.top_p = 0;
+  EXPECT_EQ(loop_->Submit(bad_params, Record(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool_.get(), 4).ok());
+  EXPECT_EQ(loop_->SubmitPrefilled(empty, std::move(table), 5, Record(2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total()) << "a refused table's blocks are released";
+}
+
+}  // namespace
+}  // namespace tandem::engine
