@@ -81,6 +81,13 @@ KvBlockPool::KvBlockPool(const KvCacheConfig& config, std::unique_ptr<float[], A
 
 KvBlockPool::~KvBlockPool() = default;
 
+size_t KvBlockPool::PoolStrideFloats(const KvCacheConfig& config) {
+  constexpr size_t kAlignFloats = kAlignment / sizeof(float);
+  const size_t pool = static_cast<size_t>(config.num_kv_heads) * config.head_dim *
+                      config.block_size * config.num_blocks;
+  return (pool + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+}
+
 size_t KvBlockPool::PoolOffset(int layer, int kv) const {
   TANDEM_CHECK(layer >= 0 && layer < config_.num_layers)
       << "layer " << layer << " outside [0, " << config_.num_layers << ")";

@@ -60,6 +60,9 @@ class KvBlockPool {
 
   // Floats in one token's slot (num_kv_heads * head_dim) and in one block of one pool
   // (block_size * num_kv_heads * head_dim).
+  // Floats from one layer's K pool to its V pool (and V to the next layer's K) in a pool of
+  // `config`'s geometry: what a peer needs to address another instance's pool.
+  static size_t PoolStrideFloats(const KvCacheConfig& config);
   size_t slot_floats() const { return slot_floats_; }
   size_t block_floats() const { return block_floats_; }
 

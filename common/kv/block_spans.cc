@@ -8,8 +8,14 @@ absl::StatusOr<std::vector<CopySpan>> KvBlockCopySpans(const engine::KvBlockPool
                                                        absl::Span<const int32_t> src_blocks,
                                                        const engine::KvBlockPool& dst,
                                                        absl::Span<const int32_t> dst_blocks) {
+  return KvBlockCopySpans(src, src_blocks, dst.config(), dst_blocks);
+}
+
+absl::StatusOr<std::vector<CopySpan>> KvBlockCopySpans(const engine::KvBlockPool& src,
+                                                       absl::Span<const int32_t> src_blocks,
+                                                       const engine::KvCacheConfig& b,
+                                                       absl::Span<const int32_t> dst_blocks) {
   const engine::KvCacheConfig& a = src.config();
-  const engine::KvCacheConfig& b = dst.config();
   const struct {
     const char* name;
     int src, dst;
@@ -35,6 +41,7 @@ absl::StatusOr<std::vector<CopySpan>> KvBlockCopySpans(const engine::KvBlockPool
     }
   }
   const uint64_t block_bytes = src.block_floats() * sizeof(float);
+  const uint64_t dst_stride = engine::KvBlockPool::PoolStrideFloats(b);
   std::vector<CopySpan> spans;
   for (int layer = 0; layer < a.num_layers; ++layer) {
     for (int kv = 0; kv < 2; ++kv) {
@@ -42,8 +49,7 @@ absl::StatusOr<std::vector<CopySpan>> KvBlockCopySpans(const engine::KvBlockPool
           static_cast<uint64_t>((kv == 0 ? src.k_pool(layer) : src.v_pool(layer)) - src.data()) *
           sizeof(float);
       const uint64_t dst_pool =
-          static_cast<uint64_t>((kv == 0 ? dst.k_pool(layer) : dst.v_pool(layer)) - dst.data()) *
-          sizeof(float);
+          (2 * static_cast<uint64_t>(layer) + kv) * dst_stride * sizeof(float);
       for (size_t i = 0; i < src_blocks.size(); ++i) {
         const CopySpan span{src_pool + static_cast<uint64_t>(src_blocks[i]) * block_bytes,
                             dst_pool + static_cast<uint64_t>(dst_blocks[i]) * block_bytes,

@@ -20,5 +20,10 @@ absl::StatusOr<std::vector<CopySpan>> KvBlockCopySpans(const engine::KvBlockPool
                                                        absl::Span<const int32_t> src_blocks,
                                                        const engine::KvBlockPool& dst,
                                                        absl::Span<const int32_t> dst_blocks);
+// The same into a pool known only by its geometry (another instance's).
+absl::StatusOr<std::vector<CopySpan>> KvBlockCopySpans(const engine::KvBlockPool& src,
+                                                       absl::Span<const int32_t> src_blocks,
+                                                       const engine::KvCacheConfig& dst,
+                                                       absl::Span<const int32_t> dst_blocks);
 
 }  // namespace tandem::kv
