@@ -51,7 +51,8 @@ class EngineLoop {
   void Cancel(SequenceId id);
 
   Load load() const;
-  const KvBlockPool& pool() const { return *pool_; }
+  // The engine's pool (thread-safe; block tables for SubmitPrefilled come from it).
+  KvBlockPool* pool() const { return pool_; }
 
  private:
   struct Submission {

@@ -1,59 +1,303 @@
 #include "services/decode/decode_service.h"
 
+#include <deque>
+
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
+#include "absl/time/clock.h"
+#include "common/rpc/status.h"
+#include "services/common/serving.h"
 
 namespace tandem::decode {
 namespace {
 
-grpc::Status NotYet(absl::string_view rpc) {
-  return grpc::Status(
-      grpc::StatusCode::UNIMPLEMENTED,
-      absl::StrCat(rpc,
-                   " is not available in this build: the decode "
-                   "service path and the KV transfer (issue #5) have not landed yet"));
-}
+using tandem::v1::GenerateStreamResponse;
+
+// Streams one sequence's outputs. The engine thread hands outputs in through Push (any
+// thread); writes go out one at a time; the stream finishes after the last output, or when the
+// client goes away (which cancels the sequence). State shared with the engine callback lives
+// apart from the reactor, which is deleted in OnDone while the callback may still run.
+class DecodeStream : public grpc::ServerWriteReactor<GenerateStreamResponse> {
+ public:
+  struct State {
+    absl::Mutex mu;
+    DecodeStream* reactor ABSL_GUARDED_BY(mu);
+    std::deque<GenerateStreamResponse> pending ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool last_queued ABSL_GUARDED_BY(mu) = false;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    grpc::Status final_status ABSL_GUARDED_BY(mu);
+  };
+
+  DecodeStream(engine::EngineLoop* loop, rpc::RpcMetrics* metrics, std::string request_id,
+               int prompt_tokens)
+      : loop_(loop),
+        metrics_(metrics),
+        request_id_(std::move(request_id)),
+        prompt_tokens_(prompt_tokens),
+        start_(absl::Now()),
+        state_(std::make_shared<State>()) {
+    absl::MutexLock lock(&state_->mu);
+    state_->reactor = this;
+  }
+
+  // Starts the sequence; on failure the stream finishes with the error.
+  void Start(engine::SequenceRequest request, engine::BlockTable table, int32_t first_token) {
+    std::shared_ptr<State> state = state_;
+    auto id = loop_->SubmitPrefilled(
+        std::move(request), std::move(table), first_token,
+        [state, request_id = request_id_, prompt = prompt_tokens_,
+         completion = std::make_shared<int>(0)](const engine::SequenceOutput& out) {
+          GenerateStreamResponse response;
+          response.set_request_id(request_id);
+          grpc::Status status;
+          if (!out.status.ok()) status = rpc::ToGrpcStatus(out.status);
+          if (out.token.has_value()) {
+            response.add_token_ids(*out.token);
+            ++*completion;
+          }
+          response.set_text(out.text);
+          const bool last = out.finish != engine::FinishReason::kNone || !out.status.ok();
+          if (out.finish != engine::FinishReason::kNone) {
+            response.set_finish_reason(serving::FinishToProto(out.finish));
+            response.mutable_usage()->set_prompt_tokens(prompt);
+            response.mutable_usage()->set_completion_tokens(*completion);
+          }
+          Push(state, std::move(response), last, status);
+        });
+    if (!id.ok()) {
+      Push(state_, {}, true, rpc::ToGrpcStatus(id.status()), /*send=*/false);
+      return;
+    }
+    absl::MutexLock lock(&state_->mu);
+    id_ = *id;
+    started_ = true;
+  }
+
+  static void Push(const std::shared_ptr<State>& state, GenerateStreamResponse response, bool last,
+                   const grpc::Status& status, bool send = true) {
+    absl::MutexLock lock(&state->mu);
+    if (state->reactor == nullptr || state->finished) return;
+    if (send && status.ok()) state->pending.push_back(std::move(response));
+    if (last) {
+      state->last_queued = true;
+      state->final_status = status;
+    }
+    state->reactor->Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&state_->mu);
+    state_->writing = false;
+    state_->pending.pop_front();
+    if (!ok) {  // the client is gone
+      CancelLocked();
+      return;
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&state_->mu);
+    CancelLocked();
+  }
+
+  void OnDone() override {
+    const grpc::Status status = [&] {
+      absl::MutexLock lock(&state_->mu);
+      state_->reactor = nullptr;
+      return state_->final_status;
+    }();
+    metrics_->Record("Decode", status, absl::Now() - start_);
+    delete this;
+  }
+
+ private:
+  // Starts the next write, or finishes once the last output is out. Holds state_->mu.
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (state_->finished || state_->writing) return;
+    if (!state_->pending.empty()) {
+      state_->writing = true;
+      StartWrite(&state_->pending.front());
+      return;
+    }
+    if (state_->last_queued) {
+      state_->finished = true;
+      Finish(state_->final_status);
+    }
+  }
+
+  void CancelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (state_->finished) return;
+    if (started_) loop_->Cancel(id_);
+    state_->finished = true;
+    state_->final_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    Finish(state_->final_status);
+  }
+
+  engine::EngineLoop* const loop_;
+  rpc::RpcMetrics* const metrics_;
+  const std::string request_id_;
+  const int prompt_tokens_;
+  const absl::Time start_;
+  const std::shared_ptr<State> state_;
+  engine::SequenceId id_{0};  // guarded by state_->mu once started
+  bool started_ = false;      // guarded by state_->mu
+};
 
 }  // namespace
 
-grpc::ServerUnaryReactor* DecodeService::Refuse(grpc::CallbackServerContext* context,
-                                                absl::string_view rpc) {
-  const grpc::Status status = NotYet(rpc);
-  metrics_->Record(rpc, status, absl::ZeroDuration());
+DecodeService::DecodeService(std::string model_name, tandem::v1::KvGeometry geometry,
+                             engine::EngineLoop* loop, kv::MemoryDescriptor pool_region,
+                             int vocab_size, const DecodeServiceOptions& options,
+                             rpc::RpcMetrics* metrics)
+    : model_name_(std::move(model_name)),
+      geometry_(std::move(geometry)),
+      loop_(loop),
+      pool_region_(std::move(pool_region)),
+      vocab_size_(vocab_size),
+      options_(options),
+      metrics_(metrics) {}
+
+DecodeService::~DecodeService() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [handle, r] : reservations_) {
+    r.table.ReleaseAll(loop_->pool());
+  }
+}
+
+grpc::ServerUnaryReactor* DecodeService::Done(grpc::CallbackServerContext* context,
+                                              absl::string_view rpc, const absl::Status& status,
+                                              absl::Time start) {
+  const grpc::Status grpc_status = rpc::ToGrpcStatus(status);
+  metrics_->Record(rpc, grpc_status, absl::Now() - start);
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(status);
+  reactor->Finish(grpc_status);
   return reactor;
+}
+
+void DecodeService::Expire() {
+  const absl::Time now = absl::Now();
+  auto* pool = loop_->pool();
+  for (auto it = reservations_.begin(); it != reservations_.end();) {
+    if (it->second.expires <= now) {
+      it->second.table.ReleaseAll(pool);
+      reservations_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
 }
 
 grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* context,
                                                  const tandem::v1::ReserveRequest* request,
                                                  tandem::v1::ReserveResponse* response) {
-  return Refuse(context, "Reserve");
+  const absl::Time start = absl::Now();
+  const int max_tokens =
+      request->max_tokens() == 0 ? serving::kDefaultMaxTokens : request->max_tokens();
+  if (request->prompt_tokens() < 1 || max_tokens < 1 ||
+      request->prompt_tokens() + int64_t{max_tokens} >= geometry_.max_position_embeddings()) {
+    return Done(context, "Reserve",
+                absl::InvalidArgumentError(absl::StrCat(
+                    "prompt_tokens (", request->prompt_tokens(), ") and max_tokens (", max_tokens,
+                    ") must be >= 1 and together below the context length ",
+                    geometry_.max_position_embeddings())),
+                start);
+  }
+  auto* pool = loop_->pool();
+  engine::BlockTable table;
+  absl::MutexLock lock(&mu_);
+  Expire();
+  if (absl::Status s = table.Reserve(pool, request->prompt_tokens() + max_tokens); !s.ok()) {
+    return Done(context, "Reserve",
+                absl::ResourceExhaustedError(absl::StrCat(
+                    "no room for ", request->prompt_tokens() + max_tokens, " tokens of KV: ",
+                    pool->num_free(), " of ", pool->num_total(), " blocks free")),
+                start);
+  }
+  const std::string handle = absl::StrCat(request->request_id(), "#", next_handle_++);
+  tandem::v1::KvTarget* target = response->mutable_target();
+  serving::DescribeRegion(pool_region_, pool->config(), target);
+  *target->mutable_geometry() = geometry_;
+  const int prompt_blocks =
+      (request->prompt_tokens() + pool->config().block_size - 1) / pool->config().block_size;
+  for (int i = 0; i < prompt_blocks; ++i) target->add_block_ids(table.blocks()[i]);
+  response->set_handle(handle);
+  response->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  reservations_[handle] = {std::move(table), request->prompt_tokens(),
+                           absl::Now() + options_.lease};
+  return Done(context, "Reserve", absl::OkStatus(), start);
 }
 
-grpc::ServerWriteReactor<tandem::v1::GenerateStreamResponse>* DecodeService::Decode(
+grpc::ServerWriteReactor<GenerateStreamResponse>* DecodeService::Decode(
     grpc::CallbackServerContext* context, const tandem::v1::DecodeRequest* request) {
-  const grpc::Status status = NotYet("Decode");
-  metrics_->Record("Decode", status, absl::ZeroDuration());
-  return rpc::FinishedWriter<tandem::v1::GenerateStreamResponse>(status);
+  auto fail = [&](const absl::Status& status) {
+    const grpc::Status grpc_status = rpc::ToGrpcStatus(status);
+    metrics_->Record("Decode", grpc_status, absl::ZeroDuration());
+    return rpc::FinishedWriter<GenerateStreamResponse>(grpc_status);
+  };
+  auto sampling = serving::SamplingFromProto(request->sampling(), vocab_size_);
+  if (!sampling.ok()) return fail(sampling.status());
+  engine::BlockTable table;
+  {
+    absl::MutexLock lock(&mu_);
+    Expire();
+    auto it = reservations_.find(request->handle());
+    if (it == reservations_.end()) {
+      return fail(absl::NotFoundError(absl::StrCat("reservation \"", request->handle(),
+                                                   "\" is unknown, released or past its lease")));
+    }
+    if (it->second.prompt_tokens != request->prompt_token_ids_size()) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("the reservation is for ", it->second.prompt_tokens,
+                       " prompt tokens; the request has ", request->prompt_token_ids_size())));
+    }
+    table = std::move(it->second.table);
+    reservations_.erase(it);
+  }
+  table.Append(request->prompt_token_ids_size());  // prefill wrote them
+  engine::SequenceRequest sequence;
+  sequence.prompt_ids.assign(request->prompt_token_ids().begin(),
+                             request->prompt_token_ids().end());
+  sequence.params = *std::move(sampling);
+  auto* stream =
+      new DecodeStream(loop_, metrics_, request->request_id(), request->prompt_token_ids_size());
+  stream->Start(std::move(sequence), std::move(table), request->first_token_id());
+  return stream;
 }
 
 grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* context,
                                                  const tandem::v1::ReleaseRequest* request,
                                                  tandem::v1::ReleaseResponse* response) {
-  return Refuse(context, "Release");
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&mu_);
+  auto it = reservations_.find(request->handle());
+  if (it == reservations_.end()) {
+    return Done(context, "Release",
+                absl::NotFoundError(absl::StrCat("reservation \"", request->handle(),
+                                                 "\" is unknown, released or past its lease")),
+                start);
+  }
+  it->second.table.ReleaseAll(loop_->pool());
+  reservations_.erase(it);
+  return Done(context, "Release", absl::OkStatus(), start);
 }
 
 grpc::ServerUnaryReactor* DecodeService::GetInfo(grpc::CallbackServerContext* context,
                                                  const tandem::v1::InstanceInfoRequest* request,
                                                  tandem::v1::InstanceInfo* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    Expire();
+  }
+  const engine::EngineLoop::Load load = loop_->load();
   response->set_role("decode");
   response->set_model(model_name_);
   *response->mutable_geometry() = geometry_;
-  metrics_->Record("GetInfo", grpc::Status::OK, absl::ZeroDuration());
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  response->set_running(load.running);
+  response->set_queue_depth(load.waiting);
+  response->set_free_kv_blocks(loop_->pool()->num_free());
+  response->set_total_kv_blocks(load.total_blocks);
+  return Done(context, "GetInfo", absl::OkStatus(), absl::Now());
 }
 
 }  // namespace tandem::decode

@@ -1,20 +1,36 @@
-// tandem-decode's gRPC service: reserves KV blocks for prompts, then decodes from the KV
-// cache a prefill instance wrote, with continuous batching over every running sequence.
-// Until the service path lands (issue #5), Reserve/Decode/Release answer UNIMPLEMENTED
-// (saying so); GetInfo reports the instance's model and KV geometry.
+// tandem-decode's gRPC service. Reserve sets aside KV blocks for a prompt plus its max_tokens
+// (under a lease: freed if Decode has not claimed them in time) and answers with the target a
+// prefill instance writes the prompt's KV into over the KV transport. Decode then hands the
+// sequence, whose first token prefill sampled, to the engine loop (continuous batching over
+// every running sequence) and streams its tokens; a client that goes away cancels it and its
+// blocks are freed at once. Release drops a reservation that will not be used.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/engine_loop.h"
+#include "common/kv/transfer.h"
 #include "common/rpc/rpc_metrics.h"
 #include "tandem/v1/decode.grpc.pb.h"
 
 namespace tandem::decode {
 
+struct DecodeServiceOptions {
+  absl::Duration lease = absl::Seconds(30);
+};
+
 class DecodeService final : public tandem::v1::Decode::CallbackService {
  public:
-  DecodeService(std::string model_name, tandem::v1::KvGeometry geometry, rpc::RpcMetrics* metrics)
-      : model_name_(std::move(model_name)), geometry_(std::move(geometry)), metrics_(metrics) {}
+  // `loop` steps the engine whose pool `pool_region` (registered with the transport)
+  // describes; all must outlive the service.
+  DecodeService(std::string model_name, tandem::v1::KvGeometry geometry, engine::EngineLoop* loop,
+                kv::MemoryDescriptor pool_region, int vocab_size,
+                const DecodeServiceOptions& options, rpc::RpcMetrics* metrics);
+  ~DecodeService() override;
 
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
                                     const tandem::v1::ReserveRequest* request,
@@ -29,11 +45,26 @@ class DecodeService final : public tandem::v1::Decode::CallbackService {
                                     tandem::v1::InstanceInfo* response) override;
 
  private:
-  grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, absl::string_view rpc);
+  struct Reservation {
+    engine::BlockTable table;
+    int prompt_tokens;
+    absl::Time expires;
+  };
+  grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, absl::string_view rpc,
+                                 const absl::Status& status, absl::Time start);
+  // Frees reservations whose lease has passed.
+  void Expire() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string model_name_;
   const tandem::v1::KvGeometry geometry_;
+  engine::EngineLoop* const loop_;
+  const kv::MemoryDescriptor pool_region_;
+  const int vocab_size_;
+  const DecodeServiceOptions options_;
   rpc::RpcMetrics* metrics_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace tandem::decode

@@ -1,13 +1,27 @@
-// tandem-decode: decodes from the KV cache prefill wrote, with the retained experts only.
+// tandem-decode: decodes from the KV cache prefill wrote, with continuous batching over every
+// running sequence. Its KV pool is registered with the UCX transport once; Reserve hands out
+// blocks of it for prefill instances to write into.
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "common/engine/engine_loop.h"
 #include "common/kv/geometry.h"
+#include "common/kv/ucx_transport.h"
 #include "common/rpc/service_flags.h"
+#include "services/common/serving.h"
 #include "services/decode/decode_service.h"
 
 ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face layout).");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the prefill instances.");
+ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
+ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most.");
+ABSL_FLAG(int, max_step_tokens, 512, "Tokens one engine step runs at most.");
+ABSL_FLAG(int, lease_ms, 30000, "A reservation is freed if Decode has not claimed it by then.");
+ABSL_FLAG(std::string, kv_listen_host, "127.0.0.1",
+          "IPv4 address the KV transport listens on (port chosen by the system).");
+ABSL_FLAG(std::string, kv_transports, "tcp",
+          "UCX transports (UCX_TLS) for KV transfer; must include tcp. Cross-process shared "
+          "memory does not work yet (docs/benchmarks.md).");
 
 int main(int argc, char** argv) {
   const tandem::config::ProgramInfo program{
@@ -16,16 +30,38 @@ int main(int argc, char** argv) {
       "TANDEM_DECODE_",
       {"services/decode/", tandem::rpc::kServiceFlagsSource}};
   const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
+  auto fail = [&](const std::string& what, const absl::Status& status) {
+    std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
+    return 2;
+  };
   auto model =
       tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size));
-  if (!model.ok()) {
-    std::cerr << program.name << ": --model=" << absl::GetFlag(FLAGS_model) << ": "
-              << model.status().message() << "\n";
-    return 2;
-  }
+  if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
+  auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model),
+                                                   absl::GetFlag(FLAGS_kv_block_size),
+                                                   absl::GetFlag(FLAGS_kv_blocks));
+  if (!engine.ok()) return fail("loading the engine", engine.status());
+  auto scheduler = tandem::engine::Scheduler::Create(
+      engine->forward.get(), engine->model.tokenizer.get(), engine->model.tokenizer->eos_id(),
+      {.max_running = absl::GetFlag(FLAGS_max_running),
+       .max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens)});
+  if (!scheduler.ok()) return fail("the scheduler", scheduler.status());
+  tandem::kv::UcxTransportOptions kv_options;
+  kv_options.listen_host = absl::GetFlag(FLAGS_kv_listen_host);
+  kv_options.transports = absl::GetFlag(FLAGS_kv_transports);
+  auto transport = tandem::kv::UcxTransport::Create(kv_options);
+  if (!transport.ok()) return fail("the KV transport", transport.status());
+  auto region = (*transport)->RegisterMemory(engine->pool->data(), engine->pool->size_bytes());
+  if (!region.ok()) return fail("registering the KV pool", region.status());
+  auto loop = tandem::engine::EngineLoop::Start(*std::move(scheduler));
+
   tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "decode"}});
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
-  tandem::decode::DecodeService service(model->name, model->geometry, &rpc_metrics);
-  return tandem::rpc::RunService(options, {&service}, &registry, &health);
+  tandem::decode::DecodeService service(
+      model->name, model->geometry, loop.get(), *region, static_cast<int>(model->config.vocab_size),
+      {.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms))}, &rpc_metrics);
+  const int exit_code = tandem::rpc::RunService(options, {&service}, &registry, &health);
+  loop.reset();  // before the transport and pool go away
+  return exit_code;
 }

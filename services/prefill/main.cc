@@ -3,29 +3,60 @@
 
 #include "absl/flags/flag.h"
 #include "common/kv/geometry.h"
+#include "common/kv/ucx_transport.h"
 #include "common/rpc/service_flags.h"
+#include "services/common/serving.h"
 #include "services/prefill/prefill_service.h"
 
 ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face layout).");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the decode instances.");
+ABSL_FLAG(int, kv_blocks, 0,
+          "KV-cache blocks of the local pool; 0 = enough for one prompt of the full context.");
+ABSL_FLAG(int, max_queue, 64, "Prompts waiting at most; more are refused (RESOURCE_EXHAUSTED).");
+ABSL_FLAG(int, prefill_chunk, 256, "Prompt tokens per engine step.");
+ABSL_FLAG(std::string, kv_listen_host, "127.0.0.1",
+          "IPv4 address the KV transport listens on (port chosen by the system).");
+ABSL_FLAG(std::string, kv_transports, "tcp",
+          "UCX transports (UCX_TLS) for KV transfer; must include tcp. Cross-process shared "
+          "memory does not work yet (docs/benchmarks.md).");
 
 int main(int argc, char** argv) {
   const tandem::config::ProgramInfo program{
       "tandem-prefill",
-      "full-expert chunked prefill; ships the KV cache to decode",
+      "full-expert chunked prefill that ships the KV cache to decode",
       "TANDEM_PREFILL_",
       {"services/prefill/", tandem::rpc::kServiceFlagsSource}};
   const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
+  auto fail = [&](const std::string& what, const absl::Status& status) {
+    std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
+    return 2;
+  };
   auto model =
       tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size));
-  if (!model.ok()) {
-    std::cerr << program.name << ": --model=" << absl::GetFlag(FLAGS_model) << ": "
-              << model.status().message() << "\n";
-    return 2;
+  if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
+  const int block_size = absl::GetFlag(FLAGS_kv_block_size);
+  int blocks = absl::GetFlag(FLAGS_kv_blocks);
+  if (blocks <= 0) {
+    blocks =
+        static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
   }
+  auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model), block_size, blocks);
+  if (!engine.ok()) return fail("loading the engine", engine.status());
+  tandem::kv::UcxTransportOptions kv_options;
+  kv_options.listen_host = absl::GetFlag(FLAGS_kv_listen_host);
+  kv_options.transports = absl::GetFlag(FLAGS_kv_transports);
+  auto transport = tandem::kv::UcxTransport::Create(kv_options);
+  if (!transport.ok()) return fail("the KV transport", transport.status());
+  auto region = (*transport)->RegisterMemory(engine->pool->data(), engine->pool->size_bytes());
+  if (!region.ok()) return fail("registering the KV pool", region.status());
+
   tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "prefill"}});
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
-  tandem::prefill::PrefillService service(model->name, model->geometry, &rpc_metrics);
+  tandem::prefill::PrefillService service(model->name, model->geometry, engine->forward.get(),
+                                          transport->get(), *region,
+                                          {.max_queue = absl::GetFlag(FLAGS_max_queue),
+                                           .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk)},
+                                          &rpc_metrics);
   return tandem::rpc::RunService(options, {&service}, &registry, &health);
 }

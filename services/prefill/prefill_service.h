@@ -1,19 +1,41 @@
-// tandem-prefill's gRPC service: full-expert chunked prefill that ships the prompt's KV cache
-// to a decode instance. Until the service path lands (issue #5), Prefill answers UNIMPLEMENTED
-// (saying so); GetInfo reports the instance's model and KV geometry.
+// tandem-prefill's gRPC service: runs a prompt through the full expert pool in chunks on its
+// own KV pool, samples the first token, writes the prompt's KV blocks straight into the blocks
+// a decode instance reserved (over the KV transport), and answers once they have landed.
+// Prompts run one at a time on a worker thread, from a bounded queue (RESOURCE_EXHAUSTED when
+// it is full); the gRPC threads never block.
 #pragma once
 
+#include <deque>
+#include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/forward.h"
+#include "common/kv/transfer.h"
 #include "common/rpc/rpc_metrics.h"
 #include "tandem/v1/prefill.grpc.pb.h"
 
 namespace tandem::prefill {
 
+struct PrefillServiceOptions {
+  int max_queue = 64;
+  int chunk_tokens = 256;
+  absl::Duration transfer_deadline = absl::Seconds(30);
+};
+
 class PrefillService final : public tandem::v1::Prefill::CallbackService {
  public:
-  PrefillService(std::string model_name, tandem::v1::KvGeometry geometry, rpc::RpcMetrics* metrics)
-      : model_name_(std::move(model_name)), geometry_(std::move(geometry)), metrics_(metrics) {}
+  // `forward` (and its pool, registered with `transport` as `pool_region`) must outlive the
+  // service.
+  PrefillService(std::string model_name, tandem::v1::KvGeometry geometry,
+                 engine::ForwardPass* forward, kv::KvTransport* transport,
+                 kv::MemoryDescriptor pool_region, const PrefillServiceOptions& options,
+                 rpc::RpcMetrics* metrics);
+  // Finishes what is queued with UNAVAILABLE and stops the worker.
+  ~PrefillService() override;
 
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
                                     const tandem::v1::PrefillRequest* request,
@@ -23,9 +45,28 @@ class PrefillService final : public tandem::v1::Prefill::CallbackService {
                                     tandem::v1::InstanceInfo* response) override;
 
  private:
+  struct Job {
+    const tandem::v1::PrefillRequest* request;
+    tandem::v1::PrefillResponse* response;
+    grpc::ServerUnaryReactor* reactor;
+    absl::Time start;
+  };
+  void Work();
+  absl::Status Run(const tandem::v1::PrefillRequest& request,
+                   tandem::v1::PrefillResponse* response);
+
   const std::string model_name_;
   const tandem::v1::KvGeometry geometry_;
+  engine::ForwardPass* const forward_;
+  kv::KvTransport* const transport_;
+  const kv::MemoryDescriptor pool_region_;
+  const PrefillServiceOptions options_;
   rpc::RpcMetrics* metrics_;
+  absl::Mutex mu_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;
 };
 
 }  // namespace tandem::prefill

@@ -1,0 +1,66 @@
+#include "services/common/serving.h"
+
+#include "common/util/status.h"
+
+namespace tandem::serving {
+
+absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
+                                                int num_blocks) {
+  ServingEngine e;
+  ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(model_dir));
+  const model::ModelConfig& c = e.model.weights->config;
+  ASSIGN_OR_RETURN(
+      e.pool, engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
+                                           static_cast<int>(c.num_key_value_heads),
+                                           static_cast<int>(c.head_dim), block_size, num_blocks}));
+  ASSIGN_OR_RETURN(e.forward, engine::ForwardPass::Create(e.model.weights.get(), e.pool.get()));
+  return e;
+}
+
+absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,
+                                                         int vocab_size) {
+  engine::SamplingParams p;
+  p.temperature = proto.temperature();
+  p.top_p = proto.top_p() == 0.0f ? 1.0f : proto.top_p();
+  p.top_k = proto.top_k();
+  if (proto.has_seed()) p.seed = proto.seed();
+  p.max_tokens = proto.max_tokens() == 0 ? kDefaultMaxTokens : proto.max_tokens();
+  p.stop_token_ids.assign(proto.stop_token_ids().begin(), proto.stop_token_ids().end());
+  p.stop_strings.assign(proto.stop().begin(), proto.stop().end());
+  p.ignore_eos = proto.ignore_eos();
+  RETURN_IF_ERROR(p.Validate(vocab_size));
+  return p;
+}
+
+tandem::v1::FinishReason FinishToProto(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop:
+      return tandem::v1::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength:
+      return tandem::v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kNone:
+      break;
+  }
+  return tandem::v1::FINISH_REASON_UNSPECIFIED;
+}
+
+kv::MemoryDescriptor DescriptorOf(const tandem::v1::KvTarget& target) {
+  kv::MemoryDescriptor d;
+  d.agent = target.address();
+  d.region_id = target.region_id();
+  d.size = target.region_bytes();
+  d.remote_key = target.remote_memory();
+  return d;
+}
+
+void DescribeRegion(const kv::MemoryDescriptor& region, const engine::KvCacheConfig& pool,
+                    tandem::v1::KvTarget* target) {
+  target->set_transport("ucx");
+  target->set_address(region.agent);
+  target->set_remote_memory(region.remote_key);
+  target->set_region_id(region.region_id);
+  target->set_region_bytes(region.size);
+  target->set_pool_blocks(pool.num_blocks);
+}
+
+}  // namespace tandem::serving

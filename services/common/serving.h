@@ -1,0 +1,43 @@
+// What the prefill and decode services share: loading a model into a serving engine (weights,
+// tokenizer, KV pool, forward pass), converting the public API's sampling parameters and finish
+// reasons, and describing a KV pool region as a KvTarget for the transport.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/engine/forward.h"
+#include "common/engine/generator.h"
+#include "common/engine/kv_cache.h"
+#include "common/engine/sampling.h"
+#include "common/kv/transfer.h"
+#include "tandem/v1/gateway.pb.h"
+#include "tandem/v1/kv.pb.h"
+
+namespace tandem::serving {
+
+// max_tokens when a request leaves it 0 (the public API's "server default").
+inline constexpr int kDefaultMaxTokens = 16;
+
+struct ServingEngine {
+  engine::LoadedModel model;
+  std::unique_ptr<engine::KvBlockPool> pool;
+  std::unique_ptr<engine::ForwardPass> forward;
+};
+
+// Loads DIR and makes a pool of `num_blocks` blocks of `block_size` tokens.
+absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
+                                                int num_blocks);
+
+// INVALID_ARGUMENT naming the field (the engine's checks).
+absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,
+                                                         int vocab_size);
+tandem::v1::FinishReason FinishToProto(engine::FinishReason reason);
+
+// The transport descriptor of a target's region, and back.
+kv::MemoryDescriptor DescriptorOf(const tandem::v1::KvTarget& target);
+void DescribeRegion(const kv::MemoryDescriptor& region, const engine::KvCacheConfig& pool,
+                    tandem::v1::KvTarget* target);
+
+}  // namespace tandem::serving

@@ -1,0 +1,209 @@
+// The disaggregated path between real processes: tandem-decode reserves KV blocks, tandem-prefill
+// runs the prompt through the full model and writes its KV blocks straight into them over UCX
+// (TCP), and tandem-decode continues from that KV cache. Greedy continuations equal the PyTorch
+// reference's (tests/golden/tiny-moe) for every golden prompt, one at a time and all at once;
+// an unknown or expired reservation and a mismatched prompt are clear errors; blocks return.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tandem/v1/decode.grpc.pb.h"
+#include "tandem/v1/prefill.grpc.pb.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+using testing::Subprocess;
+
+constexpr int kTokens = 24;
+
+class DisaggregatedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
+    manifest_ = nlohmann::json::parse(in);
+    prefill_ = Start("tandem-prefill", {});
+    decode_ = Start("tandem-decode", {"--kv_blocks=160", "--lease_ms=1500"});
+    ASSERT_FALSE(HasFailure());
+    prefill_stub_ = v1::Prefill::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", prefill_.grpc_port), grpc::InsecureChannelCredentials()));
+    decode_stub_ = v1::Decode::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", decode_.grpc_port), grpc::InsecureChannelCredentials()));
+  }
+
+  testing::Ports Start(const std::string& binary, std::vector<std::string> extra) {
+    const std::string port_file = dir_.path() + "/" + binary + ".ports";
+    std::vector<std::string> argv = {testing::BinDir() + "/" + binary,
+                                     "--model=" + testing::SourceDir() + "/models/tiny-moe",
+                                     "--port_file=" + port_file, "--drain_timeout_s=2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto proc = Subprocess::Start(argv, dir_.path() + "/" + binary + ".log");
+    EXPECT_TRUE(proc.ok()) << proc.status();
+    if (!proc.ok()) return {};
+    processes_.push_back(*std::move(proc));
+    auto ports = testing::WaitForPortFile(port_file, absl::Seconds(30));
+    EXPECT_TRUE(ports.ok()) << binary << ": " << ports.status() << "\n" << Log(binary);
+    return ports.ok() ? *ports : testing::Ports{};
+  }
+
+  std::string Log(const std::string& binary) {
+    std::ifstream in(dir_.path() + "/" + binary + ".log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  std::vector<int32_t> Prompt(int k) const {
+    return manifest_["prompts"][k]["token_ids"].get<std::vector<int32_t>>();
+  }
+  std::vector<int32_t> Greedy(int k) const {
+    auto ids = manifest_["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
+    if (ids.size() > kTokens) ids.resize(kTokens);
+    return ids;
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(timeout));
+    return context;
+  }
+
+  // Reserve -> Prefill -> Decode for one prompt; the streamed token ids.
+  absl::StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt,
+                                                const std::string& id) {
+    v1::ReserveRequest reserve;
+    reserve.set_request_id(id);
+    reserve.set_prompt_tokens(static_cast<int>(prompt.size()));
+    reserve.set_max_tokens(kTokens);
+    v1::ReserveResponse reserved;
+    grpc::Status s = decode_stub_->Reserve(Context(absl::Seconds(10)).get(), reserve, &reserved);
+    if (!s.ok()) return absl::InternalError("Reserve: " + s.error_message());
+
+    v1::PrefillRequest prefill;
+    prefill.set_request_id(id);
+    prefill.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
+    prefill.mutable_sampling()->set_max_tokens(kTokens);
+    *prefill.mutable_target() = reserved.target();
+    v1::PrefillResponse prefilled;
+    s = prefill_stub_->Prefill(Context(absl::Seconds(30)).get(), prefill, &prefilled);
+    if (!s.ok()) return absl::InternalError("Prefill: " + s.error_message());
+    if (prefilled.kv_bytes() <= 0) return absl::InternalError("Prefill wrote no KV bytes");
+
+    v1::DecodeRequest decode;
+    decode.set_request_id(id);
+    decode.set_handle(reserved.handle());
+    decode.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
+    decode.set_first_token_id(prefilled.first_token_id());
+    decode.mutable_sampling()->set_max_tokens(kTokens);
+    auto context = Context(absl::Seconds(30));
+    auto reader = decode_stub_->Decode(context.get(), decode);
+    std::vector<int32_t> tokens;
+    v1::GenerateStreamResponse chunk;
+    bool finished = false;
+    while (reader->Read(&chunk)) {
+      tokens.insert(tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+      if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+        finished = true;
+        if (chunk.usage().completion_tokens() != static_cast<int>(tokens.size())) {
+          return absl::InternalError("usage does not count the tokens");
+        }
+      }
+    }
+    s = reader->Finish();
+    if (!s.ok()) return absl::InternalError("Decode: " + s.error_message());
+    if (!finished) return absl::InternalError("the stream ended without a finish reason");
+    if (tokens.empty() || tokens.front() != prefilled.first_token_id()) {
+      return absl::InternalError("the stream does not start with prefill's first token");
+    }
+    return tokens;
+  }
+
+  v1::InstanceInfo DecodeInfo() {
+    v1::InstanceInfo info;
+    EXPECT_TRUE(decode_stub_->GetInfo(Context(absl::Seconds(5)).get(), {}, &info).ok());
+    return info;
+  }
+
+  testing::TempDir dir_;
+  nlohmann::json manifest_;
+  std::vector<Subprocess> processes_;
+  testing::Ports prefill_, decode_;
+  std::unique_ptr<v1::Prefill::Stub> prefill_stub_;
+  std::unique_ptr<v1::Decode::Stub> decode_stub_;
+};
+
+TEST_F(DisaggregatedTest, GreedyGenerationsMatchTheReferenceOneAtATime) {
+  for (size_t k = 0; k < manifest_["prompts"].size(); ++k) {
+    auto tokens = Generate(Prompt(static_cast<int>(k)), absl::StrCat("one-", k));
+    ASSERT_TRUE(tokens.ok()) << tokens.status() << "\n"
+                             << Log("tandem-decode") << Log("tandem-prefill");
+    EXPECT_EQ(*tokens, Greedy(static_cast<int>(k))) << "prompt " << k;
+  }
+  const v1::InstanceInfo info = DecodeInfo();
+  EXPECT_EQ(info.free_kv_blocks(), info.total_kv_blocks());
+}
+
+TEST_F(DisaggregatedTest, GreedyGenerationsMatchTheReferenceAllAtOnce) {
+  const int n = static_cast<int>(manifest_["prompts"].size());
+  std::vector<absl::StatusOr<std::vector<int32_t>>> results(2 * n, absl::UnknownError("unset"));
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2 * n; ++i) {
+    clients.emplace_back([&, i] { results[i] = Generate(Prompt(i % n), absl::StrCat("all-", i)); });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 2 * n; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_EQ(*results[i], Greedy(i % n)) << "client " << i;
+  }
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        const v1::InstanceInfo info = DecodeInfo();
+        return info.free_kv_blocks() == info.total_kv_blocks();
+      },
+      absl::Seconds(5)));
+}
+
+TEST_F(DisaggregatedTest, BadReservationsAreClearErrorsAndLeasesExpire) {
+  v1::DecodeRequest decode;
+  decode.set_handle("no-such-handle");
+  decode.add_prompt_token_ids(1);
+  v1::GenerateStreamResponse chunk;
+  auto context = Context(absl::Seconds(5));
+  auto reader = decode_stub_->Decode(context.get(), decode);
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+
+  v1::ReserveRequest reserve;
+  reserve.set_prompt_tokens(5);
+  reserve.set_max_tokens(4);
+  v1::ReserveResponse reserved;
+  ASSERT_TRUE(decode_stub_->Reserve(Context(absl::Seconds(5)).get(), reserve, &reserved).ok());
+  EXPECT_LT(DecodeInfo().free_kv_blocks(), DecodeInfo().total_kv_blocks());
+  // A prompt of another length than reserved.
+  decode.set_handle(reserved.handle());
+  auto mismatch_context = Context(absl::Seconds(5));
+  auto mismatch = decode_stub_->Decode(mismatch_context.get(), decode);
+  while (mismatch->Read(&chunk)) {
+  }
+  EXPECT_EQ(mismatch->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The lease (1.5 s here) passes: the blocks come back.
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        const v1::InstanceInfo info = DecodeInfo();
+        return info.free_kv_blocks() == info.total_kv_blocks();
+      },
+      absl::Seconds(10)));
+  v1::ReserveRequest too_big;
+  too_big.set_prompt_tokens(450);  // 450 + 100 tokens do not fit the 512-token context
+  too_big.set_max_tokens(100);
+  EXPECT_EQ(decode_stub_->Reserve(Context(absl::Seconds(5)).get(), too_big, &reserved).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace tandem
