@@ -195,11 +195,11 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
   const int max_tokens =
       request->max_tokens() == 0 ? serving::kDefaultMaxTokens : request->max_tokens();
   if (request->prompt_tokens() < 1 || max_tokens < 1 ||
-      request->prompt_tokens() + int64_t{max_tokens} >= geometry_.max_position_embeddings()) {
+      request->prompt_tokens() + int64_t{max_tokens} > geometry_.max_position_embeddings()) {
     return Done(context, "Reserve",
                 absl::InvalidArgumentError(absl::StrCat(
                     "prompt_tokens (", request->prompt_tokens(), ") and max_tokens (", max_tokens,
-                    ") must be >= 1 and together below the context length ",
+                    ") must be >= 1 and together within the context length ",
                     geometry_.max_position_embeddings())),
                 start);
   }

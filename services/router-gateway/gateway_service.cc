@@ -1,5 +1,8 @@
 #include "services/router-gateway/gateway_service.h"
 
+#include <deque>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/rpc/status.h"
@@ -100,30 +103,243 @@ grpc::ServerUnaryReactor* GatewayService::Finish(grpc::CallbackServerContext* co
 
 namespace {
 
-grpc::Status GenerationUnavailable() {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "generation through the cluster is not available in this build: the "
-                      "prefill -> KV transfer -> decode path (issue #5) has not landed yet");
-}
+using tandem::v1::GenerateStreamResponse;
+
+// GenerateStream: chunks come from a worker thread; writes go out one at a time; the stream
+// finishes after the last chunk, or at once when the client goes away (which cancels the
+// dispatch). What the worker touches lives in State, which outlives the reactor.
+class StreamReactor : public grpc::ServerWriteReactor<GenerateStreamResponse> {
+ public:
+  struct State {
+    absl::Mutex mu;
+    StreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    std::deque<GenerateStreamResponse> pending ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool done ABSL_GUARDED_BY(mu) = false;  // the worker ended
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    grpc::Status final_status ABSL_GUARDED_BY(mu);
+    DispatchCall call;
+  };
+
+  StreamReactor(rpc::RpcMetrics* metrics, absl::Time start)
+      : metrics_(metrics), start_(start), state_(std::make_shared<State>()) {
+    absl::MutexLock lock(&state_->mu);
+    state_->reactor = this;
+  }
+  std::shared_ptr<State> state() const { return state_; }
+
+  static void Push(const std::shared_ptr<State>& state, GenerateStreamResponse chunk) {
+    absl::MutexLock lock(&state->mu);
+    if (state->reactor == nullptr || state->finished) return;
+    state->pending.push_back(std::move(chunk));
+    state->reactor->Pump();
+  }
+  static void End(const std::shared_ptr<State>& state, const grpc::Status& status) {
+    absl::MutexLock lock(&state->mu);
+    state->done = true;
+    if (state->reactor == nullptr || state->finished) return;
+    state->final_status = status;
+    state->reactor->Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&state_->mu);
+    state_->writing = false;
+    state_->pending.pop_front();
+    if (!ok) {
+      CancelLocked();
+      return;
+    }
+    Pump();
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&state_->mu);
+    CancelLocked();
+  }
+  void OnDone() override {
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->reactor = nullptr;
+      status = state_->final_status;
+    }
+    metrics_->Record("GenerateStream", status, absl::Now() - start_);
+    delete this;
+  }
+
+ private:
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (state_->finished || state_->writing) return;
+    if (!state_->pending.empty()) {
+      state_->writing = true;
+      StartWrite(&state_->pending.front());
+    } else if (state_->done) {
+      state_->finished = true;
+      Finish(state_->final_status);
+    }
+  }
+  void CancelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (state_->finished) return;
+    state_->call.Cancel();
+    state_->finished = true;
+    state_->final_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    Finish(state_->final_status);
+  }
+
+  rpc::RpcMetrics* const metrics_;
+  const absl::Time start_;
+  const std::shared_ptr<State> state_;
+};
+
+// Generate: the worker fills the response and finishes; a client that goes away cancels it.
+class UnaryReactor : public grpc::ServerUnaryReactor {
+ public:
+  UnaryReactor(rpc::RpcMetrics* metrics, absl::Time start)
+      : metrics_(metrics), start_(start), call_(std::make_shared<DispatchCall>()) {}
+  std::shared_ptr<DispatchCall> call() const { return call_; }
+  void Done(const grpc::Status& status) {
+    status_ = status;
+    Finish(status);
+  }
+  void OnCancel() override { call_->Cancel(); }
+  void OnDone() override {
+    metrics_->Record("Generate", status_, absl::Now() - start_);
+    delete this;
+  }
+
+ private:
+  rpc::RpcMetrics* const metrics_;
+  const absl::Time start_;
+  const std::shared_ptr<DispatchCall> call_;
+  grpc::Status status_;
+};
 
 }  // namespace
+
+GatewayService::GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
+                               rpc::RpcMetrics* metrics)
+    : config_(std::move(config)),
+      tokenizer_(std::move(tokenizer)),
+      metrics_(metrics),
+      dispatcher_(config_.prefill_targets, config_.decode_targets, DispatcherOptions()) {}
+
+GatewayService::~GatewayService() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_ == 0; };
+  mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+}
+
+bool GatewayService::Spawn(std::function<void()> fn) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return false;
+    ++active_;
+  }
+  std::thread([this, fn = std::move(fn)] {
+    fn();
+    absl::MutexLock lock(&mu_);
+    --active_;
+  }).detach();
+  return true;
+}
+
+absl::Status GatewayService::Prepare(const tandem::v1::GenerateRequest& request,
+                                     std::vector<int32_t>* ids, int* max_tokens,
+                                     std::string* request_id) {
+  if (request.input_case() == tandem::v1::GenerateRequest::kPromptTokenIds) {
+    ids->assign(request.prompt_token_ids().ids().begin(), request.prompt_token_ids().ids().end());
+  } else {
+    absl::StatusOr<std::vector<int32_t>> encoded = tokenizer_->Encode(request.prompt());
+    if (!encoded.ok()) return encoded.status();
+    if (config_.add_bos_token) ids->push_back(tokenizer_->bos_id());
+    ids->insert(ids->end(), encoded->begin(), encoded->end());
+  }
+  const int context = static_cast<int>(config_.model_config.max_position_embeddings);
+  const int n = static_cast<int>(ids->size());
+  if (n >= context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt has ", n, " tokens; the context length is ", context));
+  }
+  // max_tokens 0 = the server default; a request that would run past the context ends there
+  // with a length finish, as vLLM's does.
+  *max_tokens = request.sampling().max_tokens() == 0 ? 16 : request.sampling().max_tokens();
+  *max_tokens = std::min(*max_tokens, context - n);
+  if (request.request_id().empty()) {
+    absl::MutexLock lock(&mu_);
+    *request_id = absl::StrCat("gw-", next_request_++);
+  } else {
+    *request_id = request.request_id();
+  }
+  return absl::OkStatus();
+}
 
 grpc::ServerUnaryReactor* GatewayService::Generate(grpc::CallbackServerContext* context,
                                                    const tandem::v1::GenerateRequest* request,
                                                    tandem::v1::GenerateResponse* response) {
   const absl::Time start = absl::Now();
+  auto* reactor = new UnaryReactor(metrics_, start);
   grpc::Status status = ValidateGenerate(*request);
-  if (status.ok()) status = GenerationUnavailable();
-  return Finish(context, "Generate", status, start);
+  auto ids = std::make_shared<std::vector<int32_t>>();
+  int max_tokens = 0;
+  std::string request_id;
+  if (status.ok())
+    status = rpc::ToGrpcStatus(Prepare(*request, ids.get(), &max_tokens, &request_id));
+  if (!status.ok()) {
+    reactor->Done(status);
+    return reactor;
+  }
+  response->set_request_id(request_id);
+  const bool spawned = Spawn([this, reactor, request, response, ids, max_tokens, request_id,
+                              call = reactor->call()] {
+    absl::Status s = dispatcher_.Run(
+        request_id, *ids, request->sampling(), max_tokens, call.get(),
+        [response](const GenerateStreamResponse& chunk) {
+          response->mutable_text()->append(chunk.text());
+          response->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
+          if (chunk.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+            response->set_finish_reason(chunk.finish_reason());
+            *response->mutable_usage() = chunk.usage();
+          }
+        });
+    reactor->Done(rpc::ToGrpcStatus(s));
+  });
+  if (!spawned) {
+    reactor->Done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the gateway is stopping"));
+  }
+  return reactor;
 }
 
-grpc::ServerWriteReactor<tandem::v1::GenerateStreamResponse>* GatewayService::GenerateStream(
+grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
   const absl::Time start = absl::Now();
   grpc::Status status = ValidateGenerate(*request);
-  if (status.ok()) status = GenerationUnavailable();
-  metrics_->Record("GenerateStream", status, absl::Now() - start);
-  return rpc::FinishedWriter<tandem::v1::GenerateStreamResponse>(status);
+  auto ids = std::make_shared<std::vector<int32_t>>();
+  int max_tokens = 0;
+  std::string request_id;
+  if (status.ok())
+    status = rpc::ToGrpcStatus(Prepare(*request, ids.get(), &max_tokens, &request_id));
+  if (!status.ok()) {
+    metrics_->Record("GenerateStream", status, absl::Now() - start);
+    return rpc::FinishedWriter<GenerateStreamResponse>(status);
+  }
+  auto* reactor = new StreamReactor(metrics_, start);
+  std::shared_ptr<StreamReactor::State> state = reactor->state();
+  const tandem::v1::SamplingParams sampling = request->sampling();
+  const bool spawned = Spawn([this, state, ids, max_tokens, request_id, sampling] {
+    absl::Status s = dispatcher_.Run(request_id, *ids, sampling, max_tokens, &state->call,
+                                     [&](const GenerateStreamResponse& chunk) {
+                                       GenerateStreamResponse copy = chunk;
+                                       copy.set_request_id(request_id);
+                                       StreamReactor::Push(state, std::move(copy));
+                                     });
+    StreamReactor::End(state, rpc::ToGrpcStatus(s));
+  });
+  if (!spawned) {
+    StreamReactor::End(state,
+                       grpc::Status(grpc::StatusCode::UNAVAILABLE, "the gateway is stopping"));
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* context,

@@ -1,15 +1,20 @@
-// tandem-gateway's public gRPC service. It tokenizes, lists the model it fronts, and (once
-// the cluster path lands) runs reserve -> prefill -> decode across the instances it knows.
-// Today Generate/GenerateStream answer UNIMPLEMENTED with a message that says why.
+// tandem-gateway's public gRPC service. It tokenizes, lists the model it fronts, and runs
+// Generate / GenerateStream as reserve -> prefill -> decode across the instances it knows
+// (dispatcher.h), each request on a worker thread of its own so that reactors never block;
+// a client that goes away cancels the request downstream.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model/config.h"
 #include "common/model/tokenizer.h"
 #include "common/rpc/rpc_metrics.h"
+#include "services/router-gateway/dispatcher.h"
 #include "tandem/v1/gateway.grpc.pb.h"
 
 namespace tandem::gateway {
@@ -26,8 +31,12 @@ struct GatewayConfig {
 class GatewayService final : public tandem::v1::Gateway::CallbackService {
  public:
   GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
-                 rpc::RpcMetrics* metrics)
-      : config_(std::move(config)), tokenizer_(std::move(tokenizer)), metrics_(metrics) {}
+                 rpc::RpcMetrics* metrics);
+  // Cancels the requests still running and waits (up to 10 s) for their threads.
+  ~GatewayService() override;
+
+  // Runs `fn` on a worker thread the destructor waits for; false when stopping.
+  bool Spawn(std::function<void()> fn);
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const tandem::v1::GenerateRequest* request,
@@ -49,9 +58,19 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, absl::string_view rpc,
                                    const grpc::Status& status, absl::Time start);
 
+  // The prompt's token ids (BOS as configured) and the max_tokens to ask for; errors are
+  // INVALID_ARGUMENT.
+  absl::Status Prepare(const tandem::v1::GenerateRequest& request, std::vector<int32_t>* ids,
+                       int* max_tokens, std::string* request_id);
+
   const GatewayConfig config_;
   const std::unique_ptr<model::Tokenizer> tokenizer_;
   rpc::RpcMetrics* metrics_;
+  Dispatcher dispatcher_;
+  absl::Mutex mu_;
+  int active_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace tandem::gateway
