@@ -56,27 +56,18 @@ echo
 echo "== Tokenize (real: the gateway's tokenizer) =="
 "$bin/tandem" tokenize --endpoint="$gateway" --text="The jury said it did find that"
 echo
-echo "== Generate =="
-status=0
+echo "== Generate through the cluster (gateway -> prefill -> KV over UCX -> decode) =="
 for prompt in "The jury said it did find that" "She opened the door and" "In the beginning of the year,"; do
   echo "prompt: $prompt"
-  "$bin/tandem" generate --endpoint="$gateway" --prompt="$prompt" --max_tokens=32 || status=$?
+  "$bin/tandem" generate --endpoint="$gateway" --prompt="$prompt" --max_tokens=32
 done
-if ((status != 0)); then
-  cat <<'TXT'
-
-What works today: the three services start, serve health, readiness and Prometheus metrics,
-drain on SIGTERM; the gateway tokenizes and lists its model. What does not yet: generation
-through the cluster. The prefill -> KV over UCX -> decode path (issue #5) has not landed, so
-the cluster generates no tokens and its throughput cannot be measured; the gateway says so
-instead of pretending. The engine itself works: the same prompts, generated
-in one process (tandem generate --model), greedy:
-TXT
-  for prompt in "The jury said it did find that" "She opened the door and" "In the beginning of the year,"; do
-    echo "prompt: $prompt"
-    "$bin/tandem" generate --model="$model" --prompt="$prompt" --max_tokens=32
-  done
-fi
+echo
+echo "== The same, streamed, sampled (temperature 0.8, seed 7) =="
+"$bin/tandem" generate --endpoint="$gateway" --prompt="She opened the door and" --max_tokens=32 \
+  --temperature=0.8 --seed=7 --stream
+echo
+echo "== The engine in one process (tandem generate --model), for comparison =="
+"$bin/tandem" generate --model="$model" --prompt="She opened the door and" --max_tokens=32
 echo
 echo "== Metrics =="
 for name in tandem-gateway tandem-prefill tandem-decode; do
