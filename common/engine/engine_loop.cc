@@ -1,12 +1,15 @@
 #include "common/engine/engine_loop.h"
 
+#include "absl/time/clock.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
 
 namespace tandem::engine {
 
-std::unique_ptr<EngineLoop> EngineLoop::Start(std::unique_ptr<Scheduler> scheduler) {
+std::unique_ptr<EngineLoop> EngineLoop::Start(std::unique_ptr<Scheduler> scheduler,
+                                              StepObserver observer) {
   auto loop = std::unique_ptr<EngineLoop>(new EngineLoop(std::move(scheduler)));
+  loop->observer_ = std::move(observer);
   loop->thread_ = std::thread([raw = loop.get()] { raw->Run(); });
   return loop;
 }
@@ -116,7 +119,10 @@ void EngineLoop::Run() {
     }
     std::vector<SequenceOutput> outputs;
     const int64_t steps_before = scheduler_->counters().steps;
+    const SchedulerCounters before = scheduler_->counters();
+    const absl::Time step_start = absl::Now();
     absl::Status status = scheduler_->Step(&outputs);
+    const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
     if (!status.ok()) {
       TANDEM_LOG(ERROR) << "engine step failed: " << status;
     }
@@ -139,6 +145,18 @@ void EngineLoop::Run() {
       load_.waiting = scheduler_->num_waiting() + static_cast<int>(submissions_.size());
       load_.free_blocks = pool_->num_free();
       load_.steps = scheduler_->counters().steps;
+    }
+    if (observer_ && scheduler_->counters().steps > steps_before) {
+      const SchedulerCounters& after = scheduler_->counters();
+      StepReport report;
+      report.seconds = step_seconds;
+      report.tokens =
+          after.prefill_tokens + after.decode_tokens - before.prefill_tokens - before.decode_tokens;
+      report.running = scheduler_->num_running();
+      report.waiting = scheduler_->num_waiting();
+      report.free_blocks = pool_->num_free();
+      for (const SequenceOutput& out : outputs) report.generated += out.token.has_value();
+      observer_(report);
     }
     // Work that cannot run yet (every sequence waiting on blocks): do not spin.
     if (!scheduler_->idle() && scheduler_->counters().steps == steps_before) {

@@ -31,8 +31,21 @@ class EngineLoop {
     int64_t steps = 0;
   };
 
+  // What one step did, for metrics.
+  struct StepReport {
+    double seconds = 0;
+    int64_t tokens = 0;  // tokens the forward pass ran (decode + prefill)
+    int running = 0;     // sequences holding KV after the step
+    int waiting = 0;
+    int free_blocks = 0;
+    int64_t generated = 0;  // tokens sampled in the step
+  };
+  using StepObserver = std::function<void(const StepReport&)>;
+
   // Takes the scheduler (and through it the forward pass it steps) and starts the thread.
-  static std::unique_ptr<EngineLoop> Start(std::unique_ptr<Scheduler> scheduler);
+  // `observer`, if set, is called on the engine thread after every step.
+  static std::unique_ptr<EngineLoop> Start(std::unique_ptr<Scheduler> scheduler,
+                                           StepObserver observer = nullptr);
   // Stops the thread; every sequence still live gets a last output with status CANCELLED.
   ~EngineLoop();
 
@@ -68,6 +81,7 @@ class EngineLoop {
 
   const std::unique_ptr<Scheduler> scheduler_;
   KvBlockPool* const pool_;
+  StepObserver observer_;
   mutable absl::Mutex mu_;
   std::deque<Submission> submissions_ ABSL_GUARDED_BY(mu_);
   std::vector<SequenceId> cancels_ ABSL_GUARDED_BY(mu_);

@@ -149,14 +149,15 @@ class DecodeStream : public grpc::ServerWriteReactor<GenerateStreamResponse> {
 DecodeService::DecodeService(std::string model_name, tandem::v1::KvGeometry geometry,
                              engine::EngineLoop* loop, kv::MemoryDescriptor pool_region,
                              int vocab_size, const DecodeServiceOptions& options,
-                             rpc::RpcMetrics* metrics)
+                             rpc::RpcMetrics* metrics, serving::DecodeMetrics* serving_metrics)
     : model_name_(std::move(model_name)),
       geometry_(std::move(geometry)),
       loop_(loop),
       pool_region_(std::move(pool_region)),
       vocab_size_(vocab_size),
       options_(options),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      serving_metrics_(serving_metrics) {}
 
 DecodeService::~DecodeService() {
   absl::MutexLock lock(&mu_);
@@ -181,6 +182,7 @@ void DecodeService::Expire() {
   for (auto it = reservations_.begin(); it != reservations_.end();) {
     if (it->second.expires <= now) {
       it->second.table.ReleaseAll(pool);
+      serving_metrics_->leases_expired->Increment();
       reservations_.erase(it++);
     } else {
       ++it;
@@ -207,7 +209,10 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
   engine::BlockTable table;
   absl::MutexLock lock(&mu_);
   Expire();
-  if (absl::Status s = table.Reserve(pool, request->prompt_tokens() + max_tokens); !s.ok()) {
+  absl::Status reserved = table.Reserve(pool, request->prompt_tokens() + max_tokens);
+  serving_metrics_->kv_blocks_free->Set(pool->num_free());
+  serving_metrics_->kv_blocks_used->Set(pool->num_total() - pool->num_free());
+  if (!reserved.ok()) {
     return Done(context, "Reserve",
                 absl::ResourceExhaustedError(absl::StrCat(
                     "no room for ", request->prompt_tokens() + max_tokens, " tokens of KV: ",

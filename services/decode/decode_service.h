@@ -15,6 +15,7 @@
 #include "common/engine/engine_loop.h"
 #include "common/kv/transfer.h"
 #include "common/rpc/rpc_metrics.h"
+#include "services/common/serving_metrics.h"
 #include "tandem/v1/decode.grpc.pb.h"
 
 namespace tandem::decode {
@@ -29,7 +30,8 @@ class DecodeService final : public tandem::v1::Decode::CallbackService {
   // describes; all must outlive the service.
   DecodeService(std::string model_name, tandem::v1::KvGeometry geometry, engine::EngineLoop* loop,
                 kv::MemoryDescriptor pool_region, int vocab_size,
-                const DecodeServiceOptions& options, rpc::RpcMetrics* metrics);
+                const DecodeServiceOptions& options, rpc::RpcMetrics* metrics,
+                serving::DecodeMetrics* serving_metrics);
   ~DecodeService() override;
 
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
@@ -62,6 +64,7 @@ class DecodeService final : public tandem::v1::Decode::CallbackService {
   const int vocab_size_;
   const DecodeServiceOptions options_;
   rpc::RpcMetrics* metrics_;
+  serving::DecodeMetrics* serving_metrics_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;

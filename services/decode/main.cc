@@ -53,14 +53,26 @@ int main(int argc, char** argv) {
   if (!transport.ok()) return fail("the KV transport", transport.status());
   auto region = (*transport)->RegisterMemory(engine->pool->data(), engine->pool->size_bytes());
   if (!region.ok()) return fail("registering the KV pool", region.status());
-  auto loop = tandem::engine::EngineLoop::Start(*std::move(scheduler));
-
   tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "decode"}});
+  tandem::serving::DecodeMetrics serving_metrics(&registry);
+  const int total_blocks = engine->pool->num_total();
+  serving_metrics.kv_blocks_free->Set(total_blocks);
+  auto loop = tandem::engine::EngineLoop::Start(
+      *std::move(scheduler), [&](const tandem::engine::EngineLoop::StepReport& step) {
+        serving_metrics.step_seconds->Observe(step.seconds);
+        serving_metrics.step_tokens->Observe(static_cast<double>(step.tokens));
+        serving_metrics.generated_tokens->Increment(static_cast<double>(step.generated));
+        serving_metrics.running->Set(step.running);
+        serving_metrics.waiting->Set(step.waiting);
+        serving_metrics.kv_blocks_free->Set(step.free_blocks);
+        serving_metrics.kv_blocks_used->Set(total_blocks - step.free_blocks);
+      });
+
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::decode::DecodeService service(
       model->name, model->geometry, loop.get(), *region, static_cast<int>(model->config.vocab_size),
-      {.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms))}, &rpc_metrics);
+      {.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms))}, &rpc_metrics, &serving_metrics);
   const int exit_code = tandem::rpc::RunService(options, {&service}, &registry, &health);
   loop.reset();  // before the transport and pool go away
   return exit_code;

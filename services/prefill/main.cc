@@ -53,10 +53,11 @@ int main(int argc, char** argv) {
   tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "prefill"}});
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
+  tandem::serving::PrefillMetrics serving_metrics(&registry);
   tandem::prefill::PrefillService service(model->name, model->geometry, engine->forward.get(),
                                           transport->get(), *region,
                                           {.max_queue = absl::GetFlag(FLAGS_max_queue),
                                            .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk)},
-                                          &rpc_metrics);
+                                          &rpc_metrics, &serving_metrics);
   return tandem::rpc::RunService(options, {&service}, &registry, &health);
 }

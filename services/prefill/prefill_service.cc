@@ -14,7 +14,8 @@ namespace tandem::prefill {
 PrefillService::PrefillService(std::string model_name, tandem::v1::KvGeometry geometry,
                                engine::ForwardPass* forward, kv::KvTransport* transport,
                                kv::MemoryDescriptor pool_region,
-                               const PrefillServiceOptions& options, rpc::RpcMetrics* metrics)
+                               const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
+                               serving::PrefillMetrics* serving_metrics)
     : model_name_(std::move(model_name)),
       geometry_(std::move(geometry)),
       forward_(forward),
@@ -22,6 +23,7 @@ PrefillService::PrefillService(std::string model_name, tandem::v1::KvGeometry ge
       pool_region_(std::move(pool_region)),
       options_(options),
       metrics_(metrics),
+      serving_metrics_(serving_metrics),
       worker_([this] { Work(); }) {}
 
 PrefillService::~PrefillService() {
@@ -47,6 +49,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     return reactor;
   }
   queue_.push_back({request, response, reactor, absl::Now()});
+  serving_metrics_->queue_depth->Set(static_cast<double>(queue_.size()) + (busy_ ? 1 : 0));
   return reactor;
 }
 
@@ -75,6 +78,7 @@ void PrefillService::Work() {
     job.reactor->Finish(status);
     absl::MutexLock lock(&mu_);
     busy_ = false;
+    serving_metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
   }
 }
 
@@ -126,6 +130,8 @@ absl::Status PrefillService::Run(const tandem::v1::PrefillRequest& request,
   engine::Sampler sampler(params);
   response->set_first_token_id(sampler.Sample(logits[0]));
   const absl::Time computed = absl::Now();
+  serving_metrics_->prompt_tokens->Increment(n);
+  serving_metrics_->compute_seconds->Observe(absl::ToDoubleSeconds(computed - start));
 
   engine::KvCacheConfig remote = pool->config();
   remote.num_blocks = target.pool_blocks();
@@ -146,7 +152,12 @@ absl::Status PrefillService::Run(const tandem::v1::PrefillRequest& request,
     status = spans.status();
   }
   table.ReleaseAll(pool);
-  RETURN_IF_ERROR(status);
+  if (!status.ok()) {
+    serving_metrics_->transfer_failures->Increment();
+    return status;
+  }
+  serving_metrics_->transfer_bytes->Increment(static_cast<double>(bytes));
+  serving_metrics_->transfer_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - computed));
   response->set_request_id(request.request_id());
   response->set_kv_bytes(static_cast<int64_t>(bytes));
   response->set_prefill_seconds(absl::ToDoubleSeconds(computed - start));

@@ -16,6 +16,7 @@
 #include "common/engine/forward.h"
 #include "common/kv/transfer.h"
 #include "common/rpc/rpc_metrics.h"
+#include "services/common/serving_metrics.h"
 #include "tandem/v1/prefill.grpc.pb.h"
 
 namespace tandem::prefill {
@@ -33,7 +34,7 @@ class PrefillService final : public tandem::v1::Prefill::CallbackService {
   PrefillService(std::string model_name, tandem::v1::KvGeometry geometry,
                  engine::ForwardPass* forward, kv::KvTransport* transport,
                  kv::MemoryDescriptor pool_region, const PrefillServiceOptions& options,
-                 rpc::RpcMetrics* metrics);
+                 rpc::RpcMetrics* metrics, serving::PrefillMetrics* serving_metrics);
   // Finishes what is queued with UNAVAILABLE and stops the worker.
   ~PrefillService() override;
 
@@ -62,6 +63,7 @@ class PrefillService final : public tandem::v1::Prefill::CallbackService {
   const kv::MemoryDescriptor pool_region_;
   const PrefillServiceOptions options_;
   rpc::RpcMetrics* metrics_;
+  serving::PrefillMetrics* serving_metrics_;
   absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -217,10 +217,11 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
 }  // namespace
 
 GatewayService::GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
-                               rpc::RpcMetrics* metrics)
+                               rpc::RpcMetrics* metrics, serving::GatewayMetrics* serving_metrics)
     : config_(std::move(config)),
       tokenizer_(std::move(tokenizer)),
       metrics_(metrics),
+      serving_metrics_(serving_metrics),
       dispatcher_(config_.prefill_targets, config_.decode_targets, DispatcherOptions()) {}
 
 GatewayService::~GatewayService() {
@@ -228,6 +229,38 @@ GatewayService::~GatewayService() {
   stopping_ = true;
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_ == 0; };
   mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+}
+
+absl::Status GatewayService::Dispatch(
+    const std::string& request_id, const std::vector<int32_t>& prompt,
+    const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
+    absl::Time start, const std::function<void(const GenerateStreamResponse&)>& on_chunk) {
+  absl::Time last = start;
+  bool first = true;
+  absl::Status status = dispatcher_.Run(
+      request_id, prompt, sampling, max_tokens, call, [&](const GenerateStreamResponse& chunk) {
+        if (chunk.token_ids_size() > 0) {
+          const absl::Time now = absl::Now();
+          if (first) {
+            serving_metrics_->time_to_first_token->Observe(absl::ToDoubleSeconds(now - start));
+            first = false;
+          } else {
+            serving_metrics_->inter_token->Observe(absl::ToDoubleSeconds(now - last) /
+                                                   chunk.token_ids_size());
+          }
+          last = now;
+        }
+        on_chunk(chunk);
+      });
+  if (status.ok()) {
+    serving_metrics_->requests_ok->Increment();
+    serving_metrics_->end_to_end->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    serving_metrics_->requests_cancelled->Increment();
+  } else {
+    serving_metrics_->requests_error->Increment();
+  }
+  return status;
 }
 
 bool GatewayService::Spawn(std::function<void()> fn) {
@@ -290,10 +323,10 @@ grpc::ServerUnaryReactor* GatewayService::Generate(grpc::CallbackServerContext* 
     return reactor;
   }
   response->set_request_id(request_id);
-  const bool spawned = Spawn([this, reactor, request, response, ids, max_tokens, request_id,
+  const bool spawned = Spawn([this, reactor, request, response, ids, max_tokens, request_id, start,
                               call = reactor->call()] {
-    absl::Status s = dispatcher_.Run(
-        request_id, *ids, request->sampling(), max_tokens, call.get(),
+    absl::Status s = Dispatch(
+        request_id, *ids, request->sampling(), max_tokens, call.get(), start,
         [response](const GenerateStreamResponse& chunk) {
           response->mutable_text()->append(chunk.text());
           response->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
@@ -326,13 +359,13 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream
   auto* reactor = new StreamReactor(metrics_, start);
   std::shared_ptr<StreamReactor::State> state = reactor->state();
   const tandem::v1::SamplingParams sampling = request->sampling();
-  const bool spawned = Spawn([this, state, ids, max_tokens, request_id, sampling] {
-    absl::Status s = dispatcher_.Run(request_id, *ids, sampling, max_tokens, &state->call,
-                                     [&](const GenerateStreamResponse& chunk) {
-                                       GenerateStreamResponse copy = chunk;
-                                       copy.set_request_id(request_id);
-                                       StreamReactor::Push(state, std::move(copy));
-                                     });
+  const bool spawned = Spawn([this, state, ids, max_tokens, request_id, sampling, start] {
+    absl::Status s = Dispatch(request_id, *ids, sampling, max_tokens, &state->call, start,
+                              [&](const GenerateStreamResponse& chunk) {
+                                GenerateStreamResponse copy = chunk;
+                                copy.set_request_id(request_id);
+                                StreamReactor::Push(state, std::move(copy));
+                              });
     StreamReactor::End(state, rpc::ToGrpcStatus(s));
   });
   if (!spawned) {

@@ -14,6 +14,7 @@
 #include "common/model/config.h"
 #include "common/model/tokenizer.h"
 #include "common/rpc/rpc_metrics.h"
+#include "services/common/serving_metrics.h"
 #include "services/router-gateway/dispatcher.h"
 #include "tandem/v1/gateway.grpc.pb.h"
 
@@ -31,7 +32,7 @@ struct GatewayConfig {
 class GatewayService final : public tandem::v1::Gateway::CallbackService {
  public:
   GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
-                 rpc::RpcMetrics* metrics);
+                 rpc::RpcMetrics* metrics, serving::GatewayMetrics* serving_metrics);
   // Cancels the requests still running and waits (up to 10 s) for their threads.
   ~GatewayService() override;
 
@@ -65,7 +66,15 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
 
   const GatewayConfig config_;
   const std::unique_ptr<model::Tokenizer> tokenizer_;
+  // Runs one request through the dispatcher, recording what clients see.
+  absl::Status Dispatch(
+      const std::string& request_id, const std::vector<int32_t>& prompt,
+      const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
+      absl::Time start,
+      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk);
+
   rpc::RpcMetrics* metrics_;
+  serving::GatewayMetrics* serving_metrics_;
   Dispatcher dispatcher_;
   absl::Mutex mu_;
   int active_ ABSL_GUARDED_BY(mu_) = 0;

@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
   tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "gateway"}});
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
-  tandem::gateway::GatewayService service(std::move(config), *std::move(tokenizer), &rpc_metrics);
+  tandem::serving::GatewayMetrics serving_metrics(&registry);
+  tandem::gateway::GatewayService service(std::move(config), *std::move(tokenizer), &rpc_metrics,
+                                          &serving_metrics);
   return tandem::rpc::RunService(options, {&service}, &registry, &health);
 }

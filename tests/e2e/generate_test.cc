@@ -6,6 +6,7 @@
 // instances dead the gateway keeps serving.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <fstream>
 #include <thread>
 
@@ -166,6 +167,26 @@ TEST_F(GenerateEndToEndTest, OneDeadPrefillInstanceOfTwoDoesNotStopService) {
               Greedy(i));
   }
   EXPECT_TRUE(testing::WaitUntil([&] { return DecodeFreeBlocksMissing() == 0; }, absl::Seconds(5)));
+}
+
+// Decode dies mid-stream: the client's stream ends with an error within seconds, not a hang.
+TEST_F(GenerateEndToEndTest, KillingDecodeMidStreamEndsTheClientStreamWithAnError) {
+  StartGateway({absl::StrCat("127.0.0.1:", prefill_.grpc_port)});
+  v1::GenerateRequest request = ByIds(Prompt(7));
+  request.mutable_sampling()->set_max_tokens(300);
+  request.mutable_sampling()->set_ignore_eos(true);
+  std::atomic<int> chunks{0};
+  absl::Time killed_at = absl::InfiniteFuture();
+  const absl::Status status = client_->GenerateStream(request, [&](const auto&) {
+    if (++chunks == 3) {
+      ASSERT_EQ(kill(decode_.pid, SIGKILL), 0);
+      killed_at = absl::Now();
+    }
+  });
+  ASSERT_GE(chunks.load(), 3);
+  EXPECT_FALSE(status.ok());
+  EXPECT_LT(absl::Now() - killed_at, absl::Seconds(10)) << status;
+  EXPECT_LT(chunks.load(), 300);
 }
 
 TEST_F(GenerateEndToEndTest, NoLivePrefillIsUnavailableWithAReason) {

@@ -188,6 +188,21 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
   ASSERT_TRUE(histogram.ok());
   EXPECT_EQ(histogram->size(), 1u);
 
+  // The serving metrics of the one real generation: its request, first token, KV transfer
+  // and decode steps, each from the role that saw it.
+  auto value = [&](const std::string& promql) -> double {
+    auto result = Query(prom_port, promql);
+    if (!result.ok() || result->empty()) return -1;
+    return std::stod((*result)[0]["value"][1].get<std::string>());
+  };
+  EXPECT_EQ(value("tandem_requests_total{role=\"gateway\",outcome=\"ok\"}"), 1);
+  EXPECT_EQ(value("tandem_time_to_first_token_seconds_count{role=\"gateway\"}"), 1);
+  EXPECT_GT(value("tandem_kv_transfer_bytes_total{role=\"prefill\"}"), 0);
+  EXPECT_EQ(value("tandem_kv_transfer_failures_total{role=\"prefill\"}"), 0);
+  EXPECT_GT(value("tandem_decode_step_seconds_count{role=\"decode\"}"), 0);
+  EXPECT_GT(value("tandem_generated_tokens_total{role=\"decode\"}"), 0);
+  EXPECT_GT(value("tandem_kv_blocks{role=\"decode\",state=\"free\"}"), 0);
+
   // Graceful drain: SIGTERM, exit status 0, nothing left running.
   for (Subprocess& p : processes_) {
     auto status = p.Stop(SIGTERM, absl::Seconds(15));

@@ -1,0 +1,77 @@
+#include "services/common/serving_metrics.h"
+
+#include "common/util/logging.h"
+
+namespace tandem::serving {
+namespace {
+
+template <typename T>
+T* Must(absl::StatusOr<T*> family_or) {
+  TANDEM_CHECK(family_or.ok()) << "metric registration: " << family_or.status();
+  return *family_or;
+}
+
+}  // namespace
+
+DecodeMetrics::DecodeMetrics(metrics::Registry* r) {
+  running = &Must(r->AddGauge("tandem_running_sequences", "Sequences holding KV blocks."))->Add({});
+  waiting =
+      &Must(r->AddGauge("tandem_waiting_sequences", "Sequences waiting for the engine."))->Add({});
+  auto* blocks = Must(r->AddGauge("tandem_kv_blocks", "KV-cache blocks by state."));
+  kv_blocks_used = &blocks->Add(metrics::Labels{{"state", "used"}});
+  kv_blocks_free = &blocks->Add(metrics::Labels{{"state", "free"}});
+  step_seconds = &Must(r->AddHistogram("tandem_decode_step_seconds", "Engine step duration.",
+                                       metrics::LatencyBuckets()))
+                      ->Add({});
+  step_tokens = &Must(r->AddHistogram("tandem_decode_step_tokens",
+                                      "Tokens one engine step ran (its batch size).",
+                                      metrics::ExponentialBuckets(1, 2, 11)))
+                     ->Add({});
+  generated_tokens =
+      &Must(r->AddCounter("tandem_generated_tokens_total", "Tokens sampled."))->Add({});
+  leases_expired = &Must(r->AddCounter("tandem_reservations_expired_total",
+                                       "KV reservations freed because Decode never came."))
+                        ->Add({});
+}
+
+PrefillMetrics::PrefillMetrics(metrics::Registry* r) {
+  queue_depth =
+      &Must(r->AddGauge("tandem_prefill_queue_depth", "Prompts queued or running."))->Add({});
+  prompt_tokens =
+      &Must(r->AddCounter("tandem_prefill_tokens_total", "Prompt tokens prefilled."))->Add({});
+  compute_seconds =
+      &Must(r->AddHistogram("tandem_prefill_compute_seconds",
+                            "Time to run a prompt through the model.", metrics::LatencyBuckets()))
+           ->Add({});
+  transfer_bytes = &Must(r->AddCounter("tandem_kv_transfer_bytes_total",
+                                       "KV-cache bytes written to decode instances."))
+                        ->Add({});
+  transfer_seconds = &Must(r->AddHistogram("tandem_kv_transfer_seconds",
+                                           "Time from posting a KV write to its landing.",
+                                           metrics::LatencyBuckets()))
+                          ->Add({});
+  transfer_failures = &Must(r->AddCounter("tandem_kv_transfer_failures_total",
+                                          "KV writes that failed or ran out of time."))
+                           ->Add({});
+}
+
+GatewayMetrics::GatewayMetrics(metrics::Registry* r) {
+  auto* requests = Must(r->AddCounter("tandem_requests_total", "Generations by outcome."));
+  requests_ok = &requests->Add(metrics::Labels{{"outcome", "ok"}});
+  requests_error = &requests->Add(metrics::Labels{{"outcome", "error"}});
+  requests_cancelled = &requests->Add(metrics::Labels{{"outcome", "cancelled"}});
+  time_to_first_token = &Must(r->AddHistogram("tandem_time_to_first_token_seconds",
+                                              "From a request's arrival to its first token.",
+                                              metrics::LatencyBuckets()))
+                             ->Add({});
+  inter_token = &Must(r->AddHistogram("tandem_inter_token_latency_seconds",
+                                      "Between consecutive tokens of one request.",
+                                      metrics::LatencyBuckets()))
+                     ->Add({});
+  end_to_end = &Must(r->AddHistogram("tandem_request_duration_seconds",
+                                     "From a request's arrival to its last token.",
+                                     metrics::LatencyBuckets()))
+                    ->Add({});
+}
+
+}  // namespace tandem::serving

@@ -1,0 +1,45 @@
+// The serving metrics of each role, registered once per process. Names follow Prometheus
+// practice with base units (seconds, bytes); every sample also carries the registry's
+// {role=...} label.
+#pragma once
+
+#include "common/metrics/metrics.h"
+
+namespace tandem::serving {
+
+// tandem-decode: what the engine loop does and holds.
+struct DecodeMetrics {
+  explicit DecodeMetrics(metrics::Registry* registry);
+  metrics::Gauge* running;             // tandem_running_sequences
+  metrics::Gauge* waiting;             // tandem_waiting_sequences
+  metrics::Gauge* kv_blocks_used;      // tandem_kv_blocks{state="used"}
+  metrics::Gauge* kv_blocks_free;      // tandem_kv_blocks{state="free"}
+  metrics::Histogram* step_seconds;    // tandem_decode_step_seconds
+  metrics::Histogram* step_tokens;     // tandem_decode_step_tokens (the batch size)
+  metrics::Counter* generated_tokens;  // tandem_generated_tokens_total
+  metrics::Counter* leases_expired;    // tandem_reservations_expired_total
+};
+
+// tandem-prefill: prompts and the KV shipped for them.
+struct PrefillMetrics {
+  explicit PrefillMetrics(metrics::Registry* registry);
+  metrics::Gauge* queue_depth;           // tandem_prefill_queue_depth
+  metrics::Counter* prompt_tokens;       // tandem_prefill_tokens_total
+  metrics::Histogram* compute_seconds;   // tandem_prefill_compute_seconds
+  metrics::Counter* transfer_bytes;      // tandem_kv_transfer_bytes_total
+  metrics::Histogram* transfer_seconds;  // tandem_kv_transfer_seconds
+  metrics::Counter* transfer_failures;   // tandem_kv_transfer_failures_total
+};
+
+// tandem-gateway: what clients see.
+struct GatewayMetrics {
+  explicit GatewayMetrics(metrics::Registry* registry);
+  metrics::Counter* requests_ok;            // tandem_requests_total{outcome="ok"}
+  metrics::Counter* requests_error;         // tandem_requests_total{outcome="error"}
+  metrics::Counter* requests_cancelled;     // tandem_requests_total{outcome="cancelled"}
+  metrics::Histogram* time_to_first_token;  // tandem_time_to_first_token_seconds
+  metrics::Histogram* inter_token;          // tandem_inter_token_latency_seconds
+  metrics::Histogram* end_to_end;           // tandem_request_duration_seconds
+};
+
+}  // namespace tandem::serving
