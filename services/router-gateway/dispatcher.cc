@@ -23,7 +23,7 @@ absl::Status FromGrpc(const grpc::Status& s) {
 void DispatchCall::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
-  if (current_ != nullptr) current_->TryCancel();
+  if (on_cancel_) on_cancel_();
 }
 
 bool DispatchCall::cancelled() const {
@@ -31,10 +31,15 @@ bool DispatchCall::cancelled() const {
   return cancelled_;
 }
 
-void DispatchCall::Track(grpc::ClientContext* context) {
+void DispatchCall::OnCancel(std::function<void()> fn) {
   absl::MutexLock lock(&mu_);
-  current_ = context;
-  if (cancelled_ && context != nullptr) context->TryCancel();
+  on_cancel_ = std::move(fn);
+  if (cancelled_) on_cancel_();
+}
+
+void DispatchCall::ClearOnCancel() {
+  absl::MutexLock lock(&mu_);
+  on_cancel_ = nullptr;
 }
 
 Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
@@ -111,9 +116,9 @@ absl::Status Dispatcher::Run(
     }
     const size_t k = (first_prefill + i) % prefill_.size();
     auto context = ContextWithin(options_.prefill_deadline);
-    call->Track(context.get());
+    call->OnCancel([c = context.get()] { c->TryCancel(); });
     const grpc::Status s = prefill_stubs_[k]->Prefill(context.get(), prefill, &prefilled);
-    call->Track(nullptr);
+    call->ClearOnCancel();
     if (s.ok()) {
       done = true;
     } else if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
@@ -138,12 +143,12 @@ absl::Status Dispatcher::Run(
   *decode.mutable_sampling() = sampling;
   decode.mutable_sampling()->set_max_tokens(max_tokens);
   auto context = ContextWithin(options_.decode_deadline);
-  call->Track(context.get());
+  call->OnCancel([c = context.get()] { c->TryCancel(); });
   auto reader = decode_stubs_[d]->Decode(context.get(), decode);
   tandem::v1::GenerateStreamResponse chunk;
   while (reader->Read(&chunk)) on_chunk(chunk);
   const grpc::Status s = reader->Finish();
-  call->Track(nullptr);
+  call->ClearOnCancel();
   if (!s.ok()) {
     if (call->cancelled()) return absl::CancelledError("the client went away");
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),

@@ -21,20 +21,32 @@
 
 namespace tandem::gateway {
 
-// Lets another thread abort a running dispatch (the client went away).
+// Lets another thread abort a running generation (the client went away).
 class DispatchCall {
  public:
   void Cancel();
   bool cancelled() const;
+  // What Cancel must also do while the current step runs (cancel a downstream call, drop a
+  // sequence); runs at once if already cancelled. Cleared by ClearOnCancel.
+  void OnCancel(std::function<void()> fn);
+  void ClearOnCancel();
 
  private:
-  friend class Dispatcher;
-  // The downstream call in flight, cancelled along with this one.
-  void Track(grpc::ClientContext* context);
-
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::ClientContext* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
+};
+
+// Where the gateway's generations run: the cluster (Dispatcher) or an engine in this process
+// (LocalBackend, colocated mode). Run blocks; call it on a worker thread.
+class GenerationBackend {
+ public:
+  virtual ~GenerationBackend() = default;
+  // Generates from `prompt`; each chunk goes to `on_chunk` on this thread.
+  virtual absl::Status Run(
+      const std::string& request_id, const std::vector<int32_t>& prompt,
+      const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
+      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk) = 0;
 };
 
 struct DispatcherOptions {
@@ -43,15 +55,15 @@ struct DispatcherOptions {
   absl::Duration decode_deadline = absl::Seconds(600);
 };
 
-class Dispatcher {
+class Dispatcher : public GenerationBackend {
  public:
   Dispatcher(const std::vector<std::string>& prefill_targets,
              const std::vector<std::string>& decode_targets, const DispatcherOptions& options);
 
-  // Generates from `prompt`; each decode chunk goes to `on_chunk` on this thread.
-  absl::Status Run(const std::string& request_id, const std::vector<int32_t>& prompt,
-                   const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
-                   const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk);
+  absl::Status Run(
+      const std::string& request_id, const std::vector<int32_t>& prompt,
+      const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
+      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk) override;
 
  private:
   struct Instance {

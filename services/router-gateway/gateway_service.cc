@@ -217,12 +217,13 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
 }  // namespace
 
 GatewayService::GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
-                               rpc::RpcMetrics* metrics, serving::GatewayMetrics* serving_metrics)
+                               std::unique_ptr<GenerationBackend> backend, rpc::RpcMetrics* metrics,
+                               serving::GatewayMetrics* serving_metrics)
     : config_(std::move(config)),
       tokenizer_(std::move(tokenizer)),
       metrics_(metrics),
       serving_metrics_(serving_metrics),
-      dispatcher_(config_.prefill_targets, config_.decode_targets, DispatcherOptions()) {}
+      backend_(std::move(backend)) {}
 
 GatewayService::~GatewayService() {
   absl::MutexLock lock(&mu_);
@@ -237,7 +238,7 @@ absl::Status GatewayService::Dispatch(
     absl::Time start, const std::function<void(const GenerateStreamResponse&)>& on_chunk) {
   absl::Time last = start;
   bool first = true;
-  absl::Status status = dispatcher_.Run(
+  absl::Status status = backend_->Run(
       request_id, prompt, sampling, max_tokens, call, [&](const GenerateStreamResponse& chunk) {
         if (chunk.token_ids_size() > 0) {
           const absl::Time now = absl::Now();

@@ -31,8 +31,10 @@ struct GatewayConfig {
 
 class GatewayService final : public tandem::v1::Gateway::CallbackService {
  public:
+  // `backend` runs the generations: the cluster's Dispatcher, or an engine in this process.
   GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
-                 rpc::RpcMetrics* metrics, serving::GatewayMetrics* serving_metrics);
+                 std::unique_ptr<GenerationBackend> backend, rpc::RpcMetrics* metrics,
+                 serving::GatewayMetrics* serving_metrics);
   // Cancels the requests still running and waits (up to 10 s) for their threads.
   ~GatewayService() override;
 
@@ -75,7 +77,7 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
 
   rpc::RpcMetrics* metrics_;
   serving::GatewayMetrics* serving_metrics_;
-  Dispatcher dispatcher_;
+  const std::unique_ptr<GenerationBackend> backend_;
   absl::Mutex mu_;
   int active_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -69,7 +69,9 @@ int main(int argc, char** argv) {
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::GatewayMetrics serving_metrics(&registry);
-  tandem::gateway::GatewayService service(std::move(config), *std::move(tokenizer), &rpc_metrics,
-                                          &serving_metrics);
+  auto dispatcher = std::make_unique<tandem::gateway::Dispatcher>(
+      config.prefill_targets, config.decode_targets, tandem::gateway::DispatcherOptions());
+  tandem::gateway::GatewayService service(std::move(config), *std::move(tokenizer),
+                                          std::move(dispatcher), &rpc_metrics, &serving_metrics);
   return tandem::rpc::RunService(options, {&service}, &registry, &health);
 }

@@ -1,0 +1,84 @@
+// tandem-serve: colocated mode for a single machine. One process serves the public gateway API
+// (Generate, GenerateStream, Tokenize, ListModels) on an engine of its own: prefill and decode
+// share one continuous batch and one KV pool, so the KV cache never moves.
+#include <filesystem>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "common/engine/engine_loop.h"
+#include "common/model/config.h"
+#include "common/rpc/service_flags.h"
+#include "services/common/serving.h"
+#include "services/common/serving_metrics.h"
+#include "services/router-gateway/gateway_service.h"
+#include "services/serve/local_backend.h"
+
+ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face layout).");
+ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block.");
+ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
+ABSL_FLAG(int, max_running, 64, "Sequences in the batch at most.");
+ABSL_FLAG(int, max_step_tokens, 512, "Tokens one engine step runs at most (chunked prefill).");
+ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Largest prompt accepted, in bytes.");
+
+int main(int argc, char** argv) {
+  const tandem::config::ProgramInfo program{
+      "tandem-serve",
+      "colocated mode: the gateway API on an engine in this process",
+      "TANDEM_SERVE_",
+      {"services/serve/", tandem::rpc::kServiceFlagsSource}};
+  const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
+  auto fail = [&](const std::string& what, const absl::Status& status) {
+    std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
+    return 2;
+  };
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  auto engine = tandem::serving::LoadServingEngine(model_dir, absl::GetFlag(FLAGS_kv_block_size),
+                                                   absl::GetFlag(FLAGS_kv_blocks));
+  if (!engine.ok()) return fail("--model=" + model_dir, engine.status());
+  auto scheduler = tandem::engine::Scheduler::Create(
+      engine->forward.get(), engine->model.tokenizer.get(), engine->model.tokenizer->eos_id(),
+      {.max_running = absl::GetFlag(FLAGS_max_running),
+       .max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens)});
+  if (!scheduler.ok()) return fail("the scheduler", scheduler.status());
+  auto tokenizer = tandem::model::Tokenizer::Load(model_dir + "/tokenizer.model");
+  if (!tokenizer.ok()) return fail("--model=" + model_dir, tokenizer.status());
+
+  tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "serve"}});
+  tandem::metrics::HealthState health;
+  tandem::rpc::RpcMetrics rpc_metrics(&registry);
+  tandem::serving::GatewayMetrics gateway_metrics(&registry);
+  tandem::serving::DecodeMetrics engine_metrics(&registry);
+  const int total_blocks = engine->pool->num_total();
+  engine_metrics.kv_blocks_free->Set(total_blocks);
+  auto loop = tandem::engine::EngineLoop::Start(
+      *std::move(scheduler), [&](const tandem::engine::EngineLoop::StepReport& step) {
+        engine_metrics.step_seconds->Observe(step.seconds);
+        engine_metrics.step_tokens->Observe(static_cast<double>(step.tokens));
+        engine_metrics.generated_tokens->Increment(static_cast<double>(step.generated));
+        engine_metrics.running->Set(step.running);
+        engine_metrics.waiting->Set(step.waiting);
+        engine_metrics.kv_blocks_free->Set(step.free_blocks);
+        engine_metrics.kv_blocks_used->Set(total_blocks - step.free_blocks);
+      });
+
+  tandem::gateway::GatewayConfig config;
+  config.model_config = engine->model.weights->config;
+  config.model_name = tandem::model::ModelNameFromDir(model_dir);
+  config.add_bos_token = engine->model.add_bos;
+  const int64_t max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
+  if (max_prompt_bytes < 1 || max_prompt_bytes > (int64_t{64} << 20)) {
+    return fail("--max_prompt_bytes", absl::InvalidArgumentError("must be in [1, 64 MiB]"));
+  }
+  config.max_prompt_bytes = static_cast<size_t>(max_prompt_bytes);
+  const int vocab = static_cast<int>(config.model_config.vocab_size);
+  int exit_code;
+  {
+    tandem::gateway::GatewayService service(
+        std::move(config), *std::move(tokenizer),
+        std::make_unique<tandem::serve::LocalBackend>(loop.get(), vocab), &rpc_metrics,
+        &gateway_metrics);
+    exit_code = tandem::rpc::RunService(options, {&service}, &registry, &health);
+  }
+  loop.reset();
+  return exit_code;
+}
