@@ -1,6 +1,10 @@
 #include "services/router-gateway/dispatcher.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -42,20 +46,122 @@ void DispatchCall::ClearOnCancel() {
   on_cancel_ = nullptr;
 }
 
+std::vector<std::string> ResolveTarget(const std::string& target) {
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos) return {target};
+  const std::string host = target.substr(0, colon);
+  const std::string port = target.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return {target};
+  std::vector<std::string> out;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    if (a->ai_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text, sizeof(text));
+      out.push_back(absl::StrCat(text, ":", port));
+    } else if (a->ai_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, text,
+                sizeof(text));
+      out.push_back(absl::StrCat("[", text, "]:", port));
+    }
+  }
+  freeaddrinfo(found);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out.empty() ? std::vector<std::string>{target} : out;
+}
+
 Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
                        const std::vector<std::string>& decode_targets,
                        const DispatcherOptions& options)
     : options_(options) {
-  for (const std::string& address : prefill_targets) {
-    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-    prefill_.push_back({address, channel});
-    prefill_stubs_.push_back(tandem::v1::Prefill::NewStub(channel));
+  for (const std::string& target : prefill_targets) {
+    for (const std::string& address : ResolveTarget(target)) {
+      auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      prefill_.push_back({address, channel});
+      prefill_stubs_.push_back(tandem::v1::Prefill::NewStub(channel));
+    }
   }
-  for (const std::string& address : decode_targets) {
-    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-    decode_.push_back({address, channel});
-    decode_stubs_.push_back(tandem::v1::Decode::NewStub(channel));
+  for (const std::string& target : decode_targets) {
+    for (const std::string& address : ResolveTarget(target)) {
+      auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      decode_.push_back({address, channel});
+      decode_stubs_.push_back(tandem::v1::Decode::NewStub(channel));
+    }
   }
+  {
+    absl::MutexLock lock(&mu_);
+    prefill_health_.resize(prefill_.size());
+    decode_health_.resize(decode_.size());
+  }
+  health_ = std::thread([this] {
+    while (true) {
+      CheckHealth();
+      absl::MutexLock lock(&mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.health_interval)) return;
+    }
+  });
+}
+
+Dispatcher::~Dispatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  health_.join();
+}
+
+void Dispatcher::CheckHealth() {
+  const absl::Duration deadline = std::min(options_.health_interval, absl::Seconds(2));
+  std::vector<Health> prefill(prefill_.size()), decode(decode_.size());
+  for (size_t i = 0; i < prefill_.size(); ++i) {
+    tandem::v1::InstanceInfo info;
+    auto context = ContextWithin(deadline);
+    prefill[i].healthy = prefill_stubs_[i]->GetInfo(context.get(), {}, &info).ok();
+    prefill[i].queue_depth = info.queue_depth();
+  }
+  for (size_t i = 0; i < decode_.size(); ++i) {
+    tandem::v1::InstanceInfo info;
+    auto context = ContextWithin(deadline);
+    decode[i].healthy = decode_stubs_[i]->GetInfo(context.get(), {}, &info).ok();
+    decode[i].free_kv_blocks = info.free_kv_blocks();
+    decode[i].running = info.running();
+  }
+  absl::MutexLock lock(&mu_);
+  prefill_health_ = std::move(prefill);
+  decode_health_ = std::move(decode);
+}
+
+std::vector<size_t> Dispatcher::DecodeOrder() {
+  std::vector<size_t> order(decode_.size());
+  const uint64_t rotate = next_decode_++;
+  for (size_t i = 0; i < order.size(); ++i) order[i] = (rotate + i) % order.size();
+  absl::MutexLock lock(&mu_);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Health& x = decode_health_[a];
+    const Health& y = decode_health_[b];
+    if (x.healthy != y.healthy) return x.healthy;
+    if (x.free_kv_blocks != y.free_kv_blocks) return x.free_kv_blocks > y.free_kv_blocks;
+    return x.running < y.running;
+  });
+  return order;
+}
+
+std::vector<size_t> Dispatcher::PrefillOrder() {
+  std::vector<size_t> order(prefill_.size());
+  const uint64_t rotate = next_prefill_++;
+  for (size_t i = 0; i < order.size(); ++i) order[i] = (rotate + i) % order.size();
+  absl::MutexLock lock(&mu_);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Health& x = prefill_health_[a];
+    const Health& y = prefill_health_[b];
+    if (x.healthy != y.healthy) return x.healthy;
+    return x.queue_depth < y.queue_depth;
+  });
+  return order;
 }
 
 absl::Status Dispatcher::Run(
@@ -70,9 +176,8 @@ absl::Status Dispatcher::Run(
   std::vector<std::string> failures;
   tandem::v1::ReserveResponse reserved;
   size_t d = decode_.size();
-  const uint64_t first_decode = next_decode_++;
-  for (size_t i = 0; i < decode_.size() && d == decode_.size(); ++i) {
-    const size_t k = (first_decode + i) % decode_.size();
+  for (size_t k : DecodeOrder()) {
+    if (d != decode_.size()) break;
     tandem::v1::ReserveRequest reserve;
     reserve.set_request_id(request_id);
     reserve.set_prompt_tokens(static_cast<int>(prompt.size()));
@@ -108,13 +213,12 @@ absl::Status Dispatcher::Run(
   *prefill.mutable_target() = reserved.target();
   tandem::v1::PrefillResponse prefilled;
   bool done = false;
-  const uint64_t first_prefill = next_prefill_++;
-  for (size_t i = 0; i < prefill_.size() && !done; ++i) {
+  for (size_t k : PrefillOrder()) {
+    if (done) break;
     if (call->cancelled()) {
       release();
       return absl::CancelledError("the client went away");
     }
-    const size_t k = (first_prefill + i) % prefill_.size();
     auto context = ContextWithin(options_.prefill_deadline);
     call->OnCancel([c = context.get()] { c->TryCancel(); });
     const grpc::Status s = prefill_stubs_[k]->Prefill(context.get(), prefill, &prefilled);

@@ -189,6 +189,22 @@ TEST_F(GenerateEndToEndTest, KillingDecodeMidStreamEndsTheClientStreamWithAnErro
   EXPECT_LT(chunks.load(), 300);
 }
 
+// A dead decode instance fails its health checks and goes to the back of the order.
+TEST_F(GenerateEndToEndTest, OneDeadDecodeInstanceOfTwoDoesNotStopService) {
+  gateway_ =
+      Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill_.grpc_port),
+                               absl::StrCat("--decode=127.0.0.1:1,127.0.0.1:", decode_.grpc_port)});
+  ASSERT_FALSE(HasFailure());
+  auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", gateway_.grpc_port));
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int i = 0; i < 4; ++i) {
+    auto response = (*client)->Generate(ByIds(Prompt(i)));
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(std::vector<int32_t>(response->token_ids().begin(), response->token_ids().end()),
+              Greedy(i));
+  }
+}
+
 TEST_F(GenerateEndToEndTest, NoLivePrefillIsUnavailableWithAReason) {
   StartGateway({"127.0.0.1:1"});
   auto response = client_->Generate(ByIds(Prompt(0)));
