@@ -241,6 +241,8 @@ TEST_F(UcxCrossProcessTest, WritesIntoAnotherProcess) {
   std::ifstream sums_in(out + ".sums");
   const auto theirs = nlohmann::json::parse(sums_in).get<std::vector<uint64_t>>();
   EXPECT_EQ(theirs, testing::BlockChecksums(**src, from));
+  // The peer exits by itself once it has answered; Stop only reaps it (pid_ <= 0 then).
+  ASSERT_TRUE(::tandem::testing::WaitUntil([&] { return !peer->Running(); }, absl::Seconds(10)));
   auto exit = peer->Stop(SIGTERM, absl::Seconds(10));
   ASSERT_TRUE(exit.ok());
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0);
