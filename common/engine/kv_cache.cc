@@ -32,7 +32,38 @@ absl::Status KvCacheConfig::Validate() const {
 }
 
 void KvBlockPool::AlignedDelete::operator()(float* p) const {
-  ::operator delete (p, std::align_val_t{kAlignment});
+  if (owned) ::operator delete (p, std::align_val_t{kAlignment});
+}
+
+absl::StatusOr<size_t> KvBlockPool::BytesFor(const KvCacheConfig& config) {
+  RETURN_IF_ERROR(config.Validate());
+  size_t slot = 0, block = 0, pool = 0, total = 0, bytes = 0;
+  if (MulOverflows(config.num_kv_heads, config.head_dim, &slot) ||
+      MulOverflows(slot, config.block_size, &block) ||
+      MulOverflows(block, config.num_blocks, &pool) || pool > SIZE_MAX / 2 ||
+      MulOverflows(PoolStrideFloats(config), 2 * static_cast<size_t>(config.num_layers), &total) ||
+      MulOverflows(total, sizeof(float), &bytes)) {
+    return absl::ResourceExhaustedError("KV cache size overflows");
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateIn(const KvCacheConfig& config,
+                                                                   void* memory, size_t bytes) {
+  ASSIGN_OR_RETURN(const size_t needed, BytesFor(config));
+  if (memory == nullptr || reinterpret_cast<uintptr_t>(memory) % kAlignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool memory must be ", kAlignment, "-byte aligned"));
+  }
+  if (bytes < needed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool memory holds ", bytes, " bytes; the pool needs ", needed));
+  }
+  std::memset(memory, 0, needed);
+  std::unique_ptr<float[], AlignedDelete> data(static_cast<float*>(memory),
+                                               AlignedDelete{/*owned=*/false});
+  return std::unique_ptr<KvBlockPool>(
+      new KvBlockPool(config, std::move(data), PoolStrideFloats(config), needed));
 }
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvCacheConfig& config) {
@@ -60,7 +91,7 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvCacheCo
   // Zero-filling commits the pages now, so a pool that does not fit fails at start-up rather
   // than mid-request, and unwritten slots read as zeros rather than garbage.
   std::memset(memory, 0, bytes);
-  std::unique_ptr<float[], AlignedDelete> data(static_cast<float*>(memory));
+  std::unique_ptr<float[], AlignedDelete> data(static_cast<float*>(memory), AlignedDelete{});
   return std::unique_ptr<KvBlockPool>(
       new KvBlockPool(config, std::move(data), total / (2 * config.num_layers), bytes));
 }

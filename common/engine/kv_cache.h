@@ -45,6 +45,13 @@ class KvBlockPool {
   // INVALID_ARGUMENT for a bad config; RESOURCE_EXHAUSTED when the size overflows or the
   // allocation fails.
   static absl::StatusOr<std::unique_ptr<KvBlockPool>> Create(const KvCacheConfig& config);
+  // The same pool laid out in `memory` (`bytes` long, 64-byte aligned, not owned: it must
+  // outlive the pool), e.g. memory a KV transport allocated so that peers in other processes
+  // can reach it. INVALID_ARGUMENT if it is misaligned or too small; zero-filled here.
+  static absl::StatusOr<std::unique_ptr<KvBlockPool>> CreateIn(const KvCacheConfig& config,
+                                                               void* memory, size_t bytes);
+  // Bytes Create would allocate for `config`.
+  static absl::StatusOr<size_t> BytesFor(const KvCacheConfig& config);
 
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
@@ -85,6 +92,7 @@ class KvBlockPool {
 
  private:
   struct AlignedDelete {
+    bool owned = true;  // false for memory the caller provided (CreateIn)
     void operator()(float* p) const;
   };
 

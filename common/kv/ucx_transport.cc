@@ -36,6 +36,40 @@ absl::StatusOr<sockaddr_in> ParseAgent(const std::string& agent) {
   return addr;
 }
 
+// A descriptor's remote_key: the region's base address (8 bytes), the length of the owner's
+// worker address (4 bytes), that address, then the packed remote key; host byte order.
+struct RemoteKey {
+  uint64_t base = 0;
+  absl::string_view worker_address;
+  absl::string_view rkey;
+};
+
+std::string PackRemoteKey(uint64_t base, absl::string_view worker_address, absl::string_view rkey) {
+  std::string out(reinterpret_cast<const char*>(&base), sizeof(base));
+  const uint32_t length = static_cast<uint32_t>(worker_address.size());
+  out.append(reinterpret_cast<const char*>(&length), sizeof(length));
+  out.append(worker_address.data(), worker_address.size());
+  out.append(rkey.data(), rkey.size());
+  return out;
+}
+
+absl::StatusOr<RemoteKey> ParseRemoteKey(absl::string_view packed) {
+  RemoteKey key;
+  uint32_t length = 0;
+  if (packed.size() < sizeof(key.base) + sizeof(length)) {
+    return absl::InvalidArgumentError("the remote region's descriptor carries no UCX key");
+  }
+  std::memcpy(&key.base, packed.data(), sizeof(key.base));
+  std::memcpy(&length, packed.data() + sizeof(key.base), sizeof(length));
+  packed.remove_prefix(sizeof(key.base) + sizeof(length));
+  if (length > packed.size() || packed.size() - length == 0) {
+    return absl::InvalidArgumentError("the remote region's UCX key is truncated");
+  }
+  key.worker_address = packed.substr(0, length);
+  key.rkey = packed.substr(length);
+  return key;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
@@ -75,6 +109,13 @@ absl::Status UcxTransport::Start() {
   if (s = ucp_worker_get_efd(worker_, &worker_fd_); s != UCS_OK) {
     return UcxError("ucp_worker_get_efd", s);
   }
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  if (s = ucp_worker_get_address(worker_, &address, &address_length); s != UCS_OK) {
+    return UcxError("ucp_worker_get_address", s);
+  }
+  worker_address_.assign(reinterpret_cast<const char*>(address), address_length);
+  ucp_worker_release_address(worker_, address);
 
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -254,7 +295,8 @@ void UcxTransport::Complete(const std::shared_ptr<Transfer>& transfer, ucs_statu
   }
 }
 
-absl::StatusOr<UcxTransport::Peer*> UcxTransport::Connect(const std::string& agent) {
+absl::StatusOr<UcxTransport::Peer*> UcxTransport::Connect(const std::string& agent,
+                                                          absl::string_view worker_address) {
   auto it = peers_.find(agent);
   if (it != peers_.end()) {
     if (it->second.error.ok()) return &it->second;
@@ -271,11 +313,16 @@ absl::StatusOr<UcxTransport::Peer*> UcxTransport::Connect(const std::string& age
   }
   ASSIGN_OR_RETURN(sockaddr_in addr, ParseAgent(agent));
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-  params.sockaddr.addrlen = sizeof(addr);
+  params.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  if (!worker_address.empty()) {
+    params.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+  } else {
+    params.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    params.sockaddr.addrlen = sizeof(addr);
+  }
   params.err_mode =
       options_.detect_dead_peers ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = &UcxTransport::OnEndpointError;
@@ -287,39 +334,65 @@ absl::StatusOr<UcxTransport::Peer*> UcxTransport::Connect(const std::string& age
   return &(peers_[agent] = std::move(peer));
 }
 
+absl::StatusOr<MemoryDescriptor> UcxTransport::MapLocked(void* base, size_t size, void** mapped) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = base;
+  params.length = size;
+  params.flags = base == nullptr ? UCP_MEM_MAP_ALLOCATE : 0;
+  ucp_mem_h memh = nullptr;
+  if (ucs_status_t s = ucp_mem_map(context_, &params, &memh); s != UCS_OK) {
+    return UcxError(base == nullptr ? "allocating memory" : "registering memory", s);
+  }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  if (ucs_status_t s = ucp_mem_query(memh, &attr); s != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return UcxError("querying registered memory", s);
+  }
+  void* packed = nullptr;
+  size_t packed_size = 0;
+  if (ucs_status_t s = ucp_rkey_pack(context_, memh, &packed, &packed_size); s != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return UcxError("packing the remote key", s);
+  }
+  MemoryDescriptor descriptor;
+  descriptor.remote_key =
+      PackRemoteKey(reinterpret_cast<uintptr_t>(attr.address), worker_address_,
+                    absl::string_view(static_cast<const char*>(packed), packed_size));
+  ucp_rkey_buffer_release(packed);
+  const uint64_t id = next_region_++;
+  regions_[id] = {static_cast<char*>(attr.address), size, memh};
+  descriptor.agent = agent_;
+  descriptor.region_id = id;
+  descriptor.size = size;
+  *mapped = attr.address;
+  return descriptor;
+}
+
 absl::StatusOr<MemoryDescriptor> UcxTransport::RegisterMemory(void* base, size_t size) {
   if (base == nullptr || size == 0) {
     return absl::InvalidArgumentError("cannot register an empty region");
   }
-  MemoryDescriptor descriptor;
+  absl::StatusOr<MemoryDescriptor> result = absl::InternalError("not run");
   RETURN_IF_ERROR(RunOnWorker([&]() -> absl::Status {
-    ucp_mem_map_params_t params{};
-    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    params.address = base;
-    params.length = size;
-    ucp_mem_h memh = nullptr;
-    if (ucs_status_t s = ucp_mem_map(context_, &params, &memh); s != UCS_OK) {
-      return UcxError("registering memory", s);
-    }
-    void* packed = nullptr;
-    size_t packed_size = 0;
-    if (ucs_status_t s = ucp_rkey_pack(context_, memh, &packed, &packed_size); s != UCS_OK) {
-      ucp_mem_unmap(context_, memh);
-      return UcxError("packing the remote key", s);
-    }
-    // remote_key: the region's base address (8 bytes, host order), then the packed key.
-    const uint64_t address = reinterpret_cast<uintptr_t>(base);
-    descriptor.remote_key.assign(reinterpret_cast<const char*>(&address), sizeof(address));
-    descriptor.remote_key.append(static_cast<const char*>(packed), packed_size);
-    ucp_rkey_buffer_release(packed);
-    const uint64_t id = next_region_++;
-    regions_[id] = {static_cast<char*>(base), size, memh};
-    descriptor.agent = agent_;
-    descriptor.region_id = id;
-    descriptor.size = size;
-    return absl::OkStatus();
+    void* mapped = nullptr;
+    result = MapLocked(base, size, &mapped);
+    return result.status();
   }));
-  return descriptor;
+  return result;
+}
+
+absl::StatusOr<std::pair<void*, MemoryDescriptor>> UcxTransport::AllocateMemory(size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("cannot allocate an empty region");
+  absl::StatusOr<MemoryDescriptor> result = absl::InternalError("not run");
+  void* mapped = nullptr;
+  RETURN_IF_ERROR(RunOnWorker([&]() -> absl::Status {
+    result = MapLocked(nullptr, size, &mapped);
+    return result.status();
+  }));
+  return std::make_pair(mapped, *std::move(result));
 }
 
 absl::Status UcxTransport::DeregisterMemory(const MemoryDescriptor& region) {
@@ -343,9 +416,7 @@ absl::StatusOr<TransferId> UcxTransport::PostWrite(const MemoryDescriptor& local
     return absl::InvalidArgumentError(absl::StrCat("the source region belongs to \"", local.agent,
                                                    "\", not to \"", agent_, "\""));
   }
-  if (remote.remote_key.size() <= sizeof(uint64_t)) {
-    return absl::InvalidArgumentError("the remote region's descriptor carries no UCX key");
-  }
+  ASSIGN_OR_RETURN(const RemoteKey key, ParseRemoteKey(remote.remote_key));
   RETURN_IF_ERROR(CheckSpans(spans, local.size, remote.size));
   auto transfer = std::make_shared<Transfer>();
   transfer->peer = remote.agent;
@@ -355,18 +426,15 @@ absl::StatusOr<TransferId> UcxTransport::PostWrite(const MemoryDescriptor& local
       return absl::NotFoundError(
           absl::StrCat("local region ", local.region_id, " is not registered"));
     }
-    ASSIGN_OR_RETURN(Peer * peer, Connect(remote.agent));
+    ASSIGN_OR_RETURN(Peer * peer, Connect(remote.agent, key.worker_address));
     ucp_rkey_h& rkey = peer->rkeys[remote.region_id];
     if (rkey == nullptr) {
-      if (ucs_status_t s =
-              ucp_ep_rkey_unpack(peer->ep, remote.remote_key.data() + sizeof(uint64_t), &rkey);
-          s != UCS_OK) {
+      if (ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, key.rkey.data(), &rkey); s != UCS_OK) {
         peer->rkeys.erase(remote.region_id);
         return UcxError("unpacking the remote key", s);
       }
     }
-    uint64_t remote_base;
-    std::memcpy(&remote_base, remote.remote_key.data(), sizeof(remote_base));
+    const uint64_t remote_base = key.base;
     auto post = [&](ucs_status_ptr_t request, RequestContext* context) -> absl::Status {
       if (request == nullptr) {  // completed in place
         delete context;

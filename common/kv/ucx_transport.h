@@ -1,9 +1,12 @@
 // The KV transport over UCX (UCP): one-sided puts from the writer's registered memory into the
 // reader's, over shared memory or TCP on one host, and RDMA where the hardware has it. Each
-// agent owns a UCP context and worker, listens on host:port (its agent name, which peers
-// connect to through UCX's client-server sockaddr API), and runs one progress thread that
-// makes every UCX call; the public methods hand it work and wait with a deadline. A write is
-// cut into puts of at most max_put_bytes (large single puts over UCX 1.13's TCP transport are
+// agent owns a UCP context and worker, listens on host:port (its agent name), and runs one
+// progress thread that makes every UCX call; the public methods hand it work and wait with a
+// deadline. A region's descriptor carries its owner's worker address, and writers connect
+// through it: with UCX 1.13, endpoints made through the listener (the client-server sockaddr
+// API) cannot use shared memory between processes ("Endpoint timeout"), while worker-address
+// endpoints can. Descriptors without a worker address still connect through the listener. A write
+// is cut into puts of at most max_put_bytes (large single puts over UCX 1.13's TCP transport are
 // pathologically slow) and ends with an endpoint flush, so "done" means the bytes have landed
 // in the peer's memory, not merely left this one.
 //
@@ -54,6 +57,10 @@ class UcxTransport : public KvTransport {
   const std::string& agent() const override { return agent_; }
 
   absl::StatusOr<MemoryDescriptor> RegisterMemory(void* base, size_t size) override;
+  // Has UCX allocate `size` bytes and registers them. Memory UCX allocates (System V or POSIX
+  // shared memory here) is what its shared-memory transports can reach from another process;
+  // ordinary memory is reachable only over TCP (or RDMA). DeregisterMemory frees it.
+  absl::StatusOr<std::pair<void*, MemoryDescriptor>> AllocateMemory(size_t size);
   absl::Status DeregisterMemory(const MemoryDescriptor& region) override;
   absl::StatusOr<TransferId> PostWrite(const MemoryDescriptor& local,
                                        const MemoryDescriptor& remote,
@@ -86,12 +93,16 @@ class UcxTransport : public KvTransport {
 
   explicit UcxTransport(const UcxTransportOptions& options) : options_(options) {}
   absl::Status Start();
+  // Progress thread: maps (or allocates, with base null) and registers a region.
+  absl::StatusOr<MemoryDescriptor> MapLocked(void* base, size_t size, void** mapped);
   void ProgressLoop();
   // Runs `fn` on the progress thread and returns its status, or DEADLINE_EXCEEDED.
   absl::Status RunOnWorker(std::function<absl::Status()> fn);
   void Wake();
   // Progress-thread only.
-  absl::StatusOr<Peer*> Connect(const std::string& agent);
+  // To `agent`, through its worker address when the descriptor carries one (what lets UCX pick
+  // shared memory between processes), else through its listener.
+  absl::StatusOr<Peer*> Connect(const std::string& agent, absl::string_view worker_address);
   void FailPeer(ucp_ep_h ep, ucs_status_t status);
   void Complete(const std::shared_ptr<Transfer>& transfer, ucs_status_t status);
   void Shutdown();
@@ -102,6 +113,7 @@ class UcxTransport : public KvTransport {
 
   const UcxTransportOptions options_;
   std::string agent_;
+  std::string worker_address_;  // ucp_worker_get_address, handed to peers in descriptors
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;

@@ -17,8 +17,11 @@ ABSL_FLAG(int, prefill_chunk, 256, "Prompt tokens per engine step.");
 ABSL_FLAG(std::string, kv_listen_host, "127.0.0.1",
           "IPv4 address the KV transport listens on (port chosen by the system).");
 ABSL_FLAG(std::string, kv_transports, "tcp",
-          "UCX transports (UCX_TLS) for KV transfer; must include tcp. Cross-process shared "
-          "memory does not work yet (docs/benchmarks.md).");
+          "UCX transports (UCX_TLS) for KV transfer, e.g. tcp or sm,tcp (shared memory between "
+          "processes on one host, several GB/s; needs --kv_detect_dead_peers=false).");
+ABSL_FLAG(bool, kv_detect_dead_peers, true,
+          "UCX peer failure detection; UCX 1.13 then uses TCP only. Without it a dead peer is "
+          "noticed by the transfer deadline.");
 
 int main(int argc, char** argv) {
   const tandem::config::ProgramInfo program{
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
   tandem::kv::UcxTransportOptions kv_options;
   kv_options.listen_host = absl::GetFlag(FLAGS_kv_listen_host);
   kv_options.transports = absl::GetFlag(FLAGS_kv_transports);
+  kv_options.detect_dead_peers = absl::GetFlag(FLAGS_kv_detect_dead_peers);
   auto transport = tandem::kv::UcxTransport::Create(kv_options);
   if (!transport.ok()) return fail("the KV transport", transport.status());
   auto region = (*transport)->RegisterMemory(engine->pool->data(), engine->pool->size_bytes());

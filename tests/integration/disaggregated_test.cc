@@ -23,13 +23,18 @@ using testing::Subprocess;
 
 constexpr int kTokens = 24;
 
-class DisaggregatedTest : public ::testing::Test {
+// KV over UCX/TCP with dead-peer detection (the default), or over shared memory between the
+// two processes.
+class DisaggregatedTest : public ::testing::TestWithParam<std::vector<std::string>> {
  protected:
   void SetUp() override {
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
     manifest_ = nlohmann::json::parse(in);
-    prefill_ = Start("tandem-prefill", {});
-    decode_ = Start("tandem-decode", {"--kv_blocks=160", "--lease_ms=1500"});
+    prefill_ = Start("tandem-prefill", GetParam());
+    std::vector<std::string> decode_flags = GetParam();
+    decode_flags.push_back("--kv_blocks=160");
+    decode_flags.push_back("--lease_ms=1500");
+    decode_ = Start("tandem-decode", decode_flags);
     ASSERT_FALSE(HasFailure());
     prefill_stub_ = v1::Prefill::NewStub(grpc::CreateChannel(
         absl::StrCat("127.0.0.1:", prefill_.grpc_port), grpc::InsecureChannelCredentials()));
@@ -136,7 +141,7 @@ class DisaggregatedTest : public ::testing::Test {
   std::unique_ptr<v1::Decode::Stub> decode_stub_;
 };
 
-TEST_F(DisaggregatedTest, GreedyGenerationsMatchTheReferenceOneAtATime) {
+TEST_P(DisaggregatedTest, GreedyGenerationsMatchTheReferenceOneAtATime) {
   for (size_t k = 0; k < manifest_["prompts"].size(); ++k) {
     auto tokens = Generate(Prompt(static_cast<int>(k)), absl::StrCat("one-", k));
     ASSERT_TRUE(tokens.ok()) << tokens.status() << "\n"
@@ -147,7 +152,7 @@ TEST_F(DisaggregatedTest, GreedyGenerationsMatchTheReferenceOneAtATime) {
   EXPECT_EQ(info.free_kv_blocks(), info.total_kv_blocks());
 }
 
-TEST_F(DisaggregatedTest, GreedyGenerationsMatchTheReferenceAllAtOnce) {
+TEST_P(DisaggregatedTest, GreedyGenerationsMatchTheReferenceAllAtOnce) {
   const int n = static_cast<int>(manifest_["prompts"].size());
   std::vector<absl::StatusOr<std::vector<int32_t>>> results(2 * n, absl::UnknownError("unset"));
   std::vector<std::thread> clients;
@@ -167,7 +172,7 @@ TEST_F(DisaggregatedTest, GreedyGenerationsMatchTheReferenceAllAtOnce) {
       absl::Seconds(5)));
 }
 
-TEST_F(DisaggregatedTest, BadReservationsAreClearErrorsAndLeasesExpire) {
+TEST_P(DisaggregatedTest, BadReservationsAreClearErrorsAndLeasesExpire) {
   v1::DecodeRequest decode;
   decode.set_handle("no-such-handle");
   decode.add_prompt_token_ids(1);
@@ -204,6 +209,13 @@ TEST_F(DisaggregatedTest, BadReservationsAreClearErrorsAndLeasesExpire) {
   EXPECT_EQ(decode_stub_->Reserve(Context(absl::Seconds(5)).get(), too_big, &reserved).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Kv, DisaggregatedTest,
+    ::testing::Values(std::vector<std::string>{},
+                      std::vector<std::string>{"--kv_transports=sm,tcp",
+                                               "--kv_detect_dead_peers=false"}),
+    [](const auto& info) { return info.param.empty() ? "Tcp" : "SharedMemory"; });
 
 }  // namespace
 }  // namespace tandem

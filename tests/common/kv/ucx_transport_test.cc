@@ -9,6 +9,7 @@
 
 #include <random>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -151,6 +152,36 @@ TEST_P(UcxTransportTest, BadDescriptorsAreClearErrors) {
   EXPECT_EQ(a->PostWrite(*local, *remote, {&ok, 1}).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A descriptor without the owner's worker address connects through its listener (UCX's
+// sockaddr API) instead; over TCP that moves the same bytes.
+TEST(UcxListenerTest, DescriptorsWithoutAWorkerAddressConnectThroughTheListener) {
+  UcxTransportOptions options;
+  options.transports = "tcp";
+  auto made_a = UcxTransport::Create(options);
+  auto made_b = UcxTransport::Create(options);
+  ASSERT_TRUE(made_a.ok() && made_b.ok());
+  auto& a = *made_a;
+  auto& b = *made_b;
+  std::vector<char> src(1 << 16), dst(1 << 16, 0);
+  std::mt19937 rng(9);
+  for (char& c : src) c = static_cast<char>(rng());
+  auto local = a->RegisterMemory(src.data(), src.size());
+  auto remote = b->RegisterMemory(dst.data(), dst.size());
+  ASSERT_TRUE(local.ok() && remote.ok());
+  // remote_key: base (8 bytes), worker address length (4), address, packed key.
+  uint32_t length = 0;
+  std::memcpy(&length, remote->remote_key.data() + 8, 4);
+  ASSERT_GT(length, 0u);
+  MemoryDescriptor by_listener = *remote;
+  by_listener.remote_key = remote->remote_key.substr(0, 8) + std::string(4, '\0') +
+                           remote->remote_key.substr(12 + length);
+  const CopySpan span{0, 0, src.size()};
+  auto id = a->PostWrite(*local, by_listener, {&span, 1});
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_EQ(WaitForTransfer(*a, *id, absl::Now() + absl::Seconds(20)), absl::OkStatus());
+  EXPECT_EQ(Checksum(dst.data(), dst.size()), Checksum(src.data(), src.size()));
+}
+
 // The peer goes away: writes to it fail (UNAVAILABLE when dead peers are detected) or run into
 // their deadline; they never hang.
 TEST_P(UcxTransportTest, DeadPeerIsAnErrorWithinTheDeadline) {
@@ -185,23 +216,31 @@ TEST_P(UcxTransportTest, DeadPeerIsAnErrorWithinTheDeadline) {
 // shared-memory transports, puts from one process into another's ordinary (malloc'd) memory
 // through a sockaddr-connected endpoint fail here ("Endpoint timeout" / "not connected"), while
 // ucx_perftest, whose buffers UCX allocates itself, puts at ~28 GB/s; see the issue #5 notes.
-class UcxCrossProcessTest : public ::testing::Test {
+struct CrossProcessMode {
+  const char* name;
+  const char* transports;
+  const char* memory;  // the peer's pool: "heap" or "ucx" (allocated by UCX)
+};
+
+class UcxCrossProcessTest : public ::testing::TestWithParam<CrossProcessMode> {
  protected:
-  const char* transports() const { return "tcp"; }
+  const char* transports() const { return GetParam().transports; }
   std::unique_ptr<UcxTransport> Make() {
     UcxTransportOptions options;
     options.transports = transports();
+    options.detect_dead_peers = std::string(transports()) == "tcp";
     auto t = UcxTransport::Create(options);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? *std::move(t) : nullptr;
   }
 };
 
-TEST_F(UcxCrossProcessTest, WritesIntoAnotherProcess) {
+TEST_P(UcxCrossProcessTest, WritesIntoAnotherProcess) {
   ::tandem::testing::TempDir dir;
   const std::string out = dir.path() + "/peer.json";
   auto peer = ::tandem::testing::Subprocess::Start(
-      {KV_UCX_PEER, "--out", out, "--transports", transports()}, dir.path() + "/peer.log");
+      {KV_UCX_PEER, "--out", out, "--transports", transports(), "--memory", GetParam().memory},
+      dir.path() + "/peer.log");
   ASSERT_TRUE(peer.ok()) << peer.status();
   ASSERT_TRUE(
       ::tandem::testing::WaitUntil([&] { return std::filesystem::exists(out); }, absl::Seconds(30)))
@@ -247,6 +286,12 @@ TEST_F(UcxCrossProcessTest, WritesIntoAnotherProcess) {
   ASSERT_TRUE(exit.ok());
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Loopback, UcxCrossProcessTest,
+                         ::testing::Values(CrossProcessMode{"Tcp", "tcp", "heap"},
+                                           CrossProcessMode{"SharedMemory", "sm,tcp", "ucx"},
+                                           CrossProcessMode{"SharedMemoryHeap", "sm,tcp", "heap"}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(Loopback, UcxTransportTest,
                          ::testing::Values(Mode{"Tcp", "tcp", true},
