@@ -1,7 +1,9 @@
 #include "common/rpc/service_flags.h"
 
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,9 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(double, drain_timeout_s, 10.0,
           "On SIGTERM/SIGINT, seconds in-flight requests get to finish before cancellation.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain; with --tls_key_file, gRPC is served over TLS only.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
 
 namespace tandem::rpc {
 
@@ -46,6 +51,23 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const std::string& name) 
                                                    " is not debug|info|warning|error"));
   }
   util::SetMinLogLevel(level);
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert_file);
+  const std::string key = absl::GetFlag(FLAGS_tls_key_file);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert_file and --tls_key_file go together");
+  }
+  for (const auto& [flag, path, out] :
+       {std::tuple{"tls_cert_file", cert, &options.tls_cert_chain},
+        std::tuple{"tls_key_file", key, &options.tls_private_key}}) {
+    if (path.empty()) continue;
+    std::ifstream in(path);
+    if (!in)
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": cannot read"));
+    out->assign(std::istreambuf_iterator<char>(in), {});
+    if (out->find("-----BEGIN") == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": not PEM"));
+    }
+  }
   return options;
 }
 

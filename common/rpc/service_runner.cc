@@ -27,15 +27,22 @@ sigset_t ShutdownSignals() {
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& host, int port,
                                                               std::vector<grpc::Service*> services,
-                                                              int max_message_bytes) {
+                                                              int max_message_bytes,
+                                                              const std::string& tls_cert_chain,
+                                                              const std::string& tls_private_key) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("grpc port ", port, " out of range"));
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(),
-                           &bound_port);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!tls_cert_chain.empty() && !tls_private_key.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({tls_private_key, tls_cert_chain});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(absl::StrCat(host, ":", port), credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
   for (grpc::Service* service : services) builder.RegisterService(service);
@@ -103,7 +110,8 @@ int RunService(const ServiceOptions& options, std::vector<grpc::Service*> servic
     return 1;
   }
   auto server =
-      GrpcServer::Start(options.host, options.grpc_port, services, options.max_message_bytes);
+      GrpcServer::Start(options.host, options.grpc_port, services, options.max_message_bytes,
+                        options.tls_cert_chain, options.tls_private_key);
   if (!server.ok()) {
     TANDEM_LOG(ERROR) << options.name << ": " << server.status();
     return 1;

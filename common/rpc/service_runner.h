@@ -30,14 +30,20 @@ struct ServiceOptions {
   // then are cancelled.
   absl::Duration drain_timeout = absl::Seconds(10);
   int max_message_bytes = 64 << 20;
+  // PEM certificate chain and private key: when both are set, gRPC is served over TLS only.
+  std::string tls_cert_chain;
+  std::string tls_private_key;
 };
 
 // A started gRPC server; Shutdown() drains with a deadline.
 class GrpcServer {
  public:
+  // TLS when `tls_cert_chain` and `tls_private_key` (PEM) are set, plaintext otherwise.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const std::string& host, int port,
                                                            std::vector<grpc::Service*> services,
-                                                           int max_message_bytes);
+                                                           int max_message_bytes,
+                                                           const std::string& tls_cert_chain = "",
+                                                           const std::string& tls_private_key = "");
   ~GrpcServer();
   int port() const { return port_; }
   // Stops accepting calls, waits up to `deadline` for in-flight calls, cancels the rest.

@@ -17,7 +17,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_root_certs.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateCustomChannel(target, credentials, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("cannot connect to the gateway at ", target,
                                                " within ", absl::FormatDuration(connect_timeout)));

@@ -3,6 +3,7 @@
 // the same text streamed and unary.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -88,6 +89,43 @@ TEST_F(ServeTest, StreamedTextEqualsUnaryText) {
       client_->GenerateStream(request, [&](const auto& chunk) { streamed += chunk.text(); }).ok());
   EXPECT_EQ(streamed, unary->text());
   EXPECT_FALSE(streamed.empty());
+}
+
+// `tandem serve` over TLS: a self-signed certificate for 127.0.0.1 made here with openssl; a
+// client trusting it generates, a plaintext client cannot connect.
+TEST(ServeTlsTest, TlsClientsGenerateAndPlaintextOnesCannotConnect) {
+  testing::TempDir dir;
+  const std::string cert = dir.path() + "/cert.pem", key = dir.path() + "/key.pem";
+  const std::string command =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+      key + " -out " + cert + " > " + dir.path() + "/openssl.log 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << "openssl failed (scripts/setup.sh installs it)";
+  const std::string port_file = dir.path() + "/serve.ports";
+  auto proc = testing::Subprocess::Start(
+      {testing::BinDir() + "/tandem", "serve",
+       "--model=" + testing::SourceDir() + "/models/tiny-moe", "--port_file=" + port_file,
+       "--tls_cert_file=" + cert, "--tls_key_file=" + key, "--drain_timeout_s=2"},
+      dir.path() + "/serve.log");
+  ASSERT_TRUE(proc.ok()) << proc.status();
+  auto ports = testing::WaitForPortFile(port_file, absl::Seconds(30));
+  ASSERT_TRUE(ports.ok()) << ports.status();
+  const std::string endpoint = absl::StrCat("127.0.0.1:", ports->grpc_port);
+
+  sdk::ClientOptions options;
+  std::ifstream in(cert);
+  options.tls_root_certs.assign(std::istreambuf_iterator<char>(in), {});
+  auto client = sdk::Client::Connect(endpoint, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::GenerateRequest request;
+  request.set_prompt("The jury said");
+  request.mutable_sampling()->set_max_tokens(8);
+  auto response = (*client)->Generate(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->token_ids_size(), 8);
+
+  auto plaintext = sdk::Client::Connect(endpoint, {}, absl::Seconds(2));
+  EXPECT_FALSE(plaintext.ok());
 }
 
 }  // namespace

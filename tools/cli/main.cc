@@ -6,8 +6,15 @@
 //                   [--load_format dummy --routing zipf:S]
 //   tandem tokenize --endpoint HOST:PORT --text TEXT
 //   tandem perplexity --model DIR --text FILE   (each non-blank line of FILE is a document)
+//   tandem serve --model DIR [tandem-serve flags]   (colocated mode, see services/serve)
 //   tandem models   --endpoint HOST:PORT
 //   tandem health   --endpoint HOST:PORT
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <string>
@@ -41,6 +48,8 @@ ABSL_FLAG(std::string, load_format, "auto",
 ABSL_FLAG(std::string, routing, "",
           "With --model: replace the router by a stated one, uniform or zipf:S (required for "
           "--load_format dummy).");
+ABSL_FLAG(std::string, tls_root_certs, "",
+          "PEM file of root certificates: talk to the gateway over TLS, trusting these.");
 ABSL_FLAG(double, timeout_s, 120.0, "Deadline of each call, in seconds.");
 
 namespace {
@@ -51,6 +60,8 @@ constexpr char kUsage[] =
     "  generate   send a prompt to a gateway (--endpoint) and print the completion, or\n"
     "             generate in this process (--model DIR)\n"
     "  tokenize   print the token ids of --text\n"
+    "  serve      colocated mode: run tandem-serve (the gateway API on an engine in this\n"
+    "             process) with the rest of the arguments, e.g. tandem serve --model DIR\n"
     "  perplexity score the text file --text with the model --model DIR, one document a\n"
     "             line, by the protocol of tools/train/data.py\n"
     "  models     list the gateway's models\n"
@@ -66,6 +77,11 @@ int Report(const absl::Status& status) {
 absl::StatusOr<std::unique_ptr<tandem::sdk::Client>> Connect() {
   tandem::sdk::ClientOptions options;
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  if (const std::string path = absl::GetFlag(FLAGS_tls_root_certs); !path.empty()) {
+    std::ifstream in(path);
+    if (!in) return absl::InvalidArgumentError("--tls_root_certs=" + path + ": cannot read");
+    options.tls_root_certs.assign(std::istreambuf_iterator<char>(in), {});
+  }
   return tandem::sdk::Client::Connect(absl::GetFlag(FLAGS_endpoint), options);
 }
 
@@ -223,7 +239,23 @@ int Health() {
 
 }  // namespace
 
+// `tandem serve ARGS` runs tandem-serve (colocated mode) from the same directory with ARGS.
+int Serve(int argc, char** argv) {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::string binary =
+      (error ? std::filesystem::path(argv[0]).parent_path() : self.parent_path()) / "tandem-serve";
+  std::vector<char*> args = {const_cast<char*>(binary.c_str())};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(binary.c_str(), args.data());
+  std::cerr << "tandem: serve runs " << binary
+            << ", which cannot be started: " << std::strerror(errno) << "\n";
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "serve") return Serve(argc, argv);
   const tandem::config::ProgramInfo program{
       "tandem", "Tandem's command-line client", "", {"tools/cli/"}};
   auto args = tandem::config::ParseFlags(argc, argv, program);

@@ -19,6 +19,8 @@ struct ClientOptions {
   // Deadline of each call (a streamed call: of the whole stream).
   absl::Duration timeout = absl::Seconds(60);
   int max_message_bytes = 64 << 20;
+  // PEM root certificates: when set, the connection uses TLS and trusts these roots.
+  std::string tls_root_certs;
 };
 
 class Client {
