@@ -6,6 +6,23 @@
 
 namespace tandem::sdk {
 
+void Cancellation::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (context_ != nullptr) context_->TryCancel();
+}
+
+bool Cancellation::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void Cancellation::Attach(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  context_ = context;
+  if (cancelled_ && context != nullptr) context->TryCancel();
+}
+
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : channel_(std::move(channel)),
       stub_(tandem::v1::Gateway::NewStub(channel_)),
@@ -36,24 +53,30 @@ void Client::SetDeadline(grpc::ClientContext* context) const {
 }
 
 absl::StatusOr<tandem::v1::GenerateResponse> Client::Generate(
-    const tandem::v1::GenerateRequest& request) {
+    const tandem::v1::GenerateRequest& request, Cancellation* cancel) {
   grpc::ClientContext context;
   SetDeadline(&context);
+  if (cancel != nullptr) cancel->Attach(&context);
   tandem::v1::GenerateResponse response;
   grpc::Status status = stub_->Generate(&context, request, &response);
+  if (cancel != nullptr) cancel->Attach(nullptr);
   if (!status.ok()) return rpc::FromGrpcStatus(status);
   return response;
 }
 
 absl::Status Client::GenerateStream(
     const tandem::v1::GenerateRequest& request,
-    const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk) {
+    const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk,
+    Cancellation* cancel) {
   grpc::ClientContext context;
   SetDeadline(&context);
+  if (cancel != nullptr) cancel->Attach(&context);
   auto reader = stub_->GenerateStream(&context, request);
   tandem::v1::GenerateStreamResponse chunk;
   while (reader->Read(&chunk)) on_chunk(chunk);
-  return rpc::FromGrpcStatus(reader->Finish());
+  const grpc::Status status = reader->Finish();
+  if (cancel != nullptr) cancel->Attach(nullptr);
+  return rpc::FromGrpcStatus(status);
 }
 
 absl::StatusOr<tandem::v1::TokenizeResponse> Client::Tokenize(

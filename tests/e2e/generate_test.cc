@@ -169,6 +169,25 @@ TEST_F(GenerateEndToEndTest, OneDeadPrefillInstanceOfTwoDoesNotStopService) {
   EXPECT_TRUE(testing::WaitUntil([&] { return DecodeFreeBlocksMissing() == 0; }, absl::Seconds(5)));
 }
 
+// The client cancels mid-stream: CANCELLED at once, and decode frees the sequence's blocks.
+TEST_F(GenerateEndToEndTest, ClientCancellationFreesDecodeBlocks) {
+  StartGateway({absl::StrCat("127.0.0.1:", prefill_.grpc_port)});
+  v1::GenerateRequest request = ByIds(Prompt(7));
+  request.mutable_sampling()->set_max_tokens(300);
+  request.mutable_sampling()->set_ignore_eos(true);
+  sdk::Cancellation cancel;
+  int chunks = 0;
+  const absl::Status status = client_->GenerateStream(
+      request,
+      [&](const auto&) {
+        if (++chunks == 3) cancel.Cancel();
+      },
+      &cancel);
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_LT(chunks, 300);
+  EXPECT_TRUE(testing::WaitUntil([&] { return DecodeFreeBlocksMissing() == 0; }, absl::Seconds(5)));
+}
+
 // Decode dies mid-stream: the client's stream ends with an error within seconds, not a hang.
 TEST_F(GenerateEndToEndTest, KillingDecodeMidStreamEndsTheClientStreamWithAnError) {
   StartGateway({absl::StrCat("127.0.0.1:", prefill_.grpc_port)});

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "tandem/v1/gateway.grpc.pb.h"
 
@@ -23,6 +24,22 @@ struct ClientOptions {
   std::string tls_root_certs;
 };
 
+// Cancels a call in flight from another thread (or from the call's own chunk callback). A
+// cancelled call returns CANCELLED, and the server frees what it held for it.
+class Cancellation {
+ public:
+  void Cancel();
+  bool cancelled() const;
+
+ private:
+  friend class Client;
+  void Attach(grpc::ClientContext* context);
+
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
 class Client {
  public:
   // Connects to a gateway at `target` ("host:port"); fails if it is not reachable within
@@ -31,11 +48,14 @@ class Client {
       const std::string& target, ClientOptions options = {},
       absl::Duration connect_timeout = absl::Seconds(5));
 
-  absl::StatusOr<tandem::v1::GenerateResponse> Generate(const tandem::v1::GenerateRequest& request);
+  // `cancel`, when set, can abort the call (CANCELLED) before its deadline.
+  absl::StatusOr<tandem::v1::GenerateResponse> Generate(const tandem::v1::GenerateRequest& request,
+                                                        Cancellation* cancel = nullptr);
   // Calls `on_chunk` for every streamed chunk, in order; returns the stream's final status.
   absl::Status GenerateStream(
       const tandem::v1::GenerateRequest& request,
-      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk);
+      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk,
+      Cancellation* cancel = nullptr);
   absl::StatusOr<tandem::v1::TokenizeResponse> Tokenize(const tandem::v1::TokenizeRequest& request);
   absl::StatusOr<tandem::v1::ListModelsResponse> ListModels();
   // grpc.health.v1 status of the whole server: OK when SERVING.
