@@ -318,6 +318,12 @@ void ForwardPass::RunExperts(int l) {
       stats_.expert_weight_bytes += bytes;
       stats_.matmul_flops += int64_t{6} * m * width * hidden;
       ++stats_.expert_runs;
+      if (observer_ != nullptr) {
+        observer_tokens_.resize(m);
+        for (int i = 0; i < m; ++i) observer_tokens_[i] = pairs[begin + i].token;
+        observer_->OnExpert(l, static_cast<int>(e), width, observer_tokens_, act_.data(),
+                            expert_out_.data());
+      }
       for (int i = 0; i < m; ++i) {
         k::Axpy(pairs[begin + i].weight, Row(expert_out_, i, hidden), hidden,
                 Row(moe_, pairs[begin + i].token, hidden));

@@ -60,6 +60,17 @@ class RouterOverride {
   virtual void Logits(int layer, int32_t token, int position, absl::Span<float> logits) const = 0;
 };
 
+// Sees every expert group a step runs, for calibration (`tandem calibrate`): which tokens (rows
+// of the step, in batch token order) went to `expert` of `layer` at `width`, their activations
+// act (rows, width) = silu(gate) * up and the expert's outputs out (rows, hidden) before the
+// router weight. Called on the stepping thread; the pointers are valid during the call only.
+class ExpertObserver {
+ public:
+  virtual ~ExpertObserver() = default;
+  virtual void OnExpert(int layer, int expert, int width, absl::Span<const int> tokens,
+                        const float* act, const float* out) = 0;
+};
+
 // Per-step MoE controls; the defaults run every expert at full width.
 struct MoeOptions {
   const ExpertMask* mask = nullptr;
@@ -101,6 +112,8 @@ class ForwardPass {
 
   // Uses `router` instead of the model's router weights from now on (null restores them).
   void SetRouterOverride(std::unique_ptr<RouterOverride> router) { router_ = std::move(router); }
+  // Reports every expert group to `observer` from now on (null stops it); not owned.
+  void SetExpertObserver(ExpertObserver* observer) { observer_ = observer; }
 
   // Runs one step; `moe` applies to every sequence without its own. `logits` gets one entry per
   // batch element: (rows, vocab) with rows = n for kAll, 1 for kLast and 0 (empty) for kNone.
@@ -122,6 +135,7 @@ class ForwardPass {
   const ModelWeights* w_;
   KvBlockPool* pool_;
   std::unique_ptr<RouterOverride> router_;
+  ExpertObserver* observer_ = nullptr;
   StepStats stats_;
 
   // Buffers reused across steps (sized by the largest step so far).
@@ -136,6 +150,7 @@ class ForwardPass {
   std::vector<int32_t> chosen_;
   std::vector<float> chosen_w_;
   std::vector<int> chosen_width_;
+  std::vector<int> observer_tokens_;
 };
 
 }  // namespace tandem::engine

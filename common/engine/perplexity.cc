@@ -18,12 +18,6 @@ namespace {
 
 constexpr int kBlockSize = 16;  // tokens per KV block of the pool the convenience overload makes
 
-// A chunk of targets: scored[begin, begin + size), run as [BOS] + those tokens.
-struct Window {
-  int64_t begin;
-  int size;
-};
-
 int BlocksFor(int tokens, int block_size) {
   return static_cast<int>((static_cast<int64_t>(tokens) + block_size - 1) / block_size);
 }
@@ -54,6 +48,42 @@ double LogProb(const float* row, int vocab, int32_t target) {
 
 }  // namespace
 
+absl::StatusOr<ProtocolText> ReadProtocolText(const model::Tokenizer& tokenizer,
+                                              const std::string& text_path, int window) {
+  if (window < 1) return absl::InvalidArgumentError("the window must be >= 1");
+  const int32_t eos = tokenizer.eos_id();
+  if (tokenizer.bos_id() < 0 || eos < 0) {
+    return absl::InvalidArgumentError("the evaluation protocol needs a tokenizer with BOS and EOS");
+  }
+  // The documents, EOS appended, back to back: `scored` is every target in protocol order.
+  ASSIGN_OR_RETURN(const std::string text, ReadText(text_path));
+  ProtocolText out;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    // As Python's text mode reads a CRLF file; a blank line is no document.
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (std::all_of(line.begin(), line.end(), [](char ch) { return absl::ascii_isspace(ch); })) {
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(line));
+    ids.push_back(eos);
+    for (size_t s = 0; s < ids.size(); s += window) {
+      out.windows.push_back({static_cast<int64_t>(out.scored.size() + s),
+                             static_cast<int>(std::min<size_t>(window, ids.size() - s))});
+    }
+    out.scored.insert(out.scored.end(), ids.begin(), ids.end());
+    ++out.documents;
+  }
+  if (out.documents == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text file ", text_path, " holds no document (no non-blank line)"));
+  }
+  return out;
+}
+
 absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
                                                     const model::Tokenizer& tokenizer,
                                                     const std::string& text_path,
@@ -74,40 +104,17 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
     return absl::InvalidArgumentError("the perplexity protocol needs a tokenizer with BOS and EOS");
   }
 
-  // The documents, EOS appended, back to back: `scored` is every target in protocol order.
-  ASSIGN_OR_RETURN(const std::string text, ReadText(text_path));
+  ASSIGN_OR_RETURN(ProtocolText protocol, ReadProtocolText(tokenizer, text_path, options.window));
   PerplexityResult result;
-  std::vector<int32_t> scored;
-  std::vector<Window> windows;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    // As Python's text mode reads a CRLF file; a blank line is no document.
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (std::all_of(line.begin(), line.end(), [](char ch) { return absl::ascii_isspace(ch); })) {
-      continue;
-    }
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(line));
-    ids.push_back(eos);
-    for (size_t s = 0; s < ids.size(); s += options.window) {
-      windows.push_back({static_cast<int64_t>(scored.size() + s),
-                         static_cast<int>(std::min<size_t>(options.window, ids.size() - s))});
-    }
-    scored.insert(scored.end(), ids.begin(), ids.end());
-    ++result.documents;
-  }
-  if (result.documents == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("text file ", text_path, " holds no document (no non-blank line)"));
-  }
+  result.documents = protocol.documents;
+  const std::vector<int32_t>& scored = protocol.scored;
+  const std::vector<ProtocolWindow>& windows = protocol.windows;
 
   KvBlockPool* pool = forward->pool();
   const int block_size = pool->config().block_size;
   const int free_blocks = pool->num_free();
   int longest = 0;
-  for (const Window& w : windows) longest = std::max(longest, w.size + 1);
+  for (const ProtocolWindow& w : windows) longest = std::max(longest, w.size + 1);
   if (BlocksFor(longest, block_size) > free_blocks) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the KV pool has ", free_blocks, " free blocks of ", block_size, " tokens; a window of ",
@@ -135,7 +142,7 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
     batch.resize(count);
     absl::Status status;
     for (size_t i = 0; i < count && status.ok(); ++i) {
-      const Window& w = windows[next + i];
+      const ProtocolWindow& w = windows[next + i];
       inputs[i].assign(1, bos);
       inputs[i].insert(inputs[i].end(), scored.begin() + w.begin,
                        scored.begin() + w.begin + w.size);
@@ -158,7 +165,7 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
     };
     std::vector<Row> rows;
     for (size_t i = 0; i < count; ++i) {
-      const Window& w = windows[next + i];
+      const ProtocolWindow& w = windows[next + i];
       for (int r = 0; r < w.size; ++r) {
         rows.push_back({logits[i].data() + static_cast<size_t>(r) * vocab, w.begin + r});
       }

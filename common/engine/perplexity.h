@@ -40,6 +40,26 @@ struct PerplexityResult {
   std::vector<float> logprobs;
 };
 
+// One window of the protocol: targets scored[begin, begin + size), run as [BOS] + those.
+struct ProtocolWindow {
+  int64_t begin = 0;
+  int size = 0;
+};
+
+// A text file read by the protocol: every target in order (documents back to back, each with
+// its EOS) and the windows over them.
+struct ProtocolText {
+  std::vector<int32_t> scored;
+  std::vector<ProtocolWindow> windows;
+  int64_t documents = 0;
+};
+
+// NOT_FOUND naming the path when the file does not exist; INVALID_ARGUMENT when it holds no
+// document, for a bad window, or when the tokenizer has no BOS or EOS. `tandem calibrate` reads
+// its calibration text the same way.
+absl::StatusOr<ProtocolText> ReadProtocolText(const model::Tokenizer& tokenizer,
+                                              const std::string& text_path, int window);
+
 // Scores the documents of `text_path` with `forward`, taking KV blocks from forward->pool() and
 // releasing them before returning. NOT_FOUND naming the path when the file does not exist;
 // INVALID_ARGUMENT when it holds no document, for bad options, or when the tokenizer has no BOS

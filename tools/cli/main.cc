@@ -7,6 +7,7 @@
 //   tandem tokenize --endpoint HOST:PORT --text TEXT
 //   tandem perplexity --model DIR --text FILE   (each non-blank line of FILE is a document)
 //   tandem serve --model DIR [tandem-serve flags]   (colocated mode, see services/serve)
+//   tandem calibrate --model DIR --text FILE --out STATS   (common/moe/calibration.h)
 //   tandem models   --endpoint HOST:PORT
 //   tandem health   --endpoint HOST:PORT
 #include <unistd.h>
@@ -26,6 +27,8 @@
 #include "common/config/config.h"
 #include "common/engine/generator.h"
 #include "common/engine/perplexity.h"
+#include "common/model/config.h"
+#include "common/moe/calibration.h"
 #include "common/util/status.h"
 #include "tandem/client.h"
 
@@ -48,6 +51,7 @@ ABSL_FLAG(std::string, load_format, "auto",
 ABSL_FLAG(std::string, routing, "",
           "With --model: replace the router by a stated one, uniform or zipf:S (required for "
           "--load_format dummy).");
+ABSL_FLAG(std::string, out, "", "Where calibrate writes its statistics (JSON).");
 ABSL_FLAG(std::string, tls_root_certs, "",
           "PEM file of root certificates: talk to the gateway over TLS, trusting these.");
 ABSL_FLAG(double, timeout_s, 120.0, "Deadline of each call, in seconds.");
@@ -60,6 +64,8 @@ constexpr char kUsage[] =
     "  generate   send a prompt to a gateway (--endpoint) and print the completion, or\n"
     "             generate in this process (--model DIR)\n"
     "  tokenize   print the token ids of --text\n"
+    "  calibrate  run --model DIR over the text file --text and write per-expert routing\n"
+    "             statistics to --out (for pruning and mixed width)\n"
     "  serve      colocated mode: run tandem-serve (the gateway API on an engine in this\n"
     "             process) with the rest of the arguments, e.g. tandem serve --model DIR\n"
     "  perplexity score the text file --text with the model --model DIR, one document a\n"
@@ -189,6 +195,46 @@ int Tokenize() {
   return 0;
 }
 
+// Calibration statistics of --model over the text file --text, written to --out.
+int Calibrate() {
+  if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_text).empty() ||
+      absl::GetFlag(FLAGS_out).empty()) {
+    return Report(
+        absl::InvalidArgumentError("calibrate needs --model DIR, --text FILE and --out STATS"));
+  }
+  auto model = tandem::engine::LoadModelDir(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) return Report(model.status());
+  const auto& c = model->weights->config;
+  const int block = 16;
+  auto pool = tandem::engine::KvBlockPool::Create(
+      {static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
+       static_cast<int>(c.head_dim), block,
+       static_cast<int>((c.max_position_embeddings + block - 1) / block)});
+  if (!pool.ok()) return Report(pool.status());
+  auto forward = tandem::engine::ForwardPass::Create(model->weights.get(), pool->get());
+  if (!forward.ok()) return Report(forward.status());
+  const absl::Time start = absl::Now();
+  int shown = -1;
+  auto stats = tandem::moe::Calibrate(
+      forward->get(), *model->tokenizer, absl::GetFlag(FLAGS_text), [&](double done) {
+        const int percent = static_cast<int>(done * 100);
+        if (percent == shown) return;
+        shown = percent;
+        std::cerr << "\rcalibrating: " << std::string(percent / 5, '#')
+                  << std::string(20 - percent / 5, '.') << " " << percent << "%" << std::flush;
+      });
+  std::cerr << "\n";
+  if (!stats.ok()) return Report(stats.status());
+  stats->model = tandem::model::ModelNameFromDir(absl::GetFlag(FLAGS_model));
+  std::ofstream out(absl::GetFlag(FLAGS_out));
+  out << stats->ToJson().dump(1) << "\n";
+  if (!out) return Report(absl::InternalError("cannot write " + absl::GetFlag(FLAGS_out)));
+  std::cout << "calibrated " << stats->tokens << " tokens in "
+            << absl::ToDoubleSeconds(absl::Now() - start) << " s; statistics in "
+            << absl::GetFlag(FLAGS_out) << std::endl;
+  return 0;
+}
+
 // Perplexity of --model on the text file --text, in this process.
 int Perplexity() {
   if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_text).empty()) {
@@ -268,6 +314,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return Generate();
   if (command == "tokenize") return Tokenize();
   if (command == "perplexity") return Perplexity();
+  if (command == "calibrate") return Calibrate();
   if (command == "models") return Models();
   if (command == "health") return Health();
   std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;
