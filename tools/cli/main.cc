@@ -8,6 +8,7 @@
 //   tandem perplexity --model DIR --text FILE   (each non-blank line of FILE is a document)
 //   tandem serve --model DIR [tandem-serve flags]   (colocated mode, see services/serve)
 //   tandem calibrate --model DIR --text FILE --out STATS   (common/moe/calibration.h)
+//   tandem prune --stats STATS --criterion reap --keep M --out PLAN   (common/moe/pruning_plan.h)
 //   tandem models   --endpoint HOST:PORT
 //   tandem health   --endpoint HOST:PORT
 #include <unistd.h>
@@ -29,7 +30,9 @@
 #include "common/engine/perplexity.h"
 #include "common/model/config.h"
 #include "common/moe/calibration.h"
+#include "common/moe/pruning_plan.h"
 #include "common/util/status.h"
+#include "nlohmann/json.hpp"
 #include "tandem/client.h"
 
 ABSL_FLAG(std::string, endpoint, "127.0.0.1:50051", "Gateway gRPC address, host:port.");
@@ -51,7 +54,13 @@ ABSL_FLAG(std::string, load_format, "auto",
 ABSL_FLAG(std::string, routing, "",
           "With --model: replace the router by a stated one, uniform or zipf:S (required for "
           "--load_format dummy).");
-ABSL_FLAG(std::string, out, "", "Where calibrate writes its statistics (JSON).");
+ABSL_FLAG(std::string, out, "",
+          "Where calibrate writes its statistics (JSON), or prune its plan (proto JSON).");
+ABSL_FLAG(std::string, stats, "", "Calibration statistics prune reads (from calibrate).");
+ABSL_FLAG(std::string, criterion, "reap", "prune: frequency, mass, ean or reap.");
+ABSL_FLAG(int, keep, 0, "prune: experts retained per layer.");
+ABSL_FLAG(std::string, plan, "",
+          "perplexity: mask the experts this pruning plan drops (conventional pruning).");
 ABSL_FLAG(std::string, tls_root_certs, "",
           "PEM file of root certificates: talk to the gateway over TLS, trusting these.");
 ABSL_FLAG(double, timeout_s, 120.0, "Deadline of each call, in seconds.");
@@ -66,6 +75,8 @@ constexpr char kUsage[] =
     "  tokenize   print the token ids of --text\n"
     "  calibrate  run --model DIR over the text file --text and write per-expert routing\n"
     "             statistics to --out (for pruning and mixed width)\n"
+    "  prune      make a pruning plan from --stats: --criterion frequency|mass|ean|reap,\n"
+    "             --keep M experts per layer, written to --out\n"
     "  serve      colocated mode: run tandem-serve (the gateway API on an engine in this\n"
     "             process) with the rest of the arguments, e.g. tandem serve --model DIR\n"
     "  perplexity score the text file --text with the model --model DIR, one document a\n"
@@ -235,6 +246,30 @@ int Calibrate() {
   return 0;
 }
 
+// A pruning plan from --stats by --criterion, keeping --keep experts per layer, to --out.
+int Prune() {
+  if (absl::GetFlag(FLAGS_stats).empty() || absl::GetFlag(FLAGS_out).empty()) {
+    return Report(absl::InvalidArgumentError("prune needs --stats STATS and --out PLAN"));
+  }
+  auto criterion = tandem::moe::ParseCriterion(absl::GetFlag(FLAGS_criterion));
+  if (!criterion.ok()) return Report(criterion.status());
+  std::ifstream in(absl::GetFlag(FLAGS_stats));
+  if (!in) return Report(absl::NotFoundError("cannot read --stats=" + absl::GetFlag(FLAGS_stats)));
+  auto doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  auto stats = tandem::moe::CalibrationStats::FromJson(doc);
+  if (!stats.ok()) return Report(stats.status());
+  auto plan = tandem::moe::MakePlan(*stats, *criterion, absl::GetFlag(FLAGS_keep));
+  if (!plan.ok()) return Report(plan.status());
+  if (absl::Status s = tandem::moe::SavePlan(*plan, absl::GetFlag(FLAGS_out)); !s.ok()) {
+    return Report(s);
+  }
+  std::cout << "kept " << absl::GetFlag(FLAGS_keep) << " of " << plan->num_experts()
+            << " experts in each of " << plan->num_layers() << " layers by "
+            << absl::GetFlag(FLAGS_criterion) << "; plan in " << absl::GetFlag(FLAGS_out)
+            << std::endl;
+  return 0;
+}
+
 // Perplexity of --model on the text file --text, in this process.
 int Perplexity() {
   if (absl::GetFlag(FLAGS_model).empty() || absl::GetFlag(FLAGS_text).empty()) {
@@ -249,8 +284,18 @@ int Perplexity() {
   auto model = tandem::engine::LoadModelDir(absl::GetFlag(FLAGS_model));
   if (!model.ok()) return Report(model.status());
   const absl::Time start = absl::Now();
+  tandem::engine::PerplexityOptions ppl_options;
+  tandem::engine::ExpertMask mask;
+  if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
+    auto plan = tandem::moe::LoadPlan(path);
+    if (!plan.ok()) return Report(plan.status());
+    auto plan_mask = tandem::moe::MaskFromPlan(*plan, model->weights->config);
+    if (!plan_mask.ok()) return Report(plan_mask.status());
+    mask = *std::move(plan_mask);
+    ppl_options.moe.mask = &mask;
+  }
   auto result = tandem::engine::EvaluatePerplexity(*model->weights, *model->tokenizer,
-                                                   absl::GetFlag(FLAGS_text));
+                                                   absl::GetFlag(FLAGS_text), ppl_options);
   if (!result.ok()) return Report(result.status());
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   std::cout << std::fixed << std::setprecision(2) << "perplexity " << result->perplexity << " over "
@@ -315,6 +360,7 @@ int main(int argc, char** argv) {
   if (command == "tokenize") return Tokenize();
   if (command == "perplexity") return Perplexity();
   if (command == "calibrate") return Calibrate();
+  if (command == "prune") return Prune();
   if (command == "models") return Models();
   if (command == "health") return Health();
   std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;

@@ -1,0 +1,154 @@
+#include "common/moe/pruning_plan.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status.h"
+
+namespace tandem::moe {
+
+using tandem::v1::PruningCriterion;
+using tandem::v1::PruningPlan;
+
+absl::StatusOr<PruningCriterion> ParseCriterion(const std::string& name) {
+  if (name == "frequency") return tandem::v1::PRUNING_CRITERION_FREQUENCY;
+  if (name == "mass") return tandem::v1::PRUNING_CRITERION_ROUTING_MASS;
+  if (name == "ean") return tandem::v1::PRUNING_CRITERION_EAN;
+  if (name == "reap") return tandem::v1::PRUNING_CRITERION_REAP;
+  return absl::InvalidArgumentError(
+      absl::StrCat("criterion \"", name, "\" is not frequency, mass, ean or reap"));
+}
+
+absl::StatusOr<PruningPlan> MakePlan(const CalibrationStats& stats, PruningCriterion criterion,
+                                     int keep) {
+  if (stats.layers.empty()) return absl::InvalidArgumentError("the statistics have no layers");
+  const int experts = static_cast<int>(stats.layers[0].frequency.size());
+  if (keep < 1 || keep > experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep ", keep, " is outside [1, ", experts, "]"));
+  }
+  PruningPlan plan;
+  plan.set_model(stats.model);
+  plan.set_num_layers(static_cast<int>(stats.layers.size()));
+  plan.set_num_experts(experts);
+  plan.set_criterion(criterion);
+  plan.mutable_calibration()->set_model(stats.model);
+  plan.mutable_calibration()->set_text_file(stats.text);
+  plan.mutable_calibration()->set_tokens(stats.tokens);
+  for (size_t l = 0; l < stats.layers.size(); ++l) {
+    const LayerStats& layer = stats.layers[l];
+    auto score = [&](int e) -> double {
+      switch (criterion) {
+        case tandem::v1::PRUNING_CRITERION_FREQUENCY:
+          return static_cast<double>(layer.frequency[e]);
+        case tandem::v1::PRUNING_CRITERION_ROUTING_MASS:
+          return layer.mass[e];
+        case tandem::v1::PRUNING_CRITERION_EAN:
+          return layer.ean[e];
+        case tandem::v1::PRUNING_CRITERION_REAP:
+          return layer.reap[e];
+        default:
+          return 0;
+      }
+    };
+    if (static_cast<int>(layer.frequency.size()) != experts) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, " has another expert count"));
+    }
+    std::vector<int> order(experts);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score(a) > score(b); });
+    order.resize(keep);
+    std::sort(order.begin(), order.end());
+    tandem::v1::LayerPlan* layer_plan = plan.add_layers();
+    layer_plan->set_layer(static_cast<int>(l));
+    for (int e : order) layer_plan->add_retained_experts(e);
+  }
+  if (criterion == tandem::v1::PRUNING_CRITERION_UNSPECIFIED) {
+    return absl::InvalidArgumentError("a plan needs a criterion");
+  }
+  return plan;
+}
+
+absl::Status ValidatePlan(const PruningPlan& plan, const model::ModelConfig& config) {
+  if (plan.num_layers() != config.num_hidden_layers ||
+      plan.num_experts() != config.num_local_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan is for ", plan.num_layers(), " layers of ", plan.num_experts(),
+        " experts; the model has ", config.num_hidden_layers, " of ", config.num_local_experts));
+  }
+  if (plan.layers_size() != plan.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan lists ", plan.layers_size(), " layers, not ", plan.num_layers()));
+  }
+  for (int l = 0; l < plan.layers_size(); ++l) {
+    const tandem::v1::LayerPlan& layer = plan.layers(l);
+    if (layer.layer() != l) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan entry ", l, " is for layer ", layer.layer(), "; layers go in order"));
+    }
+    if (layer.retained_experts_size() < config.num_experts_per_tok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", l, " retains ", layer.retained_experts_size(), " experts; the model routes ",
+          "each token to ", config.num_experts_per_tok));
+    }
+    for (int i = 0; i < layer.retained_experts_size(); ++i) {
+      const int e = layer.retained_experts(i);
+      if (e < 0 || e >= config.num_local_experts) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", l, " retains expert ", e, ", outside [0, ", config.num_local_experts, ")"));
+      }
+      if (i > 0 && e <= layer.retained_experts(i - 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", l, "'s retained experts are not ascending and distinct"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<engine::ExpertMask> MaskFromPlan(const PruningPlan& plan,
+                                                const model::ModelConfig& config) {
+  RETURN_IF_ERROR(ValidatePlan(plan, config));
+  engine::ExpertMask mask;
+  mask.retained.assign(config.num_hidden_layers,
+                       std::vector<bool>(config.num_local_experts, false));
+  for (const tandem::v1::LayerPlan& layer : plan.layers()) {
+    for (int e : layer.retained_experts()) mask.retained[layer.layer()][e] = true;
+  }
+  return mask;
+}
+
+absl::Status SavePlan(const PruningPlan& plan, const std::string& path) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  if (!google::protobuf::util::MessageToJsonString(plan, &json, options).ok()) {
+    return absl::InternalError("cannot print the plan as JSON");
+  }
+  std::ofstream out(path);
+  out << json;
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PruningPlan> LoadPlan(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) {
+    return absl::NotFoundError(absl::StrCat("pruning plan ", path, " does not exist"));
+  }
+  std::ifstream in(path);
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  PruningPlan plan;
+  if (auto status = google::protobuf::util::JsonStringToMessage(json, &plan); !status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a pruning plan: ", std::string(status.message())));
+  }
+  return plan;
+}
+
+}  // namespace tandem::moe
