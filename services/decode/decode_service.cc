@@ -1,9 +1,8 @@
 #include "services/decode/decode_service.h"
 
-#include <deque>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/rpc/queued_writer.h"
 #include "common/rpc/status.h"
 #include "services/common/serving.h"
 
@@ -11,138 +10,6 @@ namespace tandem::decode {
 namespace {
 
 using tandem::v1::GenerateStreamResponse;
-
-// Streams one sequence's outputs. The engine thread hands outputs in through Push (any
-// thread); writes go out one at a time; the stream finishes after the last output, or when the
-// client goes away (which cancels the sequence). State shared with the engine callback lives
-// apart from the reactor, which is deleted in OnDone while the callback may still run.
-class DecodeStream : public grpc::ServerWriteReactor<GenerateStreamResponse> {
- public:
-  struct State {
-    absl::Mutex mu;
-    DecodeStream* reactor ABSL_GUARDED_BY(mu);
-    std::deque<GenerateStreamResponse> pending ABSL_GUARDED_BY(mu);
-    bool writing ABSL_GUARDED_BY(mu) = false;
-    bool last_queued ABSL_GUARDED_BY(mu) = false;
-    bool finished ABSL_GUARDED_BY(mu) = false;
-    grpc::Status final_status ABSL_GUARDED_BY(mu);
-  };
-
-  DecodeStream(engine::EngineLoop* loop, rpc::RpcMetrics* metrics, std::string request_id,
-               int prompt_tokens)
-      : loop_(loop),
-        metrics_(metrics),
-        request_id_(std::move(request_id)),
-        prompt_tokens_(prompt_tokens),
-        start_(absl::Now()),
-        state_(std::make_shared<State>()) {
-    absl::MutexLock lock(&state_->mu);
-    state_->reactor = this;
-  }
-
-  // Starts the sequence; on failure the stream finishes with the error.
-  void Start(engine::SequenceRequest request, engine::BlockTable table, int32_t first_token) {
-    std::shared_ptr<State> state = state_;
-    auto id = loop_->SubmitPrefilled(
-        std::move(request), std::move(table), first_token,
-        [state, request_id = request_id_, prompt = prompt_tokens_,
-         completion = std::make_shared<int>(0)](const engine::SequenceOutput& out) {
-          GenerateStreamResponse response;
-          response.set_request_id(request_id);
-          grpc::Status status;
-          if (!out.status.ok()) status = rpc::ToGrpcStatus(out.status);
-          if (out.token.has_value()) {
-            response.add_token_ids(*out.token);
-            ++*completion;
-          }
-          response.set_text(out.text);
-          const bool last = out.finish != engine::FinishReason::kNone || !out.status.ok();
-          if (out.finish != engine::FinishReason::kNone) {
-            response.set_finish_reason(serving::FinishToProto(out.finish));
-            response.mutable_usage()->set_prompt_tokens(prompt);
-            response.mutable_usage()->set_completion_tokens(*completion);
-          }
-          Push(state, std::move(response), last, status);
-        });
-    if (!id.ok()) {
-      Push(state_, {}, true, rpc::ToGrpcStatus(id.status()), /*send=*/false);
-      return;
-    }
-    absl::MutexLock lock(&state_->mu);
-    id_ = *id;
-    started_ = true;
-  }
-
-  static void Push(const std::shared_ptr<State>& state, GenerateStreamResponse response, bool last,
-                   const grpc::Status& status, bool send = true) {
-    absl::MutexLock lock(&state->mu);
-    if (state->reactor == nullptr || state->finished) return;
-    if (send && status.ok()) state->pending.push_back(std::move(response));
-    if (last) {
-      state->last_queued = true;
-      state->final_status = status;
-    }
-    state->reactor->Pump();
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&state_->mu);
-    state_->writing = false;
-    state_->pending.pop_front();
-    if (!ok) {  // the client is gone
-      CancelLocked();
-      return;
-    }
-    Pump();
-  }
-
-  void OnCancel() override {
-    absl::MutexLock lock(&state_->mu);
-    CancelLocked();
-  }
-
-  void OnDone() override {
-    const grpc::Status status = [&] {
-      absl::MutexLock lock(&state_->mu);
-      state_->reactor = nullptr;
-      return state_->final_status;
-    }();
-    metrics_->Record("Decode", status, absl::Now() - start_);
-    delete this;
-  }
-
- private:
-  // Starts the next write, or finishes once the last output is out. Holds state_->mu.
-  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    if (state_->finished || state_->writing) return;
-    if (!state_->pending.empty()) {
-      state_->writing = true;
-      StartWrite(&state_->pending.front());
-      return;
-    }
-    if (state_->last_queued) {
-      state_->finished = true;
-      Finish(state_->final_status);
-    }
-  }
-
-  void CancelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    if (state_->finished) return;
-    if (started_) loop_->Cancel(id_);
-    state_->finished = true;
-    state_->final_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-    Finish(state_->final_status);
-  }
-
-  engine::EngineLoop* const loop_;
-  rpc::RpcMetrics* const metrics_;
-  const std::string request_id_;
-  const int prompt_tokens_;
-  const absl::Time start_;
-  const std::shared_ptr<State> state_;
-  engine::SequenceId id_{0};  // guarded by state_->mu once started
-  bool started_ = false;      // guarded by state_->mu
-};
 
 }  // namespace
 
@@ -264,9 +131,39 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* DecodeService::Decode(
   sequence.prompt_ids.assign(request->prompt_token_ids().begin(),
                              request->prompt_token_ids().end());
   sequence.params = *std::move(sampling);
-  auto* stream =
-      new DecodeStream(loop_, metrics_, request->request_id(), request->prompt_token_ids_size());
-  stream->Start(std::move(sequence), std::move(table), request->first_token_id());
+  // The engine thread feeds the stream; a client that goes away cancels the sequence.
+  auto* stream = new rpc::QueuedWriter<GenerateStreamResponse>(metrics_, "Decode");
+  std::shared_ptr<rpc::QueuedWriter<GenerateStreamResponse>::Feed> feed = stream->feed();
+  const int prompt_tokens = request->prompt_token_ids_size();
+  auto id = loop_->SubmitPrefilled(
+      std::move(sequence), std::move(table), request->first_token_id(),
+      [feed, request_id = request->request_id(), prompt_tokens,
+       completion = std::make_shared<int>(0)](const engine::SequenceOutput& out) {
+        if (!out.status.ok()) {
+          feed->End(rpc::ToGrpcStatus(out.status));
+          return;
+        }
+        GenerateStreamResponse response;
+        response.set_request_id(request_id);
+        if (out.token.has_value()) {
+          response.add_token_ids(*out.token);
+          ++*completion;
+        }
+        response.set_text(out.text);
+        const bool last = out.finish != engine::FinishReason::kNone;
+        if (last) {
+          response.set_finish_reason(serving::FinishToProto(out.finish));
+          response.mutable_usage()->set_prompt_tokens(prompt_tokens);
+          response.mutable_usage()->set_completion_tokens(*completion);
+        }
+        feed->Push(std::move(response));
+        if (last) feed->End(grpc::Status::OK);
+      });
+  if (!id.ok()) {
+    feed->End(rpc::ToGrpcStatus(id.status()));
+  } else {
+    feed->SetOnCancel([loop = loop_, id = *id] { loop->Cancel(id); });
+  }
   return stream;
 }
 

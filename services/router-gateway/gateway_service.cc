@@ -1,10 +1,10 @@
 #include "services/router-gateway/gateway_service.h"
 
-#include <deque>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/rpc/queued_writer.h"
 #include "common/rpc/status.h"
 
 namespace tandem::gateway {
@@ -104,92 +104,6 @@ grpc::ServerUnaryReactor* GatewayService::Finish(grpc::CallbackServerContext* co
 namespace {
 
 using tandem::v1::GenerateStreamResponse;
-
-// GenerateStream: chunks come from a worker thread; writes go out one at a time; the stream
-// finishes after the last chunk, or at once when the client goes away (which cancels the
-// dispatch). What the worker touches lives in State, which outlives the reactor.
-class StreamReactor : public grpc::ServerWriteReactor<GenerateStreamResponse> {
- public:
-  struct State {
-    absl::Mutex mu;
-    StreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-    std::deque<GenerateStreamResponse> pending ABSL_GUARDED_BY(mu);
-    bool writing ABSL_GUARDED_BY(mu) = false;
-    bool done ABSL_GUARDED_BY(mu) = false;  // the worker ended
-    bool finished ABSL_GUARDED_BY(mu) = false;
-    grpc::Status final_status ABSL_GUARDED_BY(mu);
-    DispatchCall call;
-  };
-
-  StreamReactor(rpc::RpcMetrics* metrics, absl::Time start)
-      : metrics_(metrics), start_(start), state_(std::make_shared<State>()) {
-    absl::MutexLock lock(&state_->mu);
-    state_->reactor = this;
-  }
-  std::shared_ptr<State> state() const { return state_; }
-
-  static void Push(const std::shared_ptr<State>& state, GenerateStreamResponse chunk) {
-    absl::MutexLock lock(&state->mu);
-    if (state->reactor == nullptr || state->finished) return;
-    state->pending.push_back(std::move(chunk));
-    state->reactor->Pump();
-  }
-  static void End(const std::shared_ptr<State>& state, const grpc::Status& status) {
-    absl::MutexLock lock(&state->mu);
-    state->done = true;
-    if (state->reactor == nullptr || state->finished) return;
-    state->final_status = status;
-    state->reactor->Pump();
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&state_->mu);
-    state_->writing = false;
-    state_->pending.pop_front();
-    if (!ok) {
-      CancelLocked();
-      return;
-    }
-    Pump();
-  }
-  void OnCancel() override {
-    absl::MutexLock lock(&state_->mu);
-    CancelLocked();
-  }
-  void OnDone() override {
-    grpc::Status status;
-    {
-      absl::MutexLock lock(&state_->mu);
-      state_->reactor = nullptr;
-      status = state_->final_status;
-    }
-    metrics_->Record("GenerateStream", status, absl::Now() - start_);
-    delete this;
-  }
-
- private:
-  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    if (state_->finished || state_->writing) return;
-    if (!state_->pending.empty()) {
-      state_->writing = true;
-      StartWrite(&state_->pending.front());
-    } else if (state_->done) {
-      state_->finished = true;
-      Finish(state_->final_status);
-    }
-  }
-  void CancelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    if (state_->finished) return;
-    state_->call.Cancel();
-    state_->finished = true;
-    state_->final_status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-    Finish(state_->final_status);
-  }
-
-  rpc::RpcMetrics* const metrics_;
-  const absl::Time start_;
-  const std::shared_ptr<State> state_;
-};
 
 // Generate: the worker fills the response and finishes; a client that goes away cancels it.
 class UnaryReactor : public grpc::ServerUnaryReactor {
@@ -357,21 +271,23 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream
     metrics_->Record("GenerateStream", status, absl::Now() - start);
     return rpc::FinishedWriter<GenerateStreamResponse>(status);
   }
-  auto* reactor = new StreamReactor(metrics_, start);
-  std::shared_ptr<StreamReactor::State> state = reactor->state();
+  // A worker thread feeds the stream; a client that goes away cancels the dispatch.
+  auto* reactor = new rpc::QueuedWriter<GenerateStreamResponse>(metrics_, "GenerateStream");
+  std::shared_ptr<rpc::QueuedWriter<GenerateStreamResponse>::Feed> feed = reactor->feed();
+  auto call = std::make_shared<DispatchCall>();
+  feed->SetOnCancel([call] { call->Cancel(); });
   const tandem::v1::SamplingParams sampling = request->sampling();
-  const bool spawned = Spawn([this, state, ids, max_tokens, request_id, sampling, start] {
-    absl::Status s = Dispatch(request_id, *ids, sampling, max_tokens, &state->call, start,
+  const bool spawned = Spawn([this, feed, call, ids, max_tokens, request_id, sampling, start] {
+    absl::Status s = Dispatch(request_id, *ids, sampling, max_tokens, call.get(), start,
                               [&](const GenerateStreamResponse& chunk) {
                                 GenerateStreamResponse copy = chunk;
                                 copy.set_request_id(request_id);
-                                StreamReactor::Push(state, std::move(copy));
+                                feed->Push(std::move(copy));
                               });
-    StreamReactor::End(state, rpc::ToGrpcStatus(s));
+    feed->End(rpc::ToGrpcStatus(s));
   });
   if (!spawned) {
-    StreamReactor::End(state,
-                       grpc::Status(grpc::StatusCode::UNAVAILABLE, "the gateway is stopping"));
+    feed->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the gateway is stopping"));
   }
   return reactor;
 }
