@@ -17,6 +17,20 @@ absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, in
   return e;
 }
 
+engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int total_blocks) {
+  metrics->kv_blocks_free->Set(total_blocks);
+  metrics->kv_blocks_used->Set(0);
+  return [metrics, total_blocks](const engine::EngineLoop::StepReport& step) {
+    metrics->step_seconds->Observe(step.seconds);
+    metrics->step_tokens->Observe(static_cast<double>(step.tokens));
+    metrics->generated_tokens->Increment(static_cast<double>(step.generated));
+    metrics->running->Set(step.running);
+    metrics->waiting->Set(step.waiting);
+    metrics->kv_blocks_free->Set(step.free_blocks);
+    metrics->kv_blocks_used->Set(total_blocks - step.free_blocks);
+  };
+}
+
 absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,
                                                          int vocab_size) {
   engine::SamplingParams p;

@@ -7,11 +7,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/engine/engine_loop.h"
 #include "common/engine/forward.h"
 #include "common/engine/generator.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/sampling.h"
 #include "common/kv/transfer.h"
+#include "services/common/serving_metrics.h"
 #include "tandem/v1/gateway.pb.h"
 #include "tandem/v1/kv.pb.h"
 
@@ -29,6 +31,11 @@ struct ServingEngine {
 // Loads DIR and makes a pool of `num_blocks` blocks of `block_size` tokens.
 absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
                                                 int num_blocks);
+
+// An engine loop observer that keeps `metrics` (step time and size, generated tokens, running
+// and waiting sequences, KV blocks of a pool of `total_blocks`) up to date; sets the block
+// gauges for an empty pool now.
+engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int total_blocks);
 
 // INVALID_ARGUMENT naming the field (the engine's checks).
 absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,

@@ -59,18 +59,9 @@ int main(int argc, char** argv) {
   if (!region.ok()) return fail("registering the KV pool", region.status());
   tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "decode"}});
   tandem::serving::DecodeMetrics serving_metrics(&registry);
-  const int total_blocks = engine->pool->num_total();
-  serving_metrics.kv_blocks_free->Set(total_blocks);
   auto loop = tandem::engine::EngineLoop::Start(
-      *std::move(scheduler), [&](const tandem::engine::EngineLoop::StepReport& step) {
-        serving_metrics.step_seconds->Observe(step.seconds);
-        serving_metrics.step_tokens->Observe(static_cast<double>(step.tokens));
-        serving_metrics.generated_tokens->Increment(static_cast<double>(step.generated));
-        serving_metrics.running->Set(step.running);
-        serving_metrics.waiting->Set(step.waiting);
-        serving_metrics.kv_blocks_free->Set(step.free_blocks);
-        serving_metrics.kv_blocks_used->Set(total_blocks - step.free_blocks);
-      });
+      *std::move(scheduler),
+      tandem::serving::EngineStepObserver(&serving_metrics, engine->pool->num_total()));
 
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);

@@ -48,18 +48,9 @@ int main(int argc, char** argv) {
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::GatewayMetrics gateway_metrics(&registry);
   tandem::serving::DecodeMetrics engine_metrics(&registry);
-  const int total_blocks = engine->pool->num_total();
-  engine_metrics.kv_blocks_free->Set(total_blocks);
   auto loop = tandem::engine::EngineLoop::Start(
-      *std::move(scheduler), [&](const tandem::engine::EngineLoop::StepReport& step) {
-        engine_metrics.step_seconds->Observe(step.seconds);
-        engine_metrics.step_tokens->Observe(static_cast<double>(step.tokens));
-        engine_metrics.generated_tokens->Increment(static_cast<double>(step.generated));
-        engine_metrics.running->Set(step.running);
-        engine_metrics.waiting->Set(step.waiting);
-        engine_metrics.kv_blocks_free->Set(step.free_blocks);
-        engine_metrics.kv_blocks_used->Set(total_blocks - step.free_blocks);
-      });
+      *std::move(scheduler),
+      tandem::serving::EngineStepObserver(&engine_metrics, engine->pool->num_total()));
 
   tandem::gateway::GatewayConfig config;
   config.model_config = engine->model.weights->config;
