@@ -118,7 +118,6 @@ void EngineLoop::Run() {
       return;
     }
     std::vector<SequenceOutput> outputs;
-    const int64_t steps_before = scheduler_->counters().steps;
     const SchedulerCounters before = scheduler_->counters();
     const absl::Time step_start = absl::Now();
     absl::Status status = scheduler_->Step(&outputs);
@@ -146,7 +145,7 @@ void EngineLoop::Run() {
       load_.free_blocks = pool_->num_free();
       load_.steps = scheduler_->counters().steps;
     }
-    if (observer_ && scheduler_->counters().steps > steps_before) {
+    if (observer_ && scheduler_->counters().steps > before.steps) {
       const SchedulerCounters& after = scheduler_->counters();
       StepReport report;
       report.seconds = step_seconds;
@@ -159,7 +158,7 @@ void EngineLoop::Run() {
       observer_(report);
     }
     // Work that cannot run yet (every sequence waiting on blocks): do not spin.
-    if (!scheduler_->idle() && scheduler_->counters().steps == steps_before) {
+    if (!scheduler_->idle() && scheduler_->counters().steps == before.steps) {
       absl::SleepFor(absl::Milliseconds(1));
     }
   }

@@ -37,13 +37,20 @@ void KvBlockPool::AlignedDelete::operator()(float* p) const {
 
 absl::StatusOr<size_t> KvBlockPool::BytesFor(const KvCacheConfig& config) {
   RETURN_IF_ERROR(config.Validate());
+  constexpr size_t kAlignFloats = kAlignment / sizeof(float);
   size_t slot = 0, block = 0, pool = 0, total = 0, bytes = 0;
-  if (MulOverflows(config.num_kv_heads, config.head_dim, &slot) ||
+  const bool overflows =
+      MulOverflows(config.num_kv_heads, config.head_dim, &slot) ||
       MulOverflows(slot, config.block_size, &block) ||
-      MulOverflows(block, config.num_blocks, &pool) || pool > SIZE_MAX / 2 ||
-      MulOverflows(PoolStrideFloats(config), 2 * static_cast<size_t>(config.num_layers), &total) ||
-      MulOverflows(total, sizeof(float), &bytes)) {
-    return absl::ResourceExhaustedError("KV cache size overflows");
+      MulOverflows(block, config.num_blocks, &pool) || pool > SIZE_MAX - kAlignFloats ||
+      MulOverflows((pool + kAlignFloats - 1) / kAlignFloats * kAlignFloats,
+                   2 * static_cast<size_t>(config.num_layers), &total) ||
+      MulOverflows(total, sizeof(float), &bytes) || bytes > static_cast<size_t>(PTRDIFF_MAX);
+  if (overflows) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache size overflows: ", config.num_layers, " layers x 2 x ",
+                     config.num_blocks, " blocks x ", config.block_size, " tokens x ",
+                     config.num_kv_heads, " heads x ", config.head_dim, " floats"));
   }
   return bytes;
 }
@@ -67,22 +74,7 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateIn(const KvCache
 }
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvCacheConfig& config) {
-  RETURN_IF_ERROR(config.Validate());
-  constexpr size_t kAlignFloats = kAlignment / sizeof(float);
-  size_t slot = 0, block = 0, pool = 0, total = 0, bytes = 0;
-  const bool overflows =
-      MulOverflows(config.num_kv_heads, config.head_dim, &slot) ||
-      MulOverflows(slot, config.block_size, &block) ||
-      MulOverflows(block, config.num_blocks, &pool) || pool > SIZE_MAX - kAlignFloats ||
-      MulOverflows((pool + kAlignFloats - 1) / kAlignFloats * kAlignFloats,
-                   2 * static_cast<size_t>(config.num_layers), &total) ||
-      MulOverflows(total, sizeof(float), &bytes) || bytes > static_cast<size_t>(PTRDIFF_MAX);
-  if (overflows) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache size overflows: ", config.num_layers, " layers x 2 x ",
-                     config.num_blocks, " blocks x ", config.block_size, " tokens x ",
-                     config.num_kv_heads, " heads x ", config.head_dim, " floats"));
-  }
+  ASSIGN_OR_RETURN(const size_t bytes, BytesFor(config));
   void* memory = ::operator new (bytes, std::align_val_t{kAlignment}, std::nothrow);
   if (memory == nullptr) {
     return absl::ResourceExhaustedError(
@@ -93,7 +85,7 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvCacheCo
   std::memset(memory, 0, bytes);
   std::unique_ptr<float[], AlignedDelete> data(static_cast<float*>(memory), AlignedDelete{});
   return std::unique_ptr<KvBlockPool>(
-      new KvBlockPool(config, std::move(data), total / (2 * config.num_layers), bytes));
+      new KvBlockPool(config, std::move(data), PoolStrideFloats(config), bytes));
 }
 
 KvBlockPool::KvBlockPool(const KvCacheConfig& config, std::unique_ptr<float[], AlignedDelete> data,

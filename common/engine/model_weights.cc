@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
+#include "common/util/hash.h"
 #include "common/util/status.h"
 
 namespace tandem::engine {
@@ -88,12 +89,7 @@ absl::StatusOr<std::vector<float>> LoadVector(const model::SafetensorsModel& che
   return out;
 }
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using util::SplitMix64;
 
 // Weights uniform in [-a, a], a = 0.02 * sqrt(3) (standard deviation 0.02), each hashed from
 // (seed, matrix, index): a multi-gigabyte dummy model fills in seconds on every core, and the
