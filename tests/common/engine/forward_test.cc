@@ -23,11 +23,7 @@ class ForwardGoldenTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     const std::string dir = testing::SourceDir() + "/models/tiny-moe";
-    auto config = model::LoadModelConfig(dir + "/config.json");
-    ASSERT_TRUE(config.ok()) << config.status();
-    auto checkpoint = model::SafetensorsModel::Open(dir);
-    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-    auto weights = ModelWeights::Load(*config, **checkpoint);
+    auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
