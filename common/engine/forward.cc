@@ -53,17 +53,29 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
 
 absl::Status ForwardPass::ValidateMask(const ExpertMask* mask) const {
   const model::ModelConfig& c = w_->config;
-  if (mask != nullptr && !mask->retained.empty()) {
-    if (static_cast<int64_t>(mask->retained.size()) != c.num_hidden_layers) {
-      return absl::InvalidArgumentError("expert mask must have one entry per layer");
+  const bool partial = !w_->resident.retained.empty();
+  if (mask == nullptr || mask->retained.empty()) {
+    if (!partial) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "this engine holds only some experts' weights (a pruning plan's); its steps need a mask "
+        "that retains no others");
+  }
+  if (static_cast<int64_t>(mask->retained.size()) != c.num_hidden_layers) {
+    return absl::InvalidArgumentError("expert mask must have one entry per layer");
+  }
+  for (size_t l = 0; l < mask->retained.size(); ++l) {
+    const std::vector<bool>& layer = mask->retained[l];
+    const int64_t kept = std::count(layer.begin(), layer.end(), true);
+    if (static_cast<int64_t>(layer.size()) != c.num_local_experts || kept < c.num_experts_per_tok) {
+      return absl::InvalidArgumentError(absl::StrCat("expert mask layers need ",
+                                                     c.num_local_experts, " entries with at least ",
+                                                     c.num_experts_per_tok, " retained"));
     }
-    for (const auto& layer : mask->retained) {
-      const int64_t kept = std::count(layer.begin(), layer.end(), true);
-      if (static_cast<int64_t>(layer.size()) != c.num_local_experts ||
-          kept < c.num_experts_per_tok) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("expert mask layers need ", c.num_local_experts, " entries with at least ",
-                         c.num_experts_per_tok, " retained"));
+    for (size_t e = 0; partial && e < layer.size(); ++e) {
+      if (layer[e] && !w_->HasExpert(static_cast<int>(l), static_cast<int>(e))) {
+        return absl::InvalidArgumentError(absl::StrCat("the expert mask retains expert ", e,
+                                                       " of layer ", l,
+                                                       ", whose weights this engine did not load"));
       }
     }
   }
@@ -72,7 +84,11 @@ absl::Status ForwardPass::ValidateMask(const ExpertMask* mask) const {
 
 absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch, const MoeOptions& moe) const {
   const model::ModelConfig& c = w_->config;
-  RETURN_IF_ERROR(ValidateMask(moe.mask));
+  // The step's controls are checked only if some sequence runs them.
+  if (std::any_of(batch.begin(), batch.end(), [](const StepInput& in) { return !in.moe; })) {
+    RETURN_IF_ERROR(ValidateMask(moe.mask));
+  }
+  const ExpertMask* checked = nullptr;  // sequences usually share one mask
   const int block_size = pool_->config().block_size;
   for (size_t s = 0; s < batch.size(); ++s) {
     const StepInput& in = batch[s];
@@ -98,10 +114,11 @@ absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch, const MoeO
             absl::StrCat("sequence ", s, ": token id ", token, " outside the vocabulary"));
       }
     }
-    if (in.moe != nullptr) {
+    if (in.moe != nullptr && (in.moe->mask != checked || checked == nullptr)) {
       if (absl::Status status = ValidateMask(in.moe->mask); !status.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", status.message()));
       }
+      checked = in.moe->mask;
     }
   }
   return absl::OkStatus();

@@ -30,11 +30,6 @@ enum class LogitRows {
   kAll,   // every position (perplexity, tests)
 };
 
-// Experts each layer keeps; an empty mask keeps every expert.
-struct ExpertMask {
-  std::vector<std::vector<bool>> retained;  // (layers, experts)
-};
-
 // The width each routed (token, expert) pair runs at: how many of the expert's intermediate
 // neurons it uses. Checkpoints for mixed width store neurons in importance order, so width w
 // reads the first w gate and up rows and the first w down columns; 0 skips the expert; the

@@ -22,7 +22,8 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir, const Loa
   }
   const std::filesystem::path dir(model_dir);
   LoadedModel loaded;
-  ASSIGN_OR_RETURN(loaded.weights, LoadModelWeights(model_dir, options.format, options.seed));
+  ASSIGN_OR_RETURN(loaded.weights,
+                   LoadModelWeights(model_dir, options.format, options.seed, options.only_experts));
   ASSIGN_OR_RETURN(loaded.tokenizer, model::Tokenizer::Load(dir / "tokenizer.model"));
   ASSIGN_OR_RETURN(loaded.add_bos, model::ReadAddBosToken(model_dir));
   if (loaded.tokenizer->vocab_size() > loaded.weights->config.vocab_size) {

@@ -40,6 +40,9 @@ struct LoadOptions {
   // The routing of a dummy model ("uniform" or "zipf:S", see synthetic_router.h): required
   // with dummy weights, whose random router says nothing; optional otherwise.
   std::string routing = {};
+  // Load only these experts' weights (a pruned decoder's); empty: all. Steps on such a model
+  // need a mask that retains no others.
+  ExpertMask only_experts = {};
 };
 
 absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir,

@@ -115,23 +115,42 @@ class RandomFill {
         });
     return m;
   }
+  // Passes over one matrix, so those after it come out as if it had been made.
+  void Skip() { ++matrices_; }
 
  private:
   const uint64_t seed_;
   uint64_t matrices_ = 0;
 };
 
+absl::Status ValidateOnly(const ExpertMask& only, const model::ModelConfig& config) {
+  if (only.retained.empty()) return absl::OkStatus();
+  bool ok = static_cast<int64_t>(only.retained.size()) == config.num_hidden_layers;
+  for (size_t l = 0; ok && l < only.retained.size(); ++l) {
+    ok = static_cast<int64_t>(only.retained[l].size()) == config.num_local_experts;
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("the experts to load must be given as ",
+                                                   config.num_hidden_layers, " layers of ",
+                                                   config.num_local_experts, " experts"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
-    const model::ModelConfig& config, const model::SafetensorsModel& checkpoint) {
+    const model::ModelConfig& config, const model::SafetensorsModel& checkpoint,
+    const ExpertMask& only) {
   RETURN_IF_ERROR(model::ValidateAgainstConfig(checkpoint, config));
+  RETURN_IF_ERROR(ValidateOnly(only, config));
   if (!model::TensorName(*config.arch, TensorKind::kAttnQNorm).empty()) {
     return absl::UnimplementedError(absl::StrCat("architecture ", std::string(config.model_type()),
                                                  " has q/k norms, which the CPU engine lacks"));
   }
   auto w = std::make_unique<ModelWeights>();
   w->config = config;
+  w->resident = only;
   ASSIGN_OR_RETURN(w->embed, LoadMatrix(checkpoint, config, TensorKind::kTokenEmbedding));
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights layer;
@@ -144,6 +163,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     ASSIGN_OR_RETURN(layer.router, LoadMatrix(checkpoint, config, TensorKind::kRouter, l));
     for (int e = 0; e < config.num_local_experts; ++e) {
       ExpertWeights expert;
+      if (!w->HasExpert(l, e)) {
+        layer.experts.push_back(std::move(expert));
+        continue;
+      }
       ASSIGN_OR_RETURN(expert.gate, LoadMatrix(checkpoint, config, TensorKind::kExpertGate, l, e));
       ASSIGN_OR_RETURN(expert.up, LoadMatrix(checkpoint, config, TensorKind::kExpertUp, l, e));
       ASSIGN_OR_RETURN(expert.down, LoadMatrix(checkpoint, config, TensorKind::kExpertDown, l, e));
@@ -161,7 +184,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::ModelConfig& config,
-                                                                   uint64_t seed) {
+                                                                   uint64_t seed,
+                                                                   const ExpertMask& only) {
+  RETURN_IF_ERROR(ValidateOnly(only, config));
   int64_t params = 0;
   for (const auto& spec : model::ExpectedTensors(config)) {
     int64_t n = 1;
@@ -179,6 +204,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
   RandomFill fill(seed);
   auto w = std::make_unique<ModelWeights>();
   w->config = config;
+  w->resident = only;
   const int h = static_cast<int>(config.hidden_size);
   const int inter = static_cast<int>(config.intermediate_size);
   const int q_dim = static_cast<int>(config.num_attention_heads * config.head_dim);
@@ -194,6 +220,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     layer.ffn_norm.assign(h, 1.0f);
     layer.router = fill.Matrix(static_cast<int>(config.num_local_experts), h);
     for (int e = 0; e < config.num_local_experts; ++e) {
+      if (!w->HasExpert(l, e)) {
+        for (int m = 0; m < 3; ++m) fill.Skip();
+        layer.experts.emplace_back();
+        continue;
+      }
       layer.experts.push_back(
           {fill.Matrix(inter, h), fill.Matrix(inter, h), fill.Matrix(h, inter)});
     }
@@ -213,11 +244,12 @@ absl::StatusOr<LoadFormat> ParseLoadFormat(const std::string& name) {
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& dir,
-                                                               LoadFormat format, uint64_t seed) {
+                                                               LoadFormat format, uint64_t seed,
+                                                               const ExpertMask& only) {
   ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir + "/config.json"));
-  if (format == LoadFormat::kDummy) return ModelWeights::Random(config, seed);
+  if (format == LoadFormat::kDummy) return ModelWeights::Random(config, seed, only);
   ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(dir));
-  return ModelWeights::Load(config, *checkpoint);
+  return ModelWeights::Load(config, *checkpoint, only);
 }
 
 }  // namespace tandem::engine

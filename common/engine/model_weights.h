@@ -24,6 +24,11 @@ struct Bf16Matrix {
   const uint16_t* row(int r) const { return data.data() + static_cast<size_t>(r) * cols; }
 };
 
+// Experts each layer keeps; an empty mask keeps every expert.
+struct ExpertMask {
+  std::vector<std::vector<bool>> retained;  // (layers, experts)
+};
+
 struct ExpertWeights {
   Bf16Matrix gate;  // w1 (intermediate, hidden)
   Bf16Matrix up;    // w3 (intermediate, hidden)
@@ -38,7 +43,7 @@ struct LayerWeights {
   Bf16Matrix o;                        // (hidden, heads*head_dim)
   std::vector<float> ffn_norm;         // (hidden,)
   Bf16Matrix router;                   // (experts, hidden)
-  std::vector<ExpertWeights> experts;  // (experts,)
+  std::vector<ExpertWeights> experts;  // (experts,); empty matrices for experts not loaded
 };
 
 struct ModelWeights {
@@ -47,14 +52,23 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // (hidden,)
   Bf16Matrix lm_head;             // (vocab, hidden); the embedding when tied
+  // The experts whose weights are here (a pruned decoder loads only its plan's); empty: all.
+  ExpertMask resident;
 
-  // Copies every tensor out of `checkpoint` (validated against `config` first).
+  bool HasExpert(int layer, int expert) const {
+    return resident.retained.empty() || resident.retained[layer][expert];
+  }
+
+  // Copies every tensor out of `checkpoint` (validated against `config` first), of the experts
+  // in `only` when it is not empty. INVALID_ARGUMENT for a mask of another shape.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Load(
-      const model::ModelConfig& config, const model::SafetensorsModel& checkpoint);
+      const model::ModelConfig& config, const model::SafetensorsModel& checkpoint,
+      const ExpertMask& only = {});
   // Random weights (uniform, standard deviation 0.02; norms 1) of any configured shape,
-  // deterministic in `seed`.
+  // deterministic in `seed`; an expert's weights do not depend on `only`.
   static absl::StatusOr<std::unique_ptr<ModelWeights>> Random(const model::ModelConfig& config,
-                                                              uint64_t seed);
+                                                              uint64_t seed,
+                                                              const ExpertMask& only = {});
 };
 
 // How a model directory's weights are obtained: from its safetensors, or random at the shape
@@ -64,9 +78,10 @@ enum class LoadFormat { kSafetensors, kDummy };
 // "safetensors" (also "auto") or "dummy"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<LoadFormat> ParseLoadFormat(const std::string& name);
 
-// Reads DIR/config.json, then the weights as `format` says (`seed` for dummy weights).
+// Reads DIR/config.json, then the weights as `format` says (`seed` for dummy weights), of the
+// experts in `only` when it is not empty.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& dir,
-                                                               LoadFormat format,
-                                                               uint64_t seed = 0);
+                                                               LoadFormat format, uint64_t seed = 0,
+                                                               const ExpertMask& only = {});
 
 }  // namespace tandem::engine

@@ -230,6 +230,65 @@ TEST_F(ForwardGoldenTest, ExpertMaskKeepsTopKAndNeverRoutesToPrunedExperts) {
   table.ReleaseAll(pool_.get());
 }
 
+// A pruned decoder loads only the retained experts: their weights are the full model's, the
+// others are absent, its steps equal the full model's under the same mask, and it refuses any
+// step that could route to an expert it does not hold.
+TEST_F(ForwardGoldenTest, RetainedOnlyWeightsRunTheMaskedModelAndRefuseOthers) {
+  const auto& c = weights_->config;
+  ExpertMask mask;
+  mask.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    for (int e = l % 3; e < c.num_local_experts; e += 3) mask.retained[l][e] = true;
+  }
+  const std::string dir = testing::SourceDir() + "/models/tiny-moe";
+  auto slim = LoadModelWeights(dir, LoadFormat::kSafetensors, 0, mask);
+  ASSERT_TRUE(slim.ok()) << slim.status();
+  int64_t full_bytes = 0, slim_bytes = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    for (int e = 0; e < c.num_local_experts; ++e) {
+      const ExpertWeights& want = weights_->layers[l].experts[e];
+      const ExpertWeights& got = (*slim)->layers[l].experts[e];
+      full_bytes += static_cast<int64_t>(want.gate.data.size() * 3) * 2;
+      slim_bytes +=
+          static_cast<int64_t>(got.gate.data.size() + got.up.data.size() + got.down.data.size()) *
+          2;
+      ASSERT_EQ((*slim)->HasExpert(l, e), mask.retained[l][e]);
+      if (mask.retained[l][e]) {
+        EXPECT_EQ(got.gate.data, want.gate.data);
+        EXPECT_EQ(got.down.data, want.down.data);
+      } else {
+        EXPECT_TRUE(got.gate.data.empty() && got.up.data.empty() && got.down.data.empty());
+      }
+    }
+  }
+  // Layers 0 and 3 keep 6 of 16 experts, the others 5: 32/96 of the expert bytes.
+  EXPECT_EQ(slim_bytes * 96, full_bytes * 32);
+
+  auto slim_forward = ForwardPass::Create(slim->get(), pool_.get());
+  ASSERT_TRUE(slim_forward.ok()) << slim_forward.status();
+  const auto ids = (*manifest_)["prompts"][2]["token_ids"].get<std::vector<int32_t>>();
+  std::vector<std::vector<float>> want, got;
+  ASSERT_EQ(RunPrompt(ids, {.mask = &mask}, &want), absl::OkStatus());
+  ASSERT_EQ(RunPrompt(ids, {.mask = &mask}, &got, nullptr, slim_forward->get()), absl::OkStatus());
+  EXPECT_EQ(got[0], want[0]);
+
+  // No mask, or a mask that retains an expert the engine lacks, is refused before any work.
+  const absl::Status unmasked = RunPrompt(ids, {}, &got, nullptr, slim_forward->get());
+  EXPECT_EQ(unmasked.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unmasked.message(), ::testing::HasSubstr("only some experts"));
+  ExpertMask wider = mask;
+  wider.retained[4][0] = true;  // layer 4 keeps experts 1, 4, 7, ...
+  const absl::Status absent = RunPrompt(ids, {.mask = &wider}, &got, nullptr, slim_forward->get());
+  EXPECT_EQ(absent.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(absent.message(), ::testing::HasSubstr("expert 0 of layer 4"));
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+
+  ExpertMask misshapen;
+  misshapen.retained.assign(2, std::vector<bool>(3, true));
+  EXPECT_EQ(LoadModelWeights(dir, LoadFormat::kSafetensors, 0, misshapen).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Runs every routed pair at the width fn(layer, rank j) gives.
 class FnWidths : public ExpertWidthPolicy {
  public:

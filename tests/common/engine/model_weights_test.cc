@@ -78,6 +78,32 @@ TEST(RandomWeightsTest, ForwardPassRunsOnThem) {
   table.ReleaseAll(pool->get());
 }
 
+TEST(RandomWeightsTest, RetainedOnlyExpertsAreTheFullModelsAndTheRestAbsent) {
+  const model::ModelConfig config = SmallConfig();
+  ExpertMask only;
+  only.retained.assign(3, std::vector<bool>(6, false));
+  only.retained[0] = {true, false, true, false, false, false};
+  only.retained[1] = {false, false, false, false, true, true};
+  only.retained[2] = {true, true, false, false, false, false};
+  auto full = ModelWeights::Random(config, 9);
+  auto slim = ModelWeights::Random(config, 9, only);
+  ASSERT_TRUE(full.ok() && slim.ok());
+  for (int l = 0; l < 3; ++l) {
+    for (int e = 0; e < 6; ++e) {
+      const ExpertWeights& got = (*slim)->layers[l].experts[e];
+      if (only.retained[l][e]) {
+        EXPECT_EQ(got.up.data, (*full)->layers[l].experts[e].up.data);
+      } else {
+        EXPECT_EQ(got.up.rows, 0);
+        EXPECT_TRUE(got.up.data.empty());
+      }
+    }
+  }
+  // Matrices after the skipped experts are unchanged too.
+  EXPECT_EQ((*slim)->lm_head.data, (*full)->lm_head.data);
+  EXPECT_EQ((*slim)->layers[2].q.data, (*full)->layers[2].q.data);
+}
+
 TEST(RandomWeightsTest, ArchitecturesTheEngineLacksAreUnimplemented) {
   auto qwen = model::ParseModelConfig(R"({"model_type": "qwen3_moe", "vocab_size": 100,
       "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 12,
