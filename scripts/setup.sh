@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config ccache git clang-format curl openssl
+  build-essential cmake pkg-config ccache git clang-format curl openssl libssl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/engine/perplexity.h"
+#include "common/util/sha256.h"
 #include "common/util/status.h"
 
 namespace tandem::moe {
@@ -86,8 +87,11 @@ CalibrationStats Calibrator::Finish() const {
 }
 
 nlohmann::json CalibrationStats::ToJson() const {
-  nlohmann::json doc = {
-      {"format", "tandem-calibration-v1"}, {"model", model}, {"text", text}, {"tokens", tokens}};
+  nlohmann::json doc = {{"format", "tandem-calibration-v1"},
+                        {"model", model},
+                        {"text", text},
+                        {"text_sha256", text_sha256},
+                        {"tokens", tokens}};
   nlohmann::json layers_json = nlohmann::json::array();
   for (const LayerStats& layer : layers) {
     nlohmann::json pairs_json = nlohmann::json::array();
@@ -113,6 +117,7 @@ absl::StatusOr<CalibrationStats> CalibrationStats::FromJson(const nlohmann::json
   try {
     stats.model = doc.at("model").get<std::string>();
     stats.text = doc.at("text").get<std::string>();
+    stats.text_sha256 = doc.value("text_sha256", "");
     stats.tokens = doc.at("tokens").get<int64_t>();
     for (const auto& l : doc.at("layers")) {
       LayerStats layer;
@@ -169,6 +174,7 @@ absl::StatusOr<CalibrationStats> Calibrate(engine::ForwardPass* forward,
   RETURN_IF_ERROR(status);
   CalibrationStats stats = calibrator.Finish();
   stats.text = text_path;
+  ASSIGN_OR_RETURN(stats.text_sha256, util::Sha256OfFile(text_path));
   return stats;
 }
 

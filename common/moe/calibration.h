@@ -9,8 +9,8 @@
 //   pairs          for every token, each unordered pair of its top-k experts: (a < b) -> count
 //   neuron_importance[e][i]  sum over X_e of |silu(gate_i) * up_i| (neuron i's activation)
 // Stored as JSON (ToJson / FromJson): {"format": "tandem-calibration-v1", "model", "text",
-// "tokens", "layers": [{"frequency", "mass", "ean", "reap", "pairs": [[a, b, count], ...],
-// "neuron_importance": [[...] per expert]}]}.
+// "text_sha256" (of the text file's bytes), "tokens", "layers": [{"frequency", "mass", "ean",
+// "reap", "pairs": [[a, b, count], ...], "neuron_importance": [[...] per expert]}]}.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,7 @@ struct LayerStats {
 struct CalibrationStats {
   std::string model;
   std::string text;
+  std::string text_sha256;  // hex, of the text file's bytes
   int64_t tokens = 0;
   std::vector<LayerStats> layers;
 

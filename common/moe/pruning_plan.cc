@@ -39,6 +39,7 @@ absl::StatusOr<PruningPlan> MakePlan(const CalibrationStats& stats, PruningCrite
   plan.set_criterion(criterion);
   plan.mutable_calibration()->set_model(stats.model);
   plan.mutable_calibration()->set_text_file(stats.text);
+  plan.mutable_calibration()->set_text_sha256(stats.text_sha256);
   plan.mutable_calibration()->set_tokens(stats.tokens);
   for (size_t l = 0; l < stats.layers.size(); ++l) {
     const LayerStats& layer = stats.layers[l];
@@ -119,6 +120,18 @@ absl::StatusOr<engine::ExpertMask> MaskFromPlan(const PruningPlan& plan,
                        std::vector<bool>(config.num_local_experts, false));
   for (const tandem::v1::LayerPlan& layer : plan.layers()) {
     for (int e : layer.retained_experts()) mask.retained[layer.layer()][e] = true;
+  }
+  return mask;
+}
+
+absl::StatusOr<engine::ExpertMask> LoadPlanMask(const std::string& plan_path,
+                                                const std::string& model_dir) {
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir + "/config.json"));
+  absl::StatusOr<PruningPlan> plan = LoadPlan(plan_path);
+  absl::StatusOr<engine::ExpertMask> mask = plan.ok() ? MaskFromPlan(*plan, config) : plan.status();
+  if (!mask.ok()) {
+    return absl::Status(mask.status().code(),
+                        absl::StrCat("plan ", plan_path, ": ", mask.status().message()));
   }
   return mask;
 }

@@ -35,6 +35,11 @@ absl::Status ValidatePlan(const tandem::v1::PruningPlan& plan, const model::Mode
 absl::StatusOr<engine::ExpertMask> MaskFromPlan(const tandem::v1::PruningPlan& plan,
                                                 const model::ModelConfig& config);
 
+// The mask of the plan at `plan_path` for the model in `model_dir` (its config.json); errors
+// name the plan's path.
+absl::StatusOr<engine::ExpertMask> LoadPlanMask(const std::string& plan_path,
+                                                const std::string& model_dir);
+
 absl::Status SavePlan(const tandem::v1::PruningPlan& plan, const std::string& path);
 // NOT_FOUND for a missing file, INVALID_ARGUMENT for JSON that is not a plan.
 absl::StatusOr<tandem::v1::PruningPlan> LoadPlan(const std::string& path);

@@ -106,6 +106,7 @@ TEST(CalibrateTest, ShippedModelIsDeterministicAndRoundTripsThroughJson) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(last_progress, 1.0);
   EXPECT_EQ(a->ToJson(), b->ToJson());
+  EXPECT_EQ(a->text_sha256, "176c1e7db44b561b24909612d53bac9c266dcb717af0145c3d20be059a59560d");
   EXPECT_GT(a->tokens, 20);
   int64_t routed = 0;
   for (int64_t f : a->layers[0].frequency) routed += f;

@@ -30,6 +30,7 @@ CalibrationStats Stats() {
   CalibrationStats stats;
   stats.model = "toy";
   stats.text = "calibration.txt";
+  stats.text_sha256 = "00ff";
   stats.tokens = 100;
   LayerStats layer;
   layer.frequency = {50, 10, 90, 50};  // top 2: 2, then 0 (tie with 3, lower index)
@@ -60,6 +61,7 @@ TEST(PruningPlanTest, EachCriterionKeepsItsTopExperts) {
     EXPECT_EQ(Retained(*plan, 1), c.retained) << c.name;
     EXPECT_EQ(ValidatePlan(*plan, Config()), absl::OkStatus());
     EXPECT_EQ(plan->calibration().tokens(), 100);
+    EXPECT_EQ(plan->calibration().text_sha256(), "00ff");
   }
   EXPECT_EQ(ParseCriterion("random").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePlan(Stats(), tandem::v1::PRUNING_CRITERION_EAN, 0).status().code(),
@@ -111,6 +113,13 @@ TEST(PruningPlanTest, MaskMatchesThePlanAndFilesRoundTrip) {
   EXPECT_EQ(LoadPlan(dir.path() + "/none.json").status().code(), absl::StatusCode::kNotFound);
   std::ofstream(dir.path() + "/bad.json") << "{\"layers\": 3}";
   EXPECT_EQ(LoadPlan(dir.path() + "/bad.json").status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Against a model directory: a plan for another model names itself and what does not fit.
+  const std::string tiny = testing::SourceDir() + "/models/tiny-moe";
+  const absl::Status other = LoadPlanMask(path, tiny).status();
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other.message(), ::testing::HasSubstr(path));
+  EXPECT_EQ(LoadPlanMask(path, dir.path()).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
