@@ -5,9 +5,9 @@
 namespace tandem::serving {
 
 absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
-                                                int num_blocks) {
+                                                int num_blocks, const engine::ExpertMask& only) {
   ServingEngine e;
-  ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(model_dir));
+  ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(model_dir, {.only_experts = only}));
   const model::ModelConfig& c = e.model.weights->config;
   ASSIGN_OR_RETURN(
       e.pool, engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
@@ -29,6 +29,20 @@ engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int 
     metrics->kv_blocks_free->Set(step.free_blocks);
     metrics->kv_blocks_used->Set(total_blocks - step.free_blocks);
   };
+}
+
+void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* metrics) {
+  int64_t experts = 0, bytes = 0;
+  for (const engine::LayerWeights& layer : weights.layers) {
+    for (const engine::ExpertWeights& e : layer.experts) {
+      if (e.gate.data.empty()) continue;
+      ++experts;
+      bytes += static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size()) *
+               static_cast<int64_t>(sizeof(uint16_t));
+    }
+  }
+  metrics->experts_resident->Set(static_cast<double>(experts));
+  metrics->expert_weight_bytes->Set(static_cast<double>(bytes));
 }
 
 absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,

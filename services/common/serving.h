@@ -28,14 +28,19 @@ struct ServingEngine {
   std::unique_ptr<engine::ForwardPass> forward;
 };
 
-// Loads DIR and makes a pool of `num_blocks` blocks of `block_size` tokens.
+// Loads DIR (the experts of `only` when it is not empty) and makes a pool of `num_blocks` blocks
+// of `block_size` tokens.
 absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
-                                                int num_blocks);
+                                                int num_blocks,
+                                                const engine::ExpertMask& only = {});
 
 // An engine loop observer that keeps `metrics` (step time and size, generated tokens, running
 // and waiting sequences, KV blocks of a pool of `total_blocks`) up to date; sets the block
 // gauges for an empty pool now.
 engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int total_blocks);
+
+// Sets the resident-expert gauges of `metrics` from `weights`.
+void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* metrics);
 
 // INVALID_ARGUMENT naming the field (the engine's checks).
 absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,

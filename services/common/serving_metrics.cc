@@ -29,6 +29,12 @@ DecodeMetrics::DecodeMetrics(metrics::Registry* r) {
                      ->Add({});
   generated_tokens =
       &Must(r->AddCounter("tandem_generated_tokens_total", "Tokens sampled."))->Add({});
+  experts_resident = &Must(r->AddGauge("tandem_experts_resident",
+                                       "Experts whose weights this instance holds, all layers."))
+                          ->Add({});
+  expert_weight_bytes =
+      &Must(r->AddGauge("tandem_expert_weight_bytes", "Bytes of expert weights held in memory."))
+           ->Add({});
   leases_expired = &Must(r->AddCounter("tandem_reservations_expired_total",
                                        "KV reservations freed because Decode never came."))
                         ->Add({});

@@ -10,14 +10,16 @@ namespace tandem::serving {
 // tandem-decode: what the engine loop does and holds.
 struct DecodeMetrics {
   explicit DecodeMetrics(metrics::Registry* registry);
-  metrics::Gauge* running;             // tandem_running_sequences
-  metrics::Gauge* waiting;             // tandem_waiting_sequences
-  metrics::Gauge* kv_blocks_used;      // tandem_kv_blocks{state="used"}
-  metrics::Gauge* kv_blocks_free;      // tandem_kv_blocks{state="free"}
-  metrics::Histogram* step_seconds;    // tandem_decode_step_seconds
-  metrics::Histogram* step_tokens;     // tandem_decode_step_tokens (the batch size)
-  metrics::Counter* generated_tokens;  // tandem_generated_tokens_total
-  metrics::Counter* leases_expired;    // tandem_reservations_expired_total
+  metrics::Gauge* running;              // tandem_running_sequences
+  metrics::Gauge* waiting;              // tandem_waiting_sequences
+  metrics::Gauge* kv_blocks_used;       // tandem_kv_blocks{state="used"}
+  metrics::Gauge* kv_blocks_free;       // tandem_kv_blocks{state="free"}
+  metrics::Histogram* step_seconds;     // tandem_decode_step_seconds
+  metrics::Histogram* step_tokens;      // tandem_decode_step_tokens (the batch size)
+  metrics::Counter* generated_tokens;   // tandem_generated_tokens_total
+  metrics::Gauge* experts_resident;     // tandem_experts_resident (a pruned decoder's are fewer)
+  metrics::Gauge* expert_weight_bytes;  // tandem_expert_weight_bytes
+  metrics::Counter* leases_expired;     // tandem_reservations_expired_total
 };
 
 // tandem-prefill: prompts and the KV shipped for them.

@@ -7,11 +7,14 @@
 #include "common/engine/engine_loop.h"
 #include "common/kv/geometry.h"
 #include "common/kv/ucx_transport.h"
+#include "common/moe/pruning_plan.h"
 #include "common/rpc/service_flags.h"
 #include "services/common/serving.h"
 #include "services/decode/decode_service.h"
 
 ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face layout).");
+ABSL_FLAG(std::string, plan, "",
+          "Pruning plan (tandem prune): decode only its retained experts, loading no others.");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the prefill instances.");
 ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
 ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most.");
@@ -40,14 +43,25 @@ int main(int argc, char** argv) {
   auto model =
       tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size));
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
+  tandem::engine::ExpertMask retained;  // every expert without a plan
+  if (const std::string plan = absl::GetFlag(FLAGS_plan); !plan.empty()) {
+    auto mask = tandem::moe::LoadPlanMask(plan, absl::GetFlag(FLAGS_model));
+    if (!mask.ok()) return fail("--plan", mask.status());
+    retained = *std::move(mask);
+  }
   auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model),
                                                    absl::GetFlag(FLAGS_kv_block_size),
-                                                   absl::GetFlag(FLAGS_kv_blocks));
+                                                   absl::GetFlag(FLAGS_kv_blocks), retained);
   if (!engine.ok()) return fail("loading the engine", engine.status());
+  // Decode runs only what it holds: every token here is a decode token (prefill wrote the
+  // prompts' KV), but a mask on both phases keeps any step within the loaded experts.
+  const tandem::engine::MoeOptions moe{.mask = &retained};
   auto scheduler = tandem::engine::Scheduler::Create(
       engine->forward.get(), engine->model.tokenizer.get(), engine->model.tokenizer->eos_id(),
       {.max_running = absl::GetFlag(FLAGS_max_running),
-       .max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens)});
+       .max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens),
+       .prefill = moe,
+       .decode = moe});
   if (!scheduler.ok()) return fail("the scheduler", scheduler.status());
   tandem::kv::UcxTransportOptions kv_options;
   kv_options.listen_host = absl::GetFlag(FLAGS_kv_listen_host);
@@ -59,6 +73,7 @@ int main(int argc, char** argv) {
   if (!region.ok()) return fail("registering the KV pool", region.status());
   tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "decode"}});
   tandem::serving::DecodeMetrics serving_metrics(&registry);
+  tandem::serving::ReportResidentExperts(*engine->model.weights, &serving_metrics);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
       tandem::serving::EngineStepObserver(&serving_metrics, engine->pool->num_total()));

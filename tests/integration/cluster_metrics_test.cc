@@ -74,28 +74,15 @@ class ClusterMetricsTest : public ::testing::Test {
     model_ = testing::SourceDir() + "/models/tiny-moe";
   }
 
-  Ports StartService(const std::string& binary, std::vector<std::string> extra) {
-    const std::string port_file = dir_.path() + "/" + binary + ".ports";
-    std::vector<std::string> argv = {testing::BinDir() + "/" + binary, "--model=" + model_,
-                                     "--port_file=" + port_file, "--drain_timeout_s=2"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto proc = Subprocess::Start(argv, dir_.path() + "/" + binary + ".log");
-    EXPECT_TRUE(proc.ok()) << proc.status();
-    if (!proc.ok()) return {};
-    processes_.push_back(*std::move(proc));
-    auto ports = testing::WaitForPortFile(port_file, absl::Seconds(30));
-    EXPECT_TRUE(ports.ok()) << binary << ": " << ports.status() << "\n" << Log(binary);
+  Ports StartService(const std::string& binary, const std::vector<std::string>& extra) {
+    absl::StatusOr<Ports> ports = services_.Start(binary, extra);
+    EXPECT_TRUE(ports.ok()) << ports.status();
     return ports.ok() ? *ports : Ports{};
-  }
-
-  std::string Log(const std::string& binary) {
-    std::ifstream in(dir_.path() + "/" + binary + ".log");
-    return std::string(std::istreambuf_iterator<char>(in), {});
   }
 
   testing::TempDir dir_;
   std::string model_;
-  std::vector<Subprocess> processes_;
+  testing::ServiceSet services_;
 };
 
 TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
@@ -204,7 +191,7 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
   EXPECT_GT(value("tandem_kv_blocks{role=\"decode\",state=\"free\"}"), 0);
 
   // Graceful drain: SIGTERM, exit status 0, nothing left running.
-  for (Subprocess& p : processes_) {
+  for (Subprocess& p : services_.processes()) {
     auto status = p.Stop(SIGTERM, absl::Seconds(15));
     ASSERT_TRUE(status.ok()) << status.status();
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "wait status " << *status;

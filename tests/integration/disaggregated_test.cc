@@ -19,8 +19,6 @@
 namespace tandem {
 namespace {
 
-using testing::Subprocess;
-
 constexpr int kTokens = 24;
 
 // KV over UCX/TCP with dead-peer detection (the default), or over shared memory between the
@@ -42,25 +40,13 @@ class DisaggregatedTest : public ::testing::TestWithParam<std::vector<std::strin
         absl::StrCat("127.0.0.1:", decode_.grpc_port), grpc::InsecureChannelCredentials()));
   }
 
-  testing::Ports Start(const std::string& binary, std::vector<std::string> extra) {
-    const std::string port_file = dir_.path() + "/" + binary + ".ports";
-    std::vector<std::string> argv = {testing::BinDir() + "/" + binary,
-                                     "--model=" + testing::SourceDir() + "/models/tiny-moe",
-                                     "--port_file=" + port_file, "--drain_timeout_s=2"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto proc = Subprocess::Start(argv, dir_.path() + "/" + binary + ".log");
-    EXPECT_TRUE(proc.ok()) << proc.status();
-    if (!proc.ok()) return {};
-    processes_.push_back(*std::move(proc));
-    auto ports = testing::WaitForPortFile(port_file, absl::Seconds(30));
-    EXPECT_TRUE(ports.ok()) << binary << ": " << ports.status() << "\n" << Log(binary);
+  testing::Ports Start(const std::string& binary, const std::vector<std::string>& extra) {
+    absl::StatusOr<testing::Ports> ports = services_.Start(binary, extra);
+    EXPECT_TRUE(ports.ok()) << ports.status();
     return ports.ok() ? *ports : testing::Ports{};
   }
 
-  std::string Log(const std::string& binary) {
-    std::ifstream in(dir_.path() + "/" + binary + ".log");
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string Log(const std::string& binary) { return services_.Log(binary); }
 
   std::vector<int32_t> Prompt(int k) const {
     return manifest_["prompts"][k]["token_ids"].get<std::vector<int32_t>>();
@@ -133,9 +119,8 @@ class DisaggregatedTest : public ::testing::TestWithParam<std::vector<std::strin
     return info;
   }
 
-  testing::TempDir dir_;
+  testing::ServiceSet services_;
   nlohmann::json manifest_;
-  std::vector<Subprocess> processes_;
   testing::Ports prefill_, decode_;
   std::unique_ptr<v1::Prefill::Stub> prefill_stub_;
   std::unique_ptr<v1::Decode::Stub> decode_stub_;

@@ -140,4 +140,36 @@ std::string SourceDir() {
   return dir != nullptr ? dir : ".";
 }
 
+ServiceSet::ServiceSet(std::string model_dir)
+    : model_dir_(model_dir.empty() ? SourceDir() + "/models/tiny-moe" : std::move(model_dir)) {}
+
+absl::StatusOr<Ports> ServiceSet::Start(const std::string& binary,
+                                        const std::vector<std::string>& extra) {
+  const std::string port_file = dir_.path() + "/" + binary + ".ports";
+  std::vector<std::string> argv = {BinDir() + "/" + binary, "--model=" + model_dir_,
+                                   "--port_file=" + port_file, "--drain_timeout_s=2"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  absl::StatusOr<Subprocess> process = Subprocess::Start(argv, dir_.path() + "/" + binary + ".log");
+  if (!process.ok()) return process.status();
+  processes_.push_back(*std::move(process));
+  // A service that fails at start exits: say so at once rather than at the deadline.
+  WaitUntil([&] { return std::filesystem::exists(port_file) || !processes_.back().Running(); },
+            absl::Seconds(30));
+  if (!processes_.back().Running() && !std::filesystem::exists(port_file)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(binary, " exited before serving:\n", Log(binary)));
+  }
+  absl::StatusOr<Ports> ports = WaitForPortFile(port_file, absl::Seconds(5));
+  if (!ports.ok()) {
+    return absl::Status(ports.status().code(),
+                        absl::StrCat(binary, ": ", ports.status().message(), "\n", Log(binary)));
+  }
+  return ports;
+}
+
+std::string ServiceSet::Log(const std::string& binary) const {
+  std::ifstream in(dir_.path() + "/" + binary + ".log");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 }  // namespace tandem::testing

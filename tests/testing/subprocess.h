@@ -60,6 +60,29 @@ class TempDir {
   std::string path_;
 };
 
+// Service binaries started for one test, each on ephemeral loopback ports written to a port
+// file, logging to a file of its own; stopped (SIGTERM, then SIGKILL) when this goes away.
+class ServiceSet {
+ public:
+  // Services get --model=`model_dir` (the shipped tiny model by default).
+  explicit ServiceSet(std::string model_dir = "");
+
+  // Starts BinDir()/`binary` with --model, --port_file, --drain_timeout_s=2 and `extra`, and
+  // waits up to 30 s for its ports; FAILED_PRECONDITION if it exits first. Errors carry the
+  // service's log.
+  absl::StatusOr<Ports> Start(const std::string& binary, const std::vector<std::string>& extra);
+  // What `binary` has logged so far.
+  std::string Log(const std::string& binary) const;
+  const std::string& dir() const { return dir_.path(); }
+  // In the order started.
+  std::vector<Subprocess>& processes() { return processes_; }
+
+ private:
+  TempDir dir_;
+  std::string model_dir_;
+  std::vector<Subprocess> processes_;
+};
+
 // Directory of the built binaries ($TANDEM_BIN_DIR, set by CTest).
 std::string BinDir();
 // Repository root ($TANDEM_SOURCE_DIR, set by CTest).

@@ -280,20 +280,18 @@ int Perplexity() {
         "perplexity scores a checkpoint with its own router; --load_format dummy and --routing "
         "are for generate"));
   }
-  const absl::Time load_start = absl::Now();
-  auto model = tandem::engine::LoadModelDir(absl::GetFlag(FLAGS_model));
-  if (!model.ok()) return Report(model.status());
-  const absl::Time start = absl::Now();
   tandem::engine::PerplexityOptions ppl_options;
   tandem::engine::ExpertMask mask;
   if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
-    auto plan = tandem::moe::LoadPlan(path);
-    if (!plan.ok()) return Report(plan.status());
-    auto plan_mask = tandem::moe::MaskFromPlan(*plan, model->weights->config);
+    auto plan_mask = tandem::moe::LoadPlanMask(path, absl::GetFlag(FLAGS_model));
     if (!plan_mask.ok()) return Report(plan_mask.status());
     mask = *std::move(plan_mask);
     ppl_options.moe.mask = &mask;
   }
+  const absl::Time load_start = absl::Now();
+  auto model = tandem::engine::LoadModelDir(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) return Report(model.status());
+  const absl::Time start = absl::Now();
   auto result = tandem::engine::EvaluatePerplexity(*model->weights, *model->tokenizer,
                                                    absl::GetFlag(FLAGS_text), ppl_options);
   if (!result.ok()) return Report(result.status());
