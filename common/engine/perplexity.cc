@@ -104,11 +104,23 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
     return absl::InvalidArgumentError("the perplexity protocol needs a tokenizer with BOS and EOS");
   }
 
+  if (options.context < 0 || options.context >= options.window) {
+    return absl::InvalidArgumentError(absl::StrCat("perplexity context ", options.context,
+                                                   " must be in [0, window ", options.window, ")"));
+  }
   ASSIGN_OR_RETURN(ProtocolText protocol, ReadProtocolText(tokenizer, text_path, options.window));
   PerplexityResult result;
   result.documents = protocol.documents;
   const std::vector<int32_t>& scored = protocol.scored;
-  const std::vector<ProtocolWindow>& windows = protocol.windows;
+  const int context = options.context;
+  std::vector<ProtocolWindow> windows;
+  for (const ProtocolWindow& w : protocol.windows) {
+    if (w.size > context) windows.push_back(w);
+  }
+  if (windows.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no window of ", text_path, " is longer than ", context, " prompt tokens"));
+  }
 
   KvBlockPool* pool = forward->pool();
   const int block_size = pool->config().block_size;
@@ -121,11 +133,15 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
         longest, " tokens needs ", BlocksFor(longest, block_size)));
   }
 
+  // Per target of `scored`: its log-probability, whether it was the argmax, whether scored, and
+  // its offset in its continuation.
   std::vector<double> logprobs(scored.size());
-  std::vector<std::vector<int32_t>> inputs;
+  std::vector<char> top1(scored.size()), is_scored(scored.size());
+  std::vector<int32_t> offsets(scored.size());
+  std::vector<std::vector<int32_t>> prompts, continuations;
   std::vector<BlockTable> tables;
-  std::vector<StepInput> batch;
-  std::vector<std::vector<float>> logits;
+  std::vector<StepInput> prompt_batch, batch;
+  std::vector<std::vector<float>> prompt_logits, logits;
   for (size_t next = 0; next < windows.size();) {
     // As many whole windows as the step's token budget and the pool's blocks allow.
     size_t last = next;
@@ -137,43 +153,59 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
       blocks += b;
     }
     const size_t count = last - next;
-    inputs.resize(count);
+    prompts.resize(count);
+    continuations.resize(count);
     tables.assign(count, BlockTable());
+    prompt_batch.resize(count);
     batch.resize(count);
     absl::Status status;
+    // Window positions: [BOS] + c. With a prompt, [BOS] + c[0, context) runs first and its last
+    // row predicts c[context]; c[context, size) follows, its row r predicting c[context + 1 + r].
+    // Without, [BOS] + c runs at once, row r predicting c[r].
     for (size_t i = 0; i < count && status.ok(); ++i) {
       const ProtocolWindow& w = windows[next + i];
-      inputs[i].assign(1, bos);
-      inputs[i].insert(inputs[i].end(), scored.begin() + w.begin,
-                       scored.begin() + w.begin + w.size);
+      const auto c0 = scored.begin() + w.begin;
       status = tables[i].Reserve(pool, w.size + 1);
-      batch[i] = StepInput();
-      batch[i].tokens = inputs[i];
-      batch[i].start_position = 0;
-      batch[i].block_table = &tables[i];
-      batch[i].logits = LogitRows::kAll;
+      prompts[i].assign(1, bos);
+      prompts[i].insert(prompts[i].end(), c0, c0 + context);
+      continuations[i].clear();
+      if (context == 0) continuations[i].push_back(bos);
+      continuations[i].insert(continuations[i].end(), c0 + context, c0 + w.size);
+      prompt_batch[i] = {prompts[i], 0, &tables[i], LogitRows::kLast};
+      batch[i] = {continuations[i], context == 0 ? 0 : context + 1, &tables[i], LogitRows::kAll};
+    }
+    if (status.ok() && context > 0) {
+      status = forward->Step(prompt_batch, options.context_moe, &prompt_logits);
     }
     if (status.ok()) status = forward->Step(batch, options.moe, &logits);
     for (BlockTable& table : tables) table.ReleaseAll(pool);
     if (!status.ok()) return status;
 
-    // Row r of window i's logits (positions [BOS] + c) predicts c[r]; the row after the last
-    // target predicts nothing.
     struct Row {
       const float* logits;
       int64_t target;  // index into `scored`
+      int32_t offset;  // in the continuation
     };
     std::vector<Row> rows;
     for (size_t i = 0; i < count; ++i) {
       const ProtocolWindow& w = windows[next + i];
-      for (int r = 0; r < w.size; ++r) {
-        rows.push_back({logits[i].data() + static_cast<size_t>(r) * vocab, w.begin + r});
+      if (context > 0) rows.push_back({prompt_logits[i].data(), w.begin + context, 0});
+      const int first = context == 0 ? 0 : context + 1;  // the target row 0 predicts
+      for (int t = first; t < w.size; ++t) {
+        rows.push_back(
+            {logits[i].data() + static_cast<size_t>(t - first) * vocab, w.begin + t, t - context});
       }
     }
     kernels::cpu::DefaultThreadPool().ParallelFor(
         static_cast<int64_t>(rows.size()), 16, [&](int64_t begin, int64_t end) {
           for (int64_t j = begin; j < end; ++j) {
-            logprobs[rows[j].target] = LogProb(rows[j].logits, vocab, scored[rows[j].target]);
+            const int64_t target = rows[j].target;
+            logprobs[target] = LogProb(rows[j].logits, vocab, scored[target]);
+            top1[target] =
+                std::max_element(rows[j].logits, rows[j].logits + vocab) - rows[j].logits ==
+                scored[target];
+            is_scored[target] = 1;
+            offsets[target] = rows[j].offset;
           }
         });
     next = last;
@@ -181,12 +213,20 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
 
   // Summed in protocol order, so the result does not depend on how windows were batched.
   double total = 0;
-  for (double lp : logprobs) total -= lp;
+  int64_t correct = 0;
+  for (size_t t = 0; t < scored.size(); ++t) {
+    if (!is_scored[t]) continue;
+    total -= logprobs[t];
+    correct += top1[t];
+    result.logprobs.push_back(static_cast<float>(logprobs[t]));
+    result.top1.push_back(top1[t]);
+    result.offsets.push_back(offsets[t]);
+  }
   result.windows = static_cast<int64_t>(windows.size());
-  result.tokens = static_cast<int64_t>(scored.size());
+  result.tokens = static_cast<int64_t>(result.logprobs.size());
   result.nll = total / static_cast<double>(result.tokens);
   result.perplexity = std::exp(result.nll);
-  result.logprobs.assign(logprobs.begin(), logprobs.end());
+  result.accuracy = static_cast<double>(correct) / static_cast<double>(result.tokens);
   return result;
 }
 

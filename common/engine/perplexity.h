@@ -28,16 +28,28 @@ struct PerplexityOptions {
   int max_step_tokens = 2048;
   // Applies to every window (the defaults run the whole model).
   MoeOptions moe;
+  // A prompt / continuation split, as served (`tandem eval`): when > 0, each window's first
+  // `context` targets are its prompt, run as one prefill with `context_moe`; the prefill's
+  // last row predicts the first continuation target, and the rest of the window runs with `moe`
+  // on the prompt's KV cache, teacher-forced. Only continuation targets are scored, and windows
+  // of `context` targets or fewer are skipped. 0 scores every target with `moe`.
+  int context = 0;
+  MoeOptions context_moe;
 };
 
 struct PerplexityResult {
   int64_t documents = 0;
-  int64_t windows = 0;
-  int64_t tokens = 0;     // scored tokens (the documents' tokens, EOS included)
+  int64_t windows = 0;    // windows scored
+  int64_t tokens = 0;     // scored tokens (the documents' tokens, EOS included, less prompts)
   double nll = 0;         // mean negative log-likelihood per scored token, in nats
   double perplexity = 0;  // exp(nll)
-  // (tokens,) log-probability of each scored token, in document order.
+  double accuracy = 0;    // share of scored tokens that were the most likely (first of ties)
+  // Per scored token, in document order: its log-probability, whether it was the most likely,
+  // and its offset in its window's continuation (0 = the first after the prompt; without a
+  // prompt, its offset in the window).
   std::vector<float> logprobs;
+  std::vector<char> top1;
+  std::vector<int32_t> offsets;
 };
 
 // One window of the protocol: targets scored[begin, begin + size), run as [BOS] + those.

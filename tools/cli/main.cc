@@ -9,6 +9,7 @@
 //   tandem serve --model DIR [tandem-serve flags]   (colocated mode, see services/serve)
 //   tandem calibrate --model DIR --text FILE --out STATS   (common/moe/calibration.h)
 //   tandem prune --stats STATS --criterion reap --keep M --out PLAN   (common/moe/pruning_plan.h)
+//   tandem eval --model DIR --plan PLAN --text FILE --prompts FILE   (eval.cc)
 //   tandem models   --endpoint HOST:PORT
 //   tandem health   --endpoint HOST:PORT
 #include <unistd.h>
@@ -34,6 +35,7 @@
 #include "common/util/status.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tools/cli/commands.h"
 
 ABSL_FLAG(std::string, endpoint, "127.0.0.1:50051", "Gateway gRPC address, host:port.");
 ABSL_FLAG(std::string, model, "",
@@ -41,8 +43,9 @@ ABSL_FLAG(std::string, model, "",
           "the model perplexity scores.");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (generate).");
 ABSL_FLAG(std::string, text, "",
-          "Text to tokenize (tokenize); the path of the text file to score (perplexity).");
-ABSL_FLAG(int, max_tokens, 64, "Tokens to generate at most (generate).");
+          "Text to tokenize (tokenize); the path of the text file to score (perplexity, eval).");
+ABSL_FLAG(int, max_tokens, 64,
+          "Tokens to generate at most (generate); eval: the budget continuations are judged by.");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy (generate).");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass (generate).");
 ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 = off (generate).");
@@ -60,10 +63,21 @@ ABSL_FLAG(std::string, stats, "", "Calibration statistics prune reads (from cali
 ABSL_FLAG(std::string, criterion, "reap", "prune: frequency, mass, ean or reap.");
 ABSL_FLAG(int, keep, 0, "prune: experts retained per layer.");
 ABSL_FLAG(std::string, plan, "",
-          "perplexity: mask the experts this pruning plan drops (conventional pruning).");
+          "perplexity: mask the experts this pruning plan drops (conventional pruning); eval: "
+          "the pruned model.");
 ABSL_FLAG(std::string, tls_root_certs, "",
           "PEM file of root certificates: talk to the gateway over TLS, trusting these.");
 ABSL_FLAG(double, timeout_s, 120.0, "Deadline of each call, in seconds.");
+
+namespace tandem::cli {
+
+int Report(const absl::Status& status) {
+  std::cerr << "tandem: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+            << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace tandem::cli
 
 namespace {
 
@@ -81,15 +95,13 @@ constexpr char kUsage[] =
     "             process) with the rest of the arguments, e.g. tandem serve --model DIR\n"
     "  perplexity score the text file --text with the model --model DIR, one document a\n"
     "             line, by the protocol of tools/train/data.py\n"
+    "  eval       the full model against a pruning plan (--plan) in the modes --mode:\n"
+    "             perplexity and accuracy on --text, greedy continuations of --prompts\n"
     "  models     list the gateway's models\n"
     "  health     check the gateway's gRPC health\n"
     "run `tandem --help` for the flags\n";
 
-int Report(const absl::Status& status) {
-  std::cerr << "tandem: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
-            << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
+using tandem::cli::Report;
 
 absl::StatusOr<std::unique_ptr<tandem::sdk::Client>> Connect() {
   tandem::sdk::ClientOptions options;
@@ -359,6 +371,7 @@ int main(int argc, char** argv) {
   if (command == "perplexity") return Perplexity();
   if (command == "calibrate") return Calibrate();
   if (command == "prune") return Prune();
+  if (command == "eval") return tandem::cli::Eval();
   if (command == "models") return Models();
   if (command == "health") return Health();
   std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;

@@ -130,6 +130,76 @@ TEST_F(PerplexityTest, BatchingDoesNotChangeTheResult) {
   for (float lp : single->logprobs) EXPECT_LE(lp, 0.0f);
 }
 
+// A prompt / continuation split with the same MoE options on both sides is the same
+// computation as the unsplit window (the continuation reads the prompt's KV cache): the
+// continuation targets' log-probabilities agree, and top-1 accuracy counts the targets that
+// were the argmax of a plain full-window forward step.
+TEST_F(PerplexityTest, PromptContinuationSplitScoresTheContinuationAndCountsTopOneHits) {
+  const std::string doc =
+      "The jury said it did find that the city was well run, and that the election was fair.";
+  const std::string path = WriteText("one.txt", doc);
+  auto ids = model_->tokenizer->Encode(doc);
+  ASSERT_TRUE(ids.ok());
+  std::vector<int32_t> targets = *ids;
+  targets.push_back(model_->tokenizer->eos_id());
+  const int n = static_cast<int>(targets.size());
+  constexpr int kContext = 7;
+
+  PerplexityOptions options;
+  auto whole = EvaluatePerplexity(*model_->weights, *model_->tokenizer, path, options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  options.context = kContext;
+  auto split = EvaluatePerplexity(*model_->weights, *model_->tokenizer, path, options);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(split->tokens, n - kContext);
+  for (int t = 0; t < n - kContext; ++t) {
+    EXPECT_NEAR(split->logprobs[t], whole->logprobs[kContext + t], 2e-5) << "target " << t;
+    EXPECT_EQ(split->offsets[t], t);
+    EXPECT_EQ(whole->offsets[kContext + t], kContext + t);
+  }
+
+  // The reference: argmax of each row of one full-window step.
+  auto pool = KvBlockPool::Create({6, 2, 32, 16, 8});
+  ASSERT_TRUE(pool.ok());
+  auto forward = ForwardPass::Create(model_->weights.get(), pool->get());
+  ASSERT_TRUE(forward.ok());
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool->get(), n + 1).ok());
+  std::vector<int32_t> input = {model_->tokenizer->bos_id()};
+  input.insert(input.end(), targets.begin(), targets.end());
+  StepInput in{input, 0, &table, LogitRows::kAll};
+  std::vector<std::vector<float>> logits;
+  ASSERT_TRUE((*forward)->Step({&in, 1}, {}, &logits).ok());
+  table.ReleaseAll(pool->get());
+  const int vocab = static_cast<int>(model_->weights->config.vocab_size);
+  int hits = 0;
+  for (int t = kContext; t < n; ++t) {
+    const float* row = logits[0].data() + static_cast<size_t>(t) * vocab;
+    hits += std::max_element(row, row + vocab) - row == targets[t];
+  }
+  EXPECT_GT(hits, 0);
+  EXPECT_DOUBLE_EQ(split->accuracy, static_cast<double>(hits) / (n - kContext));
+  EXPECT_EQ(std::count(split->top1.begin(), split->top1.end(), 1), hits);
+
+  // A masked continuation changes the continuation's scores only.
+  ExpertMask mask;
+  mask.retained.assign(6, std::vector<bool>(16, false));
+  for (auto& layer : mask.retained) layer[0] = layer[1] = layer[2] = true;
+  options.moe.mask = &mask;
+  auto pruned = EvaluatePerplexity(*model_->weights, *model_->tokenizer, path, options);
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_NEAR(pruned->logprobs[0], split->logprobs[0], 2e-5);  // predicted by the full prompt
+  EXPECT_GT(pruned->nll, split->nll);
+
+  options.context = options.window;
+  EXPECT_EQ(EvaluatePerplexity(*model_->weights, *model_->tokenizer, path, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.context = n;  // no window is longer than its prompt
+  EXPECT_THAT(
+      EvaluatePerplexity(*model_->weights, *model_->tokenizer, path, options).status().message(),
+      HasSubstr("no window"));
+}
+
 TEST_F(PerplexityTest, MissingFileIsNotFound) {
   const std::string path = dir_.path() + "/no-such-file.txt";
   auto result = EvaluatePerplexity(*model_->weights, *model_->tokenizer, path);

@@ -1,0 +1,23 @@
+// The `tandem` commands kept in files of their own, and what they share with main.cc.
+#pragma once
+
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/status/status.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, text);
+ABSL_DECLARE_FLAG(std::string, plan);
+ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(int, max_tokens);
+
+namespace tandem::cli {
+
+// Prints `status` to stderr; the exit code (2 for INVALID_ARGUMENT, else 1).
+int Report(const absl::Status& status);
+
+// tandem eval (eval.cc).
+int Eval();
+
+}  // namespace tandem::cli

@@ -1,0 +1,150 @@
+// tandem eval --model DIR --plan PLAN --text FILE --prompts FILE [--mode full,conventional,handoff]
+//             [--context N --max_tokens N --stop S1,S2 --out RESULT.json]
+// Scores and generates with the full model and a pruning plan in each mode (common/moe/
+// evaluation.h) and prints one row per mode; --out writes every number as JSON.
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/engine/generator.h"
+#include "common/engine/perplexity.h"
+#include "common/moe/evaluation.h"
+#include "common/moe/pruning_plan.h"
+#include "nlohmann/json.hpp"
+#include "tools/cli/commands.h"
+
+ABSL_FLAG(std::string, prompts, "", "eval: prompts to continue greedily, one per non-blank line.");
+ABSL_FLAG(std::string, mode, "full,conventional,handoff",
+          "eval: modes to run, comma-separated: full (every expert), conventional (the plan "
+          "for prompt and continuation), handoff (full prompt, the plan's continuation).");
+ABSL_FLAG(int, context, 128,
+          "eval: prompt tokens of each scored window; the rest of the window is scored.");
+ABSL_FLAG(int, near_tokens, 32,
+          "eval: also score the first N continuation tokens of each window on their own.");
+ABSL_FLAG(std::vector<std::string>, stop, {},
+          "eval: strings that end a continuation as EOS does, comma-separated (at most 4).");
+
+namespace tandem::cli {
+namespace {
+
+nlohmann::json ToJson(const moe::GenerationStats& g) {
+  return {{"prompts", g.prompts},
+          {"mean_length", g.mean_length},
+          {"p50_length", g.p50_length},
+          {"p90_length", g.p90_length},
+          {"hit_max_share", g.hit_max_share},
+          {"never_ended_share", g.never_ended_share},
+          {"exact_agreement", g.exact_agreement},
+          {"prefix_agreement", g.prefix_agreement}};
+}
+
+}  // namespace
+
+int Eval() {
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const std::string text = absl::GetFlag(FLAGS_text);
+  const std::string prompts_path = absl::GetFlag(FLAGS_prompts);
+  const std::string plan_path = absl::GetFlag(FLAGS_plan);
+  if (model_dir.empty() || text.empty() || prompts_path.empty()) {
+    return Report(
+        absl::InvalidArgumentError("eval needs --model DIR, --text FILE and --prompts FILE"));
+  }
+  std::vector<moe::EvalMode> modes;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_mode), ',', absl::SkipEmpty())) {
+    absl::StatusOr<moe::EvalMode> mode = moe::ParseEvalMode(std::string(name));
+    if (!mode.ok()) return Report(mode.status());
+    if (*mode != moe::EvalMode::kFull && plan_path.empty()) {
+      return Report(absl::InvalidArgumentError(
+          absl::StrCat("--mode ", name, " needs --plan (the pruned model's experts)")));
+    }
+    modes.push_back(*mode);
+  }
+  if (modes.empty()) return Report(absl::InvalidArgumentError("--mode names no mode"));
+
+  engine::ExpertMask plan;
+  if (!plan_path.empty()) {
+    absl::StatusOr<engine::ExpertMask> mask = moe::LoadPlanMask(plan_path, model_dir);
+    if (!mask.ok()) return Report(mask.status());
+    plan = *std::move(mask);
+  }
+  absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
+  if (!model.ok()) return Report(model.status());
+  absl::StatusOr<std::vector<std::vector<int32_t>>> prompts =
+      moe::ReadPrompts(*model->tokenizer, prompts_path, model->add_bos);
+  if (!prompts.ok()) return Report(prompts.status());
+  moe::GenerationOptions generation;
+  generation.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  generation.stop = absl::GetFlag(FLAGS_stop);
+
+  // The full model's continuations are the reference every mode is compared with.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<moe::Continuation>> reference =
+      moe::GenerateGreedy(*model->weights, *model->tokenizer, *prompts,
+                          moe::PhaseOptionsFor(moe::EvalMode::kFull, nullptr), generation);
+  if (!reference.ok()) return Report(reference.status());
+
+  nlohmann::json doc = {{"model", model_dir},
+                        {"plan", plan_path},
+                        {"text", text},
+                        {"prompts", prompts_path},
+                        {"context", absl::GetFlag(FLAGS_context)},
+                        {"max_tokens", generation.max_tokens},
+                        {"stop", generation.stop},
+                        {"modes", nlohmann::json::array()}};
+  const int near_tokens = absl::GetFlag(FLAGS_near_tokens);
+  std::cout << absl::StrCat("mode          perplexity  accuracy  ppl@", near_tokens, "  acc@",
+                            near_tokens,
+                            "  | length mean   p50   p90  hit-max  never-ended  exact  prefix\n");
+  for (moe::EvalMode mode : modes) {
+    const moe::PhaseOptions phases = moe::PhaseOptionsFor(mode, &plan);
+    engine::PerplexityOptions scoring;
+    scoring.context = absl::GetFlag(FLAGS_context);
+    scoring.context_moe = phases.prefill;
+    scoring.moe = phases.decode;
+    absl::StatusOr<engine::PerplexityResult> score =
+        engine::EvaluatePerplexity(*model->weights, *model->tokenizer, text, scoring);
+    if (!score.ok()) return Report(score.status());
+    absl::StatusOr<std::vector<moe::Continuation>> generated =
+        mode == moe::EvalMode::kFull
+            ? reference
+            : moe::GenerateGreedy(*model->weights, *model->tokenizer, *prompts, phases, generation);
+    if (!generated.ok()) return Report(generated.status());
+    const moe::ScoreSummary near = moe::ScoreNearPrompt(*score, near_tokens);
+    const moe::GenerationStats g = moe::Summarize(
+        *generated, mode == moe::EvalMode::kFull ? nullptr : &*reference, generation.max_tokens);
+    std::cout << std::left << std::setw(12) << moe::EvalModeName(mode) << std::right << std::fixed
+              << std::setprecision(2) << std::setw(12) << score->perplexity << std::setw(10)
+              << score->accuracy << std::setw(8) << near.perplexity << std::setw(8) << near.accuracy
+              << "  | " << std::setprecision(1) << std::setw(11) << g.mean_length << std::setw(6)
+              << g.p50_length << std::setw(6) << g.p90_length << std::setprecision(2)
+              << std::setw(9) << g.hit_max_share << std::setw(13) << g.never_ended_share
+              << std::setw(7) << g.exact_agreement << std::setw(8) << g.prefix_agreement
+              << std::endl;
+    doc["modes"].push_back({{"mode", std::string(moe::EvalModeName(mode))},
+                            {"perplexity", score->perplexity},
+                            {"nll", score->nll},
+                            {"accuracy", score->accuracy},
+                            {"scored_tokens", score->tokens},
+                            {"near_prompt",
+                             {{"tokens", near.tokens},
+                              {"max_offset", near_tokens},
+                              {"perplexity", near.perplexity},
+                              {"accuracy", near.accuracy}}},
+                            {"generation", ToJson(g)}});
+  }
+  std::cerr << absl::StrCat(prompts->size(), " prompts; ",
+                            absl::FormatDuration(absl::Now() - start), "\n");
+  if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
+    std::ofstream file(out);
+    file << doc.dump(1) << "\n";
+    if (!file) return Report(absl::PermissionDeniedError("cannot write " + out));
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli
