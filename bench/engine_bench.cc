@@ -11,6 +11,13 @@
 //
 // A dummy model has random router weights, so it must be given a stated routing (--routing
 // uniform or zipf:S); a checkpoint uses its own router unless --routing is set.
+//
+// --keep M1,M2,... adds pruned decoders side by side with the full one: for each M, the M
+// experts per layer that a frequency calibration over --prefill_tokens random tokens routes to
+// most (tandem prune --criterion frequency, in place). Each batch's contexts are prefilled once
+// by the full model and every setting decodes from that KV cache in turn (the handoff), so the
+// settings see the same state and the same machine minutes. Prefill is timed with the full pool
+// (as Tandem runs it) and, for contrast, under each mask (conventional pruning).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,6 +30,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
@@ -40,6 +48,8 @@ ABSL_FLAG(int, steps, 16, "Timed decode steps per batch size (after 2 untimed)."
 ABSL_FLAG(int, prefill_tokens, 512, "Prompt length of the prefill measurement.");
 ABSL_FLAG(int, stream_mib, 1024, "Buffer size of the bandwidth measurement.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of dummy weights, routing and token ids.");
+ABSL_FLAG(std::string, keep, "",
+          "Pruned decoders to compare, as experts retained per layer, e.g. 4,2 (of 8).");
 
 namespace tandem::engine {
 namespace {
@@ -190,6 +200,7 @@ int Run() {
               absl::GetFlag(FLAGS_stream_mib), bw_before.read_gbs, bw_before.triad_gbs);
 
   uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 1;
+  std::vector<std::vector<float>> logits;
   auto random_token = [&] {
     rng ^= rng << 13;
     rng ^= rng >> 7;
@@ -197,12 +208,61 @@ int Run() {
     return static_cast<int32_t>(rng % static_cast<uint64_t>(c.vocab_size));
   };
 
+  // The settings: the full pool, then each --keep by calibrated frequency.
+  struct Setting {
+    std::string name;
+    ExpertMask mask;  // empty: every expert
+    MoeOptions moe() const { return {.mask = mask.retained.empty() ? nullptr : &mask}; }
+  };
+  std::vector<Setting> settings(1);
+  settings[0].name = absl::StrCat("full (", c.num_local_experts, ")");
+  if (const std::string keep = absl::GetFlag(FLAGS_keep); !keep.empty()) {
+    std::vector<int> keeps;
+    for (absl::string_view part : absl::StrSplit(keep, ',')) {
+      int m = 0;
+      if (!absl::SimpleAtoi(part, &m) || m < c.num_experts_per_tok || m > c.num_local_experts) {
+        std::cerr << "tandem_engine_bench: --keep entry \"" << part << "\" is not in ["
+                  << c.num_experts_per_tok << ", " << c.num_local_experts << "]\n";
+        return 2;
+      }
+      keeps.push_back(m);
+    }
+    std::vector<int32_t> calibration;
+    for (int i = 0; i < prefill_tokens; ++i) calibration.push_back(random_token());
+    BlockTable table;
+    if (!table.Reserve(pool->get(), prefill_tokens).ok()) return 1;
+    StepInput in{calibration, 0, &table};
+    RouterTrace trace;
+    if (absl::Status s = fwd.Step({&in, 1}, {}, &logits, &trace); !s.ok()) {
+      std::cerr << "tandem_engine_bench: " << s << "\n";
+      return 1;
+    }
+    table.ReleaseAll(pool->get());
+    const int experts = static_cast<int>(c.num_local_experts);
+    for (int m : keeps) {
+      Setting setting;
+      setting.name = absl::StrCat("keep ", m, " (", 100 * m / experts, "%)");
+      for (const std::vector<int32_t>& chosen : trace.experts) {
+        std::vector<int64_t> frequency(experts, 0);
+        for (int32_t e : chosen) ++frequency[e];
+        std::vector<int> order(experts);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int a, int b) { return frequency[a] > frequency[b]; });
+        std::vector<bool> retained(experts, false);
+        for (int j = 0; j < m; ++j) retained[order[j]] = true;
+        setting.mask.retained.push_back(std::move(retained));
+      }
+      settings.push_back(std::move(setting));
+    }
+  }
+
   struct Row {
     int batch;
+    size_t setting;
     double step_ms, tokens_per_s, weight_mb, experts_per_layer, gflops;
   };
   std::vector<Row> rows;
-  std::vector<std::vector<float>> logits;
   for (int batch : batches) {
     std::vector<BlockTable> tables(batch);
     std::vector<std::vector<int32_t>> prompts(batch);
@@ -219,53 +279,71 @@ int Run() {
       std::cerr << "tandem_engine_bench: " << s << "\n";
       return 1;
     }
-    std::vector<int32_t> next(batch);
-    std::vector<double> times;
-    double bytes = 0, runs = 0, flops = 0;
-    for (int step = 0; step < steps + 2; ++step) {
-      inputs.clear();
-      for (int s = 0; s < batch; ++s) {
-        const auto& row = logits[s];
-        next[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-        inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
-      }
-      const auto start = Clock::now();
-      if (absl::Status s = fwd.Step(inputs, {}, &logits); !s.ok()) {
-        std::cerr << "tandem_engine_bench: " << s << "\n";
-        return 1;
-      }
-      if (step >= 2) {
-        times.push_back(Seconds(start, Clock::now()));
-        bytes += fwd.last_step_stats().weight_bytes;
-        runs += fwd.last_step_stats().expert_runs;
-        flops += fwd.last_step_stats().matmul_flops;
+    const std::vector<std::vector<float>> prefill_logits = logits;
+    // Two rounds, the settings' order rotated between them, so that none always runs first
+    // after the prefill; each run restarts from the full prefill's KV cache, overwriting the
+    // decode positions the previous one wrote, with 2 untimed steps and steps / 2 timed ones.
+    constexpr int kRounds = 2;
+    const int timed = std::max(1, steps / kRounds);
+    std::vector<std::vector<double>> times(settings.size());
+    std::vector<double> bytes(settings.size()), runs(settings.size()), flops(settings.size());
+    for (int round = 0; round < kRounds; ++round) {
+      for (size_t j = 0; j < settings.size(); ++j) {
+        const size_t k = (j + round) % settings.size();
+        logits = prefill_logits;
+        std::vector<int32_t> next(batch);
+        for (int step = 0; step < timed + 2; ++step) {
+          inputs.clear();
+          for (int s = 0; s < batch; ++s) {
+            const auto& row = logits[s];
+            next[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+            inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
+          }
+          const auto start = Clock::now();
+          if (absl::Status s = fwd.Step(inputs, settings[k].moe(), &logits); !s.ok()) {
+            std::cerr << "tandem_engine_bench: " << s << "\n";
+            return 1;
+          }
+          if (step >= 2) {
+            times[k].push_back(Seconds(start, Clock::now()));
+            bytes[k] += fwd.last_step_stats().weight_bytes;
+            runs[k] += fwd.last_step_stats().expert_runs;
+            flops[k] += fwd.last_step_stats().matmul_flops;
+          }
+        }
       }
     }
+    for (size_t k = 0; k < settings.size(); ++k) {
+      const double n = static_cast<double>(times[k].size());
+      const double step_s = Median(times[k]);
+      rows.push_back({batch, k, step_s * 1e3, batch / step_s, bytes[k] / n / 1e6,
+                      runs[k] / n / c.num_hidden_layers, flops[k] / n / step_s / 1e9});
+    }
     for (auto& t : tables) t.ReleaseAll(pool->get());
-    const double step_s = Median(times);
-    rows.push_back({batch, step_s * 1e3, batch / step_s, bytes / steps / 1e6,
-                    runs / steps / c.num_hidden_layers, flops / steps / step_s / 1e9});
   }
 
-  // Prefill: one prompt in one step, logits of its last token.
-  std::vector<double> prefill_times;
-  double prefill_bytes = 0, prefill_flops = 0;
+  // Prefill: one prompt in one step, logits of its last token; the full pool and each mask,
+  // interleaved over three rounds.
+  std::vector<std::vector<double>> prefill_times(settings.size());
+  std::vector<double> prefill_bytes(settings.size()), prefill_flops(settings.size());
   {
     std::vector<int32_t> prompt;
     for (int i = 0; i < prefill_tokens; ++i) prompt.push_back(random_token());
     for (int rep = 0; rep < 3; ++rep) {
-      BlockTable table;
-      if (!table.Reserve(pool->get(), prefill_tokens).ok()) return 1;
-      StepInput in{prompt, 0, &table};
-      const auto start = Clock::now();
-      if (absl::Status s = fwd.Step({&in, 1}, {}, &logits); !s.ok()) {
-        std::cerr << "tandem_engine_bench: " << s << "\n";
-        return 1;
+      for (size_t k = 0; k < settings.size(); ++k) {
+        BlockTable table;
+        if (!table.Reserve(pool->get(), prefill_tokens).ok()) return 1;
+        StepInput in{prompt, 0, &table};
+        const auto start = Clock::now();
+        if (absl::Status s = fwd.Step({&in, 1}, settings[k].moe(), &logits); !s.ok()) {
+          std::cerr << "tandem_engine_bench: " << s << "\n";
+          return 1;
+        }
+        prefill_times[k].push_back(Seconds(start, Clock::now()));
+        prefill_bytes[k] = fwd.last_step_stats().weight_bytes;
+        prefill_flops[k] = fwd.last_step_stats().matmul_flops;
+        table.ReleaseAll(pool->get());
       }
-      prefill_times.push_back(Seconds(start, Clock::now()));
-      prefill_bytes = fwd.last_step_stats().weight_bytes;
-      prefill_flops = fwd.last_step_stats().matmul_flops;
-      table.ReleaseAll(pool->get());
     }
   }
   const Bandwidth bw_after = MeasureBandwidth(absl::GetFlag(FLAGS_stream_mib));
@@ -274,23 +352,31 @@ int Run() {
   std::printf("bandwidth after: read %.1f GB/s, triad %.1f GB/s; roofline uses %.1f GB/s\n\n",
               bw_after.read_gbs, bw_after.triad_gbs, roofline_gbs);
   std::printf(
-      "| decode batch | step (ms, median of %d) | tokens/s | weights read per step (MB) "
-      "| expert groups per layer | matmul GFLOP/s | roofline tokens/s | of roofline |\n",
-      steps);
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+      "| decode batch | experts | step (ms, median of %d) | tokens/s | vs full "
+      "| weights read per step (MB) | expert groups per layer | matmul GFLOP/s "
+      "| roofline tokens/s | of roofline |\n",
+      std::max(1, steps / 2) * 2);
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  double full_tokens_per_s = 0;
   for (const Row& r : rows) {
+    if (r.setting == 0) full_tokens_per_s = r.tokens_per_s;
     const double roofline = r.batch / (r.weight_mb * 1e6 / (roofline_gbs * 1e9));
-    std::printf("| %d | %.2f | %.1f | %.1f | %.2f | %.1f | %.1f | %.0f%% |\n", r.batch, r.step_ms,
-                r.tokens_per_s, r.weight_mb, r.experts_per_layer, r.gflops, roofline,
-                100 * r.tokens_per_s / roofline);
+    std::printf("| %d | %s | %.2f | %.1f | %.2fx | %.1f | %.2f | %.1f | %.1f | %.0f%% |\n", r.batch,
+                settings[r.setting].name.c_str(), r.step_ms, r.tokens_per_s,
+                r.tokens_per_s / full_tokens_per_s, r.weight_mb, r.experts_per_layer, r.gflops,
+                roofline, 100 * r.tokens_per_s / roofline);
   }
-  const double prefill_s = Median(prefill_times);
-  const double prefill_gflops = prefill_flops / prefill_s / 1e9;
   std::printf(
-      "\nprefill: %d tokens in %.1f ms = %.0f tokens/s, matmuls at %.1f GFLOP/s "
-      "(weights read %.1f MB: bandwidth floor %.1f ms; prefill is compute-bound)\n",
-      prefill_tokens, prefill_s * 1e3, prefill_tokens / prefill_s, prefill_gflops,
-      prefill_bytes / 1e6, prefill_bytes / (roofline_gbs * 1e9) * 1e3);
+      "\n| prefill (%d tokens) | ms (median of 3) | tokens/s | matmul GFLOP/s "
+      "| weights read (MB) | bandwidth floor (ms) |\n|---|---|---|---|---|---|\n",
+      prefill_tokens);
+  for (size_t k = 0; k < settings.size(); ++k) {
+    const double prefill_s = Median(prefill_times[k]);
+    std::printf("| %s | %.1f | %.0f | %.1f | %.1f | %.1f |\n",
+                k == 0 ? "full pool (Tandem's prefill)" : settings[k].name.c_str(), prefill_s * 1e3,
+                prefill_tokens / prefill_s, prefill_flops[k] / prefill_s / 1e9,
+                prefill_bytes[k] / 1e6, prefill_bytes[k] / (roofline_gbs * 1e9) * 1e3);
+  }
   return 0;
 }
 
