@@ -278,22 +278,41 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
   }
 
-  // Final norm and lm_head, only for the rows whose logits are wanted.
+  // Final norm and lm_head, only for the rows whose logits are wanted, gathered into one
+  // product: the lm_head is read once per step, not once per sequence.
   logits->resize(batch.size());
   const int vocab = static_cast<int>(c.vocab_size);
-  int first = 0;
-  for (size_t s = 0; s < batch.size(); ++s) {
+  std::vector<int> wanted(batch.size());  // rows of logits per sequence
+  int total = 0, only = -1;
+  Resize(proj_, T, hidden);
+  for (size_t s = 0, first = 0; s < batch.size(); ++s) {
     const int n = static_cast<int>(batch[s].tokens.size());
-    const int rows = batch[s].logits == LogitRows::kAll    ? n
-                     : batch[s].logits == LogitRows::kLast ? 1
-                                                           : 0;
-    (*logits)[s].resize(static_cast<size_t>(rows) * vocab);
-    if (rows > 0) {
-      const int row0 = first + n - rows;
-      k::RmsNorm(Row(x_, row0, hidden), rows, hidden, w_->final_norm.data(), eps, h_.data());
-      matmul(h_.data(), rows, hidden, w_->lm_head, vocab, (*logits)[s].data());
+    wanted[s] = batch[s].logits == LogitRows::kAll    ? n
+                : batch[s].logits == LogitRows::kLast ? 1
+                                                      : 0;
+    (*logits)[s].resize(static_cast<size_t>(wanted[s]) * vocab);
+    if (wanted[s] > 0) {
+      std::memcpy(Row(proj_, total, hidden),
+                  Row(x_, static_cast<int>(first) + n - wanted[s], hidden),
+                  static_cast<size_t>(wanted[s]) * hidden * sizeof(float));
+      only = total == 0 ? static_cast<int>(s) : -1;
+      total += wanted[s];
     }
     first += n;
+  }
+  if (total > 0) {
+    k::RmsNorm(proj_.data(), total, hidden, w_->final_norm.data(), eps, h_.data());
+    if (only >= 0) {  // one sequence wants logits: straight into its output
+      matmul(h_.data(), total, hidden, w_->lm_head, vocab, (*logits)[only].data());
+    } else {
+      Resize(logits_, total, vocab);
+      matmul(h_.data(), total, hidden, w_->lm_head, vocab, logits_.data());
+      for (size_t s = 0, row = 0; s < batch.size(); ++s) {
+        std::memcpy((*logits)[s].data(), Row(logits_, static_cast<int>(row), vocab),
+                    (*logits)[s].size() * sizeof(float));
+        row += wanted[s];
+      }
+    }
   }
   return absl::OkStatus();
 }

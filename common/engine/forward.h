@@ -141,7 +141,7 @@ class ForwardPass {
   };
   std::vector<std::vector<Routed>> routed_;  // (experts) x routed pairs of the current layer
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, router_logits_, moe_;
-  std::vector<float> expert_in_, gate_, up_, act_, expert_out_;
+  std::vector<float> expert_in_, gate_, up_, act_, expert_out_, logits_;
   std::vector<int32_t> chosen_;
   std::vector<float> chosen_w_;
   std::vector<int> chosen_width_;

@@ -78,6 +78,33 @@ TEST(RandomWeightsTest, ForwardPassRunsOnThem) {
   table.ReleaseAll(pool->get());
 }
 
+// Every matrix but the experts is read once per step whatever the batch: one sequence or
+// three wanting logits read the same attention, router and lm_head bytes.
+TEST(RandomWeightsTest, NonExpertWeightsAreReadOncePerStep) {
+  auto w = ModelWeights::Random(SmallConfig(), 3);
+  ASSERT_TRUE(w.ok());
+  auto pool = KvBlockPool::Create({3, 2, 24, 16, 8});
+  ASSERT_TRUE(pool.ok());
+  auto fwd = ForwardPass::Create(w->get(), pool->get());
+  ASSERT_TRUE(fwd.ok());
+  std::vector<BlockTable> tables(3);
+  for (BlockTable& t : tables) ASSERT_TRUE(t.Reserve(pool->get(), 4).ok());
+  const std::vector<int32_t> ids = {5, 17, 250};
+  std::vector<StepInput> batch;
+  for (int s = 0; s < 3; ++s) batch.push_back({absl::MakeConstSpan(&ids[s], 1), 0, &tables[s]});
+  std::vector<std::vector<float>> one, three;
+  ASSERT_TRUE((*fwd)->Step(absl::MakeConstSpan(batch).subspan(0, 1), {}, &one).ok());
+  const StepStats alone = (*fwd)->last_step_stats();
+  ASSERT_TRUE((*fwd)->Step(batch, {}, &three).ok());
+  const StepStats together = (*fwd)->last_step_stats();
+  EXPECT_EQ(together.weight_bytes - together.expert_weight_bytes,
+            alone.weight_bytes - alone.expert_weight_bytes);
+  ASSERT_EQ(three.size(), 3u);
+  for (int i = 0; i < 300; ++i)
+    EXPECT_NEAR(three[0][i], one[0][i], 1e-5 * (1 + std::fabs(one[0][i])));
+  for (BlockTable& t : tables) t.ReleaseAll(pool->get());
+}
+
 TEST(RandomWeightsTest, RetainedOnlyExpertsAreTheFullModelsAndTheRestAbsent) {
   const model::ModelConfig config = SmallConfig();
   ExpertMask only;
