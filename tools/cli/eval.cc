@@ -117,10 +117,12 @@ int Eval() {
     const moe::ScoreSummary near = moe::ScoreNearPrompt(*score, near_tokens);
     const moe::GenerationStats g = moe::Summarize(
         *generated, mode == moe::EvalMode::kFull ? nullptr : &*reference, generation.max_tokens);
+    // Perplexities to 2 decimals, accuracies to 3, lengths to 1, shares to 2.
     std::cout << std::left << std::setw(12) << moe::EvalModeName(mode) << std::right << std::fixed
-              << std::setprecision(2) << std::setw(12) << score->perplexity << std::setw(10)
-              << score->accuracy << std::setw(8) << near.perplexity << std::setw(8) << near.accuracy
-              << "  | " << std::setprecision(1) << std::setw(11) << g.mean_length << std::setw(6)
+              << std::setprecision(2) << std::setw(12) << score->perplexity << std::setprecision(3)
+              << std::setw(10) << score->accuracy << std::setprecision(2) << std::setw(8)
+              << near.perplexity << std::setprecision(3) << std::setw(8) << near.accuracy << "  | "
+              << std::setprecision(1) << std::setw(11) << g.mean_length << std::setw(6)
               << g.p50_length << std::setw(6) << g.p90_length << std::setprecision(2)
               << std::setw(9) << g.hit_max_share << std::setw(13) << g.never_ended_share
               << std::setw(7) << g.exact_agreement << std::setw(8) << g.prefix_agreement
