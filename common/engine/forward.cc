@@ -257,7 +257,7 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
       }
       if (options.widths != nullptr) {
         options.widths->Widths(l, absl::MakeConstSpan(experts, top_k),
-                               absl::MakeConstSpan(weights, top_k), absl::MakeSpan(widths, top_k));
+                               absl::MakeSpan(weights, top_k), absl::MakeSpan(widths, top_k));
       }
       for (int j = 0; j < top_k; ++j) {
         if (widths[j] < 0 || widths[j] > inter) {

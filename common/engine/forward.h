@@ -33,15 +33,17 @@ enum class LogitRows {
 // The width each routed (token, expert) pair runs at: how many of the expert's intermediate
 // neurons it uses. Checkpoints for mixed width store neurons in importance order, so width w
 // reads the first w gate and up rows and the first w down columns; 0 skips the expert; the
-// intermediate size is the whole expert. Router weights are applied as routed (not
-// renormalised over the experts that run). Implementations must be deterministic and safe
-// to call from the stepping thread.
+// intermediate size is the whole expert. The policy may also change the router weights the
+// pairs are summed with (a tier that skips an expert renormalises over the ones that run);
+// otherwise they are applied as routed. Implementations must be deterministic and safe to call
+// from the stepping thread.
 class ExpertWidthPolicy {
  public:
   virtual ~ExpertWidthPolicy() = default;
   // experts (top_k,): one token's routed experts in descending router weight, with their
-  // weights (top_k,); fills widths (top_k,) with values in [0, intermediate_size].
-  virtual void Widths(int layer, absl::Span<const int32_t> experts, absl::Span<const float> weights,
+  // weights (top_k,), which it may rewrite; fills widths (top_k,) with values in
+  // [0, intermediate_size].
+  virtual void Widths(int layer, absl::Span<const int32_t> experts, absl::Span<float> weights,
                       absl::Span<int> widths) const = 0;
 };
 

@@ -1,6 +1,7 @@
 #include "common/moe/calibration.h"
 
 #include <cmath>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/engine/perplexity.h"
@@ -66,6 +67,7 @@ absl::Status Calibrator::AddStep(const engine::RouterTrace& trace) {
         for (int k = j + 1; k < top_k_; ++k) {
           const int other = chosen[t * top_k_ + k];
           ++layer.pairs[{std::min(e, other), std::max(e, other)}];
+          if (e < other) ++layer.pair_a_first[{e, other}];  // e ranks above `other`
         }
       }
     }
@@ -96,7 +98,9 @@ nlohmann::json CalibrationStats::ToJson() const {
   for (const LayerStats& layer : layers) {
     nlohmann::json pairs_json = nlohmann::json::array();
     for (const auto& [pair, count] : layer.pairs) {
-      pairs_json.push_back({pair.first, pair.second, count});
+      auto first = layer.pair_a_first.find(pair);
+      pairs_json.push_back(
+          {pair.first, pair.second, count, first == layer.pair_a_first.end() ? 0 : first->second});
     }
     layers_json.push_back({{"frequency", layer.frequency},
                            {"mass", layer.mass},
@@ -127,7 +131,9 @@ absl::StatusOr<CalibrationStats> CalibrationStats::FromJson(const nlohmann::json
       layer.reap = l.at("reap").get<std::vector<double>>();
       layer.neuron_importance = l.at("neuron_importance").get<std::vector<std::vector<double>>>();
       for (const auto& p : l.at("pairs")) {
-        layer.pairs[{p.at(0).get<int>(), p.at(1).get<int>()}] = p.at(2).get<int64_t>();
+        const std::pair<int, int> pair{p.at(0).get<int>(), p.at(1).get<int>()};
+        layer.pairs[pair] = p.at(2).get<int64_t>();
+        if (p.size() > 3) layer.pair_a_first[pair] = p.at(3).get<int64_t>();
       }
       const size_t experts = layer.frequency.size();
       if (layer.mass.size() != experts || layer.ean.size() != experts ||
@@ -139,6 +145,17 @@ absl::StatusOr<CalibrationStats> CalibrationStats::FromJson(const nlohmann::json
     }
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("malformed calibration statistics: ", e.what()));
+  }
+  return stats;
+}
+
+absl::StatusOr<CalibrationStats> LoadCalibrationStats(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read calibration statistics ", path));
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<CalibrationStats> stats = CalibrationStats::FromJson(doc);
+  if (!stats.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", stats.status().message()));
   }
   return stats;
 }

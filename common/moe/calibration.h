@@ -7,10 +7,12 @@
 //   ean[e]         sum over X_e of ||E_e(x)||_2
 //   reap[e]        mean over X_e of g_e(x) * ||E_e(x)||_2 (0 when X_e is empty)
 //   pairs          for every token, each unordered pair of its top-k experts: (a < b) -> count
+//   pair_a_first   of those, how often a had the higher router weight (the router-weight
+//                  heuristic for a pair's dominant expert)
 //   neuron_importance[e][i]  sum over X_e of |silu(gate_i) * up_i| (neuron i's activation)
 // Stored as JSON (ToJson / FromJson): {"format": "tandem-calibration-v1", "model", "text",
 // "text_sha256" (of the text file's bytes), "tokens", "layers": [{"frequency", "mass", "ean",
-// "reap", "pairs": [[a, b, count], ...], "neuron_importance": [[...] per expert]}]}.
+// "reap", "pairs": [[a, b, count, a_first], ...], "neuron_importance": [[...] per expert]}]}.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +29,13 @@
 namespace tandem::moe {
 
 struct LayerStats {
-  std::vector<int64_t> frequency;                      // (experts,)
-  std::vector<double> mass;                            // (experts,)
-  std::vector<double> ean;                             // (experts,)
-  std::vector<double> reap;                            // (experts,)
-  std::map<std::pair<int, int>, int64_t> pairs;        // (a < b) -> tokens
-  std::vector<std::vector<double>> neuron_importance;  // (experts, intermediate)
+  std::vector<int64_t> frequency;                       // (experts,)
+  std::vector<double> mass;                             // (experts,)
+  std::vector<double> ean;                              // (experts,)
+  std::vector<double> reap;                             // (experts,)
+  std::map<std::pair<int, int>, int64_t> pairs;         // (a < b) -> tokens
+  std::map<std::pair<int, int>, int64_t> pair_a_first;  // (a < b) -> tokens with a ranked first
+  std::vector<std::vector<double>> neuron_importance;   // (experts, intermediate)
 };
 
 struct CalibrationStats {
@@ -46,6 +49,10 @@ struct CalibrationStats {
   // INVALID_ARGUMENT naming what is wrong with a malformed document.
   static absl::StatusOr<CalibrationStats> FromJson(const nlohmann::json& doc);
 };
+
+// Reads statistics written by `tandem calibrate`: NOT_FOUND for a missing file,
+// INVALID_ARGUMENT naming the file for anything else wrong.
+absl::StatusOr<CalibrationStats> LoadCalibrationStats(const std::string& path);
 
 // Accumulates statistics over forward steps. Attach it to a ForwardPass with
 // SetExpertObserver, run steps with a RouterTrace, and hand each trace to AddStep.

@@ -45,10 +45,12 @@ std::string_view EvalModeName(EvalMode mode) {
   return "?";
 }
 
-PhaseOptions PhaseOptionsFor(EvalMode mode, const engine::ExpertMask* plan) {
+PhaseOptions PhaseOptionsFor(EvalMode mode, const engine::ExpertMask* plan,
+                             const engine::ExpertWidthPolicy* widths) {
   PhaseOptions phases;
-  if (mode == EvalMode::kConventional) phases.prefill.mask = plan;
-  if (mode != EvalMode::kFull) phases.decode.mask = plan;
+  const engine::MoeOptions pruned{.mask = plan, .widths = widths};
+  if (mode == EvalMode::kConventional) phases.prefill = pruned;
+  if (mode != EvalMode::kFull) phases.decode = pruned;
   return phases;
 }
 

@@ -75,6 +75,55 @@ absl::StatusOr<PruningPlan> MakePlan(const CalibrationStats& stats, PruningCrite
   return plan;
 }
 
+namespace {
+
+// A layer's pairs when the plan has tiers: every pair of its retained experts once, in order,
+// with a tier and one of the two as dominant; none without tiers.
+absl::Status ValidateTiers(const PruningPlan& plan, const tandem::v1::LayerPlan& layer,
+                           const model::ModelConfig& config) {
+  const int l = layer.layer();
+  if (!plan.has_tiers()) {
+    if (layer.pairs_size() == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", l, " lists pairs but the plan has no tiers"));
+  }
+  if (config.num_experts_per_tok != 2) {
+    return absl::InvalidArgumentError("tiers are for models that route each token to 2 experts");
+  }
+  const int width = plan.tiers().warm_width();
+  if (width < 1 || width >= config.intermediate_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the warm width ", width, " is outside [1, ", config.intermediate_size, ")"));
+  }
+  const auto& retained = layer.retained_experts();
+  int k = 0;
+  for (int i = 0; i < retained.size(); ++i) {
+    for (int j = i + 1; j < retained.size(); ++j, ++k) {
+      if (k >= layer.pairs_size() || layer.pairs(k).a() != retained[i] ||
+          layer.pairs(k).b() != retained[j]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", l, "'s pairs must be every pair of its retained experts, in order; pair ", k,
+            " should be (", retained[i], ", ", retained[j], ")"));
+      }
+      const tandem::v1::ExpertPair& pair = layer.pairs(k);
+      if (pair.tier() == tandem::v1::PAIR_TIER_UNSPECIFIED ||
+          (pair.dominant() != pair.a() && pair.dominant() != pair.b())) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", l, " pair (", pair.a(), ", ",
+                                                       pair.b(),
+                                                       ") needs a tier and a dominant "
+                                                       "expert of the two"));
+      }
+    }
+  }
+  if (k != layer.pairs_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", l, " lists ", layer.pairs_size(),
+                                                   " pairs; its retained experts make ", k));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidatePlan(const PruningPlan& plan, const model::ModelConfig& config) {
   if (plan.num_layers() != config.num_hidden_layers ||
       plan.num_experts() != config.num_local_experts) {
@@ -108,6 +157,7 @@ absl::Status ValidatePlan(const PruningPlan& plan, const model::ModelConfig& con
             absl::StrCat("layer ", l, "'s retained experts are not ascending and distinct"));
       }
     }
+    RETURN_IF_ERROR(ValidateTiers(plan, layer, config));
   }
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@ ABSL_DECLARE_FLAG(std::string, text);
 ABSL_DECLARE_FLAG(std::string, plan);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(int, max_tokens);
+ABSL_DECLARE_FLAG(std::string, stats);
 
 namespace tandem::cli {
 
@@ -19,5 +20,8 @@ int Report(const absl::Status& status);
 
 // tandem eval (eval.cc).
 int Eval();
+// tandem reorder and tandem tier (mixed_width.cc).
+int Reorder();
+int Tier();
 
 }  // namespace tandem::cli

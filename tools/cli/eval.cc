@@ -15,6 +15,8 @@
 #include "common/engine/perplexity.h"
 #include "common/moe/evaluation.h"
 #include "common/moe/pruning_plan.h"
+#include "common/moe/reorder.h"
+#include "common/moe/tiers.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli/commands.h"
 
@@ -74,6 +76,25 @@ int Eval() {
   }
   absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
   if (!model.ok()) return Report(model.status());
+  // A plan with tiers runs its pruned phases at mixed width too.
+  std::unique_ptr<moe::TierWidthPolicy> tiers;
+  if (!plan_path.empty()) {
+    absl::StatusOr<tandem::v1::PruningPlan> proto = moe::LoadPlan(plan_path);
+    if (!proto.ok()) return Report(proto.status());
+    if (proto->has_tiers()) {
+      absl::StatusOr<bool> reordered = moe::IsReordered(model_dir);
+      if (!reordered.ok()) return Report(reordered.status());
+      if (!*reordered) {
+        return Report(absl::InvalidArgumentError(
+            "the plan has mixed-width tiers, which need a checkpoint with its neurons in "
+            "importance order: make one with tandem reorder and pass it as --model"));
+      }
+      absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> policy =
+          moe::TierWidthPolicy::Create(*proto, model->weights->config);
+      if (!policy.ok()) return Report(policy.status());
+      tiers = *std::move(policy);
+    }
+  }
   absl::StatusOr<std::vector<std::vector<int32_t>>> prompts =
       moe::ReadPrompts(*model->tokenizer, prompts_path, model->add_bos);
   if (!prompts.ok()) return Report(prompts.status());
@@ -101,7 +122,8 @@ int Eval() {
                             near_tokens,
                             "  | length mean   p50   p90  hit-max  never-ended  exact  prefix\n");
   for (moe::EvalMode mode : modes) {
-    const moe::PhaseOptions phases = moe::PhaseOptionsFor(mode, &plan);
+    const moe::PhaseOptions phases = moe::PhaseOptionsFor(mode, &plan, tiers.get());
+    if (tiers != nullptr) tiers->ResetCounts();
     engine::PerplexityOptions scoring;
     scoring.context = absl::GetFlag(FLAGS_context);
     scoring.context_moe = phases.prefill;
@@ -109,6 +131,10 @@ int Eval() {
     absl::StatusOr<engine::PerplexityResult> score =
         engine::EvaluatePerplexity(*model->weights, *model->tokenizer, text, scoring);
     if (!score.ok()) return Report(score.status());
+    // The routed pairs of the scoring run by tier, and the expert neurons they ran against full
+    // width (in conventional mode the prompts' pairs too).
+    const moe::TierWidthPolicy::Counts counts =
+        tiers != nullptr ? tiers->counts() : moe::TierWidthPolicy::Counts{};
     absl::StatusOr<std::vector<moe::Continuation>> generated =
         mode == moe::EvalMode::kFull
             ? reference
@@ -127,7 +153,25 @@ int Eval() {
               << std::setw(9) << g.hit_max_share << std::setw(13) << g.never_ended_share
               << std::setw(7) << g.exact_agreement << std::setw(8) << g.prefix_agreement
               << std::endl;
+    nlohmann::json tier_json = nullptr;
+    if (counts.total() > 0) {
+      const double pairs = static_cast<double>(counts.total());
+      const double width_share =
+          static_cast<double>(counts.neurons) /
+          (2.0 * pairs * static_cast<double>(model->weights->config.intermediate_size));
+      tier_json = {{"pairs", counts.total()},
+                   {"hot_share", counts.hot / pairs},
+                   {"warm_share", counts.warm / pairs},
+                   {"cold_share", counts.cold / pairs},
+                   {"expert_bytes_vs_full_width", width_share}};
+      std::cout << absl::StrCat(
+          "            tiers: hot ", absl::SixDigits(100 * counts.hot / pairs), "%, warm ",
+          absl::SixDigits(100 * counts.warm / pairs), "%, cold ",
+          absl::SixDigits(100 * counts.cold / pairs), "% of pairs; expert bytes ",
+          absl::SixDigits(100 * width_share), "% of full width\n");
+    }
     doc["modes"].push_back({{"mode", std::string(moe::EvalModeName(mode))},
+                            {"tiers", tier_json},
                             {"perplexity", score->perplexity},
                             {"nll", score->nll},
                             {"accuracy", score->accuracy},

@@ -10,6 +10,9 @@
 //   tandem calibrate --model DIR --text FILE --out STATS   (common/moe/calibration.h)
 //   tandem prune --stats STATS --criterion reap --keep M --out PLAN   (common/moe/pruning_plan.h)
 //   tandem eval --model DIR --plan PLAN --text FILE --prompts FILE   (eval.cc)
+//   tandem reorder --model DIR --stats STATS --out DIR2   (mixed_width.cc)
+//   tandem tier --plan PLAN --stats STATS --out PLAN2 [--hot_share --warm_share --warm_width
+//               --dominance router|masking --model DIR --text FILE]   (mixed_width.cc)
 //   tandem models   --endpoint HOST:PORT
 //   tandem health   --endpoint HOST:PORT
 #include <unistd.h>
@@ -59,7 +62,8 @@ ABSL_FLAG(std::string, routing, "",
           "--load_format dummy).");
 ABSL_FLAG(std::string, out, "",
           "Where calibrate writes its statistics (JSON), or prune its plan (proto JSON).");
-ABSL_FLAG(std::string, stats, "", "Calibration statistics prune reads (from calibrate).");
+ABSL_FLAG(std::string, stats, "",
+          "Calibration statistics (from calibrate) that prune, reorder and tier read.");
 ABSL_FLAG(std::string, criterion, "reap", "prune: frequency, mass, ean or reap.");
 ABSL_FLAG(int, keep, 0, "prune: experts retained per layer.");
 ABSL_FLAG(std::string, plan, "",
@@ -95,6 +99,9 @@ constexpr char kUsage[] =
     "             process) with the rest of the arguments, e.g. tandem serve --model DIR\n"
     "  perplexity score the text file --text with the model --model DIR, one document a\n"
     "             line, by the protocol of tools/train/data.py\n"
+    "  reorder    write --model DIR's checkpoint with every expert's neurons in importance\n"
+    "             order (from --stats) to --out DIR (for mixed width)\n"
+    "  tier       add mixed-width tiers to the plan --plan from --stats, to --out\n"
     "  eval       the full model against a pruning plan (--plan) in the modes --mode:\n"
     "             perplexity and accuracy on --text, greedy continuations of --prompts\n"
     "  models     list the gateway's models\n"
@@ -265,10 +272,7 @@ int Prune() {
   }
   auto criterion = tandem::moe::ParseCriterion(absl::GetFlag(FLAGS_criterion));
   if (!criterion.ok()) return Report(criterion.status());
-  std::ifstream in(absl::GetFlag(FLAGS_stats));
-  if (!in) return Report(absl::NotFoundError("cannot read --stats=" + absl::GetFlag(FLAGS_stats)));
-  auto doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  auto stats = tandem::moe::CalibrationStats::FromJson(doc);
+  auto stats = tandem::moe::LoadCalibrationStats(absl::GetFlag(FLAGS_stats));
   if (!stats.ok()) return Report(stats.status());
   auto plan = tandem::moe::MakePlan(*stats, *criterion, absl::GetFlag(FLAGS_keep));
   if (!plan.ok()) return Report(plan.status());
@@ -372,6 +376,8 @@ int main(int argc, char** argv) {
   if (command == "calibrate") return Calibrate();
   if (command == "prune") return Prune();
   if (command == "eval") return tandem::cli::Eval();
+  if (command == "reorder") return tandem::cli::Reorder();
+  if (command == "tier") return tandem::cli::Tier();
   if (command == "models") return Models();
   if (command == "health") return Health();
   std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;

@@ -293,7 +293,7 @@ TEST_F(ForwardGoldenTest, RetainedOnlyWeightsRunTheMaskedModelAndRefuseOthers) {
 class FnWidths : public ExpertWidthPolicy {
  public:
   explicit FnWidths(std::function<int(int, int)> fn) : fn_(std::move(fn)) {}
-  void Widths(int layer, absl::Span<const int32_t> experts, absl::Span<const float>,
+  void Widths(int layer, absl::Span<const int32_t> experts, absl::Span<float>,
               absl::Span<int> widths) const override {
     for (size_t j = 0; j < experts.size(); ++j) widths[j] = fn_(layer, static_cast<int>(j));
   }

@@ -60,12 +60,13 @@ TEST(CalibratorTest, ToyCountsMassAndPairsAreExact) {
   for (int l = 0; l < 2; ++l) {
     const LayerStats& layer = stats.layers[l];
     std::vector<int64_t> first(kExperts), second(kExperts);
-    std::map<std::pair<int, int>, int64_t> pairs;
+    std::map<std::pair<int, int>, int64_t> pairs, a_first;
     for (int p = 0; p < 10; ++p) {
       const int a = (p + l) % kExperts, b = (p + l + 1) % kExperts;
       ++first[a];
       ++second[b];
       ++pairs[{std::min(a, b), std::max(a, b)}];
+      if (a < b) ++a_first[{a, b}];  // a, the first choice, is the lower index
     }
     for (int e = 0; e < kExperts; ++e) {
       EXPECT_EQ(layer.frequency[e], first[e] + second[e]) << "layer " << l << " expert " << e;
@@ -80,6 +81,7 @@ TEST(CalibratorTest, ToyCountsMassAndPairsAreExact) {
       EXPECT_GT(importance, 0);
     }
     EXPECT_EQ(layer.pairs, pairs);
+    EXPECT_EQ(layer.pair_a_first, a_first);
   }
   table.ReleaseAll(pool->get());
 }

@@ -1,0 +1,82 @@
+// Combination-aware mixed width (../shared/DESIGN.md): every routed pair of retained experts
+// of a layer gets a tier from its calibration frequency, and one of its two experts is its
+// dominant.
+//   Hot   both experts at full width
+//   Warm  the dominant at full width, the auxiliary at the plan's warm width
+//   Cold  the dominant only; its router weight becomes 1 (renormalised over what runs)
+// Tiers are cut by cumulative share of routed tokens: pairs by descending count, the most
+// frequent carrying hot_share of the tokens are Hot, the next warm_share Warm, the rest Cold
+// (pairs never seen in calibration included). The checkpoint must hold its neurons in
+// importance order (tandem reorder) for a narrow width to keep the important ones.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/engine/forward.h"
+#include "common/model/config.h"
+#include "common/model/tokenizer.h"
+#include "common/moe/calibration.h"
+#include "tandem/v1/pruning_plan.pb.h"
+
+namespace tandem::moe {
+
+struct TierOptions {
+  double hot_share = 0.5;
+  double warm_share = 0.3;
+  int warm_width = 0;  // 0: half the intermediate size
+  tandem::v1::Dominance dominance = tandem::v1::DOMINANCE_ROUTER_WEIGHT;
+};
+
+// How much masking each expert alone raises the mean loss (nats per token) of the full model
+// on `text_path` (the perplexity protocol): (layers, experts). For DOMINANCE_MASKING_LOSS; one
+// pass over the text per expert, plus one unmasked.
+absl::StatusOr<std::vector<std::vector<double>>> MaskingLoss(const engine::ModelWeights& weights,
+                                                             const model::Tokenizer& tokenizer,
+                                                             const std::string& text_path);
+
+// Adds tiers to `plan` (whose retained experts are already chosen) from `stats`;
+// `masking_loss` is required for DOMINANCE_MASKING_LOSS. INVALID_ARGUMENT for shares outside
+// [0, 1] or summing above 1, a warm width outside [1, intermediate_size), or statistics of
+// another shape.
+absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& options,
+                         const std::vector<std::vector<double>>* masking_loss,
+                         const model::ModelConfig& config, tandem::v1::PruningPlan* plan);
+
+// The width policy of a plan with tiers (top-2 models only). Counts the pairs it sees per tier.
+class TierWidthPolicy : public engine::ExpertWidthPolicy {
+ public:
+  // INVALID_ARGUMENT when the plan has no tiers or does not fit the model.
+  static absl::StatusOr<std::unique_ptr<TierWidthPolicy>> Create(
+      const tandem::v1::PruningPlan& plan, const model::ModelConfig& config);
+
+  void Widths(int layer, absl::Span<const int32_t> experts, absl::Span<float> weights,
+              absl::Span<int> widths) const override;
+
+  struct Counts {
+    int64_t hot = 0, warm = 0, cold = 0;
+    int64_t neurons = 0;  // widths summed over every routed expert: what the pairs read
+    int64_t total() const { return hot + warm + cold; }
+  };
+  // Pairs seen since creation or the last ResetCounts (call from the stepping thread).
+  Counts counts() const { return counts_; }
+  void ResetCounts() { counts_ = {}; }
+  int warm_width() const { return warm_width_; }
+
+ private:
+  TierWidthPolicy(int experts, int intermediate, int warm_width)
+      : experts_(experts), intermediate_(intermediate), warm_width_(warm_width) {}
+
+  struct PairRule {
+    tandem::v1::PairTier tier = tandem::v1::PAIR_TIER_HOT;
+    int32_t dominant = -1;
+  };
+  const int experts_, intermediate_, warm_width_;
+  std::vector<std::vector<PairRule>> rules_;  // (layers) x (a * experts + b), a < b
+  mutable Counts counts_;
+};
+
+}  // namespace tandem::moe

@@ -1,0 +1,148 @@
+// Tiers on a hand-built case: pairs cut by cumulative share of routed tokens, dominant experts
+// by the router-weight heuristic and by masking loss, only pairs of retained experts, the
+// widths and weights the policy gives each tier, plan validation, and bad options.
+#include "common/moe/tiers.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/moe/pruning_plan.h"
+
+namespace tandem::moe {
+namespace {
+
+using tandem::v1::PairTier;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+model::ModelConfig Config() {
+  auto config = model::ParseModelConfig(R"({"model_type": "mixtral", "hidden_size": 32,
+      "intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+      "vocab_size": 50, "max_position_embeddings": 64})");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+// 100 routed tokens: (0,1) 50, (0,2) 30, (1,2) 15, (2,3) 5; (0,3) and (1,3) never.
+CalibrationStats Stats() {
+  CalibrationStats stats;
+  LayerStats layer;
+  layer.frequency = {80, 65, 50, 5};
+  layer.mass = layer.ean = layer.reap = {1, 1, 1, 1};
+  layer.neuron_importance.assign(4, std::vector<double>(24, 0));
+  layer.pairs = {{{0, 1}, 50}, {{0, 2}, 30}, {{1, 2}, 15}, {{2, 3}, 5}};
+  // Ranked first: 0 over 1 in 10 of 50 (1 dominates), 0 over 2 in 20 of 30 (0), 1 over 2 in
+  // 0 of 15 (2), 2 over 3 in 5 of 5 (2).
+  layer.pair_a_first = {{{0, 1}, 10}, {{0, 2}, 20}, {{1, 2}, 0}, {{2, 3}, 5}};
+  stats.layers = {layer};
+  return stats;
+}
+
+tandem::v1::PruningPlan Plan(std::vector<int> retained) {
+  tandem::v1::PruningPlan plan;
+  plan.set_num_layers(1);
+  plan.set_num_experts(4);
+  plan.set_criterion(tandem::v1::PRUNING_CRITERION_FREQUENCY);
+  auto* layer = plan.add_layers();
+  for (int e : retained) layer->add_retained_experts(e);
+  return plan;
+}
+
+// (tier, dominant) of each pair, in order.
+std::vector<std::pair<PairTier, int>> Tiers(const tandem::v1::PruningPlan& plan) {
+  std::vector<std::pair<PairTier, int>> out;
+  for (const auto& pair : plan.layers(0).pairs()) out.push_back({pair.tier(), pair.dominant()});
+  return out;
+}
+
+TEST(AssignTiersTest, CumulativeSharesAndRouterWeightDominance) {
+  tandem::v1::PruningPlan plan = Plan({0, 1, 2, 3});
+  ASSERT_EQ(AssignTiers(Stats(), {.hot_share = 0.5, .warm_share = 0.3, .warm_width = 6}, nullptr,
+                        Config(), &plan),
+            absl::OkStatus());
+  // Pairs in order (0,1) (0,2) (0,3) (1,2) (1,3) (2,3). (0,1) starts at share 0: Hot; (0,2)
+  // at 0.5: Warm; (1,2) at 0.8 and (2,3) at 0.95: Cold; unseen pairs: Cold.
+  EXPECT_THAT(Tiers(plan), ElementsAre(std::pair{tandem::v1::PAIR_TIER_HOT, 1},
+                                       std::pair{tandem::v1::PAIR_TIER_WARM, 0},
+                                       std::pair{tandem::v1::PAIR_TIER_COLD, 0},
+                                       std::pair{tandem::v1::PAIR_TIER_COLD, 2},
+                                       std::pair{tandem::v1::PAIR_TIER_COLD, 1},
+                                       std::pair{tandem::v1::PAIR_TIER_COLD, 2}));
+  EXPECT_EQ(plan.layers(0).pairs(0).count(), 50);
+  EXPECT_EQ(plan.tiers().warm_width(), 6);
+  EXPECT_EQ(ValidatePlan(plan, Config()), absl::OkStatus());
+}
+
+TEST(AssignTiersTest, MaskingLossDominanceAndRetainedPairsOnly) {
+  tandem::v1::PruningPlan plan = Plan({0, 2, 3});  // expert 1 pruned
+  const std::vector<std::vector<double>> loss = {{0.1, 9.0, 0.5, 0.7}};
+  ASSERT_EQ(
+      AssignTiers(
+          Stats(),
+          {.hot_share = 0.8, .warm_share = 0.2, .dominance = tandem::v1::DOMINANCE_MASKING_LOSS},
+          &loss, Config(), &plan),
+      absl::OkStatus());
+  // Pairs (0,2) 30, (0,3) 0, (2,3) 5 of 35 routed tokens among retained experts.
+  ASSERT_EQ(plan.layers(0).pairs_size(), 3);
+  EXPECT_THAT(Tiers(plan), ElementsAre(std::pair{tandem::v1::PAIR_TIER_HOT, 2},
+                                       std::pair{tandem::v1::PAIR_TIER_COLD, 3},
+                                       std::pair{tandem::v1::PAIR_TIER_WARM, 3}));
+  EXPECT_EQ(plan.tiers().warm_width(), 12);  // default: half of 24
+}
+
+TEST(AssignTiersTest, BadOptionsAndTamperedPlansAreRefused) {
+  tandem::v1::PruningPlan plan = Plan({0, 1, 2, 3});
+  EXPECT_EQ(
+      AssignTiers(Stats(), {.hot_share = 0.7, .warm_share = 0.5}, nullptr, Config(), &plan).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AssignTiers(Stats(), {.warm_width = 24}, nullptr, Config(), &plan).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AssignTiers(Stats(), {.dominance = tandem::v1::DOMINANCE_MASKING_LOSS}, nullptr,
+                        Config(), &plan)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(AssignTiers(Stats(), {}, nullptr, Config(), &plan), absl::OkStatus());
+  tandem::v1::PruningPlan missing = plan;
+  missing.mutable_layers(0)->mutable_pairs()->RemoveLast();
+  EXPECT_THAT(ValidatePlan(missing, Config()).message(), HasSubstr("pair 5 should be (2, 3)"));
+  tandem::v1::PruningPlan foreign = plan;
+  foreign.mutable_layers(0)->mutable_pairs(0)->set_dominant(3);
+  EXPECT_THAT(ValidatePlan(foreign, Config()).message(), HasSubstr("dominant"));
+  tandem::v1::PruningPlan no_tiers = plan;
+  no_tiers.clear_tiers();
+  EXPECT_THAT(ValidatePlan(no_tiers, Config()).message(), HasSubstr("no tiers"));
+}
+
+TEST(TierWidthPolicyTest, WidthsAndWeightsOfEachTier) {
+  tandem::v1::PruningPlan plan = Plan({0, 1, 2, 3});
+  ASSERT_EQ(AssignTiers(Stats(), {.hot_share = 0.5, .warm_share = 0.3, .warm_width = 6}, nullptr,
+                        Config(), &plan),
+            absl::OkStatus());
+  auto policy = TierWidthPolicy::Create(plan, Config());
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  std::vector<int32_t> experts = {1, 0};  // Hot
+  std::vector<float> weights = {0.6f, 0.4f};
+  std::vector<int> widths = {24, 24};
+  (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+  EXPECT_THAT(widths, ElementsAre(24, 24));
+  EXPECT_THAT(weights, ElementsAre(0.6f, 0.4f));
+  experts = {2, 0};  // Warm, dominant 0 (the second)
+  (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+  EXPECT_THAT(widths, ElementsAre(6, 24));
+  EXPECT_THAT(weights, ElementsAre(0.6f, 0.4f));
+  experts = {1, 2};  // Cold, dominant 2: only it runs, with weight 1
+  (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+  EXPECT_THAT(widths, ElementsAre(0, 24));
+  EXPECT_THAT(weights, ElementsAre(0.0f, 1.0f));
+  const TierWidthPolicy::Counts counts = (*policy)->counts();
+  EXPECT_EQ(counts.hot, 1);
+  EXPECT_EQ(counts.warm, 1);
+  EXPECT_EQ(counts.cold, 1);
+  EXPECT_EQ(counts.neurons, 48 + 30 + 24);
+  EXPECT_EQ(TierWidthPolicy::Create(Plan({0, 1, 2, 3}), Config()).status().code(),
+            absl::StatusCode::kInvalidArgument);  // no tiers
+}
+
+}  // namespace
+}  // namespace tandem::moe
