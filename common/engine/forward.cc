@@ -53,7 +53,8 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
 
 absl::Status ForwardPass::ValidateMask(const ExpertMask* mask) const {
   const model::ModelConfig& c = w_->config;
-  const bool partial = !w_->resident.retained.empty();
+  // With a provider, expert weights come from it, whatever the model holds.
+  const bool partial = provider_ == nullptr && !w_->resident.retained.empty();
   if (mask == nullptr || mask->retained.empty()) {
     if (!partial) return absl::OkStatus();
     return absl::InvalidArgumentError(
@@ -274,7 +275,7 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
       trace->weights.push_back(chosen_w_);
       trace->widths.emplace_back(chosen_width_.begin(), chosen_width_.end());
     }
-    RunExperts(l);
+    RETURN_IF_ERROR(RunExperts(l));
     for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
   }
 
@@ -317,18 +318,42 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   return absl::OkStatus();
 }
 
-void ForwardPass::RunExperts(int l) {
+absl::Status ForwardPass::RunExperts(int l) {
   const model::ModelConfig& c = w_->config;
   const int hidden = static_cast<int>(c.hidden_size);
   const int inter = static_cast<int>(c.intermediate_size);
   std::fill(moe_.begin(), moe_.end(), 0.0f);
+  // The experts the step runs, widest first (ties by index). A token's two outputs (top-2) add
+  // to the same float in either order, so the order does not change results; with more experts
+  // per token it changes them by rounding only.
+  loads_.clear();
   for (size_t e = 0; e < routed_.size(); ++e) {
     std::vector<Routed>& pairs = routed_[e];
     if (pairs.empty()) continue;
     // Widest first; token order within a width, so results do not depend on the batch.
     std::stable_sort(pairs.begin(), pairs.end(),
                      [](const Routed& a, const Routed& b) { return a.width > b.width; });
-    const ExpertWeights& E = w_->layers[l].experts[e];
+    loads_.push_back({static_cast<int>(e), pairs.front().width});
+  }
+  std::stable_sort(loads_.begin(), loads_.end(),
+                   [](const ExpertLoad& a, const ExpertLoad& b) { return a.width > b.width; });
+  if (provider_ != nullptr) RETURN_IF_ERROR(provider_->BeginLayer(l, loads_));
+  absl::Status status;
+  for (const ExpertLoad& load : loads_) {
+    const int e = load.expert;
+    std::vector<Routed>& pairs = routed_[e];
+    ExpertView E;
+    if (provider_ != nullptr) {
+      absl::StatusOr<ExpertView> view = provider_->Wait(l, e, load.width);
+      if (!view.ok()) {
+        status = view.status();
+        break;
+      }
+      E = *view;
+    } else {
+      const ExpertWeights& W = w_->layers[l].experts[e];
+      E = {W.gate.data.data(), W.up.data.data(), W.down.data.data(), inter};
+    }
     for (size_t begin = 0; begin < pairs.size();) {
       const int width = pairs[begin].width;
       size_t end = begin;
@@ -344,10 +369,10 @@ void ForwardPass::RunExperts(int l) {
                     hidden * sizeof(float));
       }
       // gate and up: the first `width` rows; down: the first `width` columns of each row.
-      k::MatMulBf16(expert_in_.data(), m, hidden, E.gate.data.data(), width, gate_.data());
-      k::MatMulBf16(expert_in_.data(), m, hidden, E.up.data.data(), width, up_.data());
+      k::MatMulBf16(expert_in_.data(), m, hidden, E.gate, width, gate_.data());
+      k::MatMulBf16(expert_in_.data(), m, hidden, E.up, width, up_.data());
       k::SiluMul(gate_.data(), up_.data(), m * width, act_.data());
-      k::MatMulBf16Strided(act_.data(), m, width, E.down.data.data(), inter, hidden,
+      k::MatMulBf16Strided(act_.data(), m, width, E.down, E.down_stride, hidden,
                            expert_out_.data());
       const int64_t bytes = int64_t{3} * width * hidden * 2;
       stats_.weight_bytes += bytes;
@@ -357,8 +382,7 @@ void ForwardPass::RunExperts(int l) {
       if (observer_ != nullptr) {
         observer_tokens_.resize(m);
         for (int i = 0; i < m; ++i) observer_tokens_[i] = pairs[begin + i].token;
-        observer_->OnExpert(l, static_cast<int>(e), width, observer_tokens_, act_.data(),
-                            expert_out_.data());
+        observer_->OnExpert(l, e, width, observer_tokens_, act_.data(), expert_out_.data());
       }
       for (int i = 0; i < m; ++i) {
         k::Axpy(pairs[begin + i].weight, Row(expert_out_, i, hidden), hidden,
@@ -367,6 +391,8 @@ void ForwardPass::RunExperts(int l) {
       begin = end;
     }
   }
+  if (provider_ != nullptr) provider_->EndLayer(l);
+  return status;
 }
 
 }  // namespace tandem::engine

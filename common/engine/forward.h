@@ -68,6 +68,32 @@ class ExpertObserver {
                         const float* act, const float* out) = 0;
 };
 
+// Expert weights that are not all resident (mixed width with host-offloaded experts, issue #7):
+// the forward pass asks for each layer's experts, widest first, and computes each as soon as
+// it is in, so that wide experts' compute hides narrow experts' loads.
+struct ExpertLoad {
+  int expert = 0;
+  int width = 0;  // the widest the step runs it at
+};
+// One expert's first `width` neurons or more: gate and up rows of hidden, down rows of
+// `down_stride` (>= the width asked for) with the neurons in the first columns.
+struct ExpertView {
+  const uint16_t* gate = nullptr;
+  const uint16_t* up = nullptr;
+  const uint16_t* down = nullptr;
+  int down_stride = 0;
+};
+class ExpertProvider {
+ public:
+  virtual ~ExpertProvider() = default;
+  // The step runs `loads` (distinct experts, widest first) of `layer`: start bringing them in,
+  // in that order.
+  virtual absl::Status BeginLayer(int layer, absl::Span<const ExpertLoad> loads) = 0;
+  // The expert, once in; valid until EndLayer.
+  virtual absl::StatusOr<ExpertView> Wait(int layer, int expert, int width) = 0;
+  virtual void EndLayer(int layer) = 0;
+};
+
 // Per-step MoE controls; the defaults run every expert at full width.
 struct MoeOptions {
   const ExpertMask* mask = nullptr;
@@ -111,6 +137,9 @@ class ForwardPass {
   void SetRouterOverride(std::unique_ptr<RouterOverride> router) { router_ = std::move(router); }
   // Reports every expert group to `observer` from now on (null stops it); not owned.
   void SetExpertObserver(ExpertObserver* observer) { observer_ = observer; }
+  // Takes expert weights from `provider` from now on instead of the model's (null restores
+  // them); not owned. The model may then hold no experts at all.
+  void SetExpertProvider(ExpertProvider* provider) { provider_ = provider; }
 
   // Runs one step; `moe` applies to every sequence without its own. `logits` gets one entry per
   // batch element: (rows, vocab) with rows = n for kAll, 1 for kLast and 0 (empty) for kNone.
@@ -126,13 +155,16 @@ class ForwardPass {
   ForwardPass(const ModelWeights* weights, KvBlockPool* pool) : w_(weights), pool_(pool) {}
   absl::Status Validate(absl::Span<const StepInput> batch, const MoeOptions& moe) const;
   absl::Status ValidateMask(const ExpertMask* mask) const;
-  // Expert FFNs of layer l over the routed tokens; adds their weighted outputs to moe_.
-  void RunExperts(int l);
+  // Expert FFNs of layer l over the routed tokens, widest expert first; adds their weighted
+  // outputs to moe_.
+  absl::Status RunExperts(int l);
 
   const ModelWeights* w_;
   KvBlockPool* pool_;
   std::unique_ptr<RouterOverride> router_;
   ExpertObserver* observer_ = nullptr;
+  ExpertProvider* provider_ = nullptr;
+  std::vector<ExpertLoad> loads_;
   StepStats stats_;
 
   // Buffers reused across steps (sized by the largest step so far).
