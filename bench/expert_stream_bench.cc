@@ -1,0 +1,231 @@
+// Decode with host-offloaded experts (issue #7): expert weights streamed from a pack file read
+// with O_DIRECT into a resident cache holding --cache_fraction of all expert bytes, full width
+// vs the tiered mixed width of --plan, each with and without the widest-first overlap, side by
+// side in one run, next to the fully resident model. Each batch's 128-token contexts are
+// prefilled once by the resident full model and every setting decodes from that KV cache in
+// turn (two rounds, order rotated).
+//
+//   build/bin/tandem_expert_stream_bench --model DIR_REORDERED --plan TIER_PLAN
+//
+// Per setting and batch: decode tokens/s, the step's time, how much of it the forward pass
+// waited for loads, the load time the I/O thread spent, the share of it hidden behind compute,
+// and the bytes read from the file per step (whole 4 KiB blocks, as O_DIRECT reads them).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/engine/forward.h"
+#include "common/engine/kv_cache.h"
+#include "common/engine/model_weights.h"
+#include "common/moe/expert_stream.h"
+#include "common/moe/pruning_plan.h"
+#include "common/moe/tiers.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (neurons reordered: tandem reorder).");
+ABSL_FLAG(std::string, plan, "", "A plan with tiers (tandem tier) for the mixed-width settings.");
+ABSL_FLAG(std::string, pack_dir, "build", "Where the expert pack file is written (a disk).");
+ABSL_FLAG(double, cache_fraction, 0.25, "Resident expert cache as a share of all expert bytes.");
+ABSL_FLAG(std::string, batches, "1,4,16", "Decode batch sizes.");
+ABSL_FLAG(int, steps, 16, "Timed decode steps per setting and batch (over two rounds).");
+ABSL_FLAG(int, context, 128, "Tokens of KV each sequence holds when decoding starts.");
+
+namespace tandem::moe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "tandem_expert_stream_bench: " << status << "\n";
+  return 1;
+}
+
+int Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  const std::string plan_path = absl::GetFlag(FLAGS_plan);
+  if (dir.empty() || plan_path.empty()) {
+    std::cerr << "tandem_expert_stream_bench: --model and --plan are required\n";
+    return 2;
+  }
+  std::vector<int> batches;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int b = 0;
+    if (!absl::SimpleAtoi(part, &b) || b < 1) {
+      std::cerr << "tandem_expert_stream_bench: bad --batches entry \"" << part << "\"\n";
+      return 2;
+    }
+    batches.push_back(b);
+  }
+  auto full = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors);
+  if (!full.ok()) return Fail(full.status());
+  const model::ModelConfig& c = (*full)->config;
+  engine::ExpertMask none;
+  none.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
+  auto slim = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors, 0, none);
+  if (!slim.ok()) return Fail(slim.status());
+  auto plan = LoadPlan(plan_path);
+  if (!plan.ok()) return Fail(plan.status());
+  auto tiers = TierWidthPolicy::Create(*plan, c);
+  if (!tiers.ok()) return Fail(tiers.status());
+  const std::string pack = absl::GetFlag(FLAGS_pack_dir) + "/expert_stream_bench.pack";
+  if (absl::Status s = WriteExpertPack(**full, pack); !s.ok()) return Fail(s);
+  const int64_t expert_bytes =
+      c.num_hidden_layers * c.num_local_experts * 3 * c.intermediate_size * c.hidden_size * 2;
+  const int64_t cache_bytes =
+      static_cast<int64_t>(absl::GetFlag(FLAGS_cache_fraction) * static_cast<double>(expert_bytes));
+  std::printf("model %s: %.1f MB of expert weights; cache %.1f MB (%.0f%%); pack %s (O_DIRECT)\n",
+              dir.c_str(), expert_bytes / 1e6, cache_bytes / 1e6,
+              100.0 * cache_bytes / expert_bytes, pack.c_str());
+
+  struct Setting {
+    std::string name;
+    bool streamed, mixed, overlap;
+  };
+  const std::vector<Setting> settings = {
+      {"resident, full width", false, false, false},
+      {"streamed, full width, no overlap", true, false, false},
+      {"streamed, full width, overlap", true, false, true},
+      {"streamed, mixed width, no overlap", true, true, false},
+      {"streamed, mixed width, overlap", true, true, true},
+  };
+  const int context = absl::GetFlag(FLAGS_context);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int per_seq = (context + steps + 4 + 15) / 16;
+  auto pool = engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
+                                           static_cast<int>(c.num_key_value_heads),
+                                           static_cast<int>(c.head_dim), 16, max_batch * per_seq});
+  if (!pool.ok()) return Fail(pool.status());
+  auto resident = engine::ForwardPass::Create(full->get(), pool->get());
+  auto streaming = engine::ForwardPass::Create(slim->get(), pool->get());
+  if (!resident.ok() || !streaming.ok()) return Fail(absl::InternalError("forward pass"));
+
+  std::printf(
+      "\n| batch | setting | tokens/s | vs streamed full, no overlap | step (ms) | waited for "
+      "loads "
+      "(ms/step) | I/O thread loading (ms/step) | load hidden | MB read per step | cache hits |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  uint64_t rng = 12345;
+  auto token = [&] {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int32_t>((rng >> 33) % static_cast<uint64_t>(c.vocab_size));
+  };
+  for (int batch : batches) {
+    std::vector<engine::BlockTable> tables(batch);
+    std::vector<std::vector<int32_t>> prompts(batch);
+    std::vector<engine::StepInput> inputs;
+    for (int s = 0; s < batch; ++s) {
+      for (int i = 0; i < context; ++i) prompts[s].push_back(token());
+      if (!tables[s].Reserve(pool->get(), context + steps + 4).ok()) {
+        return Fail(absl::ResourceExhaustedError("KV pool"));
+      }
+      inputs.push_back({prompts[s], 0, &tables[s]});
+    }
+    std::vector<std::vector<float>> logits;
+    if (absl::Status s = (*resident)->Step(inputs, {}, &logits); !s.ok()) return Fail(s);
+    const auto prefill_logits = logits;
+
+    struct Result {
+      std::vector<double> times;
+      double waited = 0, loading = 0, hidden = 0;
+      int64_t bytes = 0, hits = 0, asks = 0, timed = 0;
+    };
+    std::vector<Result> results(settings.size());
+    const int per_round = std::max(1, steps / 2);
+    for (int round = 0; round < 2; ++round) {
+      for (size_t j = 0; j < settings.size(); ++j) {
+        const size_t k = (j + round) % settings.size();
+        const Setting& setting = settings[k];
+        // A fresh cache per run: every run starts cold and warms over its untimed steps.
+        std::unique_ptr<ExpertBacking> backing;
+        std::unique_ptr<ExpertStream> stream;
+        if (setting.streamed) {
+          auto b = DirectFileBacking(pack);
+          if (!b.ok()) return Fail(b.status());
+          backing = *std::move(b);
+          auto st = ExpertStream::Create(backing.get(), cache_bytes, setting.overlap);
+          if (!st.ok()) return Fail(st.status());
+          stream = *std::move(st);
+        }
+        engine::ForwardPass& fwd = setting.streamed ? **streaming : **resident;
+        fwd.SetExpertProvider(stream.get());
+        const engine::MoeOptions moe{.widths = setting.mixed ? tiers->get() : nullptr};
+        logits = prefill_logits;
+        std::vector<int32_t> next(batch);
+        StreamStats before;
+        for (int step = 0; step < per_round + 2; ++step) {
+          inputs.clear();
+          for (int s = 0; s < batch; ++s) {
+            next[s] = static_cast<int32_t>(std::max_element(logits[s].begin(), logits[s].end()) -
+                                           logits[s].begin());
+            inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
+          }
+          if (step == 2 && stream) before = stream->stats();
+          const auto start = Clock::now();
+          if (absl::Status s = fwd.Step(inputs, moe, &logits); !s.ok()) return Fail(s);
+          if (step >= 2) {
+            results[k].times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+          }
+        }
+        if (stream) {
+          const StreamStats after = stream->stats();
+          Result& r = results[k];
+          r.waited += after.wait_seconds - before.wait_seconds;
+          r.loading += after.cache.load_seconds - before.cache.load_seconds;
+          r.bytes += after.backing_bytes_read - before.backing_bytes_read;
+          r.hits += after.cache.hits - before.cache.hits;
+          r.asks += (after.cache.hits + after.cache.misses + after.cache.widenings) -
+                    (before.cache.hits + before.cache.misses + before.cache.widenings);
+        }
+        results[k].timed += per_round;
+        fwd.SetExpertProvider(nullptr);
+      }
+    }
+    for (auto& t : tables) t.ReleaseAll(pool->get());
+    const double baseline = batch / Median(results[1].times);
+    for (size_t k = 0; k < settings.size(); ++k) {
+      const Result& r = results[k];
+      const double step_s = Median(r.times);
+      const double n = static_cast<double>(r.timed);
+      const double hidden = r.loading > 0 ? std::max(0.0, r.loading - r.waited) / r.loading : 0;
+      std::printf(
+          "| %d | %s | %.1f | %.2fx | %.2f | %.2f | %.2f | %.0f%% | %.2f | %s |\n", batch,
+          settings[k].name.c_str(), batch / step_s, batch / step_s / baseline, step_s * 1e3,
+          r.waited / n * 1e3, r.loading / n * 1e3, 100 * hidden, r.bytes / n / 1e6,
+          settings[k].streamed
+              ? absl::StrCat(static_cast<int>(100.0 * r.hits / std::max<int64_t>(1, r.asks)), "%")
+                    .c_str()
+              : "-");
+    }
+  }
+  TierWidthPolicy::Counts counts = (*tiers)->counts();
+  std::printf(
+      "\nmixed-width pairs over the run: hot %.0f%%, warm %.0f%%, cold %.0f%%; expert "
+      "neurons run %.0f%% of full width\n",
+      100.0 * counts.hot / counts.total(), 100.0 * counts.warm / counts.total(),
+      100.0 * counts.cold / counts.total(),
+      100.0 * counts.neurons / (2.0 * counts.total() * c.intermediate_size));
+  std::filesystem::remove(pack);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::moe
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tandem::moe::Run();
+}
