@@ -15,8 +15,9 @@
 #include "common/moe/tiers.h"
 #include "tools/cli/commands.h"
 
-ABSL_FLAG(double, hot_share, 0.5, "tier: share of routed tokens whose pairs are Hot.");
-ABSL_FLAG(double, warm_share, 0.3,
+ABSL_FLAG(double, hot_share, tandem::moe::TierOptions{}.hot_share,
+          "tier: share of routed tokens whose pairs are Hot.");
+ABSL_FLAG(double, warm_share, tandem::moe::TierOptions{}.warm_share,
           "tier: share of routed tokens, after Hot, whose pairs are Warm.");
 ABSL_FLAG(int, warm_width, 0,
           "tier: neurons a Warm pair's auxiliary expert runs; 0 = half the expert.");
