@@ -40,6 +40,32 @@ DecodeMetrics::DecodeMetrics(metrics::Registry* r) {
                         ->Add({});
 }
 
+ExpertMetrics::ExpertMetrics(metrics::Registry* r) {
+  auto* requests = Must(r->AddCounter("tandem_expert_cache_requests_total",
+                                      "Expert loads asked of the resident cache, by result."));
+  cache_hits = &requests->Add(metrics::Labels{{"result", "hit"}});
+  cache_misses = &requests->Add(metrics::Labels{{"result", "miss"}});
+  cache_widenings = &requests->Add(metrics::Labels{{"result", "widen"}});
+  bytes_loaded = &Must(r->AddCounter("tandem_expert_load_bytes_total",
+                                     "Bytes of expert weights read from the backing tier."))
+                      ->Add({});
+  load_seconds = &Must(r->AddCounter("tandem_expert_load_seconds_total",
+                                     "Time the I/O thread spent loading experts."))
+                      ->Add({});
+  wait_seconds = &Must(r->AddCounter("tandem_expert_load_wait_seconds_total",
+                                     "Time the forward pass waited for expert loads (the rest "
+                                     "of the load time was hidden behind compute)."))
+                      ->Add({});
+  auto* pairs = Must(r->AddCounter("tandem_expert_pairs_total",
+                                   "Routed expert pairs run by a mixed-width decoder, by tier."));
+  pairs_hot = &pairs->Add(metrics::Labels{{"tier", "hot"}});
+  pairs_warm = &pairs->Add(metrics::Labels{{"tier", "warm"}});
+  pairs_cold = &pairs->Add(metrics::Labels{{"tier", "cold"}});
+  neurons = &Must(r->AddCounter("tandem_expert_neurons_total",
+                                "Expert neurons run by a mixed-width decoder (widths summed)."))
+                 ->Add({});
+}
+
 PrefillMetrics::PrefillMetrics(metrics::Registry* r) {
   queue_depth =
       &Must(r->AddGauge("tandem_prefill_queue_depth", "Prompts queued or running."))->Add({});

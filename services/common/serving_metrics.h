@@ -22,6 +22,21 @@ struct DecodeMetrics {
   metrics::Counter* leases_expired;     // tandem_reservations_expired_total
 };
 
+// A decoder's experts when they stream from an expert pack, and its mixed-width tiers.
+struct ExpertMetrics {
+  explicit ExpertMetrics(metrics::Registry* registry);
+  metrics::Counter* cache_hits;       // tandem_expert_cache_requests_total{result="hit"}
+  metrics::Counter* cache_misses;     // tandem_expert_cache_requests_total{result="miss"}
+  metrics::Counter* cache_widenings;  // tandem_expert_cache_requests_total{result="widen"}
+  metrics::Counter* bytes_loaded;     // tandem_expert_load_bytes_total (read from the backing)
+  metrics::Counter* load_seconds;     // tandem_expert_load_seconds_total (the I/O thread)
+  metrics::Counter* wait_seconds;     // tandem_expert_load_wait_seconds_total (compute waited)
+  metrics::Counter* pairs_hot;        // tandem_expert_pairs_total{tier="hot"}
+  metrics::Counter* pairs_warm;       // tandem_expert_pairs_total{tier="warm"}
+  metrics::Counter* pairs_cold;       // tandem_expert_pairs_total{tier="cold"}
+  metrics::Counter* neurons;          // tandem_expert_neurons_total (widths run, summed)
+};
+
 // tandem-prefill: prompts and the KV shipped for them.
 struct PrefillMetrics {
   explicit PrefillMetrics(metrics::Registry* registry);

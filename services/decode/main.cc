@@ -7,14 +7,24 @@
 #include "common/engine/engine_loop.h"
 #include "common/kv/geometry.h"
 #include "common/kv/ucx_transport.h"
-#include "common/moe/pruning_plan.h"
 #include "common/rpc/service_flags.h"
+#include "services/common/decoder.h"
 #include "services/common/serving.h"
 #include "services/decode/decode_service.h"
 
 ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face layout).");
 ABSL_FLAG(std::string, plan, "",
-          "Pruning plan (tandem prune): decode only its retained experts, loading no others.");
+          "Pruning plan (tandem prune): decode only its retained experts, loading no others; "
+          "with tiers (tandem tier), at mixed width (--model must then be reordered).");
+ABSL_FLAG(std::string, expert_pack, "",
+          "Stream expert weights from this expert pack (tandem pack) instead of loading them.");
+ABSL_FLAG(int64_t, expert_cache_bytes, 0,
+          "With --expert_pack: the resident expert cache's bound, in bytes.");
+ABSL_FLAG(bool, expert_direct_io, true,
+          "With --expert_pack: read it with O_DIRECT (bypassing the page cache); else hold it in "
+          "host memory.");
+ABSL_FLAG(bool, expert_overlap, true,
+          "With --expert_pack: compute each expert as soon as it is loaded, widest first.");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the prefill instances.");
 ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
 ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most.");
@@ -43,19 +53,19 @@ int main(int argc, char** argv) {
   auto model =
       tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size));
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
-  tandem::engine::ExpertMask retained;  // every expert without a plan
-  if (const std::string plan = absl::GetFlag(FLAGS_plan); !plan.empty()) {
-    auto mask = tandem::moe::LoadPlanMask(plan, absl::GetFlag(FLAGS_model));
-    if (!mask.ok()) return fail("--plan", mask.status());
-    retained = *std::move(mask);
-  }
-  auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model),
-                                                   absl::GetFlag(FLAGS_kv_block_size),
-                                                   absl::GetFlag(FLAGS_kv_blocks), retained);
-  if (!engine.ok()) return fail("loading the engine", engine.status());
+  auto decoder =
+      tandem::serving::LoadDecoder(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size),
+                                   absl::GetFlag(FLAGS_kv_blocks),
+                                   {.plan = absl::GetFlag(FLAGS_plan),
+                                    .expert_pack = absl::GetFlag(FLAGS_expert_pack),
+                                    .expert_cache_bytes = absl::GetFlag(FLAGS_expert_cache_bytes),
+                                    .expert_direct_io = absl::GetFlag(FLAGS_expert_direct_io),
+                                    .expert_overlap = absl::GetFlag(FLAGS_expert_overlap)});
+  if (!decoder.ok()) return fail("loading the engine", decoder.status());
+  tandem::serving::ServingEngine* engine = &decoder->engine;
   // Decode runs only what it holds: every token here is a decode token (prefill wrote the
-  // prompts' KV), but a mask on both phases keeps any step within the loaded experts.
-  const tandem::engine::MoeOptions moe{.mask = &retained};
+  // prompts' KV), but the plan on both phases keeps any step within the loaded experts.
+  const tandem::engine::MoeOptions moe = decoder->decode_moe();
   auto scheduler = tandem::engine::Scheduler::Create(
       engine->forward.get(), engine->model.tokenizer.get(), engine->model.tokenizer->eos_id(),
       {.max_running = absl::GetFlag(FLAGS_max_running),
@@ -73,10 +83,13 @@ int main(int argc, char** argv) {
   if (!region.ok()) return fail("registering the KV pool", region.status());
   tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "decode"}});
   tandem::serving::DecodeMetrics serving_metrics(&registry);
+  tandem::serving::ExpertMetrics expert_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &serving_metrics);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
-      tandem::serving::EngineStepObserver(&serving_metrics, engine->pool->num_total()));
+      tandem::serving::WithExpertMetrics(
+          tandem::serving::EngineStepObserver(&serving_metrics, engine->pool->num_total()),
+          &*decoder, &expert_metrics));
 
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);

@@ -7,8 +7,8 @@
 #include "absl/flags/flag.h"
 #include "common/engine/engine_loop.h"
 #include "common/model/config.h"
-#include "common/moe/pruning_plan.h"
 #include "common/rpc/service_flags.h"
+#include "services/common/decoder.h"
 #include "services/common/serving.h"
 #include "services/common/serving_metrics.h"
 #include "services/router-gateway/gateway_service.h"
@@ -16,8 +16,9 @@
 
 ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face layout).");
 ABSL_FLAG(std::string, plan, "",
-          "Pruning plan (tandem prune): generated tokens run only its retained experts, while "
-          "prompts run the full pool (phase-aware masking, the disaggregated cluster's split).");
+          "Pruning plan (tandem prune): generated tokens run only its retained experts (at mixed "
+          "width if it has tiers), while prompts run the full pool (phase-aware, the "
+          "disaggregated cluster's split).");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block.");
 ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
 ABSL_FLAG(int, max_running, 64, "Sequences in the batch at most.");
@@ -36,20 +37,16 @@ int main(int argc, char** argv) {
     return 2;
   };
   const std::string model_dir = absl::GetFlag(FLAGS_model);
-  auto engine = tandem::serving::LoadServingEngine(model_dir, absl::GetFlag(FLAGS_kv_block_size),
-                                                   absl::GetFlag(FLAGS_kv_blocks));
-  if (!engine.ok()) return fail("--model=" + model_dir, engine.status());
-  tandem::engine::ExpertMask decode_mask;  // every expert without a plan
-  if (const std::string plan = absl::GetFlag(FLAGS_plan); !plan.empty()) {
-    auto mask = tandem::moe::LoadPlanMask(plan, model_dir);
-    if (!mask.ok()) return fail("--plan", mask.status());
-    decode_mask = *std::move(mask);
-  }
+  auto decoder = tandem::serving::LoadDecoder(
+      model_dir, absl::GetFlag(FLAGS_kv_block_size), absl::GetFlag(FLAGS_kv_blocks),
+      {.plan = absl::GetFlag(FLAGS_plan), .decode_only = false});
+  if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
+  tandem::serving::ServingEngine* engine = &decoder->engine;
   auto scheduler = tandem::engine::Scheduler::Create(
       engine->forward.get(), engine->model.tokenizer.get(), engine->model.tokenizer->eos_id(),
       {.max_running = absl::GetFlag(FLAGS_max_running),
        .max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens),
-       .decode = {.mask = &decode_mask}});
+       .decode = decoder->decode_moe()});
   if (!scheduler.ok()) return fail("the scheduler", scheduler.status());
   auto tokenizer = tandem::model::Tokenizer::Load(model_dir + "/tokenizer.model");
   if (!tokenizer.ok()) return fail("--model=" + model_dir, tokenizer.status());
@@ -59,10 +56,13 @@ int main(int argc, char** argv) {
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::GatewayMetrics gateway_metrics(&registry);
   tandem::serving::DecodeMetrics engine_metrics(&registry);
+  tandem::serving::ExpertMetrics expert_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &engine_metrics);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
-      tandem::serving::EngineStepObserver(&engine_metrics, engine->pool->num_total()));
+      tandem::serving::WithExpertMetrics(
+          tandem::serving::EngineStepObserver(&engine_metrics, engine->pool->num_total()),
+          &*decoder, &expert_metrics));
 
   tandem::gateway::GatewayConfig config;
   config.model_config = engine->model.weights->config;

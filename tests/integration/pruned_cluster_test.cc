@@ -3,11 +3,16 @@
 // behind tandem-gateway. Its greedy tokens equal those of colocated tandem-serve --plan
 // (prompts on the full pool, generated tokens on the plan's experts) for every golden prompt;
 // they differ from the full model's somewhere (the plan takes effect); the decoder holds
-// exactly the plan's share of the expert weights, by its metrics.
+// exactly the plan's share of the expert weights, by its metrics. The same with a mixed-width
+// plan on a reordered checkpoint, the decoder streaming its experts from an expert pack read
+// with O_DIRECT into a cache of a quarter of them.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -21,12 +26,13 @@ namespace {
 
 constexpr int kTokens = 24;
 
-// The value of the unlabelled-but-role sample `name` on a /metrics page; -1 when absent.
-double Metric(int http_port, const std::string& name) {
+// The value of the first sample of `name` on a /metrics page whose labels contain `label`;
+// -1 when absent.
+double Metric(int http_port, const std::string& name, const std::string& label = "") {
   auto page = http::Fetch("127.0.0.1", http_port, "GET", "/metrics", "", 5000);
   if (!page.ok()) return -1;
   for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
-    if (!absl::StartsWith(line, name + "{")) continue;
+    if (!absl::StartsWith(line, name + "{") || !absl::StrContains(line, label)) continue;
     double value;
     if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) return value;
   }
@@ -115,6 +121,72 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
   EXPECT_EQ(decode_bytes * 2, serve_bytes);
 }
 
+TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedWidth) {
+  testing::TempDir work;
+  const std::string tandem = testing::BinDir() + "/tandem";
+  const std::string source = testing::SourceDir() + "/models/tiny-moe";
+  const std::string stats = source + "/pruning/calibration-valid.json";
+  const std::string reordered = work.path() + "/reordered";
+  const std::string tiered = work.path() + "/tiered.json";
+  // The pack on the build tree's disk: O_DIRECT needs a file system that supports it.
+  const std::string pack =
+      absl::StrCat(testing::BinDir(), "/pruned_cluster_test.", getpid(), ".pack");
+  const std::string log = " >> " + work.path() + "/cli.log 2>&1";
+  ASSERT_EQ(std::system((tandem + " reorder --model " + source + " --stats " + stats + " --out " +
+                         reordered + log)
+                            .c_str()),
+            0);
+  ASSERT_EQ(std::system((tandem + " tier --plan " + source + "/pruning/reap-keep8.json --stats " +
+                         stats + " --model " + reordered + " --hot_share 0.3 --warm_share 0.4 " +
+                         "--out " + tiered + log)
+                            .c_str()),
+            0);
+  ASSERT_EQ(std::system((tandem + " pack --model " + reordered + " --out " + pack + log).c_str()),
+            0);
+  const std::string plan = "--plan=" + tiered;
+  // 6 layers x 16 experts x 3 x 384 x 192 x 2 bytes, a quarter of it.
+  const std::string cache = absl::StrCat("--expert_cache_bytes=", 6 * 16 * 3 * 384 * 192 * 2 / 4);
+
+  std::vector<std::vector<int32_t>> disaggregated, colocated;
+  double misses = -1, loaded = -1, warm = -1, resident = -1;
+  {
+    testing::ServiceSet cluster(reordered);
+    auto prefill = cluster.Start("tandem-prefill", {});
+    ASSERT_TRUE(prefill.ok()) << prefill.status();
+    auto decode =
+        cluster.Start("tandem-decode", {plan, "--expert_pack=" + pack, cache, "--kv_blocks=160"});
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    auto gateway =
+        cluster.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                                         absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+    ASSERT_TRUE(gateway.ok()) << gateway.status();
+    auto client = Connect(*gateway);
+    ASSERT_NE(client, nullptr);
+    disaggregated = GenerateAll(client.get());
+    misses = Metric(decode->http_port, "tandem_expert_cache_requests_total", "result=\"miss\"");
+    loaded = Metric(decode->http_port, "tandem_expert_load_bytes_total");
+    warm = Metric(decode->http_port, "tandem_expert_pairs_total", "tier=\"warm\"");
+    resident = Metric(decode->http_port, "tandem_experts_resident");
+  }
+  {
+    testing::ServiceSet colocated_set(reordered);
+    auto serve = colocated_set.Start("tandem-serve", {plan});
+    ASSERT_TRUE(serve.ok()) << serve.status();
+    auto client = Connect(*serve);
+    ASSERT_NE(client, nullptr);
+    colocated = GenerateAll(client.get());
+  }
+  std::filesystem::remove(pack);
+  ASSERT_EQ(disaggregated.size(), colocated.size());
+  for (size_t k = 0; k < colocated.size(); ++k) {
+    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
+  }
+  EXPECT_GT(misses, 0);
+  EXPECT_GT(loaded, 0);
+  EXPECT_GT(warm, 0);
+  EXPECT_EQ(resident, 0);  // every expert streams; none loaded with the model
+}
+
 TEST_F(PrunedClusterTest, APlanThatDoesNotFitTheModelStopsTheDecoderWithAClearMessage) {
   testing::ServiceSet set;
   testing::TempDir dir;
@@ -126,6 +198,21 @@ TEST_F(PrunedClusterTest, APlanThatDoesNotFitTheModelStopsTheDecoderWithAClearMe
   const std::string log = set.Log("tandem-decode");
   EXPECT_NE(log.find("--plan: plan " + bad), std::string::npos) << log;
   EXPECT_NE(log.find("the model has 6 of 16"), std::string::npos) << log;
+
+  // A plan with mixed-width tiers on a checkpoint whose neurons were not reordered.
+  const std::string source = testing::SourceDir() + "/models/tiny-moe";
+  const std::string tiered = dir.path() + "/tiered.json";
+  ASSERT_EQ(std::system((testing::BinDir() + "/tandem tier --plan " + source +
+                         "/pruning/reap-keep8.json --stats " + source +
+                         "/pruning/calibration-valid.json --model " + source + " --out " + tiered +
+                         " > " + dir.path() + "/cli.log 2>&1")
+                            .c_str()),
+            0);
+  testing::ServiceSet again;
+  auto unordered = again.Start("tandem-decode", {"--plan=" + tiered});
+  EXPECT_EQ(unordered.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.Log("tandem-decode").find("importance order"), std::string::npos)
+      << again.Log("tandem-decode");
 }
 
 }  // namespace

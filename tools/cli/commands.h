@@ -20,8 +20,9 @@ int Report(const absl::Status& status);
 
 // tandem eval (eval.cc).
 int Eval();
-// tandem reorder and tandem tier (mixed_width.cc).
+// tandem reorder, tandem tier and tandem pack (mixed_width.cc).
 int Reorder();
 int Tier();
+int Pack();
 
 }  // namespace tandem::cli

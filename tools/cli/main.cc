@@ -11,6 +11,7 @@
 //   tandem prune --stats STATS --criterion reap --keep M --out PLAN   (common/moe/pruning_plan.h)
 //   tandem eval --model DIR --plan PLAN --text FILE --prompts FILE   (eval.cc)
 //   tandem reorder --model DIR --stats STATS --out DIR2   (mixed_width.cc)
+//   tandem pack --model DIR --out FILE   (mixed_width.cc)
 //   tandem tier --plan PLAN --stats STATS --out PLAN2 [--hot_share --warm_share --warm_width
 //               --dominance router|masking --model DIR --text FILE]   (mixed_width.cc)
 //   tandem models   --endpoint HOST:PORT
@@ -102,6 +103,8 @@ constexpr char kUsage[] =
     "  reorder    write --model DIR's checkpoint with every expert's neurons in importance\n"
     "             order (from --stats) to --out DIR (for mixed width)\n"
     "  tier       add mixed-width tiers to the plan --plan from --stats, to --out\n"
+    "  pack       write --model DIR's experts as an expert pack to --out (for tandem-decode\n"
+    "             --expert_pack: experts streamed from a file)\n"
     "  eval       the full model against a pruning plan (--plan) in the modes --mode:\n"
     "             perplexity and accuracy on --text, greedy continuations of --prompts\n"
     "  models     list the gateway's models\n"
@@ -378,6 +381,7 @@ int main(int argc, char** argv) {
   if (command == "eval") return tandem::cli::Eval();
   if (command == "reorder") return tandem::cli::Reorder();
   if (command == "tier") return tandem::cli::Tier();
+  if (command == "pack") return tandem::cli::Pack();
   if (command == "models") return Models();
   if (command == "health") return Health();
   std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;

@@ -1,5 +1,8 @@
 // tandem reorder --model DIR --stats STATS --out DIR2
 //   DIR's checkpoint with every expert's neurons in importance order (common/moe/reorder.h).
+// tandem pack --model DIR --out FILE
+//   every expert of DIR as an expert pack (common/moe/expert_store.h), for tandem-decode
+//   --expert_pack.
 // tandem tier --plan PLAN --stats STATS --out PLAN2 [--hot_share S --warm_share S
 //             --warm_width N --dominance router|masking --model DIR --text FILE]
 //   PLAN with a tier and a dominant expert for every pair of retained experts
@@ -10,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/engine/generator.h"
+#include "common/moe/expert_store.h"
 #include "common/moe/pruning_plan.h"
 #include "common/moe/reorder.h"
 #include "common/moe/tiers.h"
@@ -39,6 +43,21 @@ int Reorder() {
   if (!stats.ok()) return Report(stats.status());
   if (absl::Status s = moe::ReorderCheckpoint(model, *stats, out); !s.ok()) return Report(s);
   std::cout << "neurons of every expert in importance order; checkpoint in " << out << std::endl;
+  return 0;
+}
+
+int Pack() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (model.empty() || out.empty()) {
+    return Report(absl::InvalidArgumentError("pack needs --model DIR and --out FILE"));
+  }
+  absl::StatusOr<std::unique_ptr<engine::ModelWeights>> weights =
+      engine::LoadModelWeights(model, engine::LoadFormat::kSafetensors);
+  if (!weights.ok()) return Report(weights.status());
+  if (absl::Status s = moe::WriteExpertPack(**weights, out); !s.ok()) return Report(s);
+  std::cout << "every expert of " << model << " packed in neuron bundles; pack in " << out
+            << std::endl;
   return 0;
 }
 

@@ -1,0 +1,105 @@
+#include "services/common/decoder.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/moe/pruning_plan.h"
+#include "common/moe/reorder.h"
+#include "common/util/status.h"
+
+namespace tandem::serving {
+namespace {
+
+absl::Status Flag(const std::string& flag, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(flag, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size, int num_blocks,
+                                    const DecoderOptions& options) {
+  Decoder d;
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir + "/config.json"));
+  if (!options.plan.empty()) {
+    absl::StatusOr<tandem::v1::PruningPlan> plan = moe::LoadPlan(options.plan);
+    if (!plan.ok()) return Flag("--plan", plan.status());
+    absl::StatusOr<engine::ExpertMask> mask = moe::LoadPlanMask(options.plan, model_dir);
+    if (!mask.ok()) return Flag("--plan", mask.status());
+    d.mask = *std::move(mask);
+    if (plan->has_tiers()) {
+      ASSIGN_OR_RETURN(bool reordered, moe::IsReordered(model_dir));
+      if (!reordered) {
+        return absl::InvalidArgumentError(
+            "--plan has mixed-width tiers, which need a checkpoint with its neurons in "
+            "importance order (tandem reorder) as --model");
+      }
+      absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> tiers =
+          moe::TierWidthPolicy::Create(*plan, config);
+      if (!tiers.ok()) return Flag("--plan", tiers.status());
+      d.tiers = *std::move(tiers);
+    }
+  }
+  // What to load: nothing of the experts when they stream, the plan's for a decode-only engine.
+  engine::ExpertMask load;
+  if (!options.expert_pack.empty()) {
+    load.retained.assign(config.num_hidden_layers,
+                         std::vector<bool>(config.num_local_experts, false));
+  } else if (options.decode_only) {
+    load = d.mask;
+  }
+  ASSIGN_OR_RETURN(d.engine, LoadServingEngine(model_dir, block_size, num_blocks, load));
+  if (!options.expert_pack.empty()) {
+    absl::StatusOr<std::unique_ptr<moe::ExpertBacking>> backing =
+        options.expert_direct_io ? moe::DirectFileBacking(options.expert_pack)
+                                 : moe::HostBacking(options.expert_pack);
+    if (!backing.ok()) return Flag("--expert_pack", backing.status());
+    const moe::PackLayout& layout = (*backing)->layout();
+    if (layout.layers != config.num_hidden_layers || layout.experts != config.num_local_experts ||
+        layout.hidden != config.hidden_size || layout.intermediate != config.intermediate_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--expert_pack: ", options.expert_pack, " holds ", layout.layers,
+                       " layers of ", layout.experts, " experts (hidden ", layout.hidden,
+                       ", intermediate ", layout.intermediate, "), not this model's"));
+    }
+    d.backing = *std::move(backing);
+    absl::StatusOr<std::unique_ptr<moe::ExpertStream>> stream = moe::ExpertStream::Create(
+        d.backing.get(), options.expert_cache_bytes, options.expert_overlap);
+    if (!stream.ok()) return Flag("--expert_cache_bytes", stream.status());
+    d.stream = *std::move(stream);
+    d.engine.forward->SetExpertProvider(d.stream.get());
+  }
+  return d;
+}
+
+engine::EngineLoop::StepObserver WithExpertMetrics(engine::EngineLoop::StepObserver inner,
+                                                   Decoder* decoder, ExpertMetrics* metrics) {
+  // The totals at the last report, to add only what each step did.
+  auto last_stream = std::make_shared<moe::StreamStats>();
+  auto last_tiers = std::make_shared<moe::TierWidthPolicy::Counts>();
+  return [inner = std::move(inner), decoder, metrics, last_stream,
+          last_tiers](const engine::EngineLoop::StepReport& step) {
+    if (inner) inner(step);
+    if (decoder->stream != nullptr) {
+      const moe::StreamStats now = decoder->stream->stats();
+      const moe::StreamStats& was = *last_stream;
+      metrics->cache_hits->Increment(static_cast<double>(now.cache.hits - was.cache.hits));
+      metrics->cache_misses->Increment(static_cast<double>(now.cache.misses - was.cache.misses));
+      metrics->cache_widenings->Increment(
+          static_cast<double>(now.cache.widenings - was.cache.widenings));
+      metrics->bytes_loaded->Increment(
+          static_cast<double>(now.backing_bytes_read - was.backing_bytes_read));
+      metrics->load_seconds->Increment(now.cache.load_seconds - was.cache.load_seconds);
+      metrics->wait_seconds->Increment(now.wait_seconds - was.wait_seconds);
+      *last_stream = now;
+    }
+    if (decoder->tiers != nullptr) {
+      const moe::TierWidthPolicy::Counts now = decoder->tiers->counts();
+      const moe::TierWidthPolicy::Counts& was = *last_tiers;
+      metrics->pairs_hot->Increment(static_cast<double>(now.hot - was.hot));
+      metrics->pairs_warm->Increment(static_cast<double>(now.warm - was.warm));
+      metrics->pairs_cold->Increment(static_cast<double>(now.cold - was.cold));
+      metrics->neurons->Increment(static_cast<double>(now.neurons - was.neurons));
+      *last_tiers = now;
+    }
+  };
+}
+
+}  // namespace tandem::serving

@@ -1,0 +1,56 @@
+// How a serving engine decodes under a pruning plan (issues #6 and #7): the plan's retained
+// experts (masked, and the only ones loaded when the whole engine decodes), its mixed-width
+// tiers (a width policy, on a checkpoint whose neurons were reordered), and experts either
+// resident or streamed from an expert pack through a cache bounded in bytes. Shared by
+// tandem-decode (every step is decode) and tandem-serve (phase-aware: only generated tokens).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/engine/engine_loop.h"
+#include "common/engine/forward.h"
+#include "common/moe/expert_stream.h"
+#include "common/moe/tiers.h"
+#include "services/common/serving.h"
+#include "services/common/serving_metrics.h"
+
+namespace tandem::serving {
+
+struct DecoderOptions {
+  std::string plan = {};         // pruning plan, maybe with tiers; empty: every expert, full width
+  std::string expert_pack = {};  // stream experts from this pack (tandem pack), not loaded
+  int64_t expert_cache_bytes = 0;  // the resident cache's bound, with expert_pack
+  bool expert_direct_io = true;    // read the pack with O_DIRECT; else hold it in host memory
+  bool expert_overlap = true;      // compute each expert as soon as it is in
+  // Load only the plan's experts (tandem-decode); tandem-serve prefills with all of them.
+  bool decode_only = true;
+};
+
+struct Decoder {
+  ServingEngine engine;
+  engine::ExpertMask mask;                      // the plan's; empty without one
+  std::unique_ptr<moe::TierWidthPolicy> tiers;  // the plan's tiers, if any
+  std::unique_ptr<moe::ExpertBacking> backing;  // with an expert pack
+  std::unique_ptr<moe::ExpertStream> stream;    // with an expert pack; the forward pass's provider
+
+  // What decode steps run: the plan's mask and widths.
+  engine::MoeOptions decode_moe() const {
+    return {.mask = mask.retained.empty() ? nullptr : &mask, .widths = tiers.get()};
+  }
+};
+
+// Loads `model_dir` with a pool of `num_blocks` blocks of `block_size` tokens, set up as
+// `options` says. INVALID_ARGUMENT naming the flag for a plan that does not fit, tiers on a
+// checkpoint that was not reordered, a pack of another model, or a pack without a cache bound.
+absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size, int num_blocks,
+                                    const DecoderOptions& options);
+
+// `inner`, then the expert metrics of `decoder` (cache hits, misses, bytes and seconds loaded,
+// time hidden, pairs per tier, neurons run) brought up to date after every step.
+engine::EngineLoop::StepObserver WithExpertMetrics(engine::EngineLoop::StepObserver inner,
+                                                   Decoder* decoder, ExpertMetrics* metrics);
+
+}  // namespace tandem::serving
