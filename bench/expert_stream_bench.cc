@@ -159,6 +159,8 @@ int Run() {
           auto st = ExpertStream::Create(backing.get(), cache_bytes, setting.overlap);
           if (!st.ok()) return Fail(st.status());
           stream = *std::move(st);
+          // Replacement by the plan's pair frequencies, as tandem-decode does.
+          stream->SetPriorityWeights(CachePriorities(*plan));
         }
         engine::ForwardPass& fwd = setting.streamed ? **streaming : **resident;
         fwd.SetExpertProvider(stream.get());

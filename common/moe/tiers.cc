@@ -123,6 +123,23 @@ absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& optio
   return ValidatePlan(*plan, config);
 }
 
+std::vector<std::vector<double>> CachePriorities(const tandem::v1::PruningPlan& plan) {
+  std::vector<std::vector<double>> weights(plan.num_layers(),
+                                           std::vector<double>(plan.num_experts(), 1.0));
+  for (const tandem::v1::LayerPlan& layer : plan.layers()) {
+    for (const tandem::v1::ExpertPair& pair : layer.pairs()) {
+      const double count = static_cast<double>(pair.count());
+      if (pair.tier() == tandem::v1::PAIR_TIER_HOT) {
+        weights[layer.layer()][pair.a()] += count;
+        weights[layer.layer()][pair.b()] += count;
+      } else {
+        weights[layer.layer()][pair.dominant()] += count;
+      }
+    }
+  }
+  return weights;
+}
+
 absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierWidthPolicy::Create(
     const tandem::v1::PruningPlan& plan, const model::ModelConfig& config) {
   RETURN_IF_ERROR(ValidatePlan(plan, config));

@@ -48,6 +48,12 @@ absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& optio
                          const std::vector<std::vector<double>>* masking_loss,
                          const model::ModelConfig& config, tandem::v1::PruningPlan* plan);
 
+// Replacement priority weights for an expert cache (ExpertCache::SetPriorityWeights) from a plan
+// with tiers: per (layer, expert), 1 + the calibration tokens of the pairs it is in, with a
+// pair's tokens counted fully for a Hot pair, for its dominant only in a Warm or Cold one (an
+// auxiliary expert runs narrow or not at all there). Pruned experts get 1.
+std::vector<std::vector<double>> CachePriorities(const tandem::v1::PruningPlan& plan);
+
 // The width policy of a plan with tiers (top-2 models only). Counts the pairs it sees per tier.
 class TierWidthPolicy : public engine::ExpertWidthPolicy {
  public:

@@ -18,13 +18,15 @@ absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size
                                     const DecoderOptions& options) {
   Decoder d;
   ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir + "/config.json"));
+  tandem::v1::PruningPlan plan;  // empty without --plan
   if (!options.plan.empty()) {
-    absl::StatusOr<tandem::v1::PruningPlan> plan = moe::LoadPlan(options.plan);
-    if (!plan.ok()) return Flag("--plan", plan.status());
+    absl::StatusOr<tandem::v1::PruningPlan> loaded = moe::LoadPlan(options.plan);
+    if (!loaded.ok()) return Flag("--plan", loaded.status());
+    plan = *std::move(loaded);
     absl::StatusOr<engine::ExpertMask> mask = moe::LoadPlanMask(options.plan, model_dir);
     if (!mask.ok()) return Flag("--plan", mask.status());
     d.mask = *std::move(mask);
-    if (plan->has_tiers()) {
+    if (plan.has_tiers()) {
       ASSIGN_OR_RETURN(bool reordered, moe::IsReordered(model_dir));
       if (!reordered) {
         return absl::InvalidArgumentError(
@@ -32,7 +34,7 @@ absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size
             "importance order (tandem reorder) as --model");
       }
       absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> tiers =
-          moe::TierWidthPolicy::Create(*plan, config);
+          moe::TierWidthPolicy::Create(plan, config);
       if (!tiers.ok()) return Flag("--plan", tiers.status());
       d.tiers = *std::move(tiers);
     }
@@ -64,6 +66,8 @@ absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size
         d.backing.get(), options.expert_cache_bytes, options.expert_overlap);
     if (!stream.ok()) return Flag("--expert_cache_bytes", stream.status());
     d.stream = *std::move(stream);
+    // Keep the experts the plan's frequent pairs run at full width.
+    if (plan.has_tiers()) d.stream->SetPriorityWeights(moe::CachePriorities(plan));
     d.engine.forward->SetExpertProvider(d.stream.get());
   }
   return d;

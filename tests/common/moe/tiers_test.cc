@@ -72,6 +72,9 @@ TEST(AssignTiersTest, CumulativeSharesAndRouterWeightDominance) {
   EXPECT_EQ(plan.layers(0).pairs(0).count(), 50);
   EXPECT_EQ(plan.tiers().warm_width(), 6);
   EXPECT_EQ(ValidatePlan(plan, Config()), absl::OkStatus());
+  // Cache priorities: (0,1) Hot adds 50 to both; (0,2) Warm 30 to 0; (1,2) Cold 15 to 2;
+  // (2,3) Cold 5 to 2.
+  EXPECT_THAT(CachePriorities(plan)[0], ElementsAre(81, 51, 21, 1));
 }
 
 TEST(AssignTiersTest, MaskingLossDominanceAndRetainedPairsOnly) {
