@@ -6,12 +6,20 @@
 // turn (two rounds, order rotated).
 //
 //   build/bin/tandem_expert_stream_bench --model DIR_REORDERED --plan TIER_PLAN
+//   build/bin/tandem_expert_stream_bench --model bench/configs/dummy-wide --load_format dummy
+//       --trace_model models/tiny-moe --trace_text models/tiny-moe/eval/test.txt --plan PLAN
+//
+// A dummy model's router is replaced by the routing the --trace_model gave the windows of
+// --trace_text (each bench sequence replays one window, position by position; the two models
+// must have the same layers and experts), and its decode tokens are forced, since random
+// weights predict nothing.
 //
 // Per setting and batch: decode tokens/s, the step's time, how much of it the forward pass
 // waited for loads, the load time the I/O thread spent, the share of it hidden behind compute,
 // and the bytes read from the file per step (whole 4 KiB blocks, as O_DIRECT reads them).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -24,11 +32,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/engine/forward.h"
+#include "common/engine/generator.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/model_weights.h"
+#include "common/engine/perplexity.h"
 #include "common/moe/expert_stream.h"
 #include "common/moe/pruning_plan.h"
 #include "common/moe/tiers.h"
+#include "common/util/status.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (neurons reordered: tandem reorder).");
 ABSL_FLAG(std::string, plan, "", "A plan with tiers (tandem tier) for the mixed-width settings.");
@@ -37,6 +48,9 @@ ABSL_FLAG(double, cache_fraction, 0.25, "Resident expert cache as a share of all
 ABSL_FLAG(std::string, batches, "1,4,16", "Decode batch sizes.");
 ABSL_FLAG(int, steps, 16, "Timed decode steps per setting and batch (over two rounds).");
 ABSL_FLAG(int, context, 128, "Tokens of KV each sequence holds when decoding starts.");
+ABSL_FLAG(std::string, load_format, "auto", "auto | dummy (random weights of the config's shape).");
+ABSL_FLAG(std::string, trace_model, "", "With dummy weights: the model whose routing is replayed.");
+ABSL_FLAG(std::string, trace_text, "", "The text the --trace_model's routing is recorded on.");
 
 namespace tandem::moe {
 namespace {
@@ -46,6 +60,70 @@ using Clock = std::chrono::steady_clock;
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Replays recorded routing: bench sequence s feeds token id s at every position, and at
+// position p of layer l gets the router probabilities the recording model had for token p of
+// window s (as logits: their logarithms).
+class ReplayRouter : public engine::RouterOverride {
+ public:
+  // (windows) x (positions) x (layers) x (experts)
+  explicit ReplayRouter(std::vector<std::vector<std::vector<std::vector<float>>>> probs)
+      : probs_(std::move(probs)) {}
+  void Logits(int layer, int32_t token, int position, absl::Span<float> logits) const override {
+    const auto& window = probs_[static_cast<size_t>(token) % probs_.size()];
+    const auto& p = window[std::min<size_t>(position, window.size() - 1)][layer];
+    for (size_t e = 0; e < logits.size(); ++e) logits[e] = std::log(std::max(p[e], 1e-30f));
+  }
+
+ private:
+  std::vector<std::vector<std::vector<std::vector<float>>>> probs_;
+};
+
+// The router probabilities of `model_dir` over the first `windows` windows of `text` (by the
+// perplexity protocol) of at least `positions` tokens each, [BOS] first.
+absl::StatusOr<std::unique_ptr<ReplayRouter>> RecordRouting(const std::string& model_dir,
+                                                            const std::string& text, int windows,
+                                                            int positions) {
+  ASSIGN_OR_RETURN(engine::LoadedModel model, engine::LoadModelDir(model_dir));
+  const model::ModelConfig& c = model.weights->config;
+  ASSIGN_OR_RETURN(engine::ProtocolText protocol,
+                   engine::ReadProtocolText(*model.tokenizer, text, positions - 1));
+  ASSIGN_OR_RETURN(auto pool, engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
+                                                           static_cast<int>(c.num_key_value_heads),
+                                                           static_cast<int>(c.head_dim), 16,
+                                                           (positions + 15) / 16}));
+  ASSIGN_OR_RETURN(auto forward, engine::ForwardPass::Create(model.weights.get(), pool.get()));
+  std::vector<std::vector<std::vector<std::vector<float>>>> probs;
+  const int experts = static_cast<int>(c.num_local_experts);
+  for (const engine::ProtocolWindow& w : protocol.windows) {
+    if (static_cast<int>(probs.size()) == windows) break;
+    if (w.size + 1 < positions) continue;
+    std::vector<int32_t> input = {model.tokenizer->bos_id()};
+    input.insert(input.end(), protocol.scored.begin() + w.begin,
+                 protocol.scored.begin() + w.begin + positions - 1);
+    engine::BlockTable table;
+    RETURN_IF_ERROR(table.Reserve(pool.get(), positions));
+    engine::StepInput in{input, 0, &table, engine::LogitRows::kNone};
+    std::vector<std::vector<float>> logits;
+    engine::RouterTrace trace;
+    absl::Status status = forward->Step({&in, 1}, {}, &logits, &trace);
+    table.ReleaseAll(pool.get());
+    RETURN_IF_ERROR(status);
+    std::vector<std::vector<std::vector<float>>> window(positions);
+    for (int p = 0; p < positions; ++p) {
+      for (size_t l = 0; l < trace.probs.size(); ++l) {
+        const float* row = trace.probs[l].data() + static_cast<size_t>(p) * experts;
+        window[p].emplace_back(row, row + experts);
+      }
+    }
+    probs.push_back(std::move(window));
+  }
+  if (static_cast<int>(probs.size()) < windows) {
+    return absl::InvalidArgumentError(absl::StrCat(text, " has ", probs.size(), " windows of ",
+                                                   positions, " tokens; ", windows, " needed"));
+  }
+  return std::make_unique<ReplayRouter>(std::move(probs));
 }
 
 int Fail(const absl::Status& status) {
@@ -69,12 +147,20 @@ int Run() {
     }
     batches.push_back(b);
   }
-  auto full = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors);
+  auto format = engine::ParseLoadFormat(absl::GetFlag(FLAGS_load_format));
+  if (!format.ok()) return Fail(format.status());
+  const bool replay = !absl::GetFlag(FLAGS_trace_model).empty();
+  if ((*format == engine::LoadFormat::kDummy) != replay) {
+    std::cerr << "tandem_expert_stream_bench: dummy weights need --trace_model and --trace_text "
+                 "(their random router says nothing), and only they take them\n";
+    return 2;
+  }
+  auto full = engine::LoadModelWeights(dir, *format);
   if (!full.ok()) return Fail(full.status());
   const model::ModelConfig& c = (*full)->config;
   engine::ExpertMask none;
   none.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
-  auto slim = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors, 0, none);
+  auto slim = engine::LoadModelWeights(dir, *format, 0, none);
   if (!slim.ok()) return Fail(slim.status());
   auto plan = LoadPlan(plan_path);
   if (!plan.ok()) return Fail(plan.status());
@@ -112,6 +198,18 @@ int Run() {
   auto resident = engine::ForwardPass::Create(full->get(), pool->get());
   auto streaming = engine::ForwardPass::Create(slim->get(), pool->get());
   if (!resident.ok() || !streaming.ok()) return Fail(absl::InternalError("forward pass"));
+  if (replay) {
+    const int positions = context + steps + 4;
+    for (engine::ForwardPass* f : {resident->get(), streaming->get()}) {
+      auto router = RecordRouting(absl::GetFlag(FLAGS_trace_model), absl::GetFlag(FLAGS_trace_text),
+                                  max_batch, positions);
+      if (!router.ok()) return Fail(router.status());
+      f->SetRouterOverride(*std::move(router));
+    }
+    std::printf("routing: replayed from %s over %d windows of %s\n",
+                absl::GetFlag(FLAGS_trace_model).c_str(), max_batch,
+                absl::GetFlag(FLAGS_trace_text).c_str());
+  }
 
   std::printf(
       "\n| batch | setting | tokens/s | vs streamed full, no overlap | step (ms) | waited for "
@@ -128,7 +226,7 @@ int Run() {
     std::vector<std::vector<int32_t>> prompts(batch);
     std::vector<engine::StepInput> inputs;
     for (int s = 0; s < batch; ++s) {
-      for (int i = 0; i < context; ++i) prompts[s].push_back(token());
+      for (int i = 0; i < context; ++i) prompts[s].push_back(replay ? s : token());
       if (!tables[s].Reserve(pool->get(), context + steps + 4).ok()) {
         return Fail(absl::ResourceExhaustedError("KV pool"));
       }
@@ -171,8 +269,10 @@ int Run() {
         for (int step = 0; step < per_round + 2; ++step) {
           inputs.clear();
           for (int s = 0; s < batch; ++s) {
-            next[s] = static_cast<int32_t>(std::max_element(logits[s].begin(), logits[s].end()) -
-                                           logits[s].begin());
+            next[s] =
+                replay ? s
+                       : static_cast<int32_t>(std::max_element(logits[s].begin(), logits[s].end()) -
+                                              logits[s].begin());
             inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
           }
           if (step == 2 && stream) before = stream->stats();
