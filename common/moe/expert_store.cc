@@ -249,7 +249,8 @@ bool ExpertCache::MakeRoom(int64_t bytes) {
       const int expert = static_cast<int>(it->first % experts);
       const double weight = weights_.empty() ? 1.0 : weights_[layer][expert];
       const double priority = weight * static_cast<double>(it->second.uses);
-      if (victim == entries_.end() || priority < lowest) {
+      if (victim == entries_.end() || priority < lowest ||
+          (priority == lowest && it->second.last_use < victim->second.last_use)) {
         victim = it;
         lowest = priority;
       }
@@ -310,6 +311,7 @@ absl::StatusOr<const ResidentExpert*> ExpertCache::Acquire(int layer, int expert
   if (it != entries_.end() && it->second.expert.width >= width) {
     ++stats_.hits;
     ++it->second.uses;
+    it->second.last_use = ++tick_;
     it->second.pinned = true;
     return &it->second.expert;
   }
@@ -323,6 +325,7 @@ absl::StatusOr<const ResidentExpert*> ExpertCache::Acquire(int layer, int expert
   Entry& entry = entries_[key];  // node_hash_map: references stay valid
   ++(from == 0 ? stats_.misses : stats_.widenings);
   ++entry.uses;
+  entry.last_use = ++tick_;
   entry.pinned = true;
   RETURN_IF_ERROR(Load(layer, expert, from, width, &entry));
   return &entry.expert;

@@ -76,8 +76,9 @@ struct CacheStats {
 // The resident cache over a backing, bounded in bytes (what ResidentExpert::bytes() counts).
 // Replacement: the expert with the lowest priority goes first — priority is the number of
 // times the expert was asked for, weighted by `weights` (a per-(layer, expert) importance,
-// e.g. its calibration frequency or the tier of its pairs); experts in use by the current step
-// (pinned since the last Unpin) are never evicted. Not thread-safe: one engine thread.
+// e.g. its calibration frequency or the tier of its pairs), ties going to the least recently
+// used, so the choice is deterministic; experts in use by the current step (pinned since the
+// last Unpin) are never evicted. Not thread-safe: one engine thread.
 class ExpertCache {
  public:
   // INVALID_ARGUMENT when capacity cannot hold one full-width expert.
@@ -102,6 +103,7 @@ class ExpertCache {
   struct Entry {
     ResidentExpert expert;
     int64_t uses = 0;
+    int64_t last_use = 0;  // tick of the latest Acquire: ties go to the least recently used
     bool pinned = false;
   };
   ExpertCache(ExpertBacking* backing, int64_t capacity) : backing_(backing), capacity_(capacity) {}
@@ -113,6 +115,7 @@ class ExpertCache {
   ExpertBacking* const backing_;
   const int64_t capacity_;
   int64_t resident_bytes_ = 0;
+  int64_t tick_ = 0;
   std::vector<std::vector<double>> weights_;
   absl::node_hash_map<int64_t, Entry> entries_;  // key layer * experts + expert; stable
   std::vector<std::byte> staging_;               // bundles as read, before unpacking

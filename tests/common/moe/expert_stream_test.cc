@@ -7,8 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "common/engine/generator.h"
 #include "nlohmann/json.hpp"
@@ -160,6 +164,104 @@ TEST_F(ExpertStreamTest, DirectFileBackingStreamsTheSameLogits) {
   EXPECT_LE(stats.backing_bytes_read,
             stats.cache.bytes_loaded + 2 * 4096 * (stats.cache.misses + stats.cache.widenings));
   EXPECT_GT(stats.cache.load_seconds, 0);
+}
+
+// Wraps a provider and records what the forward pass asks of it.
+class RecordingProvider : public engine::ExpertProvider {
+ public:
+  explicit RecordingProvider(engine::ExpertProvider* inner) : inner_(inner) {}
+  absl::Status BeginLayer(int layer, absl::Span<const engine::ExpertLoad> loads) override {
+    begun.emplace_back(loads.begin(), loads.end());
+    return inner_->BeginLayer(layer, loads);
+  }
+  absl::StatusOr<engine::ExpertView> Wait(int layer, int expert, int width) override {
+    waited.back().push_back(expert);
+    return inner_->Wait(layer, expert, width);
+  }
+  void EndLayer(int layer) override {
+    inner_->EndLayer(layer);
+    waited.emplace_back();
+  }
+  std::vector<std::vector<engine::ExpertLoad>> begun;
+  std::vector<std::vector<int>> waited = {{}};
+
+ private:
+  engine::ExpertProvider* inner_;
+};
+
+TEST_F(ExpertStreamTest, LayersAskForEachExpertOnceWidestFirstAndComputeInThatOrder) {
+  auto backing = HostBacking(*pack_);
+  ASSERT_TRUE(backing.ok());
+  auto stream = ExpertStream::Create(backing->get(), ExpertBytes() / 4, true);
+  ASSERT_TRUE(stream.ok());
+  RecordingProvider recording(stream->get());
+  const VariedWidths varied(static_cast<int>(full_->config.intermediate_size));
+  Run(*slim_, &recording, &varied);
+  ASSERT_FALSE(recording.begun.empty());
+  for (size_t i = 0; i < recording.begun.size(); ++i) {
+    const auto& loads = recording.begun[i];
+    std::vector<int> experts;
+    for (size_t j = 0; j < loads.size(); ++j) {
+      experts.push_back(loads[j].expert);
+      if (j > 0) {
+        EXPECT_TRUE(loads[j - 1].width > loads[j].width ||
+                    (loads[j - 1].width == loads[j].width && loads[j - 1].expert < loads[j].expert))
+            << "layer call " << i << " position " << j;
+      }
+    }
+    std::vector<int> sorted = experts;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "repeated expert";
+    EXPECT_EQ(recording.waited[i], experts) << "compute order differs from load order";
+  }
+}
+
+// A backing that takes 30 ms per read and counts reads finished.
+class SlowBacking : public ExpertBacking {
+ public:
+  explicit SlowBacking(ExpertBacking* inner) : inner_(inner) {}
+  const PackLayout& layout() const override { return inner_->layout(); }
+  absl::Status Read(int layer, int expert, int first, int count, std::byte* out) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    absl::Status status = inner_->Read(layer, expert, first, count, out);
+    ++finished;
+    return status;
+  }
+  int64_t bytes_read() const override { return inner_->bytes_read(); }
+  std::atomic<int> finished{0};
+
+ private:
+  ExpertBacking* inner_;
+};
+
+TEST_F(ExpertStreamTest, OverlapComputesBeforeTheLayersLoadsFinishWithoutItAfter) {
+  auto host = HostBacking(*pack_);
+  ASSERT_TRUE(host.ok());
+  const std::vector<engine::ExpertLoad> loads = {{3, 384}, {7, 192}, {1, 96}, {5, 48}};
+  for (bool overlap : {true, false}) {
+    SlowBacking slow(host->get());
+    auto stream = ExpertStream::Create(&slow, ExpertBytes() / 4, overlap);
+    ASSERT_TRUE(stream.ok());
+    ASSERT_EQ((*stream)->BeginLayer(2, loads), absl::OkStatus());
+    const int finished_at_begin = slow.finished;
+    auto first = (*stream)->Wait(2, 3, 384);
+    ASSERT_TRUE(first.ok()) << first.status();
+    const int finished_at_first = slow.finished;
+    for (const auto& load : loads) ASSERT_TRUE((*stream)->Wait(2, load.expert, load.width).ok());
+    (*stream)->EndLayer(2);
+    if (overlap) {
+      // The first expert is in while later ones still load: its compute can hide them.
+      EXPECT_LT(finished_at_begin, 4);
+      EXPECT_LT(finished_at_first, 4);
+    } else {
+      EXPECT_EQ(finished_at_begin, 4);  // every load before any compute
+    }
+    EXPECT_EQ(slow.finished, 4);
+    // Asking for an expert the layer did not begin with is a clear error.
+    ASSERT_EQ((*stream)->BeginLayer(0, loads), absl::OkStatus());
+    EXPECT_EQ((*stream)->Wait(0, 9, 10).status().code(), absl::StatusCode::kInvalidArgument);
+    (*stream)->EndLayer(0);
+  }
 }
 
 TEST_F(ExpertStreamTest, ACacheTooSmallForALayerIsAClearError) {
