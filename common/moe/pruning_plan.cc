@@ -174,16 +174,26 @@ absl::StatusOr<engine::ExpertMask> MaskFromPlan(const PruningPlan& plan,
   return mask;
 }
 
-absl::StatusOr<engine::ExpertMask> LoadPlanMask(const std::string& plan_path,
-                                                const std::string& model_dir) {
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir + "/config.json"));
+absl::StatusOr<PlanForModel> LoadPlanFor(const std::string& plan_path,
+                                         const std::string& model_dir) {
+  PlanForModel out;
+  ASSIGN_OR_RETURN(out.config, model::LoadModelConfig(model_dir + "/config.json"));
   absl::StatusOr<PruningPlan> plan = LoadPlan(plan_path);
-  absl::StatusOr<engine::ExpertMask> mask = plan.ok() ? MaskFromPlan(*plan, config) : plan.status();
+  absl::StatusOr<engine::ExpertMask> mask =
+      plan.ok() ? MaskFromPlan(*plan, out.config) : plan.status();
   if (!mask.ok()) {
     return absl::Status(mask.status().code(),
                         absl::StrCat("plan ", plan_path, ": ", mask.status().message()));
   }
-  return mask;
+  out.plan = *std::move(plan);
+  out.mask = *std::move(mask);
+  return out;
+}
+
+absl::StatusOr<engine::ExpertMask> LoadPlanMask(const std::string& plan_path,
+                                                const std::string& model_dir) {
+  ASSIGN_OR_RETURN(PlanForModel loaded, LoadPlanFor(plan_path, model_dir));
+  return std::move(loaded.mask);
 }
 
 absl::Status SavePlan(const PruningPlan& plan, const std::string& path) {

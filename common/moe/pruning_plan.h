@@ -35,8 +35,16 @@ absl::Status ValidatePlan(const tandem::v1::PruningPlan& plan, const model::Mode
 absl::StatusOr<engine::ExpertMask> MaskFromPlan(const tandem::v1::PruningPlan& plan,
                                                 const model::ModelConfig& config);
 
-// The mask of the plan at `plan_path` for the model in `model_dir` (its config.json); errors
-// name the plan's path.
+// The plan at `plan_path` read for the model in `model_dir`: the plan, validated against the
+// model's config.json, its mask and that config. Errors about the plan name its path.
+struct PlanForModel {
+  tandem::v1::PruningPlan plan;
+  engine::ExpertMask mask;
+  model::ModelConfig config;
+};
+absl::StatusOr<PlanForModel> LoadPlanFor(const std::string& plan_path,
+                                         const std::string& model_dir);
+// Its mask only.
 absl::StatusOr<engine::ExpertMask> LoadPlanMask(const std::string& plan_path,
                                                 const std::string& model_dir);
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine/perplexity.h"
 #include "common/moe/pruning_plan.h"
+#include "common/moe/reorder.h"
 #include "common/util/status.h"
 
 namespace tandem::moe {
@@ -138,6 +139,19 @@ std::vector<std::vector<double>> CachePriorities(const tandem::v1::PruningPlan& 
     }
   }
   return weights;
+}
+
+absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierPolicyFor(const tandem::v1::PruningPlan& plan,
+                                                               const std::string& model_dir,
+                                                               const model::ModelConfig& config) {
+  if (!plan.has_tiers()) return nullptr;
+  ASSIGN_OR_RETURN(bool reordered, IsReordered(model_dir));
+  if (!reordered) {
+    return absl::InvalidArgumentError(
+        "the plan has mixed-width tiers, which need a checkpoint with its neurons in importance "
+        "order (make one with tandem reorder and pass it as --model)");
+  }
+  return TierWidthPolicy::Create(plan, config);
 }
 
 absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierWidthPolicy::Create(

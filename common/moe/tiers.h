@@ -54,6 +54,14 @@ absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& optio
 // auxiliary expert runs narrow or not at all there). Pruned experts get 1.
 std::vector<std::vector<double>> CachePriorities(const tandem::v1::PruningPlan& plan);
 
+class TierWidthPolicy;
+// The width policy of `plan` for the checkpoint in `model_dir` (its `config`): null when the
+// plan has no tiers; INVALID_ARGUMENT when it has tiers and the checkpoint's neurons were not
+// reordered (tandem reorder), or the tiers do not fit.
+absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierPolicyFor(const tandem::v1::PruningPlan& plan,
+                                                               const std::string& model_dir,
+                                                               const model::ModelConfig& config);
+
 // The width policy of a plan with tiers (top-2 models only). Counts the pairs it sees per tier.
 class TierWidthPolicy : public engine::ExpertWidthPolicy {
  public:

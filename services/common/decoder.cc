@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/moe/pruning_plan.h"
-#include "common/moe/reorder.h"
 #include "common/util/status.h"
 
 namespace tandem::serving {
@@ -17,27 +16,20 @@ absl::Status Flag(const std::string& flag, const absl::Status& status) {
 absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size, int num_blocks,
                                     const DecoderOptions& options) {
   Decoder d;
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir + "/config.json"));
+  model::ModelConfig config;
   tandem::v1::PruningPlan plan;  // empty without --plan
-  if (!options.plan.empty()) {
-    absl::StatusOr<tandem::v1::PruningPlan> loaded = moe::LoadPlan(options.plan);
+  if (options.plan.empty()) {
+    ASSIGN_OR_RETURN(config, model::LoadModelConfig(model_dir + "/config.json"));
+  } else {
+    absl::StatusOr<moe::PlanForModel> loaded = moe::LoadPlanFor(options.plan, model_dir);
     if (!loaded.ok()) return Flag("--plan", loaded.status());
-    plan = *std::move(loaded);
-    absl::StatusOr<engine::ExpertMask> mask = moe::LoadPlanMask(options.plan, model_dir);
-    if (!mask.ok()) return Flag("--plan", mask.status());
-    d.mask = *std::move(mask);
-    if (plan.has_tiers()) {
-      ASSIGN_OR_RETURN(bool reordered, moe::IsReordered(model_dir));
-      if (!reordered) {
-        return absl::InvalidArgumentError(
-            "--plan has mixed-width tiers, which need a checkpoint with its neurons in "
-            "importance order (tandem reorder) as --model");
-      }
-      absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> tiers =
-          moe::TierWidthPolicy::Create(plan, config);
-      if (!tiers.ok()) return Flag("--plan", tiers.status());
-      d.tiers = *std::move(tiers);
-    }
+    config = std::move(loaded->config);
+    plan = std::move(loaded->plan);
+    d.mask = std::move(loaded->mask);
+    absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> tiers =
+        moe::TierPolicyFor(plan, model_dir, config);
+    if (!tiers.ok()) return Flag("--plan", tiers.status());
+    d.tiers = *std::move(tiers);
   }
   // What to load: nothing of the experts when they stream, the plan's for a decode-only engine.
   engine::ExpertMask load;

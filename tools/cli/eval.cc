@@ -15,7 +15,6 @@
 #include "common/engine/perplexity.h"
 #include "common/moe/evaluation.h"
 #include "common/moe/pruning_plan.h"
-#include "common/moe/reorder.h"
 #include "common/moe/tiers.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli/commands.h"
@@ -68,33 +67,20 @@ int Eval() {
   }
   if (modes.empty()) return Report(absl::InvalidArgumentError("--mode names no mode"));
 
+  // The pruned model: the plan's mask and, for a plan with tiers, mixed width.
   engine::ExpertMask plan;
+  std::unique_ptr<moe::TierWidthPolicy> tiers;
   if (!plan_path.empty()) {
-    absl::StatusOr<engine::ExpertMask> mask = moe::LoadPlanMask(plan_path, model_dir);
-    if (!mask.ok()) return Report(mask.status());
-    plan = *std::move(mask);
+    absl::StatusOr<moe::PlanForModel> loaded = moe::LoadPlanFor(plan_path, model_dir);
+    if (!loaded.ok()) return Report(loaded.status());
+    plan = std::move(loaded->mask);
+    absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> policy =
+        moe::TierPolicyFor(loaded->plan, model_dir, loaded->config);
+    if (!policy.ok()) return Report(policy.status());
+    tiers = *std::move(policy);
   }
   absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
   if (!model.ok()) return Report(model.status());
-  // A plan with tiers runs its pruned phases at mixed width too.
-  std::unique_ptr<moe::TierWidthPolicy> tiers;
-  if (!plan_path.empty()) {
-    absl::StatusOr<tandem::v1::PruningPlan> proto = moe::LoadPlan(plan_path);
-    if (!proto.ok()) return Report(proto.status());
-    if (proto->has_tiers()) {
-      absl::StatusOr<bool> reordered = moe::IsReordered(model_dir);
-      if (!reordered.ok()) return Report(reordered.status());
-      if (!*reordered) {
-        return Report(absl::InvalidArgumentError(
-            "the plan has mixed-width tiers, which need a checkpoint with its neurons in "
-            "importance order: make one with tandem reorder and pass it as --model"));
-      }
-      absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> policy =
-          moe::TierWidthPolicy::Create(*proto, model->weights->config);
-      if (!policy.ok()) return Report(policy.status());
-      tiers = *std::move(policy);
-    }
-  }
   absl::StatusOr<std::vector<std::vector<int32_t>>> prompts =
       moe::ReadPrompts(*model->tokenizer, prompts_path, model->add_bos);
   if (!prompts.ok()) return Report(prompts.status());
