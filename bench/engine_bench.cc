@@ -32,6 +32,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/model_weights.h"
@@ -55,16 +56,9 @@ namespace tandem::engine {
 namespace {
 
 namespace k = kernels::cpu;
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Clock;
+using bench::Median;
+using bench::Seconds;
 
 struct Bandwidth {
   double read_gbs = 0;   // sum over one buffer
@@ -130,15 +124,12 @@ int Run() {
                  "random router says nothing about real routing\n";
     return 2;
   }
-  std::vector<int> batches;
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
-    int b = 0;
-    if (!absl::SimpleAtoi(part, &b) || b < 1) {
-      std::cerr << "tandem_engine_bench: bad --batches entry \"" << part << "\"\n";
-      return 2;
-    }
-    batches.push_back(b);
+  const std::optional<std::vector<int>> parsed = bench::ParseBatches(absl::GetFlag(FLAGS_batches));
+  if (!parsed) {
+    std::cerr << "tandem_engine_bench: --batches must list positive integers, e.g. 1,4,16\n";
+    return 2;
   }
+  const std::vector<int>& batches = *parsed;
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const int context = absl::GetFlag(FLAGS_context);
   const int steps = absl::GetFlag(FLAGS_steps);

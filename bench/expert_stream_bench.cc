@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "common/engine/forward.h"
 #include "common/engine/generator.h"
 #include "common/engine/kv_cache.h"
@@ -55,36 +56,34 @@ ABSL_FLAG(std::string, trace_text, "", "The text the --trace_model's routing is 
 namespace tandem::moe {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::Clock;
+using bench::Median;
+using bench::Seconds;
 
 // Replays recorded routing: bench sequence s feeds token id s at every position, and at
 // position p of layer l gets the router probabilities the recording model had for token p of
 // window s (as logits: their logarithms).
+// (windows) x (positions) x (layers) x (experts)
+using RecordedRouting = std::vector<std::vector<std::vector<std::vector<float>>>>;
+
 class ReplayRouter : public engine::RouterOverride {
  public:
-  // (windows) x (positions) x (layers) x (experts)
-  explicit ReplayRouter(std::vector<std::vector<std::vector<std::vector<float>>>> probs)
-      : probs_(std::move(probs)) {}
+  explicit ReplayRouter(std::shared_ptr<const RecordedRouting> probs) : probs_(std::move(probs)) {}
   void Logits(int layer, int32_t token, int position, absl::Span<float> logits) const override {
-    const auto& window = probs_[static_cast<size_t>(token) % probs_.size()];
+    const auto& window = (*probs_)[static_cast<size_t>(token) % probs_->size()];
     const auto& p = window[std::min<size_t>(position, window.size() - 1)][layer];
     for (size_t e = 0; e < logits.size(); ++e) logits[e] = std::log(std::max(p[e], 1e-30f));
   }
 
  private:
-  std::vector<std::vector<std::vector<std::vector<float>>>> probs_;
+  std::shared_ptr<const RecordedRouting> probs_;  // shared by the routers of a run
 };
 
 // The router probabilities of `model_dir` over the first `windows` windows of `text` (by the
 // perplexity protocol) of at least `positions` tokens each, [BOS] first.
-absl::StatusOr<std::unique_ptr<ReplayRouter>> RecordRouting(const std::string& model_dir,
-                                                            const std::string& text, int windows,
-                                                            int positions) {
+absl::StatusOr<std::shared_ptr<const RecordedRouting>> RecordRouting(const std::string& model_dir,
+                                                                     const std::string& text,
+                                                                     int windows, int positions) {
   ASSIGN_OR_RETURN(engine::LoadedModel model, engine::LoadModelDir(model_dir));
   const model::ModelConfig& c = model.weights->config;
   ASSIGN_OR_RETURN(engine::ProtocolText protocol,
@@ -94,10 +93,10 @@ absl::StatusOr<std::unique_ptr<ReplayRouter>> RecordRouting(const std::string& m
                                                            static_cast<int>(c.head_dim), 16,
                                                            (positions + 15) / 16}));
   ASSIGN_OR_RETURN(auto forward, engine::ForwardPass::Create(model.weights.get(), pool.get()));
-  std::vector<std::vector<std::vector<std::vector<float>>>> probs;
+  auto probs = std::make_shared<RecordedRouting>();
   const int experts = static_cast<int>(c.num_local_experts);
   for (const engine::ProtocolWindow& w : protocol.windows) {
-    if (static_cast<int>(probs.size()) == windows) break;
+    if (static_cast<int>(probs->size()) == windows) break;
     if (w.size + 1 < positions) continue;
     std::vector<int32_t> input = {model.tokenizer->bos_id()};
     input.insert(input.end(), protocol.scored.begin() + w.begin,
@@ -117,13 +116,13 @@ absl::StatusOr<std::unique_ptr<ReplayRouter>> RecordRouting(const std::string& m
         window[p].emplace_back(row, row + experts);
       }
     }
-    probs.push_back(std::move(window));
+    probs->push_back(std::move(window));
   }
-  if (static_cast<int>(probs.size()) < windows) {
-    return absl::InvalidArgumentError(absl::StrCat(text, " has ", probs.size(), " windows of ",
+  if (static_cast<int>(probs->size()) < windows) {
+    return absl::InvalidArgumentError(absl::StrCat(text, " has ", probs->size(), " windows of ",
                                                    positions, " tokens; ", windows, " needed"));
   }
-  return std::make_unique<ReplayRouter>(std::move(probs));
+  return probs;
 }
 
 int Fail(const absl::Status& status) {
@@ -138,15 +137,12 @@ int Run() {
     std::cerr << "tandem_expert_stream_bench: --model and --plan are required\n";
     return 2;
   }
-  std::vector<int> batches;
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
-    int b = 0;
-    if (!absl::SimpleAtoi(part, &b) || b < 1) {
-      std::cerr << "tandem_expert_stream_bench: bad --batches entry \"" << part << "\"\n";
-      return 2;
-    }
-    batches.push_back(b);
+  const std::optional<std::vector<int>> parsed = bench::ParseBatches(absl::GetFlag(FLAGS_batches));
+  if (!parsed) {
+    std::cerr << "tandem_expert_stream_bench: --batches must list positive integers, e.g. 1,4,16\n";
+    return 2;
   }
+  const std::vector<int>& batches = *parsed;
   auto format = engine::ParseLoadFormat(absl::GetFlag(FLAGS_load_format));
   if (!format.ok()) return Fail(format.status());
   const bool replay = !absl::GetFlag(FLAGS_trace_model).empty();
@@ -199,12 +195,11 @@ int Run() {
   auto streaming = engine::ForwardPass::Create(slim->get(), pool->get());
   if (!resident.ok() || !streaming.ok()) return Fail(absl::InternalError("forward pass"));
   if (replay) {
-    const int positions = context + steps + 4;
+    auto recorded = RecordRouting(absl::GetFlag(FLAGS_trace_model), absl::GetFlag(FLAGS_trace_text),
+                                  max_batch, context + steps + 4);
+    if (!recorded.ok()) return Fail(recorded.status());
     for (engine::ForwardPass* f : {resident->get(), streaming->get()}) {
-      auto router = RecordRouting(absl::GetFlag(FLAGS_trace_model), absl::GetFlag(FLAGS_trace_text),
-                                  max_batch, positions);
-      if (!router.ok()) return Fail(router.status());
-      f->SetRouterOverride(*std::move(router));
+      f->SetRouterOverride(std::make_unique<ReplayRouter>(*recorded));
     }
     std::printf("routing: replayed from %s over %d windows of %s\n",
                 absl::GetFlag(FLAGS_trace_model).c_str(), max_batch,
@@ -279,7 +274,7 @@ int Run() {
           const auto start = Clock::now();
           if (absl::Status s = fwd.Step(inputs, moe, &logits); !s.ok()) return Fail(s);
           if (step >= 2) {
-            results[k].times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+            results[k].times.push_back(Seconds(start, Clock::now()));
           }
         }
         if (stream) {
