@@ -53,6 +53,24 @@ class PrunedClusterTest : public ::testing::Test {
     return client.ok() ? *std::move(client) : nullptr;
   }
 
+  // Starts prefill (full), decode with `decode_flags` and a gateway over them in `set`.
+  struct Cluster {
+    testing::Ports decode, gateway;
+  };
+  static absl::StatusOr<Cluster> StartCluster(testing::ServiceSet& set,
+                                              std::vector<std::string> decode_flags) {
+    absl::StatusOr<testing::Ports> prefill = set.Start("tandem-prefill", {});
+    if (!prefill.ok()) return prefill.status();
+    decode_flags.push_back("--kv_blocks=160");
+    absl::StatusOr<testing::Ports> decode = set.Start("tandem-decode", decode_flags);
+    if (!decode.ok()) return decode.status();
+    absl::StatusOr<testing::Ports> gateway =
+        set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                                     absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+    if (!gateway.ok()) return gateway.status();
+    return Cluster{*decode, *gateway};
+  }
+
   // Greedy continuations of every golden prompt through `client`.
   std::vector<std::vector<int32_t>> GenerateAll(sdk::Client* client) {
     std::vector<std::vector<int32_t>> out;
@@ -78,16 +96,11 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
   std::vector<std::vector<int32_t>> disaggregated, colocated;
   double decode_bytes = -1, serve_bytes = -1, decode_experts = -1, serve_experts = -1;
   {
-    testing::ServiceSet cluster;
-    auto prefill = cluster.Start("tandem-prefill", {});
-    ASSERT_TRUE(prefill.ok()) << prefill.status();
-    auto decode = cluster.Start("tandem-decode", {plan_, "--kv_blocks=160"});
-    ASSERT_TRUE(decode.ok()) << decode.status();
-    auto gateway =
-        cluster.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
-                                         absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
-    ASSERT_TRUE(gateway.ok()) << gateway.status();
-    auto client = Connect(*gateway);
+    testing::ServiceSet set;
+    auto cluster = StartCluster(set, {plan_});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    const testing::Ports* decode = &cluster->decode;
+    auto client = Connect(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
     decode_bytes = Metric(decode->http_port, "tandem_expert_weight_bytes");
@@ -150,17 +163,11 @@ TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedW
   std::vector<std::vector<int32_t>> disaggregated, colocated;
   double misses = -1, loaded = -1, warm = -1, resident = -1;
   {
-    testing::ServiceSet cluster(reordered);
-    auto prefill = cluster.Start("tandem-prefill", {});
-    ASSERT_TRUE(prefill.ok()) << prefill.status();
-    auto decode =
-        cluster.Start("tandem-decode", {plan, "--expert_pack=" + pack, cache, "--kv_blocks=160"});
-    ASSERT_TRUE(decode.ok()) << decode.status();
-    auto gateway =
-        cluster.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
-                                         absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
-    ASSERT_TRUE(gateway.ok()) << gateway.status();
-    auto client = Connect(*gateway);
+    testing::ServiceSet set(reordered);
+    auto cluster = StartCluster(set, {plan, "--expert_pack=" + pack, cache});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    const testing::Ports* decode = &cluster->decode;
+    auto client = Connect(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
     misses = Metric(decode->http_port, "tandem_expert_cache_requests_total", "result=\"miss\"");
