@@ -1,7 +1,16 @@
 #include "common/http/http_server.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 
 namespace tandem::http {
 namespace {
@@ -58,6 +67,117 @@ TEST(HttpServerTest, FetchFromClosedPortFails) {
     port = (*server)->port();
   }
   EXPECT_FALSE(Fetch("127.0.0.1", port, "GET", "/echo", "", 1000).ok());
+}
+
+// A client that sends a GET for `path` on a raw socket and leaves the socket to the caller.
+int SendGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n";
+  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(HttpServerTest, StreamedBodyArrivesWholeAndInOrder) {
+  Route events{"/events", nullptr, [](const Request&, ResponseWriter* out) {
+                 EXPECT_TRUE(out->Start(200, "text/event-stream"));
+                 EXPECT_TRUE(out->Write("data: a\n\n"));
+                 EXPECT_TRUE(out->Write(""));  // nothing to send; must not end the body
+                 EXPECT_TRUE(out->Write("data: b\n\n"));
+                 EXPECT_FALSE(out->Send({200, "text/plain", "too late"}));
+               }};
+  auto server = HttpServer::Start({}, {events});
+  ASSERT_TRUE(server.ok());
+  auto got = Fetch("127.0.0.1", (*server)->port(), "GET", "/events");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->status, 200);
+  EXPECT_EQ(got->body, "data: a\n\ndata: b\n\n");
+}
+
+TEST(HttpServerTest, StreamHandlerMaySendOneWholeResponseOrNone) {
+  Route whole{"/whole", nullptr, [](const Request& r, ResponseWriter* out) {
+                EXPECT_TRUE(out->Send({400, "application/json", "{\"bad\":\"" + r.body + "\"}"}));
+              }};
+  Route none{"/none", nullptr, [](const Request&, ResponseWriter*) {}};
+  auto server = HttpServer::Start({}, {whole, none});
+  ASSERT_TRUE(server.ok());
+  auto got = Fetch("127.0.0.1", (*server)->port(), "POST", "/whole", "x");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status, 400);
+  EXPECT_EQ(got->body, "{\"bad\":\"x\"}");
+  got = Fetch("127.0.0.1", (*server)->port(), "GET", "/none");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status, 500);
+}
+
+TEST(HttpServerTest, ClientLeavingIsNoticedWhileNothingIsWritten) {
+  absl::Notification entered, gone;
+  std::atomic<bool> noticed{false};
+  Route wait{"/wait", nullptr, [&](const Request&, ResponseWriter* out) {
+               out->OnClientGone([&] { gone.Notify(); });
+               entered.Notify();
+               noticed = gone.WaitForNotificationWithTimeout(absl::Seconds(10));
+               EXPECT_TRUE(out->client_gone());
+               EXPECT_FALSE(out->Start(200, "text/event-stream") && out->Write("data: x\n\n"));
+             }};
+  auto server = HttpServer::Start({}, {wait, Echo()});
+  ASSERT_TRUE(server.ok());
+  const int fd = SendGet((*server)->port(), "/wait");
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  close(fd);
+  server->reset();  // waits for the handler
+  EXPECT_TRUE(noticed);
+}
+
+TEST(HttpServerTest, ClientThatStaysIsNotReportedGone) {
+  std::atomic<bool> fired{false};
+  Route slow{"/slow", nullptr, [&](const Request&, ResponseWriter* out) {
+               out->OnClientGone([&] { fired = true; });
+               absl::SleepFor(absl::Milliseconds(300));
+               out->Send({200, "text/plain", "done"});
+             }};
+  auto server = HttpServer::Start({}, {slow});
+  ASSERT_TRUE(server.ok());
+  auto got = Fetch("127.0.0.1", (*server)->port(), "GET", "/slow");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->body, "done");
+  EXPECT_FALSE(fired);
+}
+
+TEST(HttpServerTest, WritesFailOnceTheClientHasGone) {
+  absl::Notification started;
+  std::atomic<bool> write_failed{false};
+  Route stream{"/stream", nullptr, [&](const Request&, ResponseWriter* out) {
+                 out->Start(200, "text/event-stream");
+                 started.Notify();
+                 const absl::Time deadline = absl::Now() + absl::Seconds(10);
+                 while (absl::Now() < deadline) {
+                   if (!out->Write("data: tick\n\n")) {
+                     write_failed = true;
+                     return;
+                   }
+                   absl::SleepFor(absl::Milliseconds(10));
+                 }
+               }};
+  auto server = HttpServer::Start({}, {stream});
+  ASSERT_TRUE(server.ok());
+  const int fd = SendGet((*server)->port(), "/stream");
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  close(fd);
+  server->reset();
+  EXPECT_TRUE(write_failed);
 }
 
 }  // namespace
