@@ -145,9 +145,11 @@ void EngineLoop::Run() {
       load_.free_blocks = pool_->num_free();
       load_.steps = scheduler_->counters().steps;
     }
-    if (observer_ && scheduler_->counters().steps > before.steps) {
+    const bool stepped = scheduler_->counters().steps > before.steps;
+    if (observer_ && (stepped || !cancels.empty())) {
       const SchedulerCounters& after = scheduler_->counters();
       StepReport report;
+      report.stepped = stepped;
       report.seconds = step_seconds;
       report.tokens =
           after.prefill_tokens + after.decode_tokens - before.prefill_tokens - before.decode_tokens;

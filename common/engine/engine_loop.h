@@ -31,8 +31,10 @@ class EngineLoop {
     int64_t steps = 0;
   };
 
-  // What one step did, for metrics.
+  // What one step did, for metrics; or, with stepped false, the state after cancellations
+  // that no step followed (the loop went idle).
   struct StepReport {
+    bool stepped = true;
     double seconds = 0;
     int64_t tokens = 0;  // tokens the forward pass ran (decode + prefill)
     int running = 0;     // sequences holding KV after the step
@@ -43,7 +45,8 @@ class EngineLoop {
   using StepObserver = std::function<void(const StepReport&)>;
 
   // Takes the scheduler (and through it the forward pass it steps) and starts the thread.
-  // `observer`, if set, is called on the engine thread after every step.
+  // `observer`, if set, is called on the engine thread after every step, and after
+  // cancellations that no step follows.
   static std::unique_ptr<EngineLoop> Start(std::unique_ptr<Scheduler> scheduler,
                                            StepObserver observer = nullptr);
   // Stops the thread; every sequence still live gets a last output with status CANCELLED.

@@ -21,9 +21,11 @@ engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int 
   metrics->kv_blocks_free->Set(total_blocks);
   metrics->kv_blocks_used->Set(0);
   return [metrics, total_blocks](const engine::EngineLoop::StepReport& step) {
-    metrics->step_seconds->Observe(step.seconds);
-    metrics->step_tokens->Observe(static_cast<double>(step.tokens));
-    metrics->generated_tokens->Increment(static_cast<double>(step.generated));
+    if (step.stepped) {
+      metrics->step_seconds->Observe(step.seconds);
+      metrics->step_tokens->Observe(static_cast<double>(step.tokens));
+      metrics->generated_tokens->Increment(static_cast<double>(step.generated));
+    }
     metrics->running->Set(step.running);
     metrics->waiting->Set(step.waiting);
     metrics->kv_blocks_free->Set(step.free_blocks);

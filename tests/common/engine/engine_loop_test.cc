@@ -144,6 +144,47 @@ TEST_F(EngineLoopTest, CancelStopsOutputsAndFreesBlocks) {
   EXPECT_LT(seen_at_cancel, 200u);
 }
 
+TEST_F(EngineLoopTest, ObserverSeesTheLoopEmptyAfterACancelThatNoStepFollows) {
+  // Metrics gauges come from the observer: after the last sequence is cancelled the loop goes
+  // idle, and the observer must still hear that nothing runs and every block is free.
+  absl::Mutex reports_mu;
+  std::vector<EngineLoop::StepReport> reports;
+  loop_.reset();
+  auto scheduler =
+      Scheduler::Create(forward_.get(), nullptr, 2, {.max_running = 8, .max_step_tokens = 64});
+  ASSERT_TRUE(scheduler.ok());
+  loop_ = EngineLoop::Start(*std::move(scheduler), [&](const EngineLoop::StepReport& report) {
+    absl::MutexLock lock(&reports_mu);
+    reports.push_back(report);
+  });
+  SequenceRequest request;
+  request.prompt_ids = Prompt(7);
+  request.params.max_tokens = 200;
+  request.params.ignore_eos = true;
+  auto id = loop_->Submit(std::move(request), Record(0));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        absl::MutexLock lock(&reports_mu);
+        return reports.size() >= 3;
+      },
+      absl::Seconds(30)));
+  loop_->Cancel(*id);
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        absl::MutexLock lock(&reports_mu);
+        return reports.back().running == 0;
+      },
+      absl::Seconds(5)));
+  absl::MutexLock lock(&reports_mu);
+  EXPECT_TRUE(reports.front().stepped);
+  EXPECT_EQ(reports.back().free_blocks, loop_->load().total_blocks);
+  if (!reports.back().stepped) {
+    EXPECT_EQ(reports.back().tokens, 0);
+    EXPECT_EQ(reports.back().generated, 0);
+  }
+}
+
 TEST_F(EngineLoopTest, ShutdownEndsLiveSequencesWithCancelled) {
   for (int k = 0; k < 3; ++k) {
     SequenceRequest request;
