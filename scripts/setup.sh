@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs what Tandem needs from Debian 12's packages, idempotently: only missing packages
-# are installed, and nothing is downloaded when everything is present.
+# Installs what Tandem needs from Debian 12's packages, and the npm packages of the OpenAI
+# client test (tests/openai, pinned by its package-lock.json), idempotently: only what is
+# missing is installed, and nothing is downloaded when everything is present.
 #   scripts/setup.sh           build, test and run dependencies
 #   scripts/setup.sh --train   also what tools/train needs (PyTorch, NumPy, SentencePiece, npm)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake pkg-config ccache git clang-format curl openssl libssl-dev
@@ -14,6 +16,8 @@ packages=(
   libcivetweb-dev civetweb
   prometheus
 )
+# Node.js runs the official openai npm client in the tests; Debian's when the machine has none.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi
 if [[ "${1:-}" == "--train" ]]; then
   packages+=(python3-torch python3-numpy python3-sentencepiece sentencepiece
              libopenblas0-openmp npm)
@@ -27,12 +31,17 @@ for p in "${packages[@]}"; do
 done
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) != 0 ]]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+  echo "setup: packages installed"
 fi
-echo "setup: installing ${missing[*]}"
-sudo_cmd=()
-if [[ $(id -u) != 0 ]]; then sudo_cmd=(sudo); fi
-"${sudo_cmd[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-  "${missing[@]}" >/dev/null
-echo "setup: done"
+
+if [[ ! -f tests/openai/node_modules/openai/package.json ]]; then
+  echo "setup: installing the openai npm package (tests/openai)"
+  (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi

@@ -11,7 +11,12 @@
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (gRPC and HTTP).");
 ABSL_FLAG(int, grpc_port, 0, "gRPC port; 0 picks a free one (see --port_file).");
-ABSL_FLAG(int, http_port, 0, "HTTP port for /metrics, /healthz, /readyz; 0 picks a free one.");
+ABSL_FLAG(int, http_port, 0,
+          "HTTP port for /metrics, /healthz, /readyz (and the gateway's OpenAI API); 0 picks a "
+          "free one.");
+ABSL_FLAG(int, http_threads, 64,
+          "HTTP requests handled at once; more wait. A streaming request holds one for its "
+          "whole life.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write {\"grpc_port\",\"http_port\",\"pid\"} as JSON here once listening.");
 ABSL_FLAG(double, drain_timeout_s, 10.0,
@@ -30,6 +35,11 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const std::string& name) 
   options.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.http_threads = absl::GetFlag(FLAGS_http_threads);
+  if (options.http_threads < 1 || options.http_threads > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_threads=", options.http_threads, " must be within [1, 4096]"));
+  }
   const double drain = absl::GetFlag(FLAGS_drain_timeout_s);
   for (const auto& [flag, port] :
        {std::pair{"grpc_port", options.grpc_port}, std::pair{"http_port", options.http_port}}) {

@@ -100,11 +100,12 @@ absl::Status WritePortFile(const std::string& path, int grpc_port, int http_port
 
 int RunService(const ServiceOptions& options, std::vector<grpc::Service*> services,
                metrics::Registry* registry, metrics::HealthState* health,
-               std::function<void()> on_drain) {
+               std::function<void()> on_drain, std::vector<http::Route> http_routes) {
   http::ServerOptions http_options;
   http_options.host = options.host;
   http_options.port = options.http_port;
-  auto exposer = metrics::StartExposer(http_options, registry, health);
+  http_options.num_threads = options.http_threads;
+  auto exposer = metrics::StartExposer(http_options, registry, health, std::move(http_routes));
   if (!exposer.ok()) {
     TANDEM_LOG(ERROR) << options.name << ": " << exposer.status();
     return 1;

@@ -21,8 +21,9 @@ namespace tandem::rpc {
 struct ServiceOptions {
   std::string name;  // e.g. "tandem-decode", for logs
   std::string host = "127.0.0.1";
-  int grpc_port = 0;  // 0: ephemeral
-  int http_port = 0;  // 0: ephemeral
+  int grpc_port = 0;      // 0: ephemeral
+  int http_port = 0;      // 0: ephemeral
+  int http_threads = 64;  // HTTP requests handled at once (a streaming one holds its thread)
   // When set, {"grpc_port": N, "http_port": M, "pid": P} is written here (atomically) once
   // both ports are bound.
   std::string port_file;
@@ -67,9 +68,10 @@ absl::Status WritePortFile(const std::string& path, int grpc_port, int http_port
 
 // Runs a service until SIGTERM/SIGINT: starts the HTTP exposer and the gRPC server, writes
 // the port file, marks the service ready, waits, drains. `on_drain` runs after readiness
-// turns off and before the gRPC server shuts down. Returns the process exit code.
+// turns off and before the gRPC server shuts down. `http_routes` are served on the HTTP port
+// beside the observability ones. Returns the process exit code.
 int RunService(const ServiceOptions& options, std::vector<grpc::Service*> services,
                metrics::Registry* registry, metrics::HealthState* health,
-               std::function<void()> on_drain = nullptr);
+               std::function<void()> on_drain = nullptr, std::vector<http::Route> http_routes = {});
 
 }  // namespace tandem::rpc

@@ -92,6 +92,7 @@ GatewayMetrics::GatewayMetrics(metrics::Registry* r) {
   requests_ok = &requests->Add(metrics::Labels{{"outcome", "ok"}});
   requests_error = &requests->Add(metrics::Labels{{"outcome", "error"}});
   requests_cancelled = &requests->Add(metrics::Labels{{"outcome", "cancelled"}});
+  requests_rejected = &requests->Add(metrics::Labels{{"outcome", "rejected"}});
   time_to_first_token = &Must(r->AddHistogram("tandem_time_to_first_token_seconds",
                                               "From a request's arrival to its first token.",
                                               metrics::LatencyBuckets()))
@@ -104,6 +105,8 @@ GatewayMetrics::GatewayMetrics(metrics::Registry* r) {
                                      "From a request's arrival to its last token.",
                                      metrics::LatencyBuckets()))
                     ->Add({});
+  http_requests = Must(r->AddCounter("tandem_http_requests_total",
+                                     "OpenAI-compatible HTTP requests by path and status code."));
 }
 
 }  // namespace tandem::serving

@@ -54,9 +54,12 @@ struct GatewayMetrics {
   metrics::Counter* requests_ok;            // tandem_requests_total{outcome="ok"}
   metrics::Counter* requests_error;         // tandem_requests_total{outcome="error"}
   metrics::Counter* requests_cancelled;     // tandem_requests_total{outcome="cancelled"}
+  metrics::Counter* requests_rejected;      // tandem_requests_total{outcome="rejected"}: overload
   metrics::Histogram* time_to_first_token;  // tandem_time_to_first_token_seconds
   metrics::Histogram* inter_token;          // tandem_inter_token_latency_seconds
   metrics::Histogram* end_to_end;           // tandem_request_duration_seconds
+  // tandem_http_requests_total{path, code}: the OpenAI front's answers (known paths only).
+  metrics::Family<metrics::Counter>* http_requests;
 };
 
 }  // namespace tandem::serving

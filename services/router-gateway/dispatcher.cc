@@ -174,6 +174,7 @@ absl::Status Dispatcher::Run(
   }
   // 1. Reserve KV blocks on a decode instance.
   std::vector<std::string> failures;
+  bool all_full = true;  // every decode instance answered that it has no room
   tandem::v1::ReserveResponse reserved;
   size_t d = decode_.size();
   for (size_t k : DecodeOrder()) {
@@ -189,12 +190,15 @@ absl::Status Dispatcher::Run(
     } else if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       return FromGrpc(s);
     } else {
+      all_full = all_full && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
       failures.push_back(absl::StrCat("decode ", decode_[k].address, ": ", s.error_message()));
     }
   }
   if (d == decode_.size()) {
-    return absl::UnavailableError(
-        absl::StrCat("no decode instance could take the request: ", absl::StrJoin(failures, "; ")));
+    // All full is overload (retry later); anything else means no instance can serve now.
+    const std::string why =
+        absl::StrCat("no decode instance could take the request: ", absl::StrJoin(failures, "; "));
+    return all_full ? absl::ResourceExhaustedError(why) : absl::UnavailableError(why);
   }
   auto release = [&] {
     tandem::v1::ReleaseRequest r;
@@ -213,6 +217,7 @@ absl::Status Dispatcher::Run(
   *prefill.mutable_target() = reserved.target();
   tandem::v1::PrefillResponse prefilled;
   bool done = false;
+  bool all_queues_full = true;
   for (size_t k : PrefillOrder()) {
     if (done) break;
     if (call->cancelled()) {
@@ -229,13 +234,15 @@ absl::Status Dispatcher::Run(
       release();
       return FromGrpc(s);
     } else {
+      all_queues_full = all_queues_full && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
       failures.push_back(absl::StrCat("prefill ", prefill_[k].address, ": ", s.error_message()));
     }
   }
   if (!done) {
     release();
-    return absl::UnavailableError(
-        absl::StrCat("no prefill instance could run the prompt: ", absl::StrJoin(failures, "; ")));
+    const std::string why =
+        absl::StrCat("no prefill instance could run the prompt: ", absl::StrJoin(failures, "; "));
+    return all_queues_full ? absl::ResourceExhaustedError(why) : absl::UnavailableError(why);
   }
 
   // 3. Decode from that KV cache, streaming.

@@ -5,7 +5,9 @@
 // queue first, instances that failed their last check last. A decode instance without room
 // (RESOURCE_EXHAUSTED) or unreachable is skipped, and a failed prefill or KV transfer is
 // retried on the next prefill instance (the pruned decoder never recomputes a prompt). When no
-// instance can serve, UNAVAILABLE says why. A target whose host name resolves to several
+// instance can serve, UNAVAILABLE says why;
+// RESOURCE_EXHAUSTED when every decode instance is full, or every prefill queue (overload:
+// retry later). A target whose host name resolves to several
 // addresses counts as one instance per address (resolved at start-up).
 // Blocking calls with deadlines: run it on a thread of its own, never on a gRPC reactor.
 #pragma once

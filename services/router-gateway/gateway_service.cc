@@ -14,29 +14,26 @@ constexpr int kMaxStopStrings = 4;
 constexpr size_t kMaxStopBytes = 64;
 constexpr size_t kMaxRequestIdBytes = 128;
 
-grpc::Status Invalid(std::string message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::move(message));
-}
+absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
 
 }  // namespace
 
-grpc::Status GatewayService::CheckModel(const std::string& model) const {
+absl::Status GatewayService::CheckModel(const std::string& model) const {
   if (!model.empty() && model != config_.model_name) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("unknown model '", model, "'; this gateway serves '",
-                                     config_.model_name, "'"));
+    return absl::NotFoundError(absl::StrCat("unknown model '", model, "'; this gateway serves '",
+                                            config_.model_name, "'"));
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest& request) const {
+absl::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest& request) const {
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return Invalid(absl::StrCat("request_id longer than ", kMaxRequestIdBytes, " bytes"));
   }
   for (char c : request.request_id()) {
     if (c < 0x21 || c > 0x7e) return Invalid("request_id must be printable ASCII without spaces");
   }
-  if (grpc::Status s = CheckModel(request.model()); !s.ok()) return s;
+  if (absl::Status s = CheckModel(request.model()); !s.ok()) return s;
   const int64_t context = config_.model_config.max_position_embeddings;
   switch (request.input_case()) {
     case tandem::v1::GenerateRequest::kPrompt:
@@ -89,7 +86,7 @@ grpc::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest&
       return Invalid(absl::StrCat("stop token id ", id, " is outside the vocabulary"));
     }
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* GatewayService::Finish(grpc::CallbackServerContext* context,
@@ -147,13 +144,14 @@ GatewayService::~GatewayService() {
 }
 
 absl::Status GatewayService::Dispatch(
-    const std::string& request_id, const std::vector<int32_t>& prompt,
-    const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
-    absl::Time start, const std::function<void(const GenerateStreamResponse&)>& on_chunk) {
+    const Prepared& request, DispatchCall* call,
+    const std::function<void(const GenerateStreamResponse&)>& on_chunk) {
+  const absl::Time start = request.start;
   absl::Time last = start;
   bool first = true;
   absl::Status status = backend_->Run(
-      request_id, prompt, sampling, max_tokens, call, [&](const GenerateStreamResponse& chunk) {
+      request.request_id, request.prompt, request.sampling, request.max_tokens, call,
+      [&](const GenerateStreamResponse& chunk) {
         if (chunk.token_ids_size() > 0) {
           const absl::Time now = absl::Now();
           if (first) {
@@ -178,96 +176,107 @@ absl::Status GatewayService::Dispatch(
   return status;
 }
 
-bool GatewayService::Spawn(std::function<void()> fn) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return false;
-    ++active_;
+absl::Status GatewayService::Enter() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the gateway is stopping");
+  if (active_ >= config_.max_inflight) {
+    serving_metrics_->requests_rejected->Increment();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the gateway is running ", active_, " requests, its limit (--max_inflight); retry later"));
   }
-  std::thread([this, fn = std::move(fn)] {
-    fn();
-    absl::MutexLock lock(&mu_);
-    --active_;
-  }).detach();
-  return true;
+  ++active_;
+  return absl::OkStatus();
 }
 
-absl::Status GatewayService::Prepare(const tandem::v1::GenerateRequest& request,
-                                     std::vector<int32_t>* ids, int* max_tokens,
-                                     std::string* request_id) {
+void GatewayService::Leave() {
+  absl::MutexLock lock(&mu_);
+  --active_;
+}
+
+absl::Status GatewayService::Spawn(std::function<void()> fn) {
+  if (absl::Status s = Enter(); !s.ok()) return s;
+  std::thread([this, fn = std::move(fn)] {
+    fn();
+    Leave();
+  }).detach();
+  return absl::OkStatus();
+}
+
+absl::Status GatewayService::Execute(
+    const Prepared& request, DispatchCall* call,
+    const std::function<void(const GenerateStreamResponse&)>& on_chunk) {
+  if (absl::Status s = Enter(); !s.ok()) return s;
+  absl::Status status = Dispatch(request, call, on_chunk);
+  Leave();
+  return status;
+}
+
+absl::StatusOr<GatewayService::Prepared> GatewayService::Prepare(
+    const tandem::v1::GenerateRequest& request) {
+  if (absl::Status s = ValidateGenerate(request); !s.ok()) return s;
+  Prepared prepared;
+  prepared.start = absl::Now();
+  prepared.sampling = request.sampling();
+  std::vector<int32_t>& ids = prepared.prompt;
   if (request.input_case() == tandem::v1::GenerateRequest::kPromptTokenIds) {
-    ids->assign(request.prompt_token_ids().ids().begin(), request.prompt_token_ids().ids().end());
+    ids.assign(request.prompt_token_ids().ids().begin(), request.prompt_token_ids().ids().end());
   } else {
     absl::StatusOr<std::vector<int32_t>> encoded = tokenizer_->Encode(request.prompt());
     if (!encoded.ok()) return encoded.status();
-    if (config_.add_bos_token) ids->push_back(tokenizer_->bos_id());
-    ids->insert(ids->end(), encoded->begin(), encoded->end());
+    if (config_.add_bos_token) ids.push_back(tokenizer_->bos_id());
+    ids.insert(ids.end(), encoded->begin(), encoded->end());
   }
   const int context = static_cast<int>(config_.model_config.max_position_embeddings);
-  const int n = static_cast<int>(ids->size());
+  const int n = static_cast<int>(ids.size());
   if (n >= context) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompt has ", n, " tokens; the context length is ", context));
   }
   // max_tokens 0 = the server default; a request that would run past the context ends there
   // with a length finish, as vLLM's does.
-  *max_tokens = request.sampling().max_tokens() == 0 ? 16 : request.sampling().max_tokens();
-  *max_tokens = std::min(*max_tokens, context - n);
+  int max_tokens = request.sampling().max_tokens() == 0 ? 16 : request.sampling().max_tokens();
+  prepared.max_tokens = std::min(max_tokens, context - n);
   if (request.request_id().empty()) {
     absl::MutexLock lock(&mu_);
-    *request_id = absl::StrCat("gw-", next_request_++);
+    prepared.request_id = absl::StrCat("gw-", next_request_++);
   } else {
-    *request_id = request.request_id();
+    prepared.request_id = request.request_id();
   }
-  return absl::OkStatus();
+  return prepared;
 }
 
 grpc::ServerUnaryReactor* GatewayService::Generate(grpc::CallbackServerContext* context,
                                                    const tandem::v1::GenerateRequest* request,
                                                    tandem::v1::GenerateResponse* response) {
-  const absl::Time start = absl::Now();
-  auto* reactor = new UnaryReactor(metrics_, start);
-  grpc::Status status = ValidateGenerate(*request);
-  auto ids = std::make_shared<std::vector<int32_t>>();
-  int max_tokens = 0;
-  std::string request_id;
-  if (status.ok())
-    status = rpc::ToGrpcStatus(Prepare(*request, ids.get(), &max_tokens, &request_id));
-  if (!status.ok()) {
-    reactor->Done(status);
+  auto* reactor = new UnaryReactor(metrics_, absl::Now());
+  absl::StatusOr<Prepared> prepared = Prepare(*request);
+  if (!prepared.ok()) {
+    reactor->Done(rpc::ToGrpcStatus(prepared.status()));
     return reactor;
   }
-  response->set_request_id(request_id);
-  const bool spawned = Spawn([this, reactor, request, response, ids, max_tokens, request_id, start,
-                              call = reactor->call()] {
-    absl::Status s = Dispatch(
-        request_id, *ids, request->sampling(), max_tokens, call.get(), start,
-        [response](const GenerateStreamResponse& chunk) {
-          response->mutable_text()->append(chunk.text());
-          response->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
-          if (chunk.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-            response->set_finish_reason(chunk.finish_reason());
-            *response->mutable_usage() = chunk.usage();
-          }
-        });
+  response->set_request_id(prepared->request_id);
+  auto shared = std::make_shared<Prepared>(*std::move(prepared));
+  const absl::Status spawned = Spawn([this, reactor, response, shared, call = reactor->call()] {
+    absl::Status s = Dispatch(*shared, call.get(), [response](const GenerateStreamResponse& chunk) {
+      response->mutable_text()->append(chunk.text());
+      response->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
+      if (chunk.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+        response->set_finish_reason(chunk.finish_reason());
+        *response->mutable_usage() = chunk.usage();
+      }
+    });
     reactor->Done(rpc::ToGrpcStatus(s));
   });
-  if (!spawned) {
-    reactor->Done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the gateway is stopping"));
-  }
+  if (!spawned.ok()) reactor->Done(rpc::ToGrpcStatus(spawned));
   return reactor;
 }
 
 grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
   const absl::Time start = absl::Now();
-  grpc::Status status = ValidateGenerate(*request);
-  auto ids = std::make_shared<std::vector<int32_t>>();
-  int max_tokens = 0;
-  std::string request_id;
-  if (status.ok())
-    status = rpc::ToGrpcStatus(Prepare(*request, ids.get(), &max_tokens, &request_id));
-  if (!status.ok()) {
+  absl::StatusOr<Prepared> prepared = Prepare(*request);
+  if (!prepared.ok()) {
+    const grpc::Status status = rpc::ToGrpcStatus(prepared.status());
     metrics_->Record("GenerateStream", status, absl::Now() - start);
     return rpc::FinishedWriter<GenerateStreamResponse>(status);
   }
@@ -276,19 +285,16 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream
   std::shared_ptr<rpc::QueuedWriter<GenerateStreamResponse>::Feed> feed = reactor->feed();
   auto call = std::make_shared<DispatchCall>();
   feed->SetOnCancel([call] { call->Cancel(); });
-  const tandem::v1::SamplingParams sampling = request->sampling();
-  const bool spawned = Spawn([this, feed, call, ids, max_tokens, request_id, sampling, start] {
-    absl::Status s = Dispatch(request_id, *ids, sampling, max_tokens, call.get(), start,
-                              [&](const GenerateStreamResponse& chunk) {
-                                GenerateStreamResponse copy = chunk;
-                                copy.set_request_id(request_id);
-                                feed->Push(std::move(copy));
-                              });
+  auto shared = std::make_shared<Prepared>(*std::move(prepared));
+  const absl::Status spawned = Spawn([this, feed, call, shared] {
+    absl::Status s = Dispatch(*shared, call.get(), [&](const GenerateStreamResponse& chunk) {
+      GenerateStreamResponse copy = chunk;
+      copy.set_request_id(shared->request_id);
+      feed->Push(std::move(copy));
+    });
     feed->End(rpc::ToGrpcStatus(s));
   });
-  if (!spawned) {
-    feed->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the gateway is stopping"));
-  }
+  if (!spawned.ok()) feed->End(rpc::ToGrpcStatus(spawned));
   return reactor;
 }
 
@@ -296,14 +302,15 @@ grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* 
                                                    const tandem::v1::TokenizeRequest* request,
                                                    tandem::v1::TokenizeResponse* response) {
   const absl::Time start = absl::Now();
-  if (grpc::Status s = CheckModel(request->model()); !s.ok()) {
-    return Finish(context, "Tokenize", s, start);
+  if (absl::Status s = CheckModel(request->model()); !s.ok()) {
+    return Finish(context, "Tokenize", rpc::ToGrpcStatus(s), start);
   }
   if (request->text().size() > config_.max_prompt_bytes) {
-    return Finish(context, "Tokenize",
-                  Invalid(absl::StrCat("text is ", request->text().size(), " bytes; the limit is ",
-                                       config_.max_prompt_bytes)),
-                  start);
+    return Finish(
+        context, "Tokenize",
+        rpc::ToGrpcStatus(Invalid(absl::StrCat("text is ", request->text().size(),
+                                               " bytes; the limit is ", config_.max_prompt_bytes))),
+        start);
   }
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request->text());
   if (!ids.ok()) return Finish(context, "Tokenize", rpc::ToGrpcStatus(ids.status()), start);

@@ -27,6 +27,9 @@ struct GatewayConfig {
   std::vector<std::string> prefill_targets;
   std::vector<std::string> decode_targets;
   size_t max_prompt_bytes = 1 << 20;
+  // Generations running at once (gRPC and HTTP together); more are refused with
+  // RESOURCE_EXHAUSTED (HTTP 429).
+  int max_inflight = 256;
 };
 
 class GatewayService final : public tandem::v1::Gateway::CallbackService {
@@ -35,11 +38,29 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
   GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
                  std::unique_ptr<GenerationBackend> backend, rpc::RpcMetrics* metrics,
                  serving::GatewayMetrics* serving_metrics);
-  // Cancels the requests still running and waits (up to 10 s) for their threads.
+  // Refuses new requests and waits (up to 10 s) for the running ones.
   ~GatewayService() override;
 
-  // Runs `fn` on a worker thread the destructor waits for; false when stopping.
-  bool Spawn(std::function<void()> fn);
+  // A checked, tokenized request, ready to run.
+  struct Prepared {
+    std::string request_id;
+    std::vector<int32_t> prompt;  // token ids, BOS as configured
+    int max_tokens = 0;           // the request's, or the default; within the context
+    tandem::v1::SamplingParams sampling;
+    absl::Time start;  // arrival, for time to first token and latency
+  };
+  // Checks and tokenizes `request` as Generate does. Errors: INVALID_ARGUMENT for a request
+  // no backend could ever serve, NOT_FOUND for an unknown model.
+  absl::StatusOr<Prepared> Prepare(const tandem::v1::GenerateRequest& request);
+
+  // Runs a prepared request to its end on the calling thread (the HTTP front's), each chunk
+  // to `on_chunk`. RESOURCE_EXHAUSTED when max_inflight generations are running, UNAVAILABLE
+  // while stopping; CANCELLED once `call` is cancelled.
+  absl::Status Execute(
+      const Prepared& request, DispatchCall* call,
+      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk);
+
+  const GatewayConfig& config() const { return config_; }
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const tandem::v1::GenerateRequest* request,
@@ -56,23 +77,21 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
  private:
   // INVALID_ARGUMENT for a request no backend could ever serve (checked before anything
   // else, so bad input is reported as such even while generation is unavailable).
-  grpc::Status ValidateGenerate(const tandem::v1::GenerateRequest& request) const;
-  grpc::Status CheckModel(const std::string& model) const;
+  absl::Status ValidateGenerate(const tandem::v1::GenerateRequest& request) const;
+  absl::Status CheckModel(const std::string& model) const;
+  // Takes a place among the running generations (see max_inflight); Leave gives it back.
+  absl::Status Enter();
+  void Leave();
+  // Runs `fn` on a worker thread that holds a place (Enter) until it ends.
+  absl::Status Spawn(std::function<void()> fn);
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, absl::string_view rpc,
                                    const grpc::Status& status, absl::Time start);
-
-  // The prompt's token ids (BOS as configured) and the max_tokens to ask for; errors are
-  // INVALID_ARGUMENT.
-  absl::Status Prepare(const tandem::v1::GenerateRequest& request, std::vector<int32_t>* ids,
-                       int* max_tokens, std::string* request_id);
 
   const GatewayConfig config_;
   const std::unique_ptr<model::Tokenizer> tokenizer_;
   // Runs one request through the dispatcher, recording what clients see.
   absl::Status Dispatch(
-      const std::string& request_id, const std::vector<int32_t>& prompt,
-      const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
-      absl::Time start,
+      const Prepared& request, DispatchCall* call,
       const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk);
 
   rpc::RpcMetrics* metrics_;

@@ -8,6 +8,7 @@
 #include "common/model/config.h"
 #include "common/model/tokenizer.h"
 #include "common/rpc/service_flags.h"
+#include "services/router-gateway/gateway_runner.h"
 #include "services/router-gateway/gateway_service.h"
 
 ABSL_FLAG(std::string, model, "models/tiny-moe",
@@ -16,7 +17,6 @@ ABSL_FLAG(std::vector<std::string>, prefill, {},
           "Prefill instances, comma-separated host:port (gRPC).");
 ABSL_FLAG(std::vector<std::string>, decode, {},
           "Decode instances, comma-separated host:port (gRPC).");
-ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Largest prompt accepted, in bytes.");
 
 namespace {
 
@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
       "tandem-gateway",
       "public API: dispatches requests to prefill and decode instances",
       "TANDEM_GATEWAY_",
-      {"services/router-gateway/", tandem::rpc::kServiceFlagsSource}};
+      {"services/router-gateway/", tandem::rpc::kServiceFlagsSource,
+       tandem::gateway::kGatewayFlagsSource}};
   const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
 
   const std::filesystem::path model_dir = absl::GetFlag(FLAGS_model);
@@ -46,11 +47,9 @@ int main(int argc, char** argv) {
   config.add_bos_token = *add_bos;
   auto tokenizer = tandem::model::Tokenizer::Load((model_dir / "tokenizer.model").string());
   if (!tokenizer.ok()) return Fail("--model: " + std::string(tokenizer.status().message()));
-  const int64_t max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
-  if (max_prompt_bytes < 1 || max_prompt_bytes > (int64_t{64} << 20)) {
-    return Fail("--max_prompt_bytes must be in [1, 64 MiB]");
+  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(&config); !s.ok()) {
+    return Fail(std::string(s.message()));
   }
-  config.max_prompt_bytes = static_cast<size_t>(max_prompt_bytes);
   for (const auto& [flag, targets, out] :
        {std::tuple{"--prefill", absl::GetFlag(FLAGS_prefill), &config.prefill_targets},
         std::tuple{"--decode", absl::GetFlag(FLAGS_decode), &config.decode_targets}}) {
@@ -73,5 +72,6 @@ int main(int argc, char** argv) {
       config.prefill_targets, config.decode_targets, tandem::gateway::DispatcherOptions());
   tandem::gateway::GatewayService service(std::move(config), *std::move(tokenizer),
                                           std::move(dispatcher), &rpc_metrics, &serving_metrics);
-  return tandem::rpc::RunService(options, {&service}, &registry, &health);
+  return tandem::gateway::RunGateway(options, &service, model_dir.string(), &registry, &health,
+                                     &serving_metrics);
 }

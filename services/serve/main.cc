@@ -11,6 +11,7 @@
 #include "services/common/decoder.h"
 #include "services/common/serving.h"
 #include "services/common/serving_metrics.h"
+#include "services/router-gateway/gateway_runner.h"
 #include "services/router-gateway/gateway_service.h"
 #include "services/serve/local_backend.h"
 
@@ -23,14 +24,13 @@ ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block.");
 ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
 ABSL_FLAG(int, max_running, 64, "Sequences in the batch at most.");
 ABSL_FLAG(int, max_step_tokens, 512, "Tokens one engine step runs at most (chunked prefill).");
-ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Largest prompt accepted, in bytes.");
 
 int main(int argc, char** argv) {
   const tandem::config::ProgramInfo program{
       "tandem-serve",
       "colocated mode: the gateway API on an engine in this process",
       "TANDEM_SERVE_",
-      {"services/serve/", tandem::rpc::kServiceFlagsSource}};
+      {"services/serve/", tandem::rpc::kServiceFlagsSource, tandem::gateway::kGatewayFlagsSource}};
   const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
   auto fail = [&](const std::string& what, const absl::Status& status) {
     std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
@@ -68,11 +68,9 @@ int main(int argc, char** argv) {
   config.model_config = engine->model.weights->config;
   config.model_name = tandem::model::ModelNameFromDir(model_dir);
   config.add_bos_token = engine->model.add_bos;
-  const int64_t max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
-  if (max_prompt_bytes < 1 || max_prompt_bytes > (int64_t{64} << 20)) {
-    return fail("--max_prompt_bytes", absl::InvalidArgumentError("must be in [1, 64 MiB]"));
+  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(&config); !s.ok()) {
+    return fail("flags", s);
   }
-  config.max_prompt_bytes = static_cast<size_t>(max_prompt_bytes);
   const int vocab = static_cast<int>(config.model_config.vocab_size);
   int exit_code;
   {
@@ -80,7 +78,8 @@ int main(int argc, char** argv) {
         std::move(config), *std::move(tokenizer),
         std::make_unique<tandem::serve::LocalBackend>(loop.get(), vocab), &rpc_metrics,
         &gateway_metrics);
-    exit_code = tandem::rpc::RunService(options, {&service}, &registry, &health);
+    exit_code = tandem::gateway::RunGateway(options, &service, model_dir, &registry, &health,
+                                            &gateway_metrics);
   }
   loop.reset();
   return exit_code;

@@ -26,18 +26,7 @@ namespace {
 
 constexpr int kTokens = 24;
 
-// The value of the first sample of `name` on a /metrics page whose labels contain `label`;
-// -1 when absent.
-double Metric(int http_port, const std::string& name, const std::string& label = "") {
-  auto page = http::Fetch("127.0.0.1", http_port, "GET", "/metrics", "", 5000);
-  if (!page.ok()) return -1;
-  for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
-    if (!absl::StartsWith(line, name + "{") || !absl::StrContains(line, label)) continue;
-    double value;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) return value;
-  }
-  return -1;
-}
+using testing::MetricValue;
 
 class PrunedClusterTest : public ::testing::Test {
  protected:
@@ -103,8 +92,8 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
     auto client = Connect(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
-    decode_bytes = Metric(decode->http_port, "tandem_expert_weight_bytes");
-    decode_experts = Metric(decode->http_port, "tandem_experts_resident");
+    decode_bytes = MetricValue(decode->http_port, "tandem_expert_weight_bytes");
+    decode_experts = MetricValue(decode->http_port, "tandem_experts_resident");
   }
   {
     testing::ServiceSet colocated_set;
@@ -113,8 +102,8 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
     auto client = Connect(*serve);
     ASSERT_NE(client, nullptr);
     colocated = GenerateAll(client.get());
-    serve_bytes = Metric(serve->http_port, "tandem_expert_weight_bytes");
-    serve_experts = Metric(serve->http_port, "tandem_experts_resident");
+    serve_bytes = MetricValue(serve->http_port, "tandem_expert_weight_bytes");
+    serve_experts = MetricValue(serve->http_port, "tandem_experts_resident");
   }
   int differ_from_full = 0;
   for (size_t k = 0; k < colocated.size(); ++k) {
@@ -170,10 +159,11 @@ TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedW
     auto client = Connect(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
-    misses = Metric(decode->http_port, "tandem_expert_cache_requests_total", "result=\"miss\"");
-    loaded = Metric(decode->http_port, "tandem_expert_load_bytes_total");
-    warm = Metric(decode->http_port, "tandem_expert_pairs_total", "tier=\"warm\"");
-    resident = Metric(decode->http_port, "tandem_experts_resident");
+    misses =
+        MetricValue(decode->http_port, "tandem_expert_cache_requests_total", "result=\"miss\"");
+    loaded = MetricValue(decode->http_port, "tandem_expert_load_bytes_total");
+    warm = MetricValue(decode->http_port, "tandem_expert_pairs_total", "tier=\"warm\"");
+    resident = MetricValue(decode->http_port, "tandem_experts_resident");
   }
   {
     testing::ServiceSet colocated_set(reordered);

@@ -14,13 +14,28 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/http/http_server.h"
 #include "nlohmann/json.hpp"
 
 extern char** environ;
 
 namespace tandem::testing {
+
+double MetricValue(int http_port, const std::string& name, const std::string& label) {
+  auto page = http::Fetch("127.0.0.1", http_port, "GET", "/metrics", "", 5000);
+  if (!page.ok()) return -1;
+  for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
+    if (!absl::StartsWith(line, name + "{") || !absl::StrContains(line, label)) continue;
+    double value;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) return value;
+  }
+  return -1;
+}
 
 absl::StatusOr<Subprocess> Subprocess::Start(std::vector<std::string> argv,
                                              const std::string& log_path) {

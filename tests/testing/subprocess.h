@@ -83,6 +83,10 @@ class ServiceSet {
   std::vector<Subprocess> processes_;
 };
 
+// The value of the first sample of `name` on the /metrics page of the service on
+// `http_port` whose labels contain `label`; -1 when absent or unreachable.
+double MetricValue(int http_port, const std::string& name, const std::string& label = "");
+
 // Directory of the built binaries ($TANDEM_BIN_DIR, set by CTest).
 std::string BinDir();
 // Repository root ($TANDEM_SOURCE_DIR, set by CTest).

@@ -1,0 +1,48 @@
+#include "services/router-gateway/gateway_runner.h"
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/logging.h"
+#include "services/router-gateway/openai_api.h"
+
+ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Largest prompt accepted, in bytes.");
+ABSL_FLAG(int, max_inflight, 256,
+          "Generations running at once (gRPC and HTTP together); more are refused with "
+          "RESOURCE_EXHAUSTED (HTTP 429).");
+
+namespace tandem::gateway {
+
+absl::Status ApplyGatewayFlags(GatewayConfig* config) {
+  const int64_t max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
+  if (max_prompt_bytes < 1 || max_prompt_bytes > (int64_t{64} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_prompt_bytes=", max_prompt_bytes, " must be in [1, 64 MiB]"));
+  }
+  config->max_prompt_bytes = static_cast<size_t>(max_prompt_bytes);
+  const int max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  if (max_inflight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_inflight=", max_inflight, " must be >= 1"));
+  }
+  config->max_inflight = max_inflight;
+  return absl::OkStatus();
+}
+
+int RunGateway(const rpc::ServiceOptions& options, GatewayService* service,
+               const std::string& model_dir, metrics::Registry* registry,
+               metrics::HealthState* health, serving::GatewayMetrics* metrics) {
+  absl::StatusOr<ChatTemplate> chat = ChatTemplate::Load(model_dir);
+  if (!chat.ok() && chat.status().code() != absl::StatusCode::kNotFound) {
+    TANDEM_LOG(ERROR) << options.name << ": " << chat.status();
+    return 2;
+  }
+  if (!chat.ok()) {
+    TANDEM_LOG(INFO) << options.name << ": " << chat.status().message();
+  }
+  OpenAiApi api(service, std::move(chat), metrics);
+  return rpc::RunService(
+      options, {service}, registry, health, [&] { api.Drain(options.drain_timeout); },
+      api.Routes());
+}
+
+}  // namespace tandem::gateway

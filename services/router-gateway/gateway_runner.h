@@ -1,0 +1,29 @@
+// What tandem-gateway and tandem-serve share: the public API's own flags and running the
+// gateway service, gRPC and the OpenAI-compatible HTTP front together.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/metrics/exposer.h"
+#include "common/metrics/metrics.h"
+#include "common/rpc/service_runner.h"
+#include "services/common/serving_metrics.h"
+#include "services/router-gateway/gateway_service.h"
+
+namespace tandem::gateway {
+
+// Source path fragment of the flags below, for config::ProgramInfo::flag_sources.
+inline constexpr char kGatewayFlagsSource[] = "services/router-gateway/gateway_runner.cc";
+
+// Reads --max_prompt_bytes and --max_inflight into `config`; INVALID_ARGUMENT for bad values.
+absl::Status ApplyGatewayFlags(GatewayConfig* config);
+
+// Runs `service` until SIGTERM/SIGINT (rpc::RunService) with the OpenAI front on the HTTP
+// port, chatting with `model_dir`'s chat template if it has one. On a signal the HTTP
+// requests drain first, then the gRPC ones. Returns the process exit code.
+int RunGateway(const rpc::ServiceOptions& options, GatewayService* service,
+               const std::string& model_dir, metrics::Registry* registry,
+               metrics::HealthState* health, serving::GatewayMetrics* metrics);
+
+}  // namespace tandem::gateway

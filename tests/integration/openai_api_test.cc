@@ -1,0 +1,292 @@
+// The gateway's OpenAI-compatible HTTP front, through real processes: tandem-prefill,
+// tandem-decode and tandem-gateway on ephemeral ports (tandem-serve for overload and drain).
+// The official `openai` npm package (tests/openai/client.mjs, installed by scripts/setup.sh)
+// drives completions and chat, streaming and not, and an error case; what it gets equals the
+// gRPC SDK's answer to the same greedy request. Bad requests get OpenAI-shaped errors with
+// the right status and leave the server serving; a client that disconnects cancels its
+// request in the gateway and the decoder; overload answers 429 and draining 503.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/http/http_server.h"
+#include "nlohmann/json.hpp"
+#include "services/router-gateway/chat_template.h"
+#include "tandem/client.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+using testing::MetricValue;
+
+constexpr char kPrompt[] = "The jury said it did find that";
+constexpr char kChatMessage[] = "Where did you go last night";
+constexpr int kMaxTokens = 12;
+
+// Output of a command (stdout only) and its exit status.
+std::pair<std::string, int> RunCommand(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {"", -1};
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
+  return {out, pclose(pipe)};
+}
+
+// Sends `request` on a fresh socket to 127.0.0.1:`port`; the socket, or -1.
+int SendRaw(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string Post(const std::string& path, const std::string& body) {
+  return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+                      "Content-Length: ", body.size(), "\r\n\r\n", body);
+}
+
+class OpenAiApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    set_ = new testing::ServiceSet();
+    auto prefill = set_->Start("tandem-prefill", {});
+    ASSERT_TRUE(prefill.ok()) << prefill.status();
+    auto decode = set_->Start("tandem-decode", {"--kv_blocks=160"});
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    decode_ = *decode;
+    auto gateway =
+        set_->Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                                       absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+    ASSERT_TRUE(gateway.ok()) << gateway.status();
+    gateway_ = *gateway;
+  }
+  static void TearDownTestSuite() {
+    delete set_;
+    set_ = nullptr;
+  }
+
+  static absl::StatusOr<http::ClientResponse> Call(const std::string& method,
+                                                   const std::string& path,
+                                                   const std::string& body = "") {
+    return http::Fetch("127.0.0.1", gateway_.http_port, method, path, body, 30000);
+  }
+
+  // The gRPC SDK's greedy answer to `prompt`.
+  static v1::GenerateResponse Sdk(const std::string& prompt,
+                                  const std::vector<std::string>& stop = {}) {
+    auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", gateway_.grpc_port));
+    EXPECT_TRUE(client.ok()) << client.status();
+    v1::GenerateRequest request;
+    request.set_prompt(prompt);
+    request.mutable_sampling()->set_max_tokens(kMaxTokens);
+    for (const std::string& s : stop) request.mutable_sampling()->add_stop(s);
+    auto response = (*client)->Generate(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? *response : v1::GenerateResponse();
+  }
+
+  static inline testing::ServiceSet* set_ = nullptr;
+  static inline testing::Ports gateway_, decode_;
+};
+
+TEST_F(OpenAiApiTest, OfficialClientGetsWhatTheGrpcSdkGets) {
+  const std::string dir = testing::SourceDir() + "/tests/openai";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/node_modules/openai"))
+      << "the openai npm package is missing: run scripts/setup.sh";
+  const auto [out, status] =
+      RunCommand(absl::StrCat("node ", dir, "/client.mjs http://127.0.0.1:", gateway_.http_port,
+                              "/v1 '", kPrompt, "' ", kMaxTokens, " '", kChatMessage, "'"));
+  ASSERT_EQ(status, 0) << out << set_->Log("tandem-gateway");
+  const json got = json::parse(out, nullptr, false);
+  ASSERT_TRUE(got.is_object()) << out;
+
+  EXPECT_EQ(got["models"], json::array({"tiny-moe"}));
+  const v1::GenerateResponse expected = Sdk(kPrompt);
+  ASSERT_FALSE(expected.text().empty());
+  EXPECT_EQ(got["completion"]["text"], expected.text());
+  EXPECT_EQ(got["completion"]["finish_reason"], "length");
+  EXPECT_EQ(got["completion"]["usage"]["prompt_tokens"], expected.usage().prompt_tokens());
+  EXPECT_EQ(got["completion"]["usage"]["completion_tokens"], kMaxTokens);
+  EXPECT_EQ(got["completion"]["usage"]["total_tokens"],
+            expected.usage().prompt_tokens() + kMaxTokens);
+  EXPECT_EQ(got["completion_stream"]["text"], expected.text());
+  EXPECT_GT(got["completion_stream"]["chunks"].get<int>(), 1);  // streamed, not one piece
+  EXPECT_EQ(got["completion_stream"]["finish_reason"], "length");
+  EXPECT_EQ(got["completion_stream"]["usage"], got["completion"]["usage"]);
+
+  // Chat: the same as the SDK given the template's prompt and stop strings.
+  auto chat_template = gateway::ChatTemplate::Load(testing::SourceDir() + "/models/tiny-moe");
+  ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+  auto chat_prompt = chat_template->Apply({{"user", kChatMessage}});
+  ASSERT_TRUE(chat_prompt.ok());
+  const v1::GenerateResponse chat = Sdk(*chat_prompt, chat_template->stop());
+  EXPECT_EQ(got["chat"]["role"], "assistant");
+  EXPECT_EQ(got["chat"]["content"], chat.text());
+  EXPECT_EQ(got["chat"]["finish_reason"],
+            chat.finish_reason() == v1::FINISH_REASON_STOP ? "stop" : "length");
+  EXPECT_EQ(got["chat_stream"]["role"], "assistant");
+  EXPECT_EQ(got["chat_stream"]["content"], chat.text());
+  EXPECT_EQ(got["chat_stream"]["finish_reason"], got["chat"]["finish_reason"]);
+
+  EXPECT_EQ(got["errors"]["unknown_model"]["status"], 404);
+  EXPECT_EQ(got["errors"]["unknown_model"]["class"], "NotFoundError");
+  EXPECT_TRUE(absl::StrContains(got["errors"]["unknown_model"]["message"].get<std::string>(),
+                                "no-such-model"));
+  EXPECT_EQ(got["errors"]["bad_temperature"]["status"], 400);
+  EXPECT_EQ(got["errors"]["bad_temperature"]["class"], "BadRequestError");
+  EXPECT_EQ(got["errors"]["bad_temperature"]["type"], "invalid_request_error");
+  EXPECT_TRUE(absl::StrContains(got["errors"]["bad_temperature"]["message"].get<std::string>(),
+                                "temperature"));
+}
+
+TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
+  struct Case {
+    std::string method, path, body;
+    int status;
+    std::string message;  // a part of the error message
+  };
+  const std::vector<Case> cases = {
+      {"POST", "/v1/completions", "not json", 400, "not a JSON object"},
+      {"POST", "/v1/completions", "{}", 400, "prompt is required"},
+      {"POST", "/v1/completions", R"({"prompt": ""})", 400, "prompt is empty"},
+      {"POST", "/v1/completions", R"({"prompt": 7})", 400, "prompt must be"},
+      {"POST", "/v1/completions", R"({"prompt": ["a", "b"]})", 400, "one prompt per request"},
+      {"POST", "/v1/completions", R"({"prompt": [99999]})", 400, "outside the vocabulary"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 512})", 400, "max_tokens"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": "9"})", 400,
+       "max_tokens must be an integer"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n must be 1"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "top_p": 0})", 400, "top_p"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "stop"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "logprobs": 3})", 400, "logprobs"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "stream_options": {"include_usage": true}})",
+       400, "stream_options"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "gpt-4"},
+      {"GET", "/v1/completions", "", 405, "use POST"},
+      {"POST", "/v1/chat/completions", R"({"messages": []})", 400, "messages"},
+      {"POST", "/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})", 400,
+       "unknown message role 'robot'"},
+      {"POST", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": 3}]})", 400,
+       "content"},
+      {"POST", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", 400,
+       "tools is not supported"},
+      {"POST", "/v1/models", "", 405, "use GET"},
+      {"GET", "/v1/nothing", "", 404, "no such path"},
+      {"POST", "/v1/completions", std::string(2 << 20, ' '), 413, "larger than"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.method + " " + c.path + " " + c.body.substr(0, 80));
+    auto got = Call(c.method, c.path, c.body);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->status, c.status) << got->body;
+    const json body = json::parse(got->body, nullptr, false);
+    ASSERT_TRUE(body.is_object() && body.contains("error")) << got->body;
+    EXPECT_TRUE(absl::StrContains(body["error"].value("message", ""), c.message)) << got->body;
+    EXPECT_TRUE(body["error"].contains("type") && body["error"].contains("param") &&
+                body["error"].contains("code"));
+  }
+  // Still serving, and a stream without include_usage carries no usage.
+  auto good = Call("POST", "/v1/completions",
+                   R"({"prompt": "She opened the door and", "max_tokens": 4, "temperature": 0,
+                       "stream": true})");
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(good->status, 200);
+  EXPECT_TRUE(absl::EndsWith(good->body, "data: [DONE]\n\n")) << good->body;
+  EXPECT_FALSE(absl::StrContains(good->body, "\"usage\"")) << good->body;
+  EXPECT_GE(MetricValue(gateway_.http_port, "tandem_http_requests_total",
+                        "code=\"400\",path=\"/v1/completions\""),
+            13);
+}
+
+TEST_F(OpenAiApiTest, ClientThatDisconnectsCancelsItsRequestDownstream) {
+  auto cancelled = [] {
+    return MetricValue(gateway_.http_port, "tandem_requests_total", "outcome=\"cancelled\"");
+  };
+  const double before = std::max(0.0, cancelled());
+  const std::string long_request = R"({"prompt": "It is not easy to say what", "max_tokens": 400,
+                                       "ignore_eos": true, "temperature": 0, "stream": )";
+  for (const char* stream : {"true}", "false}"}) {
+    SCOPED_TRACE(stream);
+    const double start = std::max(0.0, cancelled());
+    const int fd = SendRaw(gateway_.http_port, Post("/v1/completions", long_request + stream));
+    ASSERT_GE(fd, 0);
+    // Leave once the decoder runs the sequence: mid-request, before the last token.
+    EXPECT_TRUE(testing::WaitUntil(
+        [] { return MetricValue(decode_.http_port, "tandem_running_sequences") >= 1; },
+        absl::Seconds(20)));
+    close(fd);
+    EXPECT_TRUE(testing::WaitUntil([&] { return cancelled() >= start + 1; }, absl::Seconds(10)))
+        << set_->Log("tandem-gateway");
+    EXPECT_TRUE(testing::WaitUntil(
+        [] { return MetricValue(decode_.http_port, "tandem_running_sequences") == 0; },
+        absl::Seconds(10)));
+  }
+  EXPECT_EQ(cancelled(), before + 2);
+  EXPECT_GE(MetricValue(gateway_.http_port, "tandem_http_requests_total", "code=\"499\""), 2);
+}
+
+TEST(OpenAiApiServeTest, OverloadGets429DrainingGets503AndNoInstance503) {
+  testing::ServiceSet set;
+  auto serve = set.Start("tandem-serve", {"--max_inflight=1"});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  const std::string long_request = R"({"prompt": "It is not easy to say what", "max_tokens": 480,
+                                       "ignore_eos": true, "stream": true})";
+  const int fd = SendRaw(serve->http_port, Post("/v1/completions", long_request));
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return MetricValue(serve->http_port, "tandem_running_sequences") >= 1; },
+      absl::Seconds(20)));
+  auto refused = http::Fetch("127.0.0.1", serve->http_port, "POST", "/v1/completions",
+                             R"({"prompt": "x", "max_tokens": 2})", 10000);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status, 429) << refused->body;
+  EXPECT_EQ(json::parse(refused->body)["error"]["type"], "rate_limit_error");
+
+  // SIGTERM: while the long request drains, new ones get 503.
+  ASSERT_EQ(kill(set.processes()[0].pid(), SIGTERM), 0);
+  int status = 0;
+  testing::WaitUntil(
+      [&] {
+        auto got = http::Fetch("127.0.0.1", serve->http_port, "POST", "/v1/completions",
+                               R"({"prompt": "x", "max_tokens": 2})", 2000);
+        status = got.ok() ? got->status : 0;
+        return status == 503;
+      },
+      absl::Seconds(10));
+  EXPECT_EQ(status, 503);
+  close(fd);
+
+  // A gateway whose decode instance is not there: 503, saying so.
+  testing::ServiceSet alone;
+  auto gateway = alone.Start("tandem-gateway", {"--prefill=127.0.0.1:1", "--decode=127.0.0.1:1"});
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  auto unavailable = http::Fetch("127.0.0.1", gateway->http_port, "POST", "/v1/completions",
+                                 R"({"prompt": "x", "max_tokens": 2})", 30000);
+  ASSERT_TRUE(unavailable.ok());
+  EXPECT_EQ(unavailable->status, 503) << unavailable->body;
+  EXPECT_TRUE(absl::StrContains(unavailable->body, "no decode instance")) << unavailable->body;
+}
+
+}  // namespace
+}  // namespace tandem
