@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem::http {
 namespace {
@@ -83,6 +84,17 @@ bool Endpoint(const sockaddr_storage& addr, std::string* host, int* port) {
   }
   *host = text;
   return true;
+}
+
+// The server's own refusals (no such path, body too large), in the JSON error shape of
+// OpenAI's API, which the gateway's front speaks and other clients read as well as text.
+Response ServerError(int status, const std::string& message) {
+  const nlohmann::json error = {{"error",
+                                 {{"message", message},
+                                  {"type", "invalid_request_error"},
+                                  {"param", nullptr},
+                                  {"code", nullptr}}}};
+  return {status, "application/json", error.dump()};
 }
 
 }  // namespace
@@ -286,9 +298,8 @@ int HttpServer::Dispatch(mg_connection* conn, void* self_ptr) {
         info->http_headers[i].value;
   }
   if (info->content_length > static_cast<long long>(self->options_.max_body_bytes)) {
-    WriteResponse(conn, {413, "text/plain; charset=utf-8",
-                         absl::StrCat("request body larger than ", self->options_.max_body_bytes,
-                                      " bytes\n")});
+    WriteResponse(conn, ServerError(413, absl::StrCat("request body larger than ",
+                                                      self->options_.max_body_bytes, " bytes")));
     return 413;
   }
   char buffer[16384];
@@ -297,7 +308,8 @@ int HttpServer::Dispatch(mg_connection* conn, void* self_ptr) {
     if (got <= 0) break;
     request.body.append(buffer, got);
     if (request.body.size() > self->options_.max_body_bytes) {
-      WriteResponse(conn, {413, "text/plain; charset=utf-8", "request body too large\n"});
+      WriteResponse(conn, ServerError(413, absl::StrCat("request body larger than ",
+                                                        self->options_.max_body_bytes, " bytes")));
       return 413;
     }
   }
@@ -305,8 +317,7 @@ int HttpServer::Dispatch(mg_connection* conn, void* self_ptr) {
                             [&](const Route& r) { return r.path == request.path; });
   Response response;
   if (route == self->routes_.end()) {
-    response = {404, "text/plain; charset=utf-8",
-                absl::StrCat("no such path: ", request.path, "\n")};
+    response = ServerError(404, absl::StrCat("no such path: ", request.path));
   } else if (route->stream_handler) {
     ResponseWriter writer(conn, self->watch_.get());
     route->stream_handler(request, &writer);
