@@ -66,6 +66,18 @@ echo "== The same, streamed, sampled (temperature 0.8, seed 7) =="
 "$bin/tandem" generate --endpoint="$gateway" --prompt="She opened the door and" --max_tokens=32 \
   --temperature=0.8 --seed=7 --stream
 echo
+http="http://127.0.0.1:$(port tandem-gateway http_port)"
+echo "== The OpenAI-compatible HTTP API on the gateway ($http/v1, docs/openai.md) =="
+echo "POST /v1/completions:"
+curl -sS "$http/v1/completions" \
+  -d '{"prompt": "The jury said it did find that", "max_tokens": 16, "temperature": 0}'
+echo
+echo "POST /v1/chat/completions (streamed; the tiny model's chat template writes quoted dialogue):"
+curl -sSN "$http/v1/chat/completions" \
+  -d '{"messages": [{"role": "user", "content": "Where did you go last night"}],
+       "max_tokens": 24, "temperature": 0, "stream": true}' |
+  sed -n 's/^data: //p' | awk 'NR <= 3 || /DONE/ {print} NR == 4 {print "..."} END {print NR " events"}'
+echo
 echo "== The engine in one process (tandem generate --model), for comparison =="
 "$bin/tandem" generate --model="$model" --prompt="She opened the door and" --max_tokens=32
 echo
@@ -73,6 +85,7 @@ echo "== Metrics =="
 for name in tandem-gateway tandem-prefill tandem-decode; do
   echo "$name: http://127.0.0.1:$(port $name http_port)/metrics (also /healthz, /readyz)"
 done
+echo "OpenAI-compatible API: $http/v1"
 if ((keep)); then
   echo
   echo "Cluster is up; Ctrl-C stops it. Logs: $run_dir"
