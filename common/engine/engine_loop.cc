@@ -156,6 +156,7 @@ void EngineLoop::Run() {
       report.running = scheduler_->num_running();
       report.waiting = scheduler_->num_waiting();
       report.free_blocks = pool_->num_free();
+      report.preemptions = after.preemptions - before.preemptions;
       for (const SequenceOutput& out : outputs) report.generated += out.token.has_value();
       observer_(report);
     }

@@ -40,7 +40,8 @@ class EngineLoop {
     int running = 0;     // sequences holding KV after the step
     int waiting = 0;
     int free_blocks = 0;
-    int64_t generated = 0;  // tokens sampled in the step
+    int64_t generated = 0;    // tokens sampled in the step
+    int64_t preemptions = 0;  // sequences the step preempted
   };
   using StepObserver = std::function<void(const StepReport&)>;
 

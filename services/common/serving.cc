@@ -25,6 +25,7 @@ engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int 
       metrics->step_seconds->Observe(step.seconds);
       metrics->step_tokens->Observe(static_cast<double>(step.tokens));
       metrics->generated_tokens->Increment(static_cast<double>(step.generated));
+      metrics->preemptions->Increment(static_cast<double>(step.preemptions));
     }
     metrics->running->Set(step.running);
     metrics->waiting->Set(step.waiting);

@@ -1,5 +1,7 @@
 #include "services/common/serving_metrics.h"
 
+#include "common/model/config.h"
+
 #include "common/util/logging.h"
 
 namespace tandem::serving {
@@ -12,6 +14,10 @@ T* Must(absl::StatusOr<T*> family_or) {
 }
 
 }  // namespace
+
+metrics::Labels ServiceLabels(const std::string& role, const std::string& model_dir) {
+  return {{"role", role}, {"model", model::ModelNameFromDir(model_dir)}};
+}
 
 DecodeMetrics::DecodeMetrics(metrics::Registry* r) {
   running = &Must(r->AddGauge("tandem_running_sequences", "Sequences holding KV blocks."))->Add({});
@@ -29,6 +35,9 @@ DecodeMetrics::DecodeMetrics(metrics::Registry* r) {
                      ->Add({});
   generated_tokens =
       &Must(r->AddCounter("tandem_generated_tokens_total", "Tokens sampled."))->Add({});
+  preemptions = &Must(r->AddCounter("tandem_preemptions_total",
+                                    "Sequences preempted for KV blocks (recomputed later)."))
+                     ->Add({});
   experts_resident = &Must(r->AddGauge("tandem_experts_resident",
                                        "Experts whose weights this instance holds, all layers."))
                           ->Add({});
@@ -105,6 +114,21 @@ GatewayMetrics::GatewayMetrics(metrics::Registry* r) {
                                      "From a request's arrival to its last token.",
                                      metrics::LatencyBuckets()))
                     ->Add({});
+  prompt_tokens =
+      &Must(r->AddCounter("tandem_prompt_tokens_total", "Prompt tokens of finished requests."))
+           ->Add({});
+  generation_tokens = &Must(r->AddCounter("tandem_generation_tokens_total",
+                                          "Generated tokens of finished requests."))
+                           ->Add({});
+  request_prompt_tokens = &Must(r->AddHistogram("tandem_request_prompt_tokens",
+                                                "Prompt length of finished requests, in tokens.",
+                                                metrics::ExponentialBuckets(1, 2, 14)))
+                               ->Add({});
+  request_generation_tokens =
+      &Must(r->AddHistogram("tandem_request_generation_tokens",
+                            "Generated length of finished requests, in tokens.",
+                            metrics::ExponentialBuckets(1, 2, 14)))
+           ->Add({});
   http_requests = Must(r->AddCounter("tandem_http_requests_total",
                                      "OpenAI-compatible HTTP requests by path and status code."));
 }

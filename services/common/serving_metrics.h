@@ -8,6 +8,10 @@
 namespace tandem::serving {
 
 // tandem-decode: what the engine loop does and holds.
+// The constant labels of every metric a service exports: its role ("gateway", "prefill",
+// "decode", "serve") and the model it serves (the model directory's name).
+metrics::Labels ServiceLabels(const std::string& role, const std::string& model_dir);
+
 struct DecodeMetrics {
   explicit DecodeMetrics(metrics::Registry* registry);
   metrics::Gauge* running;              // tandem_running_sequences
@@ -17,6 +21,7 @@ struct DecodeMetrics {
   metrics::Histogram* step_seconds;     // tandem_decode_step_seconds
   metrics::Histogram* step_tokens;      // tandem_decode_step_tokens (the batch size)
   metrics::Counter* generated_tokens;   // tandem_generated_tokens_total
+  metrics::Counter* preemptions;        // tandem_preemptions_total (recomputed later)
   metrics::Gauge* experts_resident;     // tandem_experts_resident (a pruned decoder's are fewer)
   metrics::Gauge* expert_weight_bytes;  // tandem_expert_weight_bytes
   metrics::Counter* leases_expired;     // tandem_reservations_expired_total
@@ -51,13 +56,17 @@ struct PrefillMetrics {
 // tandem-gateway: what clients see.
 struct GatewayMetrics {
   explicit GatewayMetrics(metrics::Registry* registry);
-  metrics::Counter* requests_ok;            // tandem_requests_total{outcome="ok"}
-  metrics::Counter* requests_error;         // tandem_requests_total{outcome="error"}
-  metrics::Counter* requests_cancelled;     // tandem_requests_total{outcome="cancelled"}
-  metrics::Counter* requests_rejected;      // tandem_requests_total{outcome="rejected"}: overload
-  metrics::Histogram* time_to_first_token;  // tandem_time_to_first_token_seconds
-  metrics::Histogram* inter_token;          // tandem_inter_token_latency_seconds
-  metrics::Histogram* end_to_end;           // tandem_request_duration_seconds
+  metrics::Counter* requests_ok;              // tandem_requests_total{outcome="ok"}
+  metrics::Counter* requests_error;           // tandem_requests_total{outcome="error"}
+  metrics::Counter* requests_cancelled;       // tandem_requests_total{outcome="cancelled"}
+  metrics::Counter* requests_rejected;        // tandem_requests_total{outcome="rejected"}: overload
+  metrics::Histogram* time_to_first_token;    // tandem_time_to_first_token_seconds
+  metrics::Histogram* inter_token;            // tandem_inter_token_latency_seconds
+  metrics::Histogram* end_to_end;             // tandem_request_duration_seconds
+  metrics::Counter* prompt_tokens;            // tandem_prompt_tokens_total (finished requests)
+  metrics::Counter* generation_tokens;        // tandem_generation_tokens_total (finished requests)
+  metrics::Histogram* request_prompt_tokens;  // tandem_request_prompt_tokens
+  metrics::Histogram* request_generation_tokens;  // tandem_request_generation_tokens
   // tandem_http_requests_total{path, code}: the OpenAI front's answers (known paths only).
   metrics::Family<metrics::Counter>* http_requests;
 };

@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
   if (!transport.ok()) return fail("the KV transport", transport.status());
   auto region = (*transport)->RegisterMemory(engine->pool->data(), engine->pool->size_bytes());
   if (!region.ok()) return fail("registering the KV pool", region.status());
-  tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "decode"}});
+  tandem::metrics::Registry registry(
+      tandem::serving::ServiceLabels("decode", absl::GetFlag(FLAGS_model)));
   tandem::serving::DecodeMetrics serving_metrics(&registry);
   tandem::serving::ExpertMetrics expert_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &serving_metrics);

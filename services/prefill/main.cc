@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   auto region = (*transport)->RegisterMemory(engine->pool->data(), engine->pool->size_bytes());
   if (!region.ok()) return fail("registering the KV pool", region.status());
 
-  tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "prefill"}});
+  tandem::metrics::Registry registry(
+      tandem::serving::ServiceLabels("prefill", absl::GetFlag(FLAGS_model)));
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::PrefillMetrics serving_metrics(&registry);

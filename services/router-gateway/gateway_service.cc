@@ -149,6 +149,7 @@ absl::Status GatewayService::Dispatch(
   const absl::Time start = request.start;
   absl::Time last = start;
   bool first = true;
+  tandem::v1::Usage usage;
   absl::Status status = backend_->Run(
       request.request_id, request.prompt, request.sampling, request.max_tokens, call,
       [&](const GenerateStreamResponse& chunk) {
@@ -163,11 +164,16 @@ absl::Status GatewayService::Dispatch(
           }
           last = now;
         }
+        if (chunk.has_usage()) usage = chunk.usage();
         on_chunk(chunk);
       });
   if (status.ok()) {
     serving_metrics_->requests_ok->Increment();
     serving_metrics_->end_to_end->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    serving_metrics_->prompt_tokens->Increment(usage.prompt_tokens());
+    serving_metrics_->generation_tokens->Increment(usage.completion_tokens());
+    serving_metrics_->request_prompt_tokens->Observe(usage.prompt_tokens());
+    serving_metrics_->request_generation_tokens->Observe(usage.completion_tokens());
   } else if (status.code() == absl::StatusCode::kCancelled) {
     serving_metrics_->requests_cancelled->Increment();
   } else {

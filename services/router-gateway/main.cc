@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "gateway"}});
+  tandem::metrics::Registry registry(tandem::serving::ServiceLabels("gateway", model_dir.string()));
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::GatewayMetrics serving_metrics(&registry);

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   auto tokenizer = tandem::model::Tokenizer::Load(model_dir + "/tokenizer.model");
   if (!tokenizer.ok()) return fail("--model=" + model_dir, tokenizer.status());
 
-  tandem::metrics::Registry registry(tandem::metrics::Labels{{"role", "serve"}});
+  tandem::metrics::Registry registry(tandem::serving::ServiceLabels("serve", model_dir));
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::GatewayMetrics gateway_metrics(&registry);

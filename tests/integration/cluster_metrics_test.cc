@@ -184,6 +184,13 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
   };
   EXPECT_EQ(value("tandem_requests_total{role=\"gateway\",outcome=\"ok\"}"), 1);
   EXPECT_EQ(value("tandem_time_to_first_token_seconds_count{role=\"gateway\"}"), 1);
+  EXPECT_EQ(value("tandem_prompt_tokens_total{role=\"gateway\"}"),
+            generated->usage().prompt_tokens());
+  EXPECT_EQ(value("tandem_generation_tokens_total{role=\"gateway\"}"),
+            generated->usage().completion_tokens());
+  EXPECT_EQ(value("tandem_request_generation_tokens_count{role=\"gateway\"}"), 1);
+  // Every series names the model it serves.
+  EXPECT_EQ(value("count(tandem_build_info{model=\"tiny-moe\"})"), 3);
   EXPECT_GT(value("tandem_kv_transfer_bytes_total{role=\"prefill\"}"), 0);
   EXPECT_EQ(value("tandem_kv_transfer_failures_total{role=\"prefill\"}"), 0);
   EXPECT_GT(value("tandem_decode_step_seconds_count{role=\"decode\"}"), 0);

@@ -215,7 +215,7 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
   EXPECT_TRUE(absl::EndsWith(good->body, "data: [DONE]\n\n")) << good->body;
   EXPECT_FALSE(absl::StrContains(good->body, "\"usage\"")) << good->body;
   EXPECT_GE(MetricValue(gateway_.http_port, "tandem_http_requests_total",
-                        "code=\"400\",path=\"/v1/completions\""),
+                        "code=\"400\",model=\"tiny-moe\",path=\"/v1/completions\""),
             13);
 }
 
