@@ -13,6 +13,7 @@ packages=(
   nlohmann-json3-dev libsentencepiece-dev
   libcivetweb-dev civetweb
   prometheus
+  gnuplot-nox jq
 )
 if [[ "${1:-}" == "--train" ]]; then
   packages+=(python3-torch python3-numpy python3-sentencepiece sentencepiece
