@@ -82,7 +82,7 @@ set xlabel "request rate (requests/s)"
 set yrange [0:*]
 set offsets 0, 0, graph 0.08, 0
 set grid
-set key below
+set key outside right top
 
 set output "$out/throughput.png"
 set title "Output token throughput"
