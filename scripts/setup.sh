@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev libsentencepiece-dev
   libcivetweb-dev civetweb
   prometheus
+  gnuplot-nox jq
 )
 # Node.js runs the official openai npm client in the tests; Debian's when the machine has none.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi

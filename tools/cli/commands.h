@@ -1,6 +1,7 @@
 // The `tandem` commands kept in files of their own, and what they share with main.cc.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -12,6 +13,9 @@ ABSL_DECLARE_FLAG(std::string, plan);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(int, max_tokens);
 ABSL_DECLARE_FLAG(std::string, stats);
+ABSL_DECLARE_FLAG(std::string, endpoint);
+ABSL_DECLARE_FLAG(int64_t, seed);
+ABSL_DECLARE_FLAG(double, timeout_s);
 
 namespace tandem::cli {
 
@@ -24,5 +28,7 @@ int Eval();
 int Reorder();
 int Tier();
 int Pack();
+// tandem bench serve (bench_serve.cc).
+int BenchServe();
 
 }  // namespace tandem::cli

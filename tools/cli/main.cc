@@ -14,6 +14,9 @@
 //   tandem pack --model DIR --out FILE   (mixed_width.cc)
 //   tandem tier --plan PLAN --stats STATS --out PLAN2 [--hot_share --warm_share --warm_width
 //               --dominance router|masking --model DIR --text FILE]   (mixed_width.cc)
+//   tandem bench serve --endpoint HOST:PORT [--backend grpc|http --dataset random|file
+//                      --num_prompts N --request_rate R --max_concurrency C --out F ...]
+//                      (bench_serve.cc)
 //   tandem models   --endpoint HOST:PORT
 //   tandem health   --endpoint HOST:PORT
 #include <unistd.h>
@@ -41,10 +44,12 @@
 #include "tandem/client.h"
 #include "tools/cli/commands.h"
 
-ABSL_FLAG(std::string, endpoint, "127.0.0.1:50051", "Gateway gRPC address, host:port.");
+ABSL_FLAG(std::string, endpoint, "127.0.0.1:50051",
+          "Gateway gRPC address, host:port (bench serve --backend http: its HTTP address).");
 ABSL_FLAG(std::string, model, "",
           "Model directory: generate in this process from it instead of through a gateway, or "
-          "the model perplexity scores.");
+          "the model perplexity scores; bench serve: where the vocabulary size of random "
+          "prompts is read.");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (generate).");
 ABSL_FLAG(std::string, text, "",
           "Text to tokenize (tokenize); the path of the text file to score (perplexity, eval).");
@@ -53,7 +58,9 @@ ABSL_FLAG(int, max_tokens, 64,
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy (generate).");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass (generate).");
 ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 = off (generate).");
-ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 = random (generate).");
+ABSL_FLAG(int64_t, seed, -1,
+          "Sampling seed; -1 = random (generate). bench serve: the seed of the arrival times "
+          "and the random prompts; -1 = 0.");
 ABSL_FLAG(bool, stream, false, "Stream tokens as they arrive (generate).");
 ABSL_FLAG(std::string, load_format, "auto",
           "With --model: auto | safetensors | dummy (random weights of the config's shape, for "
@@ -62,7 +69,8 @@ ABSL_FLAG(std::string, routing, "",
           "With --model: replace the router by a stated one, uniform or zipf:S (required for "
           "--load_format dummy).");
 ABSL_FLAG(std::string, out, "",
-          "Where calibrate writes its statistics (JSON), or prune its plan (proto JSON).");
+          "Where calibrate writes its statistics (JSON), prune its plan (proto JSON), or bench "
+          "serve its result (JSON).");
 ABSL_FLAG(std::string, stats, "",
           "Calibration statistics (from calibrate) that prune, reorder and tier read.");
 ABSL_FLAG(std::string, criterion, "reap", "prune: frequency, mass, ean or reap.");
@@ -72,7 +80,8 @@ ABSL_FLAG(std::string, plan, "",
           "the pruned model.");
 ABSL_FLAG(std::string, tls_root_certs, "",
           "PEM file of root certificates: talk to the gateway over TLS, trusting these.");
-ABSL_FLAG(double, timeout_s, 120.0, "Deadline of each call, in seconds.");
+ABSL_FLAG(double, timeout_s, 120.0,
+          "Deadline of each call, in seconds (bench serve: of each request).");
 
 namespace tandem::cli {
 
@@ -87,7 +96,7 @@ int Report(const absl::Status& status) {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: tandem <command> [flags]\n"
+    "usage: tandem <command> [flags]   (and tandem bench serve [flags])\n"
     "commands:\n"
     "  generate   send a prompt to a gateway (--endpoint) and print the completion, or\n"
     "             generate in this process (--model DIR)\n"
@@ -107,6 +116,10 @@ constexpr char kUsage[] =
     "             --expert_pack: experts streamed from a file)\n"
     "  eval       the full model against a pruning plan (--plan) in the modes --mode:\n"
     "             perplexity and accuracy on --text, greedy continuations of --prompts\n"
+    "  bench serve\n"
+    "             the serving benchmark: --num_prompts requests at --request_rate (Poisson,\n"
+    "             or inf) to --endpoint through --backend grpc|http, at most\n"
+    "             --max_concurrency in flight; TTFT, TPOT, ITL and E2EL to stdout and --out\n"
     "  models     list the gateway's models\n"
     "  health     check the gateway's gRPC health\n"
     "run `tandem --help` for the flags\n";
@@ -368,6 +381,11 @@ int main(int argc, char** argv) {
       "tandem", "Tandem's command-line client", "", {"tools/cli/"}};
   auto args = tandem::config::ParseFlags(argc, argv, program);
   if (!args.ok()) return Report(args.status());
+  if (args->size() >= 2 && (*args)[1] == "bench") {
+    if (args->size() == 3 && (*args)[2] == "serve") return tandem::cli::BenchServe();
+    std::cerr << "tandem: bench takes one benchmark name: tandem bench serve [flags]\n";
+    return 2;
+  }
   if (args->size() != 2) {
     std::cerr << kUsage;
     return 2;
