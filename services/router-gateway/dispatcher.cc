@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/util/logging.h"
 
 namespace tandem::gateway {
 namespace {
@@ -46,15 +47,19 @@ void DispatchCall::ClearOnCancel() {
   on_cancel_ = nullptr;
 }
 
-std::vector<std::string> ResolveTarget(const std::string& target) {
+absl::StatusOr<std::vector<std::string>> LookupTarget(const std::string& target) {
   const size_t colon = target.rfind(':');
-  if (colon == std::string::npos) return {target};
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("'", target, "' is not host:port"));
+  }
   const std::string host = target.substr(0, colon);
   const std::string port = target.substr(colon + 1);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return {target};
+  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::NotFoundError(absl::StrCat(target, ": ", gai_strerror(rc)));
+  }
   std::vector<std::string> out;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     char text[INET6_ADDRSTRLEN] = {};
@@ -70,38 +75,35 @@ std::vector<std::string> ResolveTarget(const std::string& target) {
   freeaddrinfo(found);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out.empty() ? std::vector<std::string>{target} : out;
+  if (out.empty()) return absl::NotFoundError(absl::StrCat(target, ": no addresses"));
+  return out;
+}
+
+std::vector<std::string> ResolveTarget(const std::string& target) {
+  absl::StatusOr<std::vector<std::string>> found = LookupTarget(target);
+  return found.ok() ? *std::move(found) : std::vector<std::string>{target};
 }
 
 Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
                        const std::vector<std::string>& decode_targets,
                        const DispatcherOptions& options)
-    : options_(options) {
-  for (const std::string& target : prefill_targets) {
-    for (const std::string& address : ResolveTarget(target)) {
-      auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-      prefill_.push_back({address, channel});
-      prefill_stubs_.push_back(tandem::v1::Prefill::NewStub(channel));
-    }
-  }
-  for (const std::string& target : decode_targets) {
-    for (const std::string& address : ResolveTarget(target)) {
-      auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-      decode_.push_back({address, channel});
-      decode_stubs_.push_back(tandem::v1::Decode::NewStub(channel));
-    }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    prefill_health_.resize(prefill_.size());
-    decode_health_.resize(decode_.size());
-  }
+    : options_(options), prefill_targets_(prefill_targets), decode_targets_(decode_targets) {
+  Refresh(/*first=*/true);
   health_ = std::thread([this] {
+    absl::Time next_resolve = absl::Now() + options_.resolve_interval;
     while (true) {
+      if (options_.resolve_interval > absl::ZeroDuration() && absl::Now() >= next_resolve) {
+        Refresh(/*first=*/false);
+        next_resolve = absl::Now() + options_.resolve_interval;
+      }
       CheckHealth();
       absl::MutexLock lock(&mu_);
       auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.health_interval)) return;
+      absl::Duration wait = options_.health_interval;
+      if (options_.resolve_interval > absl::ZeroDuration()) {
+        wait = std::max(absl::ZeroDuration(), std::min(wait, next_resolve - absl::Now()));
+      }
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), wait)) return;
     }
   });
 }
@@ -114,35 +116,142 @@ Dispatcher::~Dispatcher() {
   health_.join();
 }
 
-void Dispatcher::CheckHealth() {
-  const absl::Duration deadline = std::min(options_.health_interval, absl::Seconds(2));
-  std::vector<Health> prefill(prefill_.size()), decode(decode_.size());
-  for (size_t i = 0; i < prefill_.size(); ++i) {
-    tandem::v1::InstanceInfo info;
-    auto context = ContextWithin(deadline);
-    prefill[i].healthy = prefill_stubs_[i]->GetInfo(context.get(), {}, &info).ok();
-    prefill[i].queue_depth = info.queue_depth();
+void Dispatcher::Refresh(bool first) {
+  const Resolver resolve = options_.resolve ? options_.resolve : Resolver(LookupTarget);
+  Pool old_prefill, old_decode;
+  {
+    absl::MutexLock lock(&mu_);
+    old_prefill = prefill_;
+    old_decode = decode_;
   }
-  for (size_t i = 0; i < decode_.size(); ++i) {
-    tandem::v1::InstanceInfo info;
-    auto context = ContextWithin(deadline);
-    decode[i].healthy = decode_stubs_[i]->GetInfo(context.get(), {}, &info).ok();
-    decode[i].free_kv_blocks = info.free_kv_blocks();
-    decode[i].running = info.running();
+  std::vector<std::string> added, removed;
+  auto update = [&](const std::vector<std::string>& targets, const Pool& old, bool is_decode) {
+    Pool pool;
+    auto has = [&](const std::string& address) {
+      return std::any_of(pool.begin(), pool.end(),
+                         [&](const auto& instance) { return instance->address == address; });
+    };
+    for (const std::string& target : targets) {
+      absl::StatusOr<std::vector<std::string>> found = resolve(target);
+      if (!found.ok() && !first) {
+        // A name that does not resolve now (DNS trouble, no ready pods) keeps its instances;
+        // the health checks put any that are gone last.
+        TANDEM_LOG(WARNING) << "gateway: " << found.status() << "; keeping its instances";
+        for (const auto& instance : old) {
+          if (instance->target == target && !has(instance->address)) pool.push_back(instance);
+        }
+        continue;
+      }
+      // At start-up an unresolvable target is kept as given: its channel reports why.
+      for (const std::string& address : found.ok() ? *found : std::vector<std::string>{target}) {
+        if (has(address)) continue;
+        auto kept = std::find_if(old.begin(), old.end(), [&](const auto& instance) {
+          return instance->address == address;
+        });
+        if (kept != old.end()) {
+          pool.push_back(*kept);
+          continue;
+        }
+        auto instance = std::make_shared<Instance>();
+        instance->target = target;
+        instance->address = address;
+        auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+        if (is_decode) {
+          instance->decode = tandem::v1::Decode::NewStub(channel);
+        } else {
+          instance->prefill = tandem::v1::Prefill::NewStub(channel);
+        }
+        pool.push_back(std::move(instance));
+        added.push_back(address);
+      }
+    }
+    for (const auto& instance : old) {
+      if (std::find(pool.begin(), pool.end(), instance) == pool.end()) {
+        removed.push_back(instance->address);
+      }
+    }
+    std::sort(pool.begin(), pool.end(),
+              [](const auto& a, const auto& b) { return a->address < b->address; });
+    return pool;
+  };
+  Pool prefill = update(prefill_targets_, old_prefill, /*is_decode=*/false);
+  Pool decode = update(decode_targets_, old_decode, /*is_decode=*/true);
+  const size_t num_prefill = prefill.size(), num_decode = decode.size();
+  {
+    absl::MutexLock lock(&mu_);
+    prefill_ = std::move(prefill);
+    decode_ = std::move(decode);
+    std::map<const Instance*, Health> health;
+    for (const Pool* pool : {&prefill_, &decode_}) {
+      for (const auto& instance : *pool) {
+        auto it = health_of_.find(instance.get());
+        health[instance.get()] = it == health_of_.end() ? Health() : it->second;
+      }
+    }
+    health_of_ = std::move(health);
   }
-  absl::MutexLock lock(&mu_);
-  prefill_health_ = std::move(prefill);
-  decode_health_ = std::move(decode);
+  if (!first && added.empty() && removed.empty()) return;
+  if (!first) {
+    TANDEM_LOG(INFO) << "gateway: instances changed: added [" << absl::StrJoin(added, ", ")
+                     << "], removed [" << absl::StrJoin(removed, ", ") << "]";
+  }
+  if (options_.on_instances) options_.on_instances(num_prefill, num_decode);
 }
 
-std::vector<size_t> Dispatcher::DecodeOrder() {
-  std::vector<size_t> order(decode_.size());
-  const uint64_t rotate = next_decode_++;
-  for (size_t i = 0; i < order.size(); ++i) order[i] = (rotate + i) % order.size();
+std::vector<std::string> Dispatcher::prefill_addresses() const {
   absl::MutexLock lock(&mu_);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const Health& x = decode_health_[a];
-    const Health& y = decode_health_[b];
+  std::vector<std::string> out;
+  for (const auto& instance : prefill_) out.push_back(instance->address);
+  return out;
+}
+
+std::vector<std::string> Dispatcher::decode_addresses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& instance : decode_) out.push_back(instance->address);
+  return out;
+}
+
+void Dispatcher::CheckHealth() {
+  const absl::Duration deadline = std::min(options_.health_interval, absl::Seconds(2));
+  Pool prefill, decode;
+  {
+    absl::MutexLock lock(&mu_);
+    prefill = prefill_;
+    decode = decode_;
+  }
+  std::map<const Instance*, Health> checked;
+  for (const auto& instance : prefill) {
+    tandem::v1::InstanceInfo info;
+    auto context = ContextWithin(deadline);
+    Health& h = checked[instance.get()];
+    h.healthy = instance->prefill->GetInfo(context.get(), {}, &info).ok();
+    h.queue_depth = info.queue_depth();
+  }
+  for (const auto& instance : decode) {
+    tandem::v1::InstanceInfo info;
+    auto context = ContextWithin(deadline);
+    Health& h = checked[instance.get()];
+    h.healthy = instance->decode->GetInfo(context.get(), {}, &info).ok();
+    h.free_kv_blocks = info.free_kv_blocks();
+    h.running = info.running();
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [instance, h] : checked) {
+    auto it = health_of_.find(instance);
+    if (it != health_of_.end()) it->second = h;  // not if a refresh dropped it meanwhile
+  }
+}
+
+Dispatcher::Pool Dispatcher::DecodeOrder() {
+  absl::MutexLock lock(&mu_);
+  Pool order;
+  const uint64_t rotate = next_decode_++;
+  for (size_t i = 0; i < decode_.size(); ++i)
+    order.push_back(decode_[(rotate + i) % decode_.size()]);
+  std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    const Health& x = health_of_[a.get()];
+    const Health& y = health_of_[b.get()];
     if (x.healthy != y.healthy) return x.healthy;
     if (x.free_kv_blocks != y.free_kv_blocks) return x.free_kv_blocks > y.free_kv_blocks;
     return x.running < y.running;
@@ -150,14 +259,16 @@ std::vector<size_t> Dispatcher::DecodeOrder() {
   return order;
 }
 
-std::vector<size_t> Dispatcher::PrefillOrder() {
-  std::vector<size_t> order(prefill_.size());
-  const uint64_t rotate = next_prefill_++;
-  for (size_t i = 0; i < order.size(); ++i) order[i] = (rotate + i) % order.size();
+Dispatcher::Pool Dispatcher::PrefillOrder() {
   absl::MutexLock lock(&mu_);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const Health& x = prefill_health_[a];
-    const Health& y = prefill_health_[b];
+  Pool order;
+  const uint64_t rotate = next_prefill_++;
+  for (size_t i = 0; i < prefill_.size(); ++i) {
+    order.push_back(prefill_[(rotate + i) % prefill_.size()]);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    const Health& x = health_of_[a.get()];
+    const Health& y = health_of_[b.get()];
     if (x.healthy != y.healthy) return x.healthy;
     return x.queue_depth < y.queue_depth;
   });
@@ -168,7 +279,9 @@ absl::Status Dispatcher::Run(
     const std::string& request_id, const std::vector<int32_t>& prompt,
     const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
     const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk) {
-  if (prefill_.empty() || decode_.empty()) {
+  const Pool decode_order = DecodeOrder();
+  const Pool prefill_order = PrefillOrder();
+  if (prefill_order.empty() || decode_order.empty()) {
     return absl::UnavailableError(
         "this gateway has no prefill or no decode instances (--prefill, --decode)");
   }
@@ -176,25 +289,25 @@ absl::Status Dispatcher::Run(
   std::vector<std::string> failures;
   bool all_full = true;  // every decode instance answered that it has no room
   tandem::v1::ReserveResponse reserved;
-  size_t d = decode_.size();
-  for (size_t k : DecodeOrder()) {
-    if (d != decode_.size()) break;
+  std::shared_ptr<Instance> d;
+  for (const auto& k : decode_order) {
+    if (d != nullptr) break;
     tandem::v1::ReserveRequest reserve;
     reserve.set_request_id(request_id);
     reserve.set_prompt_tokens(static_cast<int>(prompt.size()));
     reserve.set_max_tokens(max_tokens);
     auto context = ContextWithin(options_.reserve_deadline);
-    const grpc::Status s = decode_stubs_[k]->Reserve(context.get(), reserve, &reserved);
+    const grpc::Status s = k->decode->Reserve(context.get(), reserve, &reserved);
     if (s.ok()) {
       d = k;
     } else if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       return FromGrpc(s);
     } else {
       all_full = all_full && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      failures.push_back(absl::StrCat("decode ", decode_[k].address, ": ", s.error_message()));
+      failures.push_back(absl::StrCat("decode ", k->address, ": ", s.error_message()));
     }
   }
-  if (d == decode_.size()) {
+  if (d == nullptr) {
     // All full is overload (retry later); anything else means no instance can serve now.
     const std::string why =
         absl::StrCat("no decode instance could take the request: ", absl::StrJoin(failures, "; "));
@@ -205,7 +318,7 @@ absl::Status Dispatcher::Run(
     r.set_handle(reserved.handle());
     tandem::v1::ReleaseResponse ignored;
     auto context = ContextWithin(options_.reserve_deadline);
-    (void)decode_stubs_[d]->Release(context.get(), r, &ignored);
+    (void)d->decode->Release(context.get(), r, &ignored);
   };
 
   // 2. Prefill, writing the KV into the reservation; another instance if one fails.
@@ -218,7 +331,7 @@ absl::Status Dispatcher::Run(
   tandem::v1::PrefillResponse prefilled;
   bool done = false;
   bool all_queues_full = true;
-  for (size_t k : PrefillOrder()) {
+  for (const auto& k : prefill_order) {
     if (done) break;
     if (call->cancelled()) {
       release();
@@ -226,7 +339,7 @@ absl::Status Dispatcher::Run(
     }
     auto context = ContextWithin(options_.prefill_deadline);
     call->OnCancel([c = context.get()] { c->TryCancel(); });
-    const grpc::Status s = prefill_stubs_[k]->Prefill(context.get(), prefill, &prefilled);
+    const grpc::Status s = k->prefill->Prefill(context.get(), prefill, &prefilled);
     call->ClearOnCancel();
     if (s.ok()) {
       done = true;
@@ -235,7 +348,7 @@ absl::Status Dispatcher::Run(
       return FromGrpc(s);
     } else {
       all_queues_full = all_queues_full && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      failures.push_back(absl::StrCat("prefill ", prefill_[k].address, ": ", s.error_message()));
+      failures.push_back(absl::StrCat("prefill ", k->address, ": ", s.error_message()));
     }
   }
   if (!done) {
@@ -255,7 +368,7 @@ absl::Status Dispatcher::Run(
   decode.mutable_sampling()->set_max_tokens(max_tokens);
   auto context = ContextWithin(options_.decode_deadline);
   call->OnCancel([c = context.get()] { c->TryCancel(); });
-  auto reader = decode_stubs_[d]->Decode(context.get(), decode);
+  auto reader = d->decode->Decode(context.get(), decode);
   tandem::v1::GenerateStreamResponse chunk;
   while (reader->Read(&chunk)) on_chunk(chunk);
   const grpc::Status s = reader->Finish();
@@ -263,7 +376,7 @@ absl::Status Dispatcher::Run(
   if (!s.ok()) {
     if (call->cancelled()) return absl::CancelledError("the client went away");
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("decode ", decode_[d].address, ": ", s.error_message()));
+                        absl::StrCat("decode ", d->address, ": ", s.error_message()));
   }
   return absl::OkStatus();
 }

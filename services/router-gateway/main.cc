@@ -17,6 +17,10 @@ ABSL_FLAG(std::vector<std::string>, prefill, {},
           "Prefill instances, comma-separated host:port (gRPC).");
 ABSL_FLAG(std::vector<std::string>, decode, {},
           "Decode instances, comma-separated host:port (gRPC).");
+ABSL_FLAG(double, resolve_interval_s, 10.0,
+          "Seconds between resolutions of the --prefill/--decode host names: a name with several "
+          "addresses (a Kubernetes headless Service) is one instance per address, and instances "
+          "come and go with it. 0: resolve only at start-up.");
 
 namespace {
 
@@ -68,8 +72,23 @@ int main(int argc, char** argv) {
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::GatewayMetrics serving_metrics(&registry);
+  const double resolve_interval = absl::GetFlag(FLAGS_resolve_interval_s);
+  if (!(resolve_interval >= 0 && resolve_interval <= 3600)) {
+    return Fail("--resolve_interval_s must be within [0, 3600]");
+  }
+  auto instances = registry.AddGauge("tandem_gateway_instances",
+                                     "Prefill and decode instances the gateway dispatches to.");
+  if (!instances.ok()) return Fail(std::string(instances.status().message()));
+  tandem::metrics::Gauge* prefill_instances = &(*instances)->Add({{"kind", "prefill"}});
+  tandem::metrics::Gauge* decode_instances = &(*instances)->Add({{"kind", "decode"}});
+  tandem::gateway::DispatcherOptions dispatcher_options;
+  dispatcher_options.resolve_interval = absl::Seconds(resolve_interval);
+  dispatcher_options.on_instances = [=](size_t prefill, size_t decode) {
+    prefill_instances->Set(static_cast<double>(prefill));
+    decode_instances->Set(static_cast<double>(decode));
+  };
   auto dispatcher = std::make_unique<tandem::gateway::Dispatcher>(
-      config.prefill_targets, config.decode_targets, tandem::gateway::DispatcherOptions());
+      config.prefill_targets, config.decode_targets, dispatcher_options);
   tandem::gateway::GatewayService service(std::move(config), *std::move(tokenizer),
                                           std::move(dispatcher), &rpc_metrics, &serving_metrics);
   return tandem::gateway::RunGateway(options, &service, model_dir.string(), &registry, &health,

@@ -5,6 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include "absl/synchronization/mutex.h"
+#include "tests/testing/subprocess.h"
+
 namespace tandem::gateway {
 namespace {
 
@@ -36,6 +41,88 @@ TEST(DispatcherTest, DeadInstancesAreUnavailableWithEveryReason) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:1"));
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:2"));
+}
+
+TEST(LookupTargetTest, ErrorsSayWhy) {
+  EXPECT_EQ(LookupTarget("no-such-host.invalid:1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LookupTarget("no-port").status().code(), absl::StatusCode::kInvalidArgument);
+  auto found = LookupTarget("127.0.0.1:7");
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, std::vector<std::string>{"127.0.0.1:7"});
+}
+
+// A DNS name whose addresses the test changes, as a headless Service's change with its pods.
+class FakeDns {
+ public:
+  void Set(const std::string& name, absl::StatusOr<std::vector<std::string>> addresses) {
+    absl::MutexLock lock(&mu_);
+    names_.insert_or_assign(name, std::move(addresses));
+  }
+  Resolver resolver() {
+    return [this](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+      absl::MutexLock lock(&mu_);
+      auto it = names_.find(name);
+      if (it == names_.end()) return absl::NotFoundError(name + ": unknown");
+      return it->second;
+    };
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, absl::StatusOr<std::vector<std::string>>> names_;
+};
+
+TEST(DispatcherTest, InstancesFollowTheirDnsNamesWithoutARestart) {
+  FakeDns dns;
+  dns.Set("decode.svc:50051", std::vector<std::string>{"127.0.0.1:1"});
+  dns.Set("prefill.svc:50051", std::vector<std::string>{"127.0.0.1:3"});
+  absl::Mutex mu;
+  std::vector<std::pair<size_t, size_t>> counts;
+  DispatcherOptions options{.health_interval = absl::Milliseconds(20),
+                            .reserve_deadline = absl::Seconds(2),
+                            .resolve_interval = absl::Milliseconds(20),
+                            .resolve = dns.resolver(),
+                            .on_instances = [&](size_t prefill, size_t decode) {
+                              absl::MutexLock lock(&mu);
+                              counts.emplace_back(prefill, decode);
+                            }};
+  Dispatcher dispatcher({"prefill.svc:50051"}, {"decode.svc:50051"}, options);
+  using Addresses = std::vector<std::string>;
+  EXPECT_EQ(dispatcher.decode_addresses(), Addresses{"127.0.0.1:1"});
+  EXPECT_EQ(dispatcher.prefill_addresses(), Addresses{"127.0.0.1:3"});
+
+  // Scaled up: a second decode pod.
+  dns.Set("decode.svc:50051", std::vector<std::string>{"127.0.0.1:2", "127.0.0.1:1"});
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        return dispatcher.decode_addresses() == Addresses{"127.0.0.1:1", "127.0.0.1:2"};
+      },
+      absl::Seconds(10)));
+  // Requests try every instance now: the failure names both.
+  DispatchCall call;
+  absl::Status status = dispatcher.Run("r", {1, 2}, {}, 4, &call, [](const auto&) {});
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:1"));
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:2"));
+
+  // DNS trouble: the name keeps its instances.
+  dns.Set("decode.svc:50051", absl::UnavailableError("SERVFAIL"));
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(dispatcher.decode_addresses(), (Addresses{"127.0.0.1:1", "127.0.0.1:2"}));
+
+  // Scaled down to the new pod only.
+  dns.Set("decode.svc:50051", std::vector<std::string>{"127.0.0.1:2"});
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return dispatcher.decode_addresses() == Addresses{"127.0.0.1:2"}; },
+                         absl::Seconds(10)));
+  status = dispatcher.Run("r", {1, 2}, {}, 4, &call, [](const auto&) {});
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:2"));
+  EXPECT_THAT(std::string(status.message()), ::testing::Not(::testing::HasSubstr("127.0.0.1:1")));
+
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(counts.front(), std::make_pair(size_t{1}, size_t{1}));  // at start-up
+  EXPECT_EQ(counts.back(), std::make_pair(size_t{1}, size_t{1}));
+  EXPECT_THAT(counts, Contains(std::make_pair(size_t{1}, size_t{2})));
 }
 
 TEST(DispatchCallTest, CancelRunsTheHookAtOnceOrWhenSet) {
