@@ -1,7 +1,10 @@
 // Starts the three service binaries on ephemeral loopback ports, waits for readiness, sends
 // RPCs through the SDK, scrapes every /metrics with a real Prometheus server (Debian's
 // `prometheus`, started here with a temporary config and data dir), checks the samples through
-// its HTTP query API, and stops everything with SIGTERM, leaving no process behind.
+// its HTTP query API, and stops everything with SIGTERM, leaving no process behind. Then the
+// shipped deploy/prometheus config and rules run against a cluster under load (a streamed,
+// mixed-width decoder, so that every panel has data), and every recording rule and every query
+// of the Grafana dashboard (deploy/grafana) must return series.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,8 +16,14 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/http/http_server.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
@@ -80,10 +89,26 @@ class ClusterMetricsTest : public ::testing::Test {
     return ports.ok() ? *ports : Ports{};
   }
 
+  // Starts Prometheus on a free port with the config at `config_path`; its data in dir_.
+  absl::StatusOr<Subprocess> StartPrometheus(const std::string& config_path, int* port) {
+    *port = FreePort();
+    return Subprocess::Start({kPrometheus, "--config.file=" + config_path,
+                              "--storage.tsdb.path=" + dir_.path() + "/prom-data",
+                              absl::StrCat("--web.listen-address=127.0.0.1:", *port)},
+                             dir_.path() + "/prometheus.log");
+  }
+
   testing::TempDir dir_;
   std::string model_;
   testing::ServiceSet services_;
 };
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
   const Ports prefill = StartService("tandem-prefill", {});
@@ -128,7 +153,7 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
   EXPECT_THAT(bad.status().message(), HasSubstr("outside the vocabulary"));
 
   // A real Prometheus scrapes all three.
-  const int prom_port = FreePort();
+  int prom_port = 0;
   const std::string config_path = dir_.path() + "/prometheus.yml";
   {
     std::ofstream config(config_path);
@@ -137,10 +162,7 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
            << prefill.http_port << "', '127.0.0.1:" << decode.http_port
            << "', '127.0.0.1:" << gateway.http_port << "']\n";
   }
-  auto prometheus = Subprocess::Start({kPrometheus, "--config.file=" + config_path,
-                                       "--storage.tsdb.path=" + dir_.path() + "/prom-data",
-                                       absl::StrCat("--web.listen-address=127.0.0.1:", prom_port)},
-                                      dir_.path() + "/prometheus.log");
+  auto prometheus = StartPrometheus(config_path, &prom_port);
   ASSERT_TRUE(prometheus.ok()) << prometheus.status();
 
   std::optional<nlohmann::json> build_info;
@@ -197,6 +219,22 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
   EXPECT_GT(value("tandem_generated_tokens_total{role=\"decode\"}"), 0);
   EXPECT_GT(value("tandem_kv_blocks{role=\"decode\",state=\"free\"}"), 0);
 
+  // Every metric the services export is documented in docs/metrics.md.
+  const std::string documented = ReadFile(testing::SourceDir() + "/docs/metrics.md");
+  int families = 0;
+  for (const Ports& p : {prefill, decode, gateway}) {
+    auto page = http::Fetch("127.0.0.1", p.http_port, "GET", "/metrics", "", 5000);
+    ASSERT_TRUE(page.ok());
+    for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
+      if (!absl::ConsumePrefix(&line, "# TYPE ")) continue;
+      const std::string name(line.substr(0, line.find(' ')));
+      ++families;
+      EXPECT_TRUE(absl::StrContains(documented, "`" + name + "`"))
+          << name << " is not in docs/metrics.md";
+    }
+  }
+  EXPECT_GE(families, 30);
+
   // Graceful drain: SIGTERM, exit status 0, nothing left running.
   for (Subprocess& p : services_.processes()) {
     auto status = p.Stop(SIGTERM, absl::Seconds(15));
@@ -207,6 +245,137 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
   for (const Ports& p : {prefill, decode, gateway}) {
     EXPECT_NE(kill(p.pid, 0), 0) << "pid " << p.pid << " still exists";
   }
+  EXPECT_TRUE(prometheus->Stop(SIGTERM, absl::Seconds(15)).ok());
+}
+
+TEST_F(ClusterMetricsTest, ShippedRulesAndDashboardQueriesAllAnswerFromALiveCluster) {
+  // The decoder streams a tiered plan's experts from a pack, so expert panels have data too.
+  const std::string tandem = testing::BinDir() + "/tandem";
+  const std::string stats = model_ + "/pruning/calibration-valid.json";
+  const std::string reordered = dir_.path() + "/reordered";
+  const std::string tiered = dir_.path() + "/tiered.json";
+  const std::string pack =
+      absl::StrCat(testing::BinDir(), "/cluster_metrics_test.", getpid(), ".pack");
+  const std::string log = " >> " + dir_.path() + "/cli.log 2>&1";
+  for (const std::string& command :
+       {tandem + " reorder --model " + model_ + " --stats " + stats + " --out " + reordered,
+        tandem + " tier --plan " + model_ + "/pruning/reap-keep8.json --stats " + stats +
+            " --model " + reordered + " --hot_share 0.3 --warm_share 0.4 --out " + tiered,
+        tandem + " pack --model " + reordered + " --out " + pack}) {
+    ASSERT_EQ(std::system((command + log).c_str()), 0) << command << "\n"
+                                                       << ReadFile(dir_.path() + "/cli.log");
+  }
+  struct RemovePack {
+    std::string path;
+    ~RemovePack() { std::filesystem::remove(path); }
+  } remove_pack{pack};
+  testing::ServiceSet set(reordered);
+  auto prefill = set.Start("tandem-prefill", {});
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  auto decode = set.Start("tandem-decode", {"--plan=" + tiered, "--expert_pack=" + pack,
+                                            absl::StrCat("--expert_cache_bytes=", 4 << 20)});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto gateway =
+      set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                                   absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+
+  // The shipped config, scraping and evaluating every second, with this cluster as its targets.
+  const std::string deploy = testing::SourceDir() + "/deploy/prometheus";
+  const std::string config_dir = dir_.path() + "/prometheus";
+  std::filesystem::create_directories(config_dir + "/targets");
+  std::filesystem::copy(deploy + "/rules", config_dir + "/rules");
+  {
+    std::ofstream config(config_dir + "/prometheus.yml");
+    config << absl::StrReplaceAll(ReadFile(deploy + "/prometheus.yml"),
+                                  {{"scrape_interval: 5s", "scrape_interval: 1s"},
+                                   {"evaluation_interval: 5s", "evaluation_interval: 1s"},
+                                   {"refresh_interval: 10s", "refresh_interval: 1s"}});
+    std::ofstream targets(config_dir + "/targets/test.json");
+    targets << nlohmann::json::array({{{"labels", {{"cluster", "test"}}},
+                                       {"targets",
+                                        {absl::StrCat("127.0.0.1:", prefill->http_port),
+                                         absl::StrCat("127.0.0.1:", decode->http_port),
+                                         absl::StrCat("127.0.0.1:", gateway->http_port)}}}})
+                   .dump();
+  }
+  int prom_port = 0;
+  auto prometheus = StartPrometheus(config_dir + "/prometheus.yml", &prom_port);
+  ASSERT_TRUE(prometheus.ok()) << prometheus.status();
+
+  // A short load: 4 gRPC clients and the OpenAI HTTP API, for about ten seconds.
+  std::atomic<int> generated{0};
+  std::vector<std::thread> clients;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", gateway->grpc_port));
+      if (!client.ok()) return;
+      while (absl::Now() < until) {
+        v1::GenerateRequest request;
+        request.set_prompt(c % 2 ? "The jury said it did find that" : "She opened the door and");
+        request.mutable_sampling()->set_max_tokens(24);
+        request.mutable_sampling()->set_ignore_eos(true);
+        if ((*client)->Generate(request).ok()) ++generated;
+        request.mutable_sampling()->set_temperature(-1);  // bad input: an RPC error
+        if (c == 0) (void)(*client)->Generate(request);
+      }
+    });
+  }
+  clients.emplace_back([&] {
+    while (absl::Now() < until) {
+      (void)http::Fetch("127.0.0.1", gateway->http_port, "POST", "/v1/completions",
+                        R"({"prompt": "It is not easy to say what", "max_tokens": 16})", 30000);
+      (void)http::Fetch("127.0.0.1", gateway->http_port, "POST", "/v1/completions",
+                        R"({"prompt": "x", "temperature": 9})", 30000);
+    }
+  });
+  for (auto& t : clients) t.join();
+  ASSERT_GT(generated.load(), 0) << set.Log("tandem-gateway");
+
+  // Every recording rule the shipped rules define has series.
+  std::vector<std::string> records;
+  for (absl::string_view line :
+       absl::StrSplit(ReadFile(deploy + "/rules/tandem.rules.yml"), '\n')) {
+    line = absl::StripLeadingAsciiWhitespace(line);
+    if (absl::ConsumePrefix(&line, "- record: ")) records.emplace_back(line);
+  }
+  ASSERT_GE(records.size(), 10u);
+  auto has_series = [&](const std::string& promql) {
+    auto result = Query(prom_port, promql);
+    return result.ok() && !result->empty();
+  };
+  for (const std::string& record : records) {
+    EXPECT_TRUE(testing::WaitUntil([&] { return has_series(record); }, absl::Seconds(30)))
+        << "recording rule " << record << " has no series";
+  }
+  // Every query of every dashboard panel has series, with the dashboard's variables set as
+  // Grafana would (all models, a rate window).
+  const nlohmann::json dashboard = nlohmann::json::parse(
+      ReadFile(testing::SourceDir() + "/deploy/grafana/dashboards/tandem.json"), nullptr, false);
+  ASSERT_TRUE(dashboard.is_object());
+  int queries = 0;
+  for (const auto& panel : dashboard["panels"]) {
+    for (const auto& target : panel.value("targets", nlohmann::json::array())) {
+      const std::string promql = absl::StrReplaceAll(
+          target["expr"].get<std::string>(), {{"$model", ".*"}, {"$__rate_interval", "1m"}});
+      ++queries;
+      EXPECT_TRUE(testing::WaitUntil([&] { return has_series(promql); }, absl::Seconds(15)))
+          << "panel '" << panel["title"].get<std::string>() << "': " << promql;
+    }
+  }
+  EXPECT_GE(queries, 30);
+  // Numbers, not only series: the decoder streamed experts and decoded tokens.
+  auto value = [&](const std::string& promql) -> double {
+    auto result = Query(prom_port, promql);
+    if (!result.ok() || result->empty()) return -1;
+    return std::stod((*result)[0]["value"][1].get<std::string>());
+  };
+  EXPECT_GT(value("sum(model:tandem_generated_tokens:rate1m)"), 0);
+  EXPECT_GT(value("sum(rate(tandem_expert_load_bytes_total[1m]))"), 0);
+  EXPECT_GT(value("sum(rate(tandem_expert_pairs_total{tier=\"cold\"}[1m]))"), 0);
+  EXPECT_EQ(value("sum(tandem_gateway_instances)"), 2);
+  EXPECT_GT(value("sum(rate(tandem_http_requests_total{code=\"400\"}[1m]))"), 0);
   EXPECT_TRUE(prometheus->Stop(SIGTERM, absl::Seconds(15)).ok());
 }
 
