@@ -3,22 +3,26 @@
 # client test (tests/openai, pinned by its package-lock.json), idempotently: only what is
 # missing is installed, and nothing is downloaded when everything is present.
 #   scripts/setup.sh           build, test and run dependencies
+#   scripts/setup.sh --build   only what building needs (deploy/docker/Dockerfile uses it)
 #   scripts/setup.sh --train   also what tools/train needs (PyTorch, NumPy, SentencePiece, npm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+mode="${1:-}"
 packages=(
-  build-essential cmake pkg-config ccache git clang-format curl openssl libssl-dev
+  build-essential cmake pkg-config ccache git curl openssl libssl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libsentencepiece-dev
   libcivetweb-dev civetweb
-  prometheus
 )
-# Node.js runs the official openai npm client in the tests; Debian's when the machine has none.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi
-if [[ "${1:-}" == "--train" ]]; then
+if [[ "$mode" != "--build" ]]; then
+  packages+=(clang-format prometheus)
+  # Node.js runs the official openai npm client in the tests; Debian's when the machine has none.
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi
+fi
+if [[ "$mode" == "--train" ]]; then
   packages+=(python3-torch python3-numpy python3-sentencepiece sentencepiece
              libopenblas0-openmp npm)
 fi
@@ -41,6 +45,7 @@ else
   echo "setup: packages installed"
 fi
 
+[[ "$mode" == "--build" ]] && exit 0
 if [[ ! -f tests/openai/node_modules/openai/package.json ]]; then
   echo "setup: installing the openai npm package (tests/openai)"
   (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
