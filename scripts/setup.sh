@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
 # Installs what Tandem needs from Debian 12's packages, and the npm packages of the OpenAI
-# client test (tests/openai, pinned by its package-lock.json), idempotently: only what is
-# missing is installed, and nothing is downloaded when everything is present.
+# client test (tests/openai) and of the deployment checks (tests/deploy), each pinned by its
+# package-lock.json, idempotently: only what is missing is installed, and nothing is
+# downloaded when everything is present.
 #   scripts/setup.sh           build, test and run dependencies
+#   scripts/setup.sh --build   only what building needs (deploy/docker/Dockerfile uses it)
 #   scripts/setup.sh --train   also what tools/train needs (PyTorch, NumPy, SentencePiece, npm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+mode="${1:-}"
 packages=(
-  build-essential cmake pkg-config ccache git clang-format curl openssl libssl-dev
+  build-essential cmake pkg-config ccache git curl openssl libssl-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libsentencepiece-dev
   libcivetweb-dev civetweb
-  prometheus
-  gnuplot-nox jq
 )
-# Node.js runs the official openai npm client in the tests; Debian's when the machine has none.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi
-if [[ "${1:-}" == "--train" ]]; then
+if [[ "$mode" != "--build" ]]; then
+  # The format check, the Prometheus tests, and the serving benchmark's charts (gnuplot, jq).
+  packages+=(clang-format prometheus gnuplot-nox jq)
+  # Node.js runs the official openai npm client and the deployment checks in the tests;
+  # Debian's when the machine has none.
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi
+  # kubectl renders the Kubernetes manifests (`kubectl kustomize`, tests/deploy); Debian's
+  # kubernetes-client (1.20) when the machine has no kubectl of its own.
+  if ! command -v kubectl >/dev/null; then packages+=(kubernetes-client); fi
+fi
+if [[ "$mode" == "--train" ]]; then
   packages+=(python3-torch python3-numpy python3-sentencepiece sentencepiece
              libopenblas0-openmp npm)
 fi
@@ -42,7 +51,14 @@ else
   echo "setup: packages installed"
 fi
 
+[[ "$mode" == "--build" ]] && exit 0
 if [[ ! -f tests/openai/node_modules/openai/package.json ]]; then
   echo "setup: installing the openai npm package (tests/openai)"
   (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+# Keyed on the lock file: a changed package-lock.json installs again.
+if ! cmp -s tests/deploy/package-lock.json tests/deploy/node_modules/.package-lock.tandem; then
+  echo "setup: installing the npm packages of the deployment checks (tests/deploy)"
+  (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
+     cp package-lock.json node_modules/.package-lock.tandem)
 fi
