@@ -53,7 +53,9 @@ class ResponseWriter {
   bool started() const { return started_; }
   // Runs `fn` once, on the server's watch thread, if the client closes its connection before
   // the handler returns (also when nothing is being written, e.g. while a request waits for
-  // its first token). `fn` must be quick and must not call back into this writer.
+  // its first token). `fn` must be quick and must not call back into this writer; it may run
+  // until the server has seen the handler return, so what it captures must outlive that
+  // (share it rather than point at the handler's locals).
   void OnClientGone(std::function<void()> fn);
   // True once a write failed or the watch saw the client close.
   bool client_gone() const;

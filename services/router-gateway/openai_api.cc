@@ -439,9 +439,10 @@ void OpenAiApi::Completions(const http::Request& http_request, http::ResponseWri
   absl::StatusOr<GatewayService::Prepared> prepared = gateway_->Prepare(parsed->request);
   if (!prepared.ok()) return fail(FromStatus(prepared.status()));
 
-  DispatchCall call;
-  if (!Enter(&call)) return fail({503, "the gateway is draining", ""});
-  out->OnClientGone([&call] { call.Cancel(); });
+  // Shared with the socket watch, which may still run for a moment after this returns.
+  auto call = std::make_shared<DispatchCall>();
+  if (!Enter(call.get())) return fail({503, "the gateway is draining", ""});
+  out->OnClientGone([call] { call->Cancel(); });
 
   const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", prepared->request_id);
   const int64_t created = absl::ToUnixSeconds(absl::Now());
@@ -461,34 +462,35 @@ void OpenAiApi::Completions(const http::Request& http_request, http::ResponseWri
   tandem::v1::Usage usage;
   const char* finish = nullptr;
   bool wrote_role = false;
-  absl::Status status = gateway_->Execute(*prepared, &call, [&](const GenerateStreamResponse& c) {
-    text += c.text();
-    if (c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-      finish = FinishReason(c.finish_reason());
-      usage = c.usage();
-    }
-    if (!parsed->stream || (c.text().empty() && finish == nullptr)) return;
-    if (!out->started() && !out->Start(200, "text/event-stream")) return call.Cancel();
-    std::string events;
-    if (chat && !wrote_role) {
-      events += event({{"index", 0},
-                       {"delta", {{"role", "assistant"}, {"content", ""}}},
-                       {"logprobs", nullptr},
-                       {"finish_reason", nullptr}});
-      wrote_role = true;
-    }
-    json choice = {{"index", 0}, {"logprobs", nullptr}};
-    if (chat) {
-      choice["delta"] = c.text().empty() ? json::object() : json{{"content", c.text()}};
-    } else {
-      choice["text"] = c.text();
-    }
-    choice["finish_reason"] = finish == nullptr ? json(nullptr) : json(finish);
-    events += event(std::move(choice));
-    if (!out->Write(events)) call.Cancel();
-  });
-  Leave(&call);
-  if (call.cancelled() && out->client_gone()) return Count(path, 499);  // nobody to answer
+  absl::Status status =
+      gateway_->Execute(*prepared, call.get(), [&](const GenerateStreamResponse& c) {
+        text += c.text();
+        if (c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+          finish = FinishReason(c.finish_reason());
+          usage = c.usage();
+        }
+        if (!parsed->stream || (c.text().empty() && finish == nullptr)) return;
+        if (!out->started() && !out->Start(200, "text/event-stream")) return call->Cancel();
+        std::string events;
+        if (chat && !wrote_role) {
+          events += event({{"index", 0},
+                           {"delta", {{"role", "assistant"}, {"content", ""}}},
+                           {"logprobs", nullptr},
+                           {"finish_reason", nullptr}});
+          wrote_role = true;
+        }
+        json choice = {{"index", 0}, {"logprobs", nullptr}};
+        if (chat) {
+          choice["delta"] = c.text().empty() ? json::object() : json{{"content", c.text()}};
+        } else {
+          choice["text"] = c.text();
+        }
+        choice["finish_reason"] = finish == nullptr ? json(nullptr) : json(finish);
+        events += event(std::move(choice));
+        if (!out->Write(events)) call->Cancel();
+      });
+  Leave(call.get());
+  if (call->cancelled() && out->client_gone()) return Count(path, 499);  // nobody to answer
   if (!status.ok() && !out->started()) return fail(FromStatus(status));
   if (parsed->stream) {
     if (!out->started()) out->Start(200, "text/event-stream");  // nothing was generated
