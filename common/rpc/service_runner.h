@@ -24,6 +24,7 @@ struct ServiceOptions {
   int grpc_port = 0;      // 0: ephemeral
   int http_port = 0;      // 0: ephemeral
   int http_threads = 64;  // HTTP requests handled at once (a streaming one holds its thread)
+  size_t http_max_body_bytes = 1 << 20;  // larger HTTP request bodies get 413
   // When set, {"grpc_port": N, "http_port": M, "pid": P} is written here (atomically) once
   // both ports are bound.
   std::string port_file;

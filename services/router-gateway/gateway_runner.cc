@@ -1,5 +1,7 @@
 #include "services/router-gateway/gateway_runner.h"
 
+#include <algorithm>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/logging.h"
@@ -40,8 +42,12 @@ int RunGateway(const rpc::ServiceOptions& options, GatewayService* service,
     TANDEM_LOG(INFO) << options.name << ": " << chat.status().message();
   }
   OpenAiApi api(service, std::move(chat), metrics);
+  // A request body holds the prompt, JSON-escaped (up to twice as long), and its fields.
+  rpc::ServiceOptions with_body = options;
+  with_body.http_max_body_bytes = std::max<size_t>(
+      options.http_max_body_bytes, 2 * service->config().max_prompt_bytes + (64 << 10));
   return rpc::RunService(
-      options, {service}, registry, health, [&] { api.Drain(options.drain_timeout); },
+      with_body, {service}, registry, health, [&] { api.Drain(options.drain_timeout); },
       api.Routes());
 }
 

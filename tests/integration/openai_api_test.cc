@@ -193,7 +193,11 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
        "tools is not supported"},
       {"POST", "/v1/models", "", 405, "use GET"},
       {"GET", "/v1/nothing", "", 404, "no such path"},
-      {"POST", "/v1/completions", std::string(2 << 20, ' '), 413, "larger than"},
+      {"POST", "/v1/completions", std::string(3 << 20, ' '), 413, "larger than"},
+      // A body within the HTTP limit whose prompt is over --max_prompt_bytes (1 MiB).
+      {"POST", "/v1/completions",
+       absl::StrCat(R"({"prompt": ")", std::string(3 << 19, 'a'), R"("})"), 400,
+       "bytes; the limit is"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.method + " " + c.path + " " + c.body.substr(0, 80));
