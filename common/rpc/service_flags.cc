@@ -7,6 +7,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/kernels/cpu/thread_pool.h"
 #include "common/util/logging.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (gRPC and HTTP).");
@@ -22,6 +23,9 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(double, drain_timeout_s, 10.0,
           "On SIGTERM/SIGINT, seconds in-flight requests get to finish before cancellation.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+ABSL_FLAG(int, threads, 0,
+          "Threads the CPU kernels use; 0: one per CPU this process may use (its CPU affinity, "
+          "capped by a cgroup CPU limit such as a container's).");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain; with --tls_key_file, gRPC is served over TLS only.");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
@@ -55,6 +59,12 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const std::string& name) 
         absl::StrCat("--drain_timeout_s=", drain, " must be within [0, 3600]"));
   }
   options.drain_timeout = absl::Seconds(drain);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0 || threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads=", threads, " must be within [0, 1024] (0: the available CPUs)"));
+  }
+  kernels::cpu::SetDefaultThreadCount(threads);
   util::LogLevel level;
   if (!util::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     return absl::InvalidArgumentError(absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level),

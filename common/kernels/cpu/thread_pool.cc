@@ -1,8 +1,13 @@
 #include "common/kernels/cpu/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
+#include <fstream>
+#include <sstream>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -52,10 +57,42 @@ struct ThreadPool::Job {
   std::exception_ptr error;  // Guarded by mu.
 };
 
-ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads <= 0) {
-    num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+int CpusOfQuota(const std::string& cpu_max) {
+  std::istringstream in(cpu_max);
+  std::string quota;
+  int64_t period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  char* end = nullptr;
+  const long long q = std::strtoll(quota.c_str(), &end, 10);
+  if (end == quota.c_str() || *end != '\0' || q <= 0) return 0;
+  return static_cast<int>((q + period - 1) / period);
+}
+
+int AvailableCpus() {
+  int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
+    cpus = CPU_COUNT(&set);
   }
+  // cgroup v2 (the unified hierarchy), then v1's CFS quota.
+  std::ifstream v2("/sys/fs/cgroup/cpu.max");
+  std::string text;
+  int quota = 0;
+  if (v2 && std::getline(v2, text)) {
+    quota = CpusOfQuota(text);
+  } else {
+    std::ifstream q("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+        p("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    std::string qt, pt;
+    if (q && p && std::getline(q, qt) && std::getline(p, pt)) quota = CpusOfQuota(qt + " " + pt);
+  }
+  if (quota > 0) cpus = std::min(cpus, quota);
+  return std::max(1, cpus);
+}
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) num_threads = AvailableCpus();
   workers_.reserve(num_threads - 1);
   for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
@@ -149,10 +186,29 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   if (job->error) std::rethrow_exception(job->error);
 }
 
+namespace {
+
+std::mutex g_default_mu;
+int g_default_threads = 0;
+bool g_default_made = false;
+
+}  // namespace
+
+bool SetDefaultThreadCount(int num_threads) {
+  std::lock_guard<std::mutex> lock(g_default_mu);
+  if (g_default_made) return false;
+  g_default_threads = num_threads;
+  return true;
+}
+
 ThreadPool& DefaultThreadPool() {
   // Never destroyed (Google style for statics), so kernels stay usable during static
   // destruction; its idle workers simply end with the process.
-  static ThreadPool* const pool = new ThreadPool();
+  static ThreadPool* const pool = [] {
+    std::lock_guard<std::mutex> lock(g_default_mu);
+    g_default_made = true;
+    return new ThreadPool(g_default_threads);
+  }();
   return *pool;
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,8 +17,8 @@ namespace tandem::kernels::cpu {
 
 class ThreadPool {
  public:
-  // `num_threads` threads run each ParallelFor, the caller included; <= 0 means one per
-  // hardware thread (std::thread::hardware_concurrency()).
+  // `num_threads` threads run each ParallelFor, the caller included; <= 0 means one per CPU
+  // this process may use (AvailableCpus()).
   explicit ThreadPool(int num_threads = 0);
   // Waits for the workers to finish what they are running (nothing, unless a ParallelFor is
   // still in flight) and joins them.
@@ -54,8 +55,19 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
-// The process-wide pool the kernels use, one thread per hardware thread, created on first use
-// and never destroyed.
+// The CPUs this process may run on: those of its CPU affinity mask (taskset, cpusets, the
+// Kubernetes static CPU manager), capped by a cgroup CPU quota rounded up (a container's CPU
+// limit). std::thread::hardware_concurrency() counts the whole machine's.
+int AvailableCpus();
+// The CPUs a cgroup quota allows: `cpu_max` is cgroup v2's cpu.max ("QUOTA PERIOD" or
+// "max PERIOD"); 0 when there is no quota or the text is not one.
+int CpusOfQuota(const std::string& cpu_max);
+
+// The process-wide pool the kernels use, created on first use and never destroyed: with
+// SetDefaultThreadCount's threads, or one per available CPU.
 ThreadPool& DefaultThreadPool();
+// Sets the default pool's thread count (0: AvailableCpus()). Only before its first use (false
+// after, when it changes nothing); call it first thing in main().
+bool SetDefaultThreadCount(int num_threads);
 
 }  // namespace tandem::kernels::cpu

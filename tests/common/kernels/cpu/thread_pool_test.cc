@@ -1,6 +1,7 @@
 #include "common/kernels/cpu/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,11 +32,41 @@ void ExpectCoversOnce(ThreadPool& pool, int64_t n, int64_t grain) {
   }
 }
 
-TEST(ThreadPoolTest, SizesToTheMachineByDefault) {
+TEST(ThreadPoolTest, SizesToTheAvailableCpusByDefault) {
   ThreadPool pool;
-  EXPECT_EQ(pool.num_threads(), std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  EXPECT_EQ(pool.num_threads(), AvailableCpus());
+  EXPECT_GE(AvailableCpus(), 1);
+  EXPECT_LE(AvailableCpus(), std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   EXPECT_EQ(ThreadPool(3).num_threads(), 3);
   EXPECT_EQ(DefaultThreadPool().num_threads(), pool.num_threads());
+  // Once the default pool exists its size is fixed.
+  EXPECT_FALSE(SetDefaultThreadCount(1));
+  EXPECT_EQ(DefaultThreadPool().num_threads(), pool.num_threads());
+}
+
+TEST(ThreadPoolTest, AvailableCpusFollowTheAffinityMask) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  EXPECT_EQ(AvailableCpus(), 1);  // as under taskset -c N, or a pinned container
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  EXPECT_GE(AvailableCpus(), 1);
+}
+
+TEST(ThreadPoolTest, CgroupQuotasRoundUpToWholeCpus) {
+  EXPECT_EQ(CpusOfQuota("200000 100000"), 2);
+  EXPECT_EQ(CpusOfQuota("150000 100000\n"), 2);  // 1.5 CPUs: two threads, throttled a little
+  EXPECT_EQ(CpusOfQuota("50000 100000"), 1);
+  EXPECT_EQ(CpusOfQuota("max 100000"), 0);  // no limit
+  EXPECT_EQ(CpusOfQuota("-1 100000"), 0);   // cgroup v1's "no limit"
+  EXPECT_EQ(CpusOfQuota(""), 0);
+  EXPECT_EQ(CpusOfQuota("lots 100000"), 0);
+  EXPECT_EQ(CpusOfQuota("100000 0"), 0);
 }
 
 TEST(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
