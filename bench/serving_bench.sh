@@ -41,24 +41,8 @@ model=models/tiny-moe
 out_dir=${out_dir:-$(mktemp -d /tmp/tandem-serving.XXXXXX)}
 mkdir -p "$out_dir"
 run_dir=$(mktemp -d /tmp/tandem-bench.XXXXXX)
-pids=()
-stop_all() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  pids=()
-}
+source scripts/lib.sh  # start, port, metric, stop_all
 trap 'stop_all; rm -rf "$run_dir"' EXIT
-start() {  # start NAME ARGS...
-  local name=$1; shift
-  "$bin/$name" --model="$model" --port_file="$run_dir/$name.ports" "$@" >"$run_dir/$name.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 300); do [[ -s "$run_dir/$name.ports" ]] && return; sleep 0.05; done
-  echo "$name did not start"; cat "$run_dir/$name.log"; exit 1
-}
-port() { sed -E "s/.*\"$2\": ([0-9]+).*/\1/" "$run_dir/$1.ports"; }
-metric() {  # metric NAME SERIES: the value of one sample on NAME's /metrics
-  curl -sf "http://127.0.0.1:$(port "$1" http_port)/metrics" | awk -v s="$2" '$1 ~ "^"s {print $2; exit}'
-}
 bench() {  # bench MODE SERVICE: every rate against SERVICE, results to $out_dir/MODE-rate-R.json
   local mode=$1 service=$2 rate endpoint
   if [[ $backend == http ]]; then

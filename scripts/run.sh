@@ -14,26 +14,8 @@ scripts/build.sh
 bin=build/bin
 model=models/tiny-moe
 run_dir=$(mktemp -d /tmp/tandem-run.XXXXXX)
-pids=()
-
-stop_all() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  rm -rf "$run_dir"
-}
-trap stop_all EXIT
-
-start() {  # start NAME ARGS... ; waits for the port file and /readyz
-  local name=$1; shift
-  "$bin/$name" --model="$model" --port_file="$run_dir/$name.ports" "$@" >"$run_dir/$name.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 200); do [[ -s "$run_dir/$name.ports" ]] && break; sleep 0.05; done
-  [[ -s "$run_dir/$name.ports" ]] || { echo "$name did not start:"; cat "$run_dir/$name.log"; exit 1; }
-}
-port() { sed -E "s/.*\"$2\": ([0-9]+).*/\1/" "$run_dir/$1.ports"; }
+source scripts/lib.sh  # start, port, stop_all
+trap 'stop_all; rm -rf "$run_dir"' EXIT
 
 start tandem-prefill
 start tandem-decode
