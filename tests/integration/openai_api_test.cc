@@ -5,11 +5,8 @@
 // gRPC SDK's answer to the same greedy request. Bad requests get OpenAI-shaped errors with
 // the right status and leave the server serving; a client that disconnects cancels its
 // request in the gateway and the decoder; overload answers 429 and draining 503.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -42,21 +39,6 @@ std::pair<std::string, int> RunCommand(const std::string& command) {
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
   return {out, pclose(pipe)};
-}
-
-// Sends `request` on a fresh socket to 127.0.0.1:`port`; the socket, or -1.
-int SendRaw(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 std::string Post(const std::string& path, const std::string& body) {
@@ -233,7 +215,8 @@ TEST_F(OpenAiApiTest, ClientThatDisconnectsCancelsItsRequestDownstream) {
   for (const char* stream : {"true}", "false}"}) {
     SCOPED_TRACE(stream);
     const double start = std::max(0.0, cancelled());
-    const int fd = SendRaw(gateway_.http_port, Post("/v1/completions", long_request + stream));
+    const int fd =
+        testing::ConnectAndSend(gateway_.http_port, Post("/v1/completions", long_request + stream));
     ASSERT_GE(fd, 0);
     // Leave once the decoder runs the sequence: mid-request, before the last token.
     EXPECT_TRUE(testing::WaitUntil(
@@ -256,7 +239,7 @@ TEST(OpenAiApiServeTest, OverloadGets429DrainingGets503AndNoInstance503) {
   ASSERT_TRUE(serve.ok()) << serve.status();
   const std::string long_request = R"({"prompt": "It is not easy to say what", "max_tokens": 480,
                                        "ignore_eos": true, "stream": true})";
-  const int fd = SendRaw(serve->http_port, Post("/v1/completions", long_request));
+  const int fd = testing::ConnectAndSend(serve->http_port, Post("/v1/completions", long_request));
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(testing::WaitUntil(
       [&] { return MetricValue(serve->http_port, "tandem_running_sequences") >= 1; },

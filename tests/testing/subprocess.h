@@ -83,6 +83,10 @@ class ServiceSet {
   std::vector<Subprocess> processes_;
 };
 
+// A client on a raw socket: connects to 127.0.0.1:`port` and sends `bytes` (an HTTP request);
+// the socket, left to the caller to read or close, or -1.
+int ConnectAndSend(int port, const std::string& bytes);
+
 // The value of the first sample of `name` on the /metrics page of the service on
 // `http_port` whose labels contain `label`; -1 when absent or unreachable.
 double MetricValue(int http_port, const std::string& name, const std::string& label = "");

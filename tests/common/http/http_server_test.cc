@@ -1,16 +1,14 @@
 #include "common/http/http_server.h"
 
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "tests/testing/subprocess.h"
 
 namespace tandem::http {
 namespace {
@@ -71,21 +69,8 @@ TEST(HttpServerTest, FetchFromClosedPortFails) {
 
 // A client that sends a GET for `path` on a raw socket and leaves the socket to the caller.
 int SendGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n";
-  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return -1;
-  }
-  return fd;
+  return testing::ConnectAndSend(
+      port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
 }
 
 TEST(HttpServerTest, StreamedBodyArrivesWholeAndInOrder) {
