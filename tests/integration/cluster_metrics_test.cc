@@ -27,6 +27,7 @@
 #include "common/http/http_server.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tests/testing/mixed_width_model.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -72,6 +73,13 @@ absl::StatusOr<nlohmann::json> Query(int port, const std::string& promql) {
     return absl::InternalError("prometheus query failed: " + r->body);
   }
   return doc["data"]["result"];
+}
+
+// The value of the first series an instant query returns; -1 when none.
+double Value(int port, const std::string& promql) {
+  auto result = Query(port, promql);
+  if (!result.ok() || result->empty()) return -1;
+  return std::stod((*result)[0]["value"][1].get<std::string>());
 }
 
 class ClusterMetricsTest : public ::testing::Test {
@@ -199,11 +207,7 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
 
   // The serving metrics of the one real generation: its request, first token, KV transfer
   // and decode steps, each from the role that saw it.
-  auto value = [&](const std::string& promql) -> double {
-    auto result = Query(prom_port, promql);
-    if (!result.ok() || result->empty()) return -1;
-    return std::stod((*result)[0]["value"][1].get<std::string>());
-  };
+  auto value = [&](const std::string& promql) { return Value(prom_port, promql); };
   EXPECT_EQ(value("tandem_requests_total{role=\"gateway\",outcome=\"ok\"}"), 1);
   EXPECT_EQ(value("tandem_time_to_first_token_seconds_count{role=\"gateway\"}"), 1);
   EXPECT_EQ(value("tandem_prompt_tokens_total{role=\"gateway\"}"),
@@ -250,25 +254,11 @@ TEST_F(ClusterMetricsTest, ServicesStartServeMetricsToPrometheusAndDrain) {
 
 TEST_F(ClusterMetricsTest, ShippedRulesAndDashboardQueriesAllAnswerFromALiveCluster) {
   // The decoder streams a tiered plan's experts from a pack, so expert panels have data too.
-  const std::string tandem = testing::BinDir() + "/tandem";
-  const std::string stats = model_ + "/pruning/calibration-valid.json";
-  const std::string reordered = dir_.path() + "/reordered";
-  const std::string tiered = dir_.path() + "/tiered.json";
-  const std::string pack =
-      absl::StrCat(testing::BinDir(), "/cluster_metrics_test.", getpid(), ".pack");
-  const std::string log = " >> " + dir_.path() + "/cli.log 2>&1";
-  for (const std::string& command :
-       {tandem + " reorder --model " + model_ + " --stats " + stats + " --out " + reordered,
-        tandem + " tier --plan " + model_ + "/pruning/reap-keep8.json --stats " + stats +
-            " --model " + reordered + " --hot_share 0.3 --warm_share 0.4 --out " + tiered,
-        tandem + " pack --model " + reordered + " --out " + pack}) {
-    ASSERT_EQ(std::system((command + log).c_str()), 0) << command << "\n"
-                                                       << ReadFile(dir_.path() + "/cli.log");
-  }
-  struct RemovePack {
-    std::string path;
-    ~RemovePack() { std::filesystem::remove(path); }
-  } remove_pack{pack};
+  auto prepared = testing::MakeMixedWidthModel(dir_.path());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  const std::string& reordered = prepared->model_dir;
+  const std::string& tiered = prepared->plan;
+  const std::string& pack = prepared->pack;
   testing::ServiceSet set(reordered);
   auto prefill = set.Start("tandem-prefill", {});
   ASSERT_TRUE(prefill.ok()) << prefill.status();
@@ -366,11 +356,7 @@ TEST_F(ClusterMetricsTest, ShippedRulesAndDashboardQueriesAllAnswerFromALiveClus
   }
   EXPECT_GE(queries, 30);
   // Numbers, not only series: the decoder streamed experts and decoded tokens.
-  auto value = [&](const std::string& promql) -> double {
-    auto result = Query(prom_port, promql);
-    if (!result.ok() || result->empty()) return -1;
-    return std::stod((*result)[0]["value"][1].get<std::string>());
-  };
+  auto value = [&](const std::string& promql) { return Value(prom_port, promql); };
   EXPECT_GT(value("sum(model:tandem_generated_tokens:rate1m)"), 0);
   EXPECT_GT(value("sum(rate(tandem_expert_load_bytes_total[1m]))"), 0);
   EXPECT_GT(value("sum(rate(tandem_expert_pairs_total{tier=\"cold\"}[1m]))"), 0);

@@ -19,6 +19,7 @@
 #include "common/http/http_server.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tests/testing/mixed_width_model.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -125,27 +126,11 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
 
 TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedWidth) {
   testing::TempDir work;
-  const std::string tandem = testing::BinDir() + "/tandem";
-  const std::string source = testing::SourceDir() + "/models/tiny-moe";
-  const std::string stats = source + "/pruning/calibration-valid.json";
-  const std::string reordered = work.path() + "/reordered";
-  const std::string tiered = work.path() + "/tiered.json";
-  // The pack on the build tree's disk: O_DIRECT needs a file system that supports it.
-  const std::string pack =
-      absl::StrCat(testing::BinDir(), "/pruned_cluster_test.", getpid(), ".pack");
-  const std::string log = " >> " + work.path() + "/cli.log 2>&1";
-  ASSERT_EQ(std::system((tandem + " reorder --model " + source + " --stats " + stats + " --out " +
-                         reordered + log)
-                            .c_str()),
-            0);
-  ASSERT_EQ(std::system((tandem + " tier --plan " + source + "/pruning/reap-keep8.json --stats " +
-                         stats + " --model " + reordered + " --hot_share 0.3 --warm_share 0.4 " +
-                         "--out " + tiered + log)
-                            .c_str()),
-            0);
-  ASSERT_EQ(std::system((tandem + " pack --model " + reordered + " --out " + pack + log).c_str()),
-            0);
-  const std::string plan = "--plan=" + tiered;
+  auto prepared = testing::MakeMixedWidthModel(work.path());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  const std::string& reordered = prepared->model_dir;
+  const std::string& pack = prepared->pack;
+  const std::string plan = "--plan=" + prepared->plan;
   // 6 layers x 16 experts x 3 x 384 x 192 x 2 bytes, a quarter of it.
   const std::string cache = absl::StrCat("--expert_cache_bytes=", 6 * 16 * 3 * 384 * 192 * 2 / 4);
 
@@ -173,7 +158,6 @@ TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedW
     ASSERT_NE(client, nullptr);
     colocated = GenerateAll(client.get());
   }
-  std::filesystem::remove(pack);
   ASSERT_EQ(disaggregated.size(), colocated.size());
   for (size_t k = 0; k < colocated.size(); ++k) {
     EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;

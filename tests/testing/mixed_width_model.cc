@@ -1,0 +1,52 @@
+#include "tests/testing/mixed_width_model.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem::testing {
+
+MixedWidthModel::~MixedWidthModel() {
+  if (!pack.empty()) std::filesystem::remove(pack);
+}
+
+MixedWidthModel::MixedWidthModel(MixedWidthModel&& other) noexcept
+    : model_dir(std::move(other.model_dir)),
+      plan(std::move(other.plan)),
+      pack(std::move(other.pack)) {
+  other.pack.clear();
+}
+
+absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir) {
+  const std::string tandem = BinDir() + "/tandem";
+  const std::string source = SourceDir() + "/models/tiny-moe";
+  const std::string stats = source + "/pruning/calibration-valid.json";
+  MixedWidthModel out;
+  out.model_dir = work_dir + "/reordered";
+  out.plan = work_dir + "/tiered.json";
+  const std::string pack = absl::StrCat(BinDir(), "/mixed_width_model.", getpid(), ".pack");
+  const std::string log = work_dir + "/cli.log";
+  for (const std::string& command :
+       {tandem + " reorder --model " + source + " --stats " + stats + " --out " + out.model_dir,
+        tandem + " tier --plan " + source + "/pruning/reap-keep8.json --stats " + stats +
+            " --model " + out.model_dir + " --hot_share 0.3 --warm_share 0.4 --out " + out.plan,
+        tandem + " pack --model " + out.model_dir + " --out " + pack}) {
+    if (std::system((command + " >> " + log + " 2>&1").c_str()) != 0) {
+      std::ifstream in(log);
+      std::stringstream text;
+      text << in.rdbuf();
+      std::filesystem::remove(pack);
+      return absl::InternalError(absl::StrCat(command, " failed:\n", text.str()));
+    }
+  }
+  out.pack = pack;
+  return out;
+}
+
+}  // namespace tandem::testing

@@ -1,0 +1,27 @@
+// The shipped tiny model prepared for a streamed, mixed-width decoder with the `tandem` CLI, as
+// a user would: its neurons reordered (tandem reorder), the REAP keep-8 plan tiered at Hot 0.3
+// / Warm 0.4 (tandem tier), and the reordered experts packed (tandem pack).
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::testing {
+
+struct MixedWidthModel {
+  std::string model_dir;  // the reordered checkpoint
+  std::string plan;       // the tiered plan (proto JSON)
+  std::string pack;       // the expert pack, for --expert_pack
+  // The pack goes away with this (it lives in the build tree, not in `work_dir`).
+  ~MixedWidthModel();
+  MixedWidthModel() = default;
+  MixedWidthModel(MixedWidthModel&& other) noexcept;
+  MixedWidthModel& operator=(MixedWidthModel&&) = delete;
+};
+
+// Writes the checkpoint and the plan under `work_dir`, and the pack on the build tree's disk
+// (O_DIRECT needs a file system that supports it); errors carry the CLI's output.
+absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir);
+
+}  // namespace tandem::testing
