@@ -10,6 +10,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 
@@ -42,10 +43,23 @@ class EngineLoopTest : public ::testing::Test {
     auto forward = ForwardPass::Create(weights_, pool_.get());
     ASSERT_TRUE(forward.ok());
     forward_ = *std::move(forward);
+    StartLoop();
+  }
+  // (Re)starts loop_ on a fresh scheduler over forward_.
+  void StartLoop(EngineLoop::StepObserver observer = nullptr) {
+    loop_.reset();
     auto scheduler =
         Scheduler::Create(forward_.get(), nullptr, 2, {.max_running = 8, .max_step_tokens = 64});
     ASSERT_TRUE(scheduler.ok());
-    loop_ = EngineLoop::Start(*std::move(scheduler));
+    loop_ = EngineLoop::Start(*std::move(scheduler), std::move(observer));
+  }
+  // Submits golden prompt 7 for 200 tokens, EOS ignored: long enough to cancel midway.
+  absl::StatusOr<SequenceId> SubmitLong(int key) {
+    SequenceRequest request;
+    request.prompt_ids = Prompt(7);
+    request.params.max_tokens = 200;
+    request.params.ignore_eos = true;
+    return loop_->Submit(std::move(request), Record(key));
   }
   void TearDown() override { loop_.reset(); }
 
@@ -118,11 +132,7 @@ TEST_F(EngineLoopTest, ConcurrentSubmittersGetTheReferenceTokens) {
 }
 
 TEST_F(EngineLoopTest, CancelStopsOutputsAndFreesBlocks) {
-  SequenceRequest request;
-  request.prompt_ids = Prompt(7);
-  request.params.max_tokens = 200;
-  request.params.ignore_eos = true;
-  auto id = loop_->Submit(std::move(request), Record(0));
+  auto id = SubmitLong(0);
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(testing::WaitUntil(
       [&] {
@@ -149,19 +159,12 @@ TEST_F(EngineLoopTest, ObserverSeesTheLoopEmptyAfterACancelThatNoStepFollows) {
   // idle, and the observer must still hear that nothing runs and every block is free.
   absl::Mutex reports_mu;
   std::vector<EngineLoop::StepReport> reports;
-  loop_.reset();
-  auto scheduler =
-      Scheduler::Create(forward_.get(), nullptr, 2, {.max_running = 8, .max_step_tokens = 64});
-  ASSERT_TRUE(scheduler.ok());
-  loop_ = EngineLoop::Start(*std::move(scheduler), [&](const EngineLoop::StepReport& report) {
+  StartLoop([&](const EngineLoop::StepReport& report) {
     absl::MutexLock lock(&reports_mu);
     reports.push_back(report);
   });
-  SequenceRequest request;
-  request.prompt_ids = Prompt(7);
-  request.params.max_tokens = 200;
-  request.params.ignore_eos = true;
-  auto id = loop_->Submit(std::move(request), Record(0));
+  absl::Cleanup stop_loop = [&] { loop_.reset(); };  // before `reports` goes, even on failure
+  auto id = SubmitLong(0);
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(testing::WaitUntil(
       [&] {
