@@ -1,5 +1,6 @@
 #include "common/rpc/rpc_metrics.h"
 
+#include "common/util/guard.h"
 #include "common/util/logging.h"
 #include "tandem/version.h"
 
@@ -39,7 +40,17 @@ RpcMetrics::RpcMetrics(metrics::Registry* registry) {
   requests_ = *requests;
   duration_ = *duration;
   (*build)->Add({{"version", kVersion}}).Set(1);
+  auto internal = registry->AddCounter(
+      "tandem_internal_errors_total",
+      "Exceptions caught at a handler's, reactor's or thread's edge (each is logged); the "
+      "process kept serving.");
+  TANDEM_CHECK(internal.ok()) << "metric registration";
+  metrics::Counter* counter = &(*internal)->Add({});
+  counter->Increment(static_cast<double>(util::InternalErrorCount()));
+  util::SetInternalErrorListener([counter](std::string_view) { counter->Increment(); });
 }
+
+RpcMetrics::~RpcMetrics() { util::SetInternalErrorListener(nullptr); }
 
 void RpcMetrics::Record(absl::string_view rpc, const grpc::Status& status, absl::Duration elapsed) {
   requests_->Add({{"rpc", std::string(rpc)}, {"code", std::string(CodeName(status.error_code()))}})

@@ -2,6 +2,7 @@
 //   tandem_rpc_requests_total{rpc, code}       finished RPCs by gRPC status code name
 //   tandem_rpc_duration_seconds{rpc}           time from arrival to finish
 //   tandem_build_info{version}                 always 1
+//   tandem_internal_errors_total               exceptions caught at an edge (util/guard.h)
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -15,7 +16,11 @@ namespace tandem::rpc {
 
 class RpcMetrics {
  public:
+  // Also counts the process's internal errors (one RpcMetrics per process does).
   explicit RpcMetrics(metrics::Registry* registry);
+  ~RpcMetrics();
+  RpcMetrics(const RpcMetrics&) = delete;
+  RpcMetrics& operator=(const RpcMetrics&) = delete;
   void Record(absl::string_view rpc, const grpc::Status& status, absl::Duration elapsed);
 
  private:
