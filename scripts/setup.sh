@@ -16,7 +16,6 @@ packages=(
   libabsl-dev libucx-dev ucx-utils
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libsentencepiece-dev
-  libcivetweb-dev civetweb
 )
 if [[ "$mode" != "--build" ]]; then
   # The format check, the Prometheus tests, and the serving benchmark's charts (gnuplot, jq).

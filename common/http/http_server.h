@@ -1,34 +1,34 @@
-// A small embedded HTTP/1.1 server (civetweb underneath) for the services' observability
-// endpoints and the gateway's OpenAI-compatible front.
+// The embedded HTTP/1.1 server of every Tandem service: /metrics, /healthz, /readyz, and the
+// gateway's OpenAI-compatible front. One event-loop thread (epoll) owns every connection;
+// handlers run on a small pool of worker threads; a streaming response holds no thread at
+// all: its writer is a thread-safe handle that any thread may write to later (an engine
+// callback, a gRPC reactor), so thousands of concurrent streams cost memory, not threads.
 //
-// Callers may assume: handlers run on the server's worker threads, concurrently; the server
-// has stopped, and no handler is running, once the HttpServer is destroyed. A streaming
-// handler holds its worker thread for as long as it writes.
+// What callers may assume:
+// - Handlers run on the worker threads, concurrently. A handler must not block for long (a
+//   streaming one keeps its writer and returns); an exception that escapes it is caught,
+//   logged, counted (util/guard.h) and answered with a 500.
+// - Requests are parsed by RequestParser (request_parser.h) within ServerOptions' limits; a
+//   malformed one is answered with a 4xx and an OpenAI-style JSON error body, and the server
+//   keeps serving.
+// - A client that leaves is noticed also while nothing is being written; a client that only
+//   half-closes its connection (shutdown(SHUT_WR) after its request) is not taken for gone.
+// - Once the HttpServer is destroyed, no handler is running, every connection is closed, and
+//   writers still held elsewhere report the client gone.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-
-struct mg_context;
-struct mg_connection;
+#include "absl/time/time.h"
+#include "common/http/request_parser.h"
 
 namespace tandem::http {
-
-struct Request {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // without the query string
-  std::string query;   // raw query string, without '?'
-  std::string body;
-  std::map<std::string, std::string> headers;  // names lower-cased
-};
 
 struct Response {
   int status = 200;
@@ -38,41 +38,47 @@ struct Response {
 
 using Handler = std::function<Response(const Request&)>;
 
-class ClientWatch;
+namespace internal {
+class Connection;
+}
 
 // How a streaming handler answers: either Send one whole response, or Start a response whose
-// body follows piece by piece (chunked transfer encoding), for server-sent events.
+// body follows piece by piece (chunked transfer coding), for server-sent events, then Finish.
+// Thread-safe; any thread may call it at any time, also after the handler returned. A writer
+// destroyed unfinished finishes the response (a 500 if nothing was sent yet).
 class ResponseWriter {
  public:
+  // Made by the server for each request.
+  ResponseWriter(std::shared_ptr<internal::Connection> connection, uint64_t generation);
+  ~ResponseWriter();
+  ResponseWriter(const ResponseWriter&) = delete;
+  ResponseWriter& operator=(const ResponseWriter&) = delete;
+
   // A whole response; only before Start. False when the client is gone.
   bool Send(const Response& response);
   // The status line and headers; the body follows in Write calls. Only once.
   bool Start(int status, absl::string_view content_type);
-  // One piece of the body, sent at once. False once the client is gone (the rest is dropped).
+  // One piece of the body, sent at once (queued if the socket is full). False once the
+  // client is gone, or when it reads so slowly that more than ServerOptions::
+  // max_buffered_bytes wait (the connection is then closed).
   bool Write(absl::string_view data);
-  bool started() const { return started_; }
-  // Runs `fn` once, on the server's watch thread, if the client closes its connection before
-  // the handler returns (also when nothing is being written, e.g. while a request waits for
-  // its first token). `fn` must be quick and must not call back into this writer; it may run
-  // until the server has seen the handler return, so what it captures must outlive that
-  // (share it rather than point at the handler's locals).
+  // Ends a started body. Nothing may be written after it.
+  void Finish();
+  // Runs `fn` once if the client goes away before the response is finished (at once, on this
+  // thread, if it already has; else on the server's loop thread). `fn` must be quick and must
+  // not call back into this writer.
   void OnClientGone(std::function<void()> fn);
-  // True once a write failed or the watch saw the client close.
   bool client_gone() const;
+  bool started() const;
 
  private:
-  friend class HttpServer;
-  ResponseWriter(mg_connection* conn, ClientWatch* watch) : conn_(conn), watch_(watch) {}
-  mg_connection* const conn_;
-  ClientWatch* const watch_;
-  bool started_ = false;
-  bool finished_ = false;
-  bool failed_ = false;
-  uint64_t watch_id_ = 0;
-  std::shared_ptr<std::atomic<bool>> gone_ = std::make_shared<std::atomic<bool>>(false);
+  const std::shared_ptr<internal::Connection> connection_;
+  // Which request on a kept-alive connection this writer answers: a writer kept past its
+  // response never touches the next one.
+  const uint64_t generation_;
 };
 
-using StreamHandler = std::function<void(const Request&, ResponseWriter*)>;
+using StreamHandler = std::function<void(const Request&, std::shared_ptr<ResponseWriter>)>;
 
 struct Route {
   std::string path;  // exact path, e.g. "/metrics"
@@ -85,9 +91,17 @@ struct Route {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                     // 0: an ephemeral port, see HttpServer::port()
-  int num_threads = 4;              // at most this many requests are handled at once; more wait
+  int num_threads = 4;              // worker threads that run handlers
+  int max_connections = 8192;       // more are answered 503 and closed
   size_t max_body_bytes = 1 << 20;  // larger request bodies get 413
-  int request_timeout_ms = 10000;
+  size_t max_header_bytes = 64 << 10;
+  // A request's line, headers and body must arrive within this (else 408).
+  absl::Duration request_timeout = absl::Seconds(10);
+  // An idle kept-alive connection is closed after this.
+  absl::Duration keep_alive_timeout = absl::Seconds(5);
+  // A client that reads nothing of a pending response for this long is dropped.
+  absl::Duration write_timeout = absl::Seconds(30);
+  size_t max_buffered_bytes = 8 << 20;  // per connection, waiting to be sent
 };
 
 class HttpServer {
@@ -100,26 +114,24 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // The bound port (the ephemeral one when options.port was 0).
-  int port() const { return port_; }
+  int port() const;
+  // Connections open now.
+  int num_connections() const;
+
+  class Core;
 
  private:
-  HttpServer(ServerOptions options, std::vector<Route> routes);
-  static int Dispatch(mg_connection* conn, void* self);
-
-  const ServerOptions options_;
-  const std::vector<Route> routes_;
-  std::unique_ptr<ClientWatch> watch_;
-  mg_context* ctx_ = nullptr;
-  int port_ = 0;
+  explicit HttpServer(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  std::shared_ptr<Core> core_;
 };
 
-// Minimal client for tests and health checks: one GET or POST with a deadline.
-struct ClientResponse {
-  int status = 0;
-  std::string body;
-};
-absl::StatusOr<ClientResponse> Fetch(const std::string& host, int port, const std::string& method,
-                                     const std::string& path, const std::string& body = "",
-                                     int timeout_ms = 5000);
+// OpenAI's JSON error shape, {"error": {"message", "type", "param", "code"}}, with the type
+// and code that go with `status`; the server's own refusals use it, and so does the gateway's
+// front. `param`: the request field concerned, or empty. Text that is not valid UTF-8 is
+// repaired (U+FFFD), so the body is always valid JSON.
+// `code` replaces the status's default code (e.g. "model_not_found").
+std::string ErrorBody(int status, absl::string_view message, absl::string_view param = "",
+                      const char* code = nullptr);
+const char* StatusText(int status);
 
 }  // namespace tandem::http

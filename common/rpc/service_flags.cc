@@ -15,9 +15,11 @@ ABSL_FLAG(int, grpc_port, 0, "gRPC port; 0 picks a free one (see --port_file).")
 ABSL_FLAG(int, http_port, 0,
           "HTTP port for /metrics, /healthz, /readyz (and the gateway's OpenAI API); 0 picks a "
           "free one.");
-ABSL_FLAG(int, http_threads, 64,
-          "HTTP requests handled at once; more wait. A streaming request holds one for its "
-          "whole life.");
+ABSL_FLAG(int, http_threads, 4,
+          "Threads that run HTTP handlers (parsing a request, rendering /metrics). A streaming "
+          "response holds none: one event loop carries every connection.");
+ABSL_FLAG(int, http_max_connections, 8192,
+          "HTTP connections open at once; more are answered 503 and closed.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write {\"grpc_port\",\"http_port\",\"pid\"} as JSON here once listening.");
 ABSL_FLAG(double, drain_timeout_s, 10.0,
@@ -40,9 +42,14 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const std::string& name) 
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
-  if (options.http_threads < 1 || options.http_threads > 4096) {
+  if (options.http_threads < 1 || options.http_threads > 256) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--http_threads=", options.http_threads, " must be within [1, 4096]"));
+        absl::StrCat("--http_threads=", options.http_threads, " must be within [1, 256]"));
+  }
+  options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  if (options.http_max_connections < 1 || options.http_max_connections > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http_max_connections=", options.http_max_connections, " must be within [1, 1000000]"));
   }
   const double drain = absl::GetFlag(FLAGS_drain_timeout_s);
   for (const auto& [flag, port] :

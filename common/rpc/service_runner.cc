@@ -105,6 +105,7 @@ int RunService(const ServiceOptions& options, std::vector<grpc::Service*> servic
   http_options.host = options.host;
   http_options.port = options.http_port;
   http_options.num_threads = options.http_threads;
+  http_options.max_connections = options.http_max_connections;
   http_options.max_body_bytes = options.http_max_body_bytes;
   auto exposer = metrics::StartExposer(http_options, registry, health, std::move(http_routes));
   if (!exposer.ok()) {

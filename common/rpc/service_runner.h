@@ -21,9 +21,10 @@ namespace tandem::rpc {
 struct ServiceOptions {
   std::string name;  // e.g. "tandem-decode", for logs
   std::string host = "127.0.0.1";
-  int grpc_port = 0;      // 0: ephemeral
-  int http_port = 0;      // 0: ephemeral
-  int http_threads = 64;  // HTTP requests handled at once (a streaming one holds its thread)
+  int grpc_port = 0;     // 0: ephemeral
+  int http_port = 0;     // 0: ephemeral
+  int http_threads = 4;  // threads running HTTP handlers (a streaming response holds none)
+  int http_max_connections = 8192;
   size_t http_max_body_bytes = 1 << 20;  // larger HTTP request bodies get 413
   // When set, {"grpc_port": N, "http_port": M, "pid": P} is written here (atomically) once
   // both ports are bound.

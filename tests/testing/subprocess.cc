@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/http/client.h"
 #include "common/http/http_server.h"
 #include "nlohmann/json.hpp"
 

@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/http/client.h"
+
 namespace tandem::metrics {
 namespace {
 
