@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/rpc/rpc_metrics.h"
+#include "common/util/timer_queue.h"
 
 namespace tandem::rpc {
 
@@ -29,6 +30,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
     void Push(T message) {
       absl::MutexLock lock(&mu_);
       if (reactor_ == nullptr || finished_) return;
+      last_push_ = absl::Now();
       pending_.push_back(std::move(message));
       reactor_->Pump();
     }
@@ -42,14 +44,50 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
     }
     // What to do when the client goes away; runs at once if it already has.
     void SetOnCancel(std::function<void()> on_cancel) {
-      absl::MutexLock lock(&mu_);
-      on_cancel_ = std::move(on_cancel);
-      if (cancelled_) on_cancel_();
+      {
+        absl::MutexLock lock(&mu_);
+        if (!cancelled_) {
+          on_cancel_ = std::move(on_cancel);
+          return;
+        }
+      }
+      on_cancel();  // outside the lock: it may end the stream
+    }
+    // From now on, whenever nothing has been pushed for `interval`, pushes `heartbeat` (a
+    // keep-alive the reader can tell from output), until the stream ends.
+    static void StartHeartbeats(const std::shared_ptr<Feed>& feed, absl::Duration interval,
+                                T heartbeat) {
+      {
+        absl::MutexLock lock(&feed->mu_);
+        feed->last_push_ = absl::Now();
+      }
+      ScheduleHeartbeat(feed, interval, std::move(heartbeat));
     }
 
    private:
     friend class QueuedWriter;
+    static void ScheduleHeartbeat(const std::shared_ptr<Feed>& feed, absl::Duration interval,
+                                  T heartbeat) {
+      std::weak_ptr<Feed> weak = feed;
+      util::TimerQueue::Shared().ScheduleAfter(
+          interval / 2, [weak, interval, heartbeat = std::move(heartbeat)]() mutable {
+            std::shared_ptr<Feed> f = weak.lock();
+            if (f == nullptr) return;
+            {
+              absl::MutexLock lock(&f->mu_);
+              if (f->reactor_ == nullptr || f->finished_ || f->done_) return;
+              if (absl::Now() - f->last_push_ >= interval) {
+                f->last_push_ = absl::Now();
+                f->pending_.push_back(heartbeat);
+                f->reactor_->Pump();
+              }
+            }
+            ScheduleHeartbeat(f, interval, std::move(heartbeat));
+          });
+    }
+
     absl::Mutex mu_;
+    absl::Time last_push_ ABSL_GUARDED_BY(mu_);
     QueuedWriter* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
     std::deque<T> pending_ ABSL_GUARDED_BY(mu_);
     bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -73,18 +111,27 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
   std::shared_ptr<Feed> feed() const { return feed_; }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&feed_->mu_);
-    feed_->writing_ = false;
-    feed_->pending_.pop_front();
-    if (!ok) {  // the client is gone
-      CancelLocked();
-      return;
+    std::function<void()> on_cancel;
+    {
+      absl::MutexLock lock(&feed_->mu_);
+      feed_->writing_ = false;
+      feed_->pending_.pop_front();
+      if (ok) {
+        Pump();
+        return;
+      }
+      on_cancel = CancelLocked();  // the client is gone
     }
-    Pump();
+    if (on_cancel) on_cancel();
   }
   void OnCancel() override {
-    absl::MutexLock lock(&feed_->mu_);
-    CancelLocked();
+    std::function<void()> on_cancel;
+    {
+      absl::MutexLock lock(&feed_->mu_);
+      on_cancel = CancelLocked();
+    }
+    // Outside the lock: stopping the producer may end the stream (Feed::End) at once.
+    if (on_cancel) on_cancel();
   }
   void OnDone() override {
     grpc::Status status;
@@ -109,13 +156,17 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
       this->Finish(feed_->final_status_);
     }
   }
-  void CancelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(feed_->mu_) {
-    if (feed_->finished_) return;
+  // Finishes the stream CANCELLED; returns the producer's cancel hook for the caller to run
+  // once it has let go of the lock.
+  std::function<void()> CancelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(feed_->mu_) {
+    if (feed_->finished_) return nullptr;
     feed_->cancelled_ = true;
-    if (feed_->on_cancel_) feed_->on_cancel_();
+    std::function<void()> on_cancel = std::move(feed_->on_cancel_);
+    feed_->on_cancel_ = nullptr;
     feed_->finished_ = true;
     feed_->final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
     this->Finish(feed_->final_status_);
+    return on_cancel;
   }
 
   RpcMetrics* const metrics_;

@@ -131,6 +131,16 @@ GatewayMetrics::GatewayMetrics(metrics::Registry* r) {
            ->Add({});
   http_requests = Must(r->AddCounter("tandem_http_requests_total",
                                      "OpenAI-compatible HTTP requests by path and status code."));
+  running = &Must(r->AddGauge("tandem_gateway_running_requests",
+                              "Generations dispatched now (at most --max_inflight)."))
+                 ->Add({});
+  queued = &Must(r->AddGauge("tandem_gateway_queued_requests",
+                             "Generations waiting for a place (at most --max_queued)."))
+                ->Add({});
+  queue_wait = &Must(r->AddHistogram("tandem_gateway_queue_wait_seconds",
+                                     "Time a generation waited for a place before dispatch.",
+                                     metrics::LatencyBuckets()))
+                    ->Add({});
 }
 
 }  // namespace tandem::serving

@@ -69,6 +69,9 @@ struct GatewayMetrics {
   metrics::Histogram* request_generation_tokens;  // tandem_request_generation_tokens
   // tandem_http_requests_total{path, code}: the OpenAI front's answers (known paths only).
   metrics::Family<metrics::Counter>* http_requests;
+  metrics::Gauge* running;         // tandem_gateway_running_requests: dispatched now
+  metrics::Gauge* queued;          // tandem_gateway_queued_requests: waiting for a place
+  metrics::Histogram* queue_wait;  // tandem_gateway_queue_wait_seconds
 };
 
 }  // namespace tandem::serving

@@ -134,6 +134,11 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* DecodeService::Decode(
   // The engine thread feeds the stream; a client that goes away cancels the sequence.
   auto* stream = new rpc::QueuedWriter<GenerateStreamResponse>(metrics_, "Decode");
   std::shared_ptr<rpc::QueuedWriter<GenerateStreamResponse>::Feed> feed = stream->feed();
+  GenerateStreamResponse heartbeat;
+  heartbeat.set_request_id(request->request_id());
+  heartbeat.set_heartbeat(true);
+  rpc::QueuedWriter<GenerateStreamResponse>::Feed::StartHeartbeats(
+      feed, options_.heartbeat_interval, std::move(heartbeat));
   const int prompt_tokens = request->prompt_token_ids_size();
   auto id = loop_->SubmitPrefilled(
       std::move(sequence), std::move(table), request->first_token_id(),

@@ -22,6 +22,8 @@ namespace tandem::decode {
 
 struct DecodeServiceOptions {
   absl::Duration lease = absl::Seconds(30);
+  // A stream with nothing to say for this long sends a keep-alive (a heartbeat message).
+  absl::Duration heartbeat_interval = absl::Seconds(2);
 };
 
 class DecodeService final : public tandem::v1::Decode::CallbackService {

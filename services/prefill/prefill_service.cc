@@ -175,6 +175,7 @@ grpc::ServerUnaryReactor* PrefillService::GetInfo(grpc::CallbackServerContext* c
     absl::MutexLock lock(&mu_);
     response->set_queue_depth(static_cast<int>(queue_.size()) + (busy_ ? 1 : 0));
   }
+  response->set_queue_capacity(options_.max_queue + 1);
   response->set_free_kv_blocks(forward_->pool()->num_free());
   response->set_total_kv_blocks(forward_->pool()->num_total());
   metrics_->Record("GetInfo", grpc::Status::OK, absl::ZeroDuration());

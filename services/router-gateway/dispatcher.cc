@@ -1,34 +1,31 @@
 #include "services/router-gateway/dispatcher.h"
 
 #include <arpa/inet.h>
-#include <grpcpp/grpcpp.h>
 #include <netdb.h>
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/util/guard.h"
 #include "common/util/logging.h"
+#include "common/util/timer_queue.h"
 
 namespace tandem::gateway {
-namespace {
 
-std::unique_ptr<grpc::ClientContext> ContextWithin(absl::Duration timeout) {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
-  return context;
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-}  // namespace
+// DispatchCall
 
 void DispatchCall::Cancel() {
-  absl::MutexLock lock(&mu_);
-  cancelled_ = true;
-  if (on_cancel_) on_cancel_();
+  std::map<uint64_t, std::function<void()>> hooks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return;
+    cancelled_ = true;
+    hooks.swap(hooks_);
+  }
+  for (auto& [id, fn] : hooks) util::Guarded("cancel hook", fn);
 }
 
 bool DispatchCall::cancelled() const {
@@ -36,16 +33,25 @@ bool DispatchCall::cancelled() const {
   return cancelled_;
 }
 
-void DispatchCall::OnCancel(std::function<void()> fn) {
-  absl::MutexLock lock(&mu_);
-  on_cancel_ = std::move(fn);
-  if (cancelled_) on_cancel_();
+uint64_t DispatchCall::OnCancel(std::function<void()> fn) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cancelled_) {
+      const uint64_t id = next_id_++;
+      hooks_[id] = std::move(fn);
+      return id;
+    }
+  }
+  util::Guarded("cancel hook", fn);
+  return 0;
 }
 
-void DispatchCall::ClearOnCancel() {
+void DispatchCall::RemoveOnCancel(uint64_t id) {
   absl::MutexLock lock(&mu_);
-  on_cancel_ = nullptr;
+  hooks_.erase(id);
 }
+
+// Name resolution
 
 absl::StatusOr<std::vector<std::string>> LookupTarget(const std::string& target) {
   const size_t colon = target.rfind(':');
@@ -84,40 +90,100 @@ std::vector<std::string> ResolveTarget(const std::string& target) {
   return found.ok() ? *std::move(found) : std::vector<std::string>{target};
 }
 
-Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
-                       const std::vector<std::string>& decode_targets,
-                       const DispatcherOptions& options)
-    : options_(options), prefill_targets_(prefill_targets), decode_targets_(decode_targets) {
-  Refresh(/*first=*/true);
-  health_ = std::thread([this] {
-    absl::Time next_resolve = absl::Now() + options_.resolve_interval;
-    while (true) {
-      if (options_.resolve_interval > absl::ZeroDuration() && absl::Now() >= next_resolve) {
-        Refresh(/*first=*/false);
-        next_resolve = absl::Now() + options_.resolve_interval;
-      }
-      CheckHealth();
-      absl::MutexLock lock(&mu_);
-      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-      absl::Duration wait = options_.health_interval;
-      if (options_.resolve_interval > absl::ZeroDuration()) {
-        wait = std::max(absl::ZeroDuration(), std::min(wait, next_resolve - absl::Now()));
-      }
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), wait)) return;
-    }
-  });
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view prefix = "") {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(prefix, s.error_message()));
 }
 
-Dispatcher::~Dispatcher() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
+// Codes after which the same request may be tried on another prefill instance.
+bool Retriable(grpc::StatusCode code) {
+  return code != grpc::StatusCode::INVALID_ARGUMENT && code != grpc::StatusCode::NOT_FOUND &&
+         code != grpc::StatusCode::UNIMPLEMENTED && code != grpc::StatusCode::UNAUTHENTICATED &&
+         code != grpc::StatusCode::PERMISSION_DENIED;
+}
+
+}  // namespace
+
+// Core
+
+class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
+ public:
+  // The last health check of one instance.
+  struct Health {
+    bool healthy = true;  // optimistic until the first check
+    int free_kv_blocks = 0;
+    int running = 0;
+    int queue_depth = 0;
+    int queue_capacity = 0;  // prompts the instance takes at once; 0: it did not say
+  };
+  // One address of a target; shared with the calls using it, so a refresh that drops it does
+  // not pull it from under them.
+  struct Instance {
+    std::string target;  // the --prefill / --decode entry it came from
+    std::string address;
+    std::unique_ptr<tandem::v1::Prefill::Stub> prefill;  // set in prefill instances
+    std::unique_ptr<tandem::v1::Decode::Stub> decode;    // set in decode instances
+    std::atomic<int> outstanding{0};  // prefill calls this gateway has in flight to it
+  };
+  using Pool = std::vector<std::shared_ptr<Instance>>;
+
+  Core(const std::vector<std::string>& prefill_targets,
+       const std::vector<std::string>& decode_targets, const DispatcherOptions& options)
+      : options(options), prefill_targets_(prefill_targets), decode_targets_(decode_targets) {}
+
+  const DispatcherOptions options;
+  util::TimerQueue timers;
+
+  // A client context for a downstream call: deadline and the internal API's metadata.
+  std::shared_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const {
+    auto context = std::make_shared<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(deadline));
+    for (const auto& [key, value] : options.call_metadata) context->AddMetadata(key, value);
+    return context;
   }
-  health_.join();
-}
 
-void Dispatcher::Refresh(bool first) {
-  const Resolver resolve = options_.resolve ? options_.resolve : Resolver(LookupTarget);
+  void Refresh(bool first);
+  void CheckHealth();
+  Pool DecodeOrder();
+  // Healthy instances with room in their queue first; `any_room` is false when every healthy
+  // instance is at its capacity.
+  Pool PrefillOrder(bool* any_room);
+  std::vector<std::string> Addresses(bool prefill) const;
+
+  bool stopping() const {
+    absl::MutexLock lock(&mu_);
+    return stop_;
+  }
+  // Registers a live generation; false once stopping.
+  bool Enter(uint64_t* id, std::function<void()> cancel);
+  void Leave(uint64_t id);
+  int running() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(live_.size());
+  }
+  // Stops and cancels the live generations; waits up to `deadline` for them to end.
+  void Stop(absl::Duration deadline);
+  bool WaitStop(absl::Duration interval) {
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    return mu_.AwaitWithTimeout(absl::Condition(&stopping), interval);
+  }
+
+ private:
+  const std::vector<std::string> prefill_targets_, decode_targets_;
+  std::atomic<uint64_t> next_prefill_{0}, next_decode_{0};
+  mutable absl::Mutex mu_;
+  Pool prefill_ ABSL_GUARDED_BY(mu_), decode_ ABSL_GUARDED_BY(mu_);
+  std::map<const Instance*, Health> health_of_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_live_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::function<void()>> live_ ABSL_GUARDED_BY(mu_);  // id -> its cancel
+};
+
+void Dispatcher::Core::Refresh(bool first) {
+  const Resolver resolve = options.resolve ? options.resolve : Resolver(LookupTarget);
   Pool old_prefill, old_decode;
   {
     absl::MutexLock lock(&mu_);
@@ -155,7 +221,9 @@ void Dispatcher::Refresh(bool first) {
         auto instance = std::make_shared<Instance>();
         instance->target = target;
         instance->address = address;
-        auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+        auto channel = grpc::CreateChannel(address, options.credentials != nullptr
+                                                        ? options.credentials
+                                                        : grpc::InsecureChannelCredentials());
         if (is_decode) {
           instance->decode = tandem::v1::Decode::NewStub(channel);
         } else {
@@ -195,25 +263,18 @@ void Dispatcher::Refresh(bool first) {
     TANDEM_LOG(INFO) << "gateway: instances changed: added [" << absl::StrJoin(added, ", ")
                      << "], removed [" << absl::StrJoin(removed, ", ") << "]";
   }
-  if (options_.on_instances) options_.on_instances(num_prefill, num_decode);
+  if (options.on_instances) options.on_instances(num_prefill, num_decode);
 }
 
-std::vector<std::string> Dispatcher::prefill_addresses() const {
+std::vector<std::string> Dispatcher::Core::Addresses(bool prefill) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> out;
-  for (const auto& instance : prefill_) out.push_back(instance->address);
+  for (const auto& instance : prefill ? prefill_ : decode_) out.push_back(instance->address);
   return out;
 }
 
-std::vector<std::string> Dispatcher::decode_addresses() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> out;
-  for (const auto& instance : decode_) out.push_back(instance->address);
-  return out;
-}
-
-void Dispatcher::CheckHealth() {
-  const absl::Duration deadline = std::min(options_.health_interval, absl::Seconds(2));
+void Dispatcher::Core::CheckHealth() {
+  const absl::Time deadline = absl::Now() + std::min(options.health_interval, absl::Seconds(2));
   Pool prefill, decode;
   {
     absl::MutexLock lock(&mu_);
@@ -223,14 +284,15 @@ void Dispatcher::CheckHealth() {
   std::map<const Instance*, Health> checked;
   for (const auto& instance : prefill) {
     tandem::v1::InstanceInfo info;
-    auto context = ContextWithin(deadline);
+    auto context = NewContext(deadline);
     Health& h = checked[instance.get()];
     h.healthy = instance->prefill->GetInfo(context.get(), {}, &info).ok();
     h.queue_depth = info.queue_depth();
+    h.queue_capacity = info.queue_capacity();
   }
   for (const auto& instance : decode) {
     tandem::v1::InstanceInfo info;
-    auto context = ContextWithin(deadline);
+    auto context = NewContext(deadline);
     Health& h = checked[instance.get()];
     h.healthy = instance->decode->GetInfo(context.get(), {}, &info).ok();
     h.free_kv_blocks = info.free_kv_blocks();
@@ -243,12 +305,13 @@ void Dispatcher::CheckHealth() {
   }
 }
 
-Dispatcher::Pool Dispatcher::DecodeOrder() {
+Dispatcher::Core::Pool Dispatcher::Core::DecodeOrder() {
   absl::MutexLock lock(&mu_);
   Pool order;
   const uint64_t rotate = next_decode_++;
-  for (size_t i = 0; i < decode_.size(); ++i)
+  for (size_t i = 0; i < decode_.size(); ++i) {
     order.push_back(decode_[(rotate + i) % decode_.size()]);
+  }
   std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
     const Health& x = health_of_[a.get()];
     const Health& y = health_of_[b.get()];
@@ -259,126 +322,459 @@ Dispatcher::Pool Dispatcher::DecodeOrder() {
   return order;
 }
 
-Dispatcher::Pool Dispatcher::PrefillOrder() {
+Dispatcher::Core::Pool Dispatcher::Core::PrefillOrder(bool* any_room) {
   absl::MutexLock lock(&mu_);
   Pool order;
   const uint64_t rotate = next_prefill_++;
   for (size_t i = 0; i < prefill_.size(); ++i) {
     order.push_back(prefill_[(rotate + i) % prefill_.size()]);
   }
+  auto room = [&](const Instance* instance) {
+    const Health& h = health_of_[instance];
+    return h.queue_capacity == 0 || instance->outstanding.load() < h.queue_capacity;
+  };
+  // "No room" only when some instance is healthy and every healthy one is at its capacity:
+  // without a healthy instance the attempts go on and fail with their reasons.
+  bool any_healthy = false, healthy_room = false;
+  for (const auto& instance : order) {
+    if (!health_of_[instance.get()].healthy) continue;
+    any_healthy = true;
+    if (room(instance.get())) healthy_room = true;
+  }
+  *any_room = !any_healthy || healthy_room;
   std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
     const Health& x = health_of_[a.get()];
     const Health& y = health_of_[b.get()];
     if (x.healthy != y.healthy) return x.healthy;
-    return x.queue_depth < y.queue_depth;
+    const bool rx = room(a.get()), ry = room(b.get());
+    if (rx != ry) return rx;
+    return std::max(x.queue_depth, a->outstanding.load()) <
+           std::max(y.queue_depth, b->outstanding.load());
   });
   return order;
 }
 
-absl::Status Dispatcher::Run(
-    const std::string& request_id, const std::vector<int32_t>& prompt,
-    const tandem::v1::SamplingParams& sampling, int max_tokens, DispatchCall* call,
-    const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk) {
-  const Pool decode_order = DecodeOrder();
-  const Pool prefill_order = PrefillOrder();
-  if (prefill_order.empty() || decode_order.empty()) {
-    return absl::UnavailableError(
-        "this gateway has no prefill or no decode instances (--prefill, --decode)");
+bool Dispatcher::Core::Enter(uint64_t* id, std::function<void()> cancel) {
+  absl::MutexLock lock(&mu_);
+  if (stop_) return false;
+  *id = next_live_++;
+  live_[*id] = std::move(cancel);
+  return true;
+}
+
+void Dispatcher::Core::Leave(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  live_.erase(id);
+}
+
+void Dispatcher::Core::Stop(absl::Duration deadline) {
+  std::vector<std::function<void()>> cancels;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    for (auto& [id, cancel] : live_) cancels.push_back(cancel);
   }
-  // 1. Reserve KV blocks on a decode instance.
-  std::vector<std::string> failures;
-  bool all_full = true;  // every decode instance answered that it has no room
-  tandem::v1::ReserveResponse reserved;
-  std::shared_ptr<Instance> d;
-  for (const auto& k : decode_order) {
-    if (d != nullptr) break;
-    tandem::v1::ReserveRequest reserve;
-    reserve.set_request_id(request_id);
-    reserve.set_prompt_tokens(static_cast<int>(prompt.size()));
-    reserve.set_max_tokens(max_tokens);
-    auto context = ContextWithin(options_.reserve_deadline);
-    const grpc::Status s = k->decode->Reserve(context.get(), reserve, &reserved);
-    if (s.ok()) {
-      d = k;
-    } else if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-      return FromGrpc(s);
-    } else {
-      all_full = all_full && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      failures.push_back(absl::StrCat("decode ", k->address, ": ", s.error_message()));
-    }
+  for (auto& cancel : cancels) util::Guarded("dispatcher stop", cancel);
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_.empty(); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&idle), deadline)) {
+    TANDEM_LOG(WARNING) << "gateway: " << live_.size()
+                        << " generations still running at shutdown; they end on their own";
   }
-  if (d == nullptr) {
+}
+
+// One generation's way through the cluster.
+namespace {
+
+using Core = Dispatcher::Core;
+using tandem::v1::GenerateStreamResponse;
+
+class Generation;
+
+// The decode stream's reader (gRPC deletes nothing here: it deletes itself in OnDone).
+class DecodeReader : public grpc::ClientReadReactor<GenerateStreamResponse> {
+ public:
+  explicit DecodeReader(std::shared_ptr<Generation> generation)
+      : generation_(std::move(generation)) {}
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+  GenerateStreamResponse message;
+
+ private:
+  std::shared_ptr<Generation> generation_;
+};
+
+class Generation : public std::enable_shared_from_this<Generation> {
+ public:
+  Generation(std::shared_ptr<Core> core, GenerationRequest request,
+             std::shared_ptr<DispatchCall> call, std::shared_ptr<GenerationSink> sink)
+      : core_(std::move(core)),
+        request_(std::move(request)),
+        call_(std::move(call)),
+        sink_(std::move(sink)) {}
+
+  void Start();
+  void OnDecodeMessage(const GenerateStreamResponse& message);
+  void OnDecodeDone(const grpc::Status& status);
+
+ private:
+  // Tries decode instances from decode_order_[i] on.
+  void Reserve(size_t i);
+  void OnReserved(size_t i, const grpc::Status& status);
+  // Runs the prompt on prefill_order_[next_prefill_], or the next one that has room.
+  void Prefill();
+  void OnPrefilled(const std::shared_ptr<Core::Instance>& p, const grpc::Status& status);
+  // Another prefill instance, with a fresh reservation; or the end.
+  void RetryPrefill();
+  void StartDecode();
+  // Drops the reservation now held, if any (asynchronously; its answer does not matter).
+  void ReleaseReservation();
+  void CheckIdle();
+  void Finish(absl::Status status);
+  // Makes `context` the call that cancelling cancels.
+  void Track(std::shared_ptr<grpc::ClientContext> context);
+  void Cancel();
+  bool cancelled();
+
+  const std::shared_ptr<Core> core_;
+  const GenerationRequest request_;
+  const std::shared_ptr<DispatchCall> call_;
+  const std::shared_ptr<GenerationSink> sink_;
+  uint64_t live_id_ = 0;
+  uint64_t cancel_hook_ = 0;
+
+  Core::Pool decode_order_, prefill_order_;
+  size_t next_prefill_ = 0;
+  std::vector<std::string> failures_;
+  bool all_decode_full_ = true;
+  bool all_prefill_full_ = true;
+
+  // The reservation held now.
+  std::shared_ptr<Core::Instance> decode_;
+  tandem::v1::ReserveRequest reserve_request_;
+  tandem::v1::ReserveResponse reserved_;
+  absl::Time reserve_sent_;
+  bool holding_ = false;
+  tandem::v1::PrefillRequest prefill_request_;
+  tandem::v1::PrefillResponse prefilled_;
+  tandem::v1::DecodeRequest decode_request_;
+
+  absl::Mutex mu_;
+  std::shared_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);  // the call in flight
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_message_ ABSL_GUARDED_BY(mu_);
+  bool idle_expired_ ABSL_GUARDED_BY(mu_) = false;
+  util::TimerQueue::Id idle_timer_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+void DecodeReader::OnReadDone(bool ok) {
+  if (!ok) return;  // the stream ended: OnDone follows
+  generation_->OnDecodeMessage(message);
+  StartRead(&message);
+}
+
+void DecodeReader::OnDone(const grpc::Status& status) {
+  util::Guarded("decode stream end", [&] { generation_->OnDecodeDone(status); });
+  delete this;
+}
+
+void Generation::Start() {
+  if (!core_->Enter(&live_id_, [weak = weak_from_this()] {
+        if (auto self = weak.lock()) self->Cancel();
+      })) {
+    sink_->OnDone(absl::UnavailableError("the gateway is stopping"));
+    return;
+  }
+  cancel_hook_ = call_->OnCancel([weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->Cancel();
+  });
+  decode_order_ = core_->DecodeOrder();
+  bool any_room = false;
+  prefill_order_ = core_->PrefillOrder(&any_room);
+  if (prefill_order_.empty() || decode_order_.empty()) {
+    return Finish(absl::UnavailableError(
+        "this gateway has no prefill or no decode instances (--prefill, --decode)"));
+  }
+  if (!any_room) {
+    // Every prefill queue this gateway knows of is full: hold no reservation meanwhile.
+    return Finish(absl::ResourceExhaustedError("every prefill instance's queue is full"));
+  }
+  Reserve(0);
+}
+
+void Generation::Cancel() {
+  std::shared_ptr<grpc::ClientContext> context;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    context = context_;
+  }
+  if (context != nullptr) context->TryCancel();
+}
+
+void Generation::Track(std::shared_ptr<grpc::ClientContext> context) {
+  bool cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    context_ = context;
+    cancelled = cancelled_;
+  }
+  if (cancelled) context->TryCancel();
+}
+
+bool Generation::cancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+void Generation::Reserve(size_t i) {
+  if (i == decode_order_.size()) {
     // All full is overload (retry later); anything else means no instance can serve now.
     const std::string why =
-        absl::StrCat("no decode instance could take the request: ", absl::StrJoin(failures, "; "));
-    return all_full ? absl::ResourceExhaustedError(why) : absl::UnavailableError(why);
+        absl::StrCat("no decode instance could take the request: ", absl::StrJoin(failures_, "; "));
+    return Finish(all_decode_full_ ? absl::ResourceExhaustedError(why)
+                                   : absl::UnavailableError(why));
   }
-  auto release = [&] {
-    tandem::v1::ReleaseRequest r;
-    r.set_handle(reserved.handle());
-    tandem::v1::ReleaseResponse ignored;
-    auto context = ContextWithin(options_.reserve_deadline);
-    (void)d->decode->Release(context.get(), r, &ignored);
-  };
-
-  // 2. Prefill, writing the KV into the reservation; another instance if one fails.
-  tandem::v1::PrefillRequest prefill;
-  prefill.set_request_id(request_id);
-  prefill.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
-  *prefill.mutable_sampling() = sampling;
-  prefill.mutable_sampling()->set_max_tokens(max_tokens);
-  *prefill.mutable_target() = reserved.target();
-  tandem::v1::PrefillResponse prefilled;
-  bool done = false;
-  bool all_queues_full = true;
-  for (const auto& k : prefill_order) {
-    if (done) break;
-    if (call->cancelled()) {
-      release();
-      return absl::CancelledError("the client went away");
-    }
-    auto context = ContextWithin(options_.prefill_deadline);
-    call->OnCancel([c = context.get()] { c->TryCancel(); });
-    const grpc::Status s = k->prefill->Prefill(context.get(), prefill, &prefilled);
-    call->ClearOnCancel();
-    if (s.ok()) {
-      done = true;
-    } else if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-      release();
-      return FromGrpc(s);
-    } else {
-      all_queues_full = all_queues_full && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      failures.push_back(absl::StrCat("prefill ", k->address, ": ", s.error_message()));
-    }
-  }
-  if (!done) {
-    release();
-    const std::string why =
-        absl::StrCat("no prefill instance could run the prompt: ", absl::StrJoin(failures, "; "));
-    return all_queues_full ? absl::ResourceExhaustedError(why) : absl::UnavailableError(why);
-  }
-
-  // 3. Decode from that KV cache, streaming.
-  tandem::v1::DecodeRequest decode;
-  decode.set_request_id(request_id);
-  decode.set_handle(reserved.handle());
-  decode.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
-  decode.set_first_token_id(prefilled.first_token_id());
-  *decode.mutable_sampling() = sampling;
-  decode.mutable_sampling()->set_max_tokens(max_tokens);
-  auto context = ContextWithin(options_.decode_deadline);
-  call->OnCancel([c = context.get()] { c->TryCancel(); });
-  auto reader = d->decode->Decode(context.get(), decode);
-  tandem::v1::GenerateStreamResponse chunk;
-  while (reader->Read(&chunk)) on_chunk(chunk);
-  const grpc::Status s = reader->Finish();
-  call->ClearOnCancel();
-  if (!s.ok()) {
-    if (call->cancelled()) return absl::CancelledError("the client went away");
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("decode ", d->address, ": ", s.error_message()));
-  }
-  return absl::OkStatus();
+  if (cancelled()) return Finish(absl::CancelledError("the client went away"));
+  const std::shared_ptr<Core::Instance>& d = decode_order_[i];
+  reserve_request_.set_request_id(request_.request_id);
+  reserve_request_.set_prompt_tokens(static_cast<int>(request_.prompt.size()));
+  reserve_request_.set_max_tokens(request_.max_tokens);
+  reserved_.Clear();
+  // Measured before the call: the lease starts no earlier at the decode instance.
+  reserve_sent_ = absl::Now();
+  auto context = core_->NewContext(reserve_sent_ + core_->options.reserve_deadline);
+  Track(context);
+  d->decode->async()->Reserve(context.get(), &reserve_request_, &reserved_,
+                              [self = shared_from_this(), i, context](grpc::Status s) {
+                                util::Guarded("reserve done", [&] { self->OnReserved(i, s); });
+                              });
 }
+
+void Generation::OnReserved(size_t i, const grpc::Status& s) {
+  const std::shared_ptr<Core::Instance>& d = decode_order_[i];
+  if (s.ok()) {
+    decode_ = d;
+    holding_ = true;
+    return Prefill();
+  }
+  if (cancelled()) return Finish(absl::CancelledError("the client went away"));
+  if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) return Finish(FromGrpc(s));
+  all_decode_full_ = all_decode_full_ && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  failures_.push_back(absl::StrCat("decode ", d->address, ": ", s.error_message()));
+  Reserve(i + 1);
+}
+
+void Generation::Prefill() {
+  if (cancelled()) {
+    ReleaseReservation();
+    return Finish(absl::CancelledError("the client went away"));
+  }
+  std::shared_ptr<Core::Instance> p = prefill_order_[next_prefill_];
+  // Within the lease, less a margin: the decode instance frees the blocks when it ends.
+  const absl::Duration lease = absl::Milliseconds(reserved_.lease_ms());
+  const absl::Duration margin = std::max(core_->options.lease_margin, lease / 20);
+  const absl::Time deadline =
+      std::min(absl::Now() + core_->options.prefill_deadline, reserve_sent_ + lease - margin);
+  prefill_request_.set_request_id(request_.request_id);
+  prefill_request_.mutable_prompt_token_ids()->Assign(request_.prompt.begin(),
+                                                      request_.prompt.end());
+  *prefill_request_.mutable_sampling() = request_.sampling;
+  prefill_request_.mutable_sampling()->set_max_tokens(request_.max_tokens);
+  *prefill_request_.mutable_target() = reserved_.target();
+  prefilled_.Clear();
+  auto context = core_->NewContext(deadline);
+  Track(context);
+  p->outstanding.fetch_add(1);
+  p->prefill->async()->Prefill(context.get(), &prefill_request_, &prefilled_,
+                               [self = shared_from_this(), p, context](grpc::Status s) {
+                                 p->outstanding.fetch_sub(1);
+                                 util::Guarded("prefill done", [&] { self->OnPrefilled(p, s); });
+                               });
+}
+
+void Generation::OnPrefilled(const std::shared_ptr<Core::Instance>& p, const grpc::Status& s) {
+  if (s.ok()) return StartDecode();
+  if (cancelled()) {
+    ReleaseReservation();
+    return Finish(absl::CancelledError("the client went away"));
+  }
+  if (!Retriable(s.error_code())) {
+    ReleaseReservation();
+    return Finish(FromGrpc(s, absl::StrCat("prefill ", p->address, ": ")));
+  }
+  all_prefill_full_ = all_prefill_full_ && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    failures_.push_back(absl::StrCat("prefill ", p->address,
+                                     ": did not finish within the reservation's lease (",
+                                     reserved_.lease_ms(), " ms)"));
+  } else {
+    failures_.push_back(absl::StrCat("prefill ", p->address, ": ", s.error_message()));
+  }
+  RetryPrefill();
+}
+
+void Generation::RetryPrefill() {
+  // The failed attempt may still write (a stalled instance that resumes): its reservation
+  // goes, and with it everything that attempt could reach.
+  ReleaseReservation();
+  ++next_prefill_;
+  if (next_prefill_ >= prefill_order_.size()) {
+    const std::string why =
+        absl::StrCat("no prefill instance could run the prompt: ", absl::StrJoin(failures_, "; "));
+    return Finish(all_prefill_full_ ? absl::ResourceExhaustedError(why)
+                                    : absl::UnavailableError(why));
+  }
+  // A fresh reservation (OnReserved goes on with prefill_order_[next_prefill_]).
+  decode_order_ = core_->DecodeOrder();
+  all_decode_full_ = true;
+  Reserve(0);
+}
+
+void Generation::ReleaseReservation() {
+  if (!holding_) return;
+  holding_ = false;
+  auto release = std::make_shared<tandem::v1::ReleaseRequest>();
+  release->set_handle(reserved_.handle());
+  auto response = std::make_shared<tandem::v1::ReleaseResponse>();
+  auto context = core_->NewContext(absl::Now() + core_->options.reserve_deadline);
+  decode_->decode->async()->Release(context.get(), release.get(), response.get(),
+                                    [context, release, response](grpc::Status) {});
+}
+
+void Generation::StartDecode() {
+  if (cancelled()) {
+    ReleaseReservation();
+    return Finish(absl::CancelledError("the client went away"));
+  }
+  decode_request_.set_request_id(request_.request_id);
+  decode_request_.set_handle(reserved_.handle());
+  decode_request_.mutable_prompt_token_ids()->Assign(request_.prompt.begin(),
+                                                     request_.prompt.end());
+  decode_request_.set_first_token_id(prefilled_.first_token_id());
+  *decode_request_.mutable_sampling() = request_.sampling;
+  decode_request_.mutable_sampling()->set_max_tokens(request_.max_tokens);
+  auto context = core_->NewContext(absl::Now() + core_->options.decode_deadline);
+  // From here the decode instance owns the blocks: it frees them when the stream ends.
+  holding_ = false;
+  Track(context);
+  {
+    absl::MutexLock lock(&mu_);
+    last_message_ = absl::Now();
+  }
+  CheckIdle();
+  auto* reader = new DecodeReader(shared_from_this());
+  decode_->decode->async()->Decode(context.get(), &decode_request_, reader);
+  reader->StartRead(&reader->message);
+  reader->StartCall();
+}
+
+void Generation::CheckIdle() {
+  const absl::Duration timeout = core_->options.stream_idle_timeout;
+  std::shared_ptr<grpc::ClientContext> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (absl::Now() - last_message_ > timeout) {
+      idle_expired_ = true;
+      expired = context_;
+    } else {
+      idle_timer_ = core_->timers.ScheduleAfter(std::max(timeout / 4, absl::Milliseconds(10)),
+                                                [weak = weak_from_this()] {
+                                                  if (auto self = weak.lock()) self->CheckIdle();
+                                                });
+    }
+  }
+  if (expired != nullptr) expired->TryCancel();
+}
+
+void Generation::OnDecodeMessage(const GenerateStreamResponse& message) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_message_ = absl::Now();
+  }
+  if (message.heartbeat()) {
+    sink_->OnKeepAlive();
+    return;
+  }
+  sink_->OnChunk(message);
+}
+
+void Generation::OnDecodeDone(const grpc::Status& s) {
+  bool cancelled, idle;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = cancelled_;
+    idle = idle_expired_;
+  }
+  if (s.ok()) return Finish(absl::OkStatus());
+  if (idle) {
+    return Finish(absl::UnavailableError(
+        absl::StrCat("decode ", decode_->address, " sent nothing for ",
+                     absl::FormatDuration(core_->options.stream_idle_timeout))));
+  }
+  if (cancelled) return Finish(absl::CancelledError("the client went away"));
+  Finish(FromGrpc(s, absl::StrCat("decode ", decode_->address, ": ")));
+}
+
+void Generation::Finish(absl::Status status) {
+  util::TimerQueue::Id timer;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    context_ = nullptr;
+    timer = idle_timer_;
+  }
+  if (timer != 0) core_->timers.Cancel(timer);
+  call_->RemoveOnCancel(cancel_hook_);
+  util::Guarded("generation sink", [&] { sink_->OnDone(status); });
+  core_->Leave(live_id_);
+}
+
+}  // namespace
+
+// Dispatcher
+
+Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
+                       const std::vector<std::string>& decode_targets,
+                       const DispatcherOptions& options)
+    : core_(std::make_shared<Core>(prefill_targets, decode_targets, options)) {
+  core_->Refresh(/*first=*/true);
+  health_ = std::thread([core = core_] {
+    absl::Time next_resolve = absl::Now() + core->options.resolve_interval;
+    while (true) {
+      util::Guarded("gateway health check", [&] {
+        if (core->options.resolve_interval > absl::ZeroDuration() && absl::Now() >= next_resolve) {
+          core->Refresh(/*first=*/false);
+          next_resolve = absl::Now() + core->options.resolve_interval;
+        }
+        core->CheckHealth();
+      });
+      absl::Duration wait = core->options.health_interval;
+      if (core->options.resolve_interval > absl::ZeroDuration()) {
+        wait = std::max(absl::ZeroDuration(), std::min(wait, next_resolve - absl::Now()));
+      }
+      if (core->WaitStop(wait)) return;
+    }
+  });
+}
+
+Dispatcher::~Dispatcher() {
+  core_->Stop(absl::Seconds(10));
+  health_.join();
+}
+
+void Dispatcher::Start(GenerationRequest request, std::shared_ptr<DispatchCall> call,
+                       std::shared_ptr<GenerationSink> sink) {
+  auto generation =
+      std::make_shared<Generation>(core_, std::move(request), std::move(call), std::move(sink));
+  generation->Start();
+}
+
+std::vector<std::string> Dispatcher::prefill_addresses() const { return core_->Addresses(true); }
+std::vector<std::string> Dispatcher::decode_addresses() const { return core_->Addresses(false); }
+int Dispatcher::running() const { return core_->running(); }
 
 }  // namespace tandem::gateway

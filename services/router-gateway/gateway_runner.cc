@@ -9,8 +9,13 @@
 
 ABSL_FLAG(int64_t, max_prompt_bytes, 1 << 20, "Largest prompt accepted, in bytes.");
 ABSL_FLAG(int, max_inflight, 256,
-          "Generations running at once (gRPC and HTTP together); more are refused with "
+          "Generations dispatched at once (gRPC and HTTP together); more wait in the queue.");
+ABSL_FLAG(int, max_queued, 4096,
+          "Generations waiting for a place (first come, first served); more are refused with "
           "RESOURCE_EXHAUSTED (HTTP 429).");
+ABSL_FLAG(double, queue_timeout_s, 120,
+          "Seconds a generation may wait for a place (in the gateway's queue, or because every "
+          "prefill queue or decode pool is full) before it is refused with RESOURCE_EXHAUSTED.");
 
 namespace tandem::gateway {
 
@@ -27,6 +32,18 @@ absl::Status ApplyGatewayFlags(GatewayConfig* config) {
         absl::StrCat("--max_inflight=", max_inflight, " must be >= 1"));
   }
   config->max_inflight = max_inflight;
+  const int max_queued = absl::GetFlag(FLAGS_max_queued);
+  if (max_queued < 0 || max_queued > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_queued=", max_queued, " must be within [0, 1000000]"));
+  }
+  config->max_queued = max_queued;
+  const double queue_timeout = absl::GetFlag(FLAGS_queue_timeout_s);
+  if (!(queue_timeout >= 0 && queue_timeout <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--queue_timeout_s=", queue_timeout, " must be within [0, 3600]"));
+  }
+  config->queue_timeout = absl::Seconds(queue_timeout);
   return absl::OkStatus();
 }
 
@@ -47,7 +64,7 @@ int RunGateway(const rpc::ServiceOptions& options, GatewayService* service,
   with_body.http_max_body_bytes = std::max<size_t>(
       options.http_max_body_bytes, 2 * service->config().max_prompt_bytes + (64 << 10));
   return rpc::RunService(
-      with_body, {service}, registry, health, [&] { api.Drain(options.drain_timeout); },
+      with_body, {service}, registry, health, [&] { service->Drain(options.drain_timeout); },
       api.Routes());
 }
 

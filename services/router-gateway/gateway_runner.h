@@ -16,12 +16,14 @@ namespace tandem::gateway {
 // Source path fragment of the flags below, for config::ProgramInfo::flag_sources.
 inline constexpr char kGatewayFlagsSource[] = "services/router-gateway/gateway_runner.cc";
 
-// Reads --max_prompt_bytes and --max_inflight into `config`; INVALID_ARGUMENT for bad values.
+// Reads --max_prompt_bytes, --max_inflight, --max_queued and --queue_timeout_s into
+// `config`; INVALID_ARGUMENT for bad values.
 absl::Status ApplyGatewayFlags(GatewayConfig* config);
 
 // Runs `service` until SIGTERM/SIGINT (rpc::RunService) with the OpenAI front on the HTTP
-// port, chatting with `model_dir`'s chat template if it has one. On a signal the HTTP
-// requests drain first, then the gRPC ones. Returns the process exit code.
+// port, chatting with `model_dir`'s chat template if it has one. On a signal the gateway
+// drains (gRPC and HTTP requests alike), then the servers stop. Returns the process exit
+// code.
 int RunGateway(const rpc::ServiceOptions& options, GatewayService* service,
                const std::string& model_dir, metrics::Registry* registry,
                metrics::HealthState* health, serving::GatewayMetrics* metrics);

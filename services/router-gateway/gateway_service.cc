@@ -1,11 +1,17 @@
 #include "services/router-gateway/gateway_service.h"
 
-#include <thread>
+#include <algorithm>
+#include <deque>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/rpc/guard.h"
 #include "common/rpc/queued_writer.h"
 #include "common/rpc/status.h"
+#include "common/util/guard.h"
+#include "common/util/logging.h"
+#include "common/util/timer_queue.h"
 
 namespace tandem::gateway {
 namespace {
@@ -13,10 +19,330 @@ namespace {
 constexpr int kMaxStopStrings = 4;
 constexpr size_t kMaxStopBytes = 64;
 constexpr size_t kMaxRequestIdBytes = 128;
+// After the backend found no room, how long before the queue's head is tried again (sooner
+// when a running generation ends).
+constexpr absl::Duration kRetryAfterFull = absl::Milliseconds(50);
 
 absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
 
+using tandem::v1::GenerateStreamResponse;
+
 }  // namespace
+
+// One request in the gateway's hands, from Execute to its OnDone.
+struct Entry {
+  GatewayService::Prepared request;
+  std::shared_ptr<DispatchCall> call;
+  std::shared_ptr<GenerationSink> sink;
+  absl::Time deadline;  // the latest it may still be waiting for a place
+  util::TimerQueue::Id timer = 0;
+  uint64_t cancel_hook = 0;
+  // What the client has seen, for the metrics.
+  bool streamed = false;
+  absl::Time last_token;  // of the last chunk with tokens; none yet: absl::Time()
+  tandem::v1::Usage usage;
+};
+
+class GatewayService::Admission : public std::enable_shared_from_this<GatewayService::Admission> {
+ public:
+  Admission(const GatewayConfig& config, GenerationBackend* backend,
+            serving::GatewayMetrics* metrics)
+      : config_(config), backend_(backend), metrics_(metrics) {}
+
+  void Execute(std::shared_ptr<Entry> entry);
+  void Drain(absl::Duration deadline);
+  // Drain(0), then wait for every Start call in progress: the backend may go after it.
+  void Stop();
+  int running() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(running_.size());
+  }
+  int queued() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(queue_.size());
+  }
+
+  // A running generation's end (from its sink).
+  void OnDone(const std::shared_ptr<Entry>& entry, const absl::Status& status);
+  void OnChunk(Entry& entry, const GenerateStreamResponse& chunk);
+
+ private:
+  // Starts queued generations while there are places.
+  void Pump();
+  void Launch(const std::shared_ptr<Entry>& entry);
+  // Takes `entry` out of the queue; false if it was not there.
+  bool RemoveLocked(const std::shared_ptr<Entry>& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Expire(const std::shared_ptr<Entry>& entry);
+  void CancelQueued(const std::shared_ptr<Entry>& entry);
+  void Unpause();
+  void Gauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request's end as the client sees it: metrics, then the sink.
+  void Complete(const std::shared_ptr<Entry>& entry, const absl::Status& status);
+
+  const GatewayConfig config_;
+  GenerationBackend* const backend_;
+  serving::GatewayMetrics* const metrics_;
+  mutable absl::Mutex mu_;
+  std::deque<std::shared_ptr<Entry>> queue_ ABSL_GUARDED_BY(mu_);
+  std::set<std::shared_ptr<Entry>> running_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // The backend had no room: start nothing until a generation ends or kRetryAfterFull.
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  util::TimerQueue::Id unpause_timer_ ABSL_GUARDED_BY(mu_) = 0;
+  int starting_ ABSL_GUARDED_BY(mu_) = 0;  // Start calls in progress
+  bool pumping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+namespace {
+
+// Between the backend and the caller's sink: records what the client sees, and lets the
+// admission queue take back a generation the backend could not place.
+class AdmissionSink : public GenerationSink {
+ public:
+  AdmissionSink(std::shared_ptr<GatewayService::Admission> admission, std::shared_ptr<Entry> entry)
+      : admission_(std::move(admission)), entry_(std::move(entry)) {}
+  void OnChunk(const GenerateStreamResponse& chunk) override {
+    admission_->OnChunk(*entry_, chunk);
+    entry_->sink->OnChunk(chunk);
+  }
+  void OnKeepAlive() override { entry_->sink->OnKeepAlive(); }
+  void OnDone(const absl::Status& status) override { admission_->OnDone(entry_, status); }
+
+ private:
+  const std::shared_ptr<GatewayService::Admission> admission_;
+  const std::shared_ptr<Entry> entry_;
+};
+
+}  // namespace
+
+void GatewayService::Admission::Gauges() {
+  metrics_->queued->Set(static_cast<double>(queue_.size()));
+  metrics_->running->Set(static_cast<double>(running_.size()));
+}
+
+void GatewayService::Admission::Execute(std::shared_ptr<Entry> entry) {
+  // The deadline and the cancel hook cover the entry's whole stay (they matter only while it
+  // waits); Complete removes them.
+  entry->deadline = entry->request.start + config_.queue_timeout;
+  std::weak_ptr<Admission> weak = weak_from_this();
+  entry->timer = util::TimerQueue::Shared().Schedule(entry->deadline, [weak, entry] {
+    if (auto self = weak.lock()) self->Expire(entry);
+  });
+  entry->cancel_hook = entry->call->OnCancel([weak, entry] {
+    if (auto self = weak.lock()) self->CancelQueued(entry);
+  });
+  absl::Status refused;
+  bool launch = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) {
+      refused = absl::UnavailableError("the gateway is draining");
+    } else if (entry->call->cancelled()) {
+      refused = absl::CancelledError("the client went away");
+    } else if (static_cast<int>(running_.size()) < config_.max_inflight && queue_.empty() &&
+               !paused_) {
+      running_.insert(entry);
+      ++starting_;
+      launch = true;
+    } else if (static_cast<int>(queue_.size()) < config_.max_queued) {
+      queue_.push_back(entry);
+    } else {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "the gateway is running ", running_.size(), " requests and ", queue_.size(),
+          " more are waiting, its limits (--max_inflight, --max_queued); retry later"));
+    }
+    Gauges();
+  }
+  if (!refused.ok()) return Complete(entry, refused);
+  if (launch) {
+    metrics_->queue_wait->Observe(0);
+    Launch(entry);
+    absl::MutexLock lock(&mu_);
+    --starting_;
+  }
+}
+
+bool GatewayService::Admission::RemoveLocked(const std::shared_ptr<Entry>& entry) {
+  auto it = std::find(queue_.begin(), queue_.end(), entry);
+  if (it == queue_.end()) return false;
+  queue_.erase(it);
+  return true;
+}
+
+void GatewayService::Admission::Expire(const std::shared_ptr<Entry>& entry) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!RemoveLocked(entry)) return;  // running by now, or done
+    Gauges();
+  }
+  metrics_->queue_wait->Observe(absl::ToDoubleSeconds(absl::Now() - entry->request.start));
+  Complete(entry,
+           absl::ResourceExhaustedError(absl::StrCat(
+               "no place for the request within ", absl::FormatDuration(config_.queue_timeout),
+               " (--queue_timeout_s): the cluster is overloaded; retry later")));
+}
+
+void GatewayService::Admission::CancelQueued(const std::shared_ptr<Entry>& entry) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!RemoveLocked(entry)) return;  // a running one is cancelled by the backend's own hook
+    Gauges();
+  }
+  Complete(entry, absl::CancelledError("the client went away"));
+}
+
+void GatewayService::Admission::Launch(const std::shared_ptr<Entry>& entry) {
+  if (entry->call->cancelled()) {
+    // Cancelled on its way out of the queue.
+    OnDone(entry, absl::CancelledError("the client went away"));
+    return;
+  }
+  const bool started = util::Guarded("backend start", [&] {
+    backend_->Start(entry->request.generation, entry->call,
+                    std::make_shared<AdmissionSink>(shared_from_this(), entry));
+  });
+  if (!started) OnDone(entry, absl::InternalError("internal error while starting the request"));
+}
+
+void GatewayService::Admission::Pump() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (pumping_) return;  // the thread pumping now looks again before it stops
+    pumping_ = true;
+  }
+  // A loop, not recursion (a launch may end at once and pump again), and one at a time: a
+  // launch the backend cannot place pauses the queue, and those behind it keep their turn.
+  while (true) {
+    std::shared_ptr<Entry> entry;
+    {
+      absl::MutexLock lock(&mu_);
+      if (draining_ || paused_ || queue_.empty() ||
+          static_cast<int>(running_.size()) >= config_.max_inflight) {
+        pumping_ = false;
+        return;
+      }
+      entry = queue_.front();
+      queue_.pop_front();
+      running_.insert(entry);
+      ++starting_;
+      Gauges();
+    }
+    metrics_->queue_wait->Observe(absl::ToDoubleSeconds(absl::Now() - entry->request.start));
+    Launch(entry);
+    absl::MutexLock lock(&mu_);
+    --starting_;
+  }
+}
+
+void GatewayService::Admission::Unpause() {
+  {
+    absl::MutexLock lock(&mu_);
+    paused_ = false;
+    unpause_timer_ = 0;
+  }
+  Pump();
+}
+
+void GatewayService::Admission::OnChunk(Entry& entry, const GenerateStreamResponse& chunk) {
+  if (chunk.token_ids_size() > 0) {
+    const absl::Time now = absl::Now();
+    if (entry.last_token == absl::Time()) {
+      metrics_->time_to_first_token->Observe(absl::ToDoubleSeconds(now - entry.request.start));
+    } else {
+      metrics_->inter_token->Observe(absl::ToDoubleSeconds(now - entry.last_token) /
+                                     chunk.token_ids_size());
+    }
+    entry.last_token = now;
+  }
+  entry.streamed = true;
+  if (chunk.has_usage()) entry.usage = chunk.usage();
+}
+
+void GatewayService::Admission::OnDone(const std::shared_ptr<Entry>& entry,
+                                       const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    running_.erase(entry);
+    const bool no_room = status.code() == absl::StatusCode::kResourceExhausted &&
+                         !entry->streamed && !entry->call->cancelled();
+    if (no_room && !draining_ && absl::Now() < entry->deadline) {
+      // Nothing had room: back to the head of the queue (its turn kept) until a running
+      // generation ends or the retry timer fires. Its deadline timer and cancel hook are
+      // still armed.
+      queue_.push_front(entry);
+      if (!paused_) {
+        paused_ = true;
+        std::weak_ptr<Admission> weak = weak_from_this();
+        unpause_timer_ = util::TimerQueue::Shared().ScheduleAfter(kRetryAfterFull, [weak] {
+          if (auto self = weak.lock()) self->Unpause();
+        });
+      }
+      Gauges();
+      return;
+    }
+    if (!no_room) paused_ = false;  // a generation ended: there may be room now
+    Gauges();
+  }
+  Complete(entry, status);
+  Pump();
+}
+
+void GatewayService::Admission::Complete(const std::shared_ptr<Entry>& entry,
+                                         const absl::Status& status) {
+  util::TimerQueue::Shared().Cancel(entry->timer);
+  entry->call->RemoveOnCancel(entry->cancel_hook);
+  if (status.ok()) {
+    metrics_->requests_ok->Increment();
+    metrics_->end_to_end->Observe(absl::ToDoubleSeconds(absl::Now() - entry->request.start));
+    metrics_->prompt_tokens->Increment(entry->usage.prompt_tokens());
+    metrics_->generation_tokens->Increment(entry->usage.completion_tokens());
+    metrics_->request_prompt_tokens->Observe(entry->usage.prompt_tokens());
+    metrics_->request_generation_tokens->Observe(entry->usage.completion_tokens());
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    metrics_->requests_cancelled->Increment();
+  } else if (status.code() == absl::StatusCode::kResourceExhausted) {
+    metrics_->requests_rejected->Increment();
+  } else {
+    metrics_->requests_error->Increment();
+  }
+  util::Guarded("request sink", [&] { entry->sink->OnDone(status); });
+}
+
+void GatewayService::Admission::Drain(absl::Duration deadline) {
+  std::deque<std::shared_ptr<Entry>> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    queued.swap(queue_);
+    Gauges();
+  }
+  for (const auto& entry : queued)
+    Complete(entry, absl::UnavailableError("the gateway is draining"));
+  std::vector<std::shared_ptr<Entry>> running;
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_.empty(); };
+    if (mu_.AwaitWithTimeout(absl::Condition(&idle), deadline)) return;
+    running.assign(running_.begin(), running_.end());
+  }
+  for (const auto& entry : running) entry->call->Cancel();
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_.empty(); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(5))) {
+    TANDEM_LOG(WARNING) << "gateway: " << running_.size()
+                        << " requests still running after the drain";
+  }
+}
+
+void GatewayService::Admission::Stop() {
+  Drain(absl::ZeroDuration());
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return starting_ == 0; };
+  mu_.Await(absl::Condition(&idle));  // Start calls return at once: this is short
+  if (unpause_timer_ != 0) util::TimerQueue::Shared().Cancel(unpause_timer_);
+}
+
+// GatewayService
 
 absl::Status GatewayService::CheckModel(const std::string& model) const {
   if (!model.empty() && model != config_.model_name) {
@@ -81,6 +407,7 @@ absl::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest&
       return Invalid(absl::StrCat("stop strings must be 1 to ", kMaxStopBytes, " bytes"));
     }
   }
+  if (sampling.stop_token_ids_size() > 1024) return Invalid("at most 1024 stop token ids");
   for (int id : sampling.stop_token_ids()) {
     if (id < 0 || id >= config_.model_config.vocab_size) {
       return Invalid(absl::StrCat("stop token id ", id, " is outside the vocabulary"));
@@ -98,11 +425,74 @@ grpc::ServerUnaryReactor* GatewayService::Finish(grpc::CallbackServerContext* co
   return reactor;
 }
 
+GatewayService::GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
+                               std::unique_ptr<GenerationBackend> backend, rpc::RpcMetrics* metrics,
+                               serving::GatewayMetrics* serving_metrics)
+    : config_(std::move(config)),
+      tokenizer_(std::move(tokenizer)),
+      metrics_(metrics),
+      backend_(std::move(backend)),
+      admission_(std::make_shared<Admission>(config_, backend_.get(), serving_metrics)) {}
+
+GatewayService::~GatewayService() {
+  admission_->Stop();
+  // Generations still running end on their own (their callbacks hold what they touch);
+  // the backend waits for them as it goes.
+  backend_.reset();
+}
+
+void GatewayService::Execute(Prepared request, std::shared_ptr<DispatchCall> call,
+                             std::shared_ptr<GenerationSink> sink) {
+  auto entry = std::make_shared<Entry>();
+  entry->request = std::move(request);
+  entry->call = std::move(call);
+  entry->sink = std::move(sink);
+  admission_->Execute(std::move(entry));
+}
+
+void GatewayService::Drain(absl::Duration deadline) { admission_->Drain(deadline); }
+int GatewayService::running() const { return admission_->running(); }
+int GatewayService::queued() const { return admission_->queued(); }
+
+absl::StatusOr<GatewayService::Prepared> GatewayService::Prepare(
+    const tandem::v1::GenerateRequest& request) {
+  if (absl::Status s = ValidateGenerate(request); !s.ok()) return s;
+  Prepared prepared;
+  prepared.start = absl::Now();
+  GenerationRequest& g = prepared.generation;
+  g.sampling = request.sampling();
+  std::vector<int32_t>& ids = g.prompt;
+  if (request.input_case() == tandem::v1::GenerateRequest::kPromptTokenIds) {
+    ids.assign(request.prompt_token_ids().ids().begin(), request.prompt_token_ids().ids().end());
+  } else {
+    absl::StatusOr<std::vector<int32_t>> encoded = tokenizer_->Encode(request.prompt());
+    if (!encoded.ok()) return encoded.status();
+    if (config_.add_bos_token) ids.push_back(tokenizer_->bos_id());
+    ids.insert(ids.end(), encoded->begin(), encoded->end());
+  }
+  const int context = static_cast<int>(config_.model_config.max_position_embeddings);
+  const int n = static_cast<int>(ids.size());
+  if (n >= context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt has ", n, " tokens; the context length is ", context));
+  }
+  // max_tokens 0 = the server default; a request that would run past the context ends there
+  // with a length finish, as vLLM's does.
+  int max_tokens = request.sampling().max_tokens() == 0 ? 16 : request.sampling().max_tokens();
+  g.max_tokens = std::min(max_tokens, context - n);
+  if (request.request_id().empty()) {
+    static std::atomic<uint64_t> next_request{1};
+    g.request_id = absl::StrCat("gw-", next_request.fetch_add(1));
+  } else {
+    g.request_id = request.request_id();
+  }
+  return prepared;
+}
+
 namespace {
 
-using tandem::v1::GenerateStreamResponse;
-
-// Generate: the worker fills the response and finishes; a client that goes away cancels it.
+// Generate: the sink fills the response; the end finishes the RPC. A client that goes away
+// cancels the generation.
 class UnaryReactor : public grpc::ServerUnaryReactor {
  public:
   UnaryReactor(rpc::RpcMetrics* metrics, absl::Time start)
@@ -125,222 +515,122 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   grpc::Status status_;
 };
 
+class UnarySink : public GenerationSink {
+ public:
+  UnarySink(UnaryReactor* reactor, tandem::v1::GenerateResponse* response)
+      : reactor_(reactor), response_(response) {}
+  void OnChunk(const GenerateStreamResponse& chunk) override {
+    response_->mutable_text()->append(chunk.text());
+    response_->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
+    if (chunk.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+      response_->set_finish_reason(chunk.finish_reason());
+      *response_->mutable_usage() = chunk.usage();
+    }
+  }
+  void OnDone(const absl::Status& status) override { reactor_->Done(rpc::ToGrpcStatus(status)); }
+
+ private:
+  UnaryReactor* const reactor_;  // alive until Done: it finishes the call
+  tandem::v1::GenerateResponse* const response_;
+};
+
+class StreamSink : public GenerationSink {
+ public:
+  StreamSink(std::shared_ptr<rpc::QueuedWriter<GenerateStreamResponse>::Feed> feed,
+             std::string request_id)
+      : feed_(std::move(feed)), request_id_(std::move(request_id)) {}
+  void OnChunk(const GenerateStreamResponse& chunk) override {
+    GenerateStreamResponse copy = chunk;
+    copy.set_request_id(request_id_);
+    feed_->Push(std::move(copy));
+  }
+  void OnDone(const absl::Status& status) override { feed_->End(rpc::ToGrpcStatus(status)); }
+
+ private:
+  const std::shared_ptr<rpc::QueuedWriter<GenerateStreamResponse>::Feed> feed_;
+  const std::string request_id_;
+};
+
 }  // namespace
-
-GatewayService::GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
-                               std::unique_ptr<GenerationBackend> backend, rpc::RpcMetrics* metrics,
-                               serving::GatewayMetrics* serving_metrics)
-    : config_(std::move(config)),
-      tokenizer_(std::move(tokenizer)),
-      metrics_(metrics),
-      serving_metrics_(serving_metrics),
-      backend_(std::move(backend)) {}
-
-GatewayService::~GatewayService() {
-  absl::MutexLock lock(&mu_);
-  stopping_ = true;
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_ == 0; };
-  mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
-}
-
-absl::Status GatewayService::Dispatch(
-    const Prepared& request, DispatchCall* call,
-    const std::function<void(const GenerateStreamResponse&)>& on_chunk) {
-  const absl::Time start = request.start;
-  absl::Time last = start;
-  bool first = true;
-  tandem::v1::Usage usage;
-  absl::Status status = backend_->Run(
-      request.request_id, request.prompt, request.sampling, request.max_tokens, call,
-      [&](const GenerateStreamResponse& chunk) {
-        if (chunk.token_ids_size() > 0) {
-          const absl::Time now = absl::Now();
-          if (first) {
-            serving_metrics_->time_to_first_token->Observe(absl::ToDoubleSeconds(now - start));
-            first = false;
-          } else {
-            serving_metrics_->inter_token->Observe(absl::ToDoubleSeconds(now - last) /
-                                                   chunk.token_ids_size());
-          }
-          last = now;
-        }
-        if (chunk.has_usage()) usage = chunk.usage();
-        on_chunk(chunk);
-      });
-  if (status.ok()) {
-    serving_metrics_->requests_ok->Increment();
-    serving_metrics_->end_to_end->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    serving_metrics_->prompt_tokens->Increment(usage.prompt_tokens());
-    serving_metrics_->generation_tokens->Increment(usage.completion_tokens());
-    serving_metrics_->request_prompt_tokens->Observe(usage.prompt_tokens());
-    serving_metrics_->request_generation_tokens->Observe(usage.completion_tokens());
-  } else if (status.code() == absl::StatusCode::kCancelled) {
-    serving_metrics_->requests_cancelled->Increment();
-  } else {
-    serving_metrics_->requests_error->Increment();
-  }
-  return status;
-}
-
-absl::Status GatewayService::Enter() {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("the gateway is stopping");
-  if (active_ >= config_.max_inflight) {
-    serving_metrics_->requests_rejected->Increment();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the gateway is running ", active_, " requests, its limit (--max_inflight); retry later"));
-  }
-  ++active_;
-  return absl::OkStatus();
-}
-
-void GatewayService::Leave() {
-  absl::MutexLock lock(&mu_);
-  --active_;
-}
-
-absl::Status GatewayService::Spawn(std::function<void()> fn) {
-  if (absl::Status s = Enter(); !s.ok()) return s;
-  std::thread([this, fn = std::move(fn)] {
-    fn();
-    Leave();
-  }).detach();
-  return absl::OkStatus();
-}
-
-absl::Status GatewayService::Execute(
-    const Prepared& request, DispatchCall* call,
-    const std::function<void(const GenerateStreamResponse&)>& on_chunk) {
-  if (absl::Status s = Enter(); !s.ok()) return s;
-  absl::Status status = Dispatch(request, call, on_chunk);
-  Leave();
-  return status;
-}
-
-absl::StatusOr<GatewayService::Prepared> GatewayService::Prepare(
-    const tandem::v1::GenerateRequest& request) {
-  if (absl::Status s = ValidateGenerate(request); !s.ok()) return s;
-  Prepared prepared;
-  prepared.start = absl::Now();
-  prepared.sampling = request.sampling();
-  std::vector<int32_t>& ids = prepared.prompt;
-  if (request.input_case() == tandem::v1::GenerateRequest::kPromptTokenIds) {
-    ids.assign(request.prompt_token_ids().ids().begin(), request.prompt_token_ids().ids().end());
-  } else {
-    absl::StatusOr<std::vector<int32_t>> encoded = tokenizer_->Encode(request.prompt());
-    if (!encoded.ok()) return encoded.status();
-    if (config_.add_bos_token) ids.push_back(tokenizer_->bos_id());
-    ids.insert(ids.end(), encoded->begin(), encoded->end());
-  }
-  const int context = static_cast<int>(config_.model_config.max_position_embeddings);
-  const int n = static_cast<int>(ids.size());
-  if (n >= context) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt has ", n, " tokens; the context length is ", context));
-  }
-  // max_tokens 0 = the server default; a request that would run past the context ends there
-  // with a length finish, as vLLM's does.
-  int max_tokens = request.sampling().max_tokens() == 0 ? 16 : request.sampling().max_tokens();
-  prepared.max_tokens = std::min(max_tokens, context - n);
-  if (request.request_id().empty()) {
-    absl::MutexLock lock(&mu_);
-    prepared.request_id = absl::StrCat("gw-", next_request_++);
-  } else {
-    prepared.request_id = request.request_id();
-  }
-  return prepared;
-}
 
 grpc::ServerUnaryReactor* GatewayService::Generate(grpc::CallbackServerContext* context,
                                                    const tandem::v1::GenerateRequest* request,
                                                    tandem::v1::GenerateResponse* response) {
-  auto* reactor = new UnaryReactor(metrics_, absl::Now());
-  absl::StatusOr<Prepared> prepared = Prepare(*request);
-  if (!prepared.ok()) {
-    reactor->Done(rpc::ToGrpcStatus(prepared.status()));
+  return rpc::GuardedUnary(context, "Generate", [&]() -> grpc::ServerUnaryReactor* {
+    auto* reactor = new UnaryReactor(metrics_, absl::Now());
+    absl::StatusOr<Prepared> prepared = Prepare(*request);
+    if (!prepared.ok()) {
+      reactor->Done(rpc::ToGrpcStatus(prepared.status()));
+      return reactor;
+    }
+    response->set_request_id(prepared->generation.request_id);
+    Execute(*std::move(prepared), reactor->call(), std::make_shared<UnarySink>(reactor, response));
     return reactor;
-  }
-  response->set_request_id(prepared->request_id);
-  auto shared = std::make_shared<Prepared>(*std::move(prepared));
-  const absl::Status spawned = Spawn([this, reactor, response, shared, call = reactor->call()] {
-    absl::Status s = Dispatch(*shared, call.get(), [response](const GenerateStreamResponse& chunk) {
-      response->mutable_text()->append(chunk.text());
-      response->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
-      if (chunk.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-        response->set_finish_reason(chunk.finish_reason());
-        *response->mutable_usage() = chunk.usage();
-      }
-    });
-    reactor->Done(rpc::ToGrpcStatus(s));
   });
-  if (!spawned.ok()) reactor->Done(rpc::ToGrpcStatus(spawned));
-  return reactor;
 }
 
 grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream(
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<Prepared> prepared = Prepare(*request);
-  if (!prepared.ok()) {
-    const grpc::Status status = rpc::ToGrpcStatus(prepared.status());
-    metrics_->Record("GenerateStream", status, absl::Now() - start);
-    return rpc::FinishedWriter<GenerateStreamResponse>(status);
-  }
-  // A worker thread feeds the stream; a client that goes away cancels the dispatch.
-  auto* reactor = new rpc::QueuedWriter<GenerateStreamResponse>(metrics_, "GenerateStream");
-  std::shared_ptr<rpc::QueuedWriter<GenerateStreamResponse>::Feed> feed = reactor->feed();
-  auto call = std::make_shared<DispatchCall>();
-  feed->SetOnCancel([call] { call->Cancel(); });
-  auto shared = std::make_shared<Prepared>(*std::move(prepared));
-  const absl::Status spawned = Spawn([this, feed, call, shared] {
-    absl::Status s = Dispatch(*shared, call.get(), [&](const GenerateStreamResponse& chunk) {
-      GenerateStreamResponse copy = chunk;
-      copy.set_request_id(shared->request_id);
-      feed->Push(std::move(copy));
-    });
-    feed->End(rpc::ToGrpcStatus(s));
-  });
-  if (!spawned.ok()) feed->End(rpc::ToGrpcStatus(spawned));
-  return reactor;
+  return rpc::GuardedStream<GenerateStreamResponse>(
+      "GenerateStream", [&]() -> grpc::ServerWriteReactor<GenerateStreamResponse>* {
+        const absl::Time start = absl::Now();
+        absl::StatusOr<Prepared> prepared = Prepare(*request);
+        if (!prepared.ok()) {
+          const grpc::Status status = rpc::ToGrpcStatus(prepared.status());
+          metrics_->Record("GenerateStream", status, absl::Now() - start);
+          return rpc::FinishedWriter<GenerateStreamResponse>(status);
+        }
+        auto* reactor = new rpc::QueuedWriter<GenerateStreamResponse>(metrics_, "GenerateStream");
+        std::shared_ptr<rpc::QueuedWriter<GenerateStreamResponse>::Feed> feed = reactor->feed();
+        auto call = std::make_shared<DispatchCall>();
+        feed->SetOnCancel([call] { call->Cancel(); });
+        const std::string id = prepared->generation.request_id;
+        Execute(*std::move(prepared), call, std::make_shared<StreamSink>(feed, id));
+        return reactor;
+      });
 }
 
 grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* context,
                                                    const tandem::v1::TokenizeRequest* request,
                                                    tandem::v1::TokenizeResponse* response) {
-  const absl::Time start = absl::Now();
-  if (absl::Status s = CheckModel(request->model()); !s.ok()) {
-    return Finish(context, "Tokenize", rpc::ToGrpcStatus(s), start);
-  }
-  if (request->text().size() > config_.max_prompt_bytes) {
-    return Finish(
-        context, "Tokenize",
-        rpc::ToGrpcStatus(Invalid(absl::StrCat("text is ", request->text().size(),
-                                               " bytes; the limit is ", config_.max_prompt_bytes))),
-        start);
-  }
-  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request->text());
-  if (!ids.ok()) return Finish(context, "Tokenize", rpc::ToGrpcStatus(ids.status()), start);
-  const bool add_bos =
-      request->has_add_special_tokens() ? request->add_special_tokens() : config_.add_bos_token;
-  if (add_bos) {
-    response->add_token_ids(tokenizer_->bos_id());
-    response->add_pieces("");  // BOS decodes to nothing; pieces stay aligned with ids
-  }
-  for (int32_t id : *ids) {
-    response->add_token_ids(id);
-    response->add_pieces(tokenizer_->IdToPiece(id));
-  }
-  return Finish(context, "Tokenize", grpc::Status::OK, start);
+  return rpc::GuardedUnary(context, "Tokenize", [&]() -> grpc::ServerUnaryReactor* {
+    const absl::Time start = absl::Now();
+    if (absl::Status s = CheckModel(request->model()); !s.ok()) {
+      return Finish(context, "Tokenize", rpc::ToGrpcStatus(s), start);
+    }
+    if (request->text().size() > config_.max_prompt_bytes) {
+      return Finish(context, "Tokenize",
+                    rpc::ToGrpcStatus(
+                        Invalid(absl::StrCat("text is ", request->text().size(),
+                                             " bytes; the limit is ", config_.max_prompt_bytes))),
+                    start);
+    }
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request->text());
+    if (!ids.ok()) return Finish(context, "Tokenize", rpc::ToGrpcStatus(ids.status()), start);
+    const bool add_bos =
+        request->has_add_special_tokens() ? request->add_special_tokens() : config_.add_bos_token;
+    if (add_bos) {
+      response->add_token_ids(tokenizer_->bos_id());
+      response->add_pieces("");  // BOS decodes to nothing; pieces stay aligned with ids
+    }
+    for (int32_t id : *ids) {
+      response->add_token_ids(id);
+      response->add_pieces(tokenizer_->IdToPiece(id));
+    }
+    return Finish(context, "Tokenize", grpc::Status::OK, start);
+  });
 }
 
 grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext* context,
                                                      const tandem::v1::ListModelsRequest* request,
                                                      tandem::v1::ListModelsResponse* response) {
-  auto* model = response->add_models();
-  model->set_name(config_.model_name);
-  model->set_context_length(static_cast<int32_t>(config_.model_config.max_position_embeddings));
-  model->set_architecture(std::string(config_.model_config.model_type()));
-  return Finish(context, "ListModels", grpc::Status::OK, absl::Now());
+  return rpc::GuardedUnary(context, "ListModels", [&]() -> grpc::ServerUnaryReactor* {
+    auto* model = response->add_models();
+    model->set_name(config_.model_name);
+    model->set_context_length(static_cast<int32_t>(config_.model_config.max_position_embeddings));
+    model->set_architecture(std::string(config_.model_config.model_type()));
+    return Finish(context, "ListModels", grpc::Status::OK, absl::Now());
+  });
 }
 
 }  // namespace tandem::gateway

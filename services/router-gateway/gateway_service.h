@@ -1,7 +1,13 @@
-// tandem-gateway's public gRPC service. It tokenizes, lists the model it fronts, and runs
-// Generate / GenerateStream as reserve -> prefill -> decode across the instances it knows
-// (dispatcher.h), each request on a worker thread of its own so that reactors never block;
-// a client that goes away cancels the request downstream.
+// tandem-gateway's public gRPC service, and the admission control both front ends (gRPC and
+// the OpenAI HTTP API) share. It tokenizes, lists the model it fronts, and runs Generate /
+// GenerateStream on a GenerationBackend (the cluster's Dispatcher, or an engine in this
+// process) without holding a thread per request.
+//
+// Admission: at most max_inflight generations are dispatched at once; more wait in a
+// first-come queue of at most max_queued, each for at most queue_timeout, and are refused
+// (RESOURCE_EXHAUSTED, HTTP 429) past those bounds. A generation the backend could not place
+// (every prefill queue or decode pool full) goes back to the head of the queue and waits for
+// room, within the same bounds. A client that goes away cancels its request wherever it is.
 #pragma once
 
 #include <functional>
@@ -9,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/model/config.h"
 #include "common/model/tokenizer.h"
 #include "common/rpc/rpc_metrics.h"
 #include "services/common/serving_metrics.h"
-#include "services/router-gateway/dispatcher.h"
+#include "services/router-gateway/backend.h"
 #include "tandem/v1/gateway.grpc.pb.h"
 
 namespace tandem::gateway {
@@ -27,9 +33,12 @@ struct GatewayConfig {
   std::vector<std::string> prefill_targets;
   std::vector<std::string> decode_targets;
   size_t max_prompt_bytes = 1 << 20;
-  // Generations running at once (gRPC and HTTP together); more are refused with
-  // RESOURCE_EXHAUSTED (HTTP 429).
+  // Generations dispatched at once (gRPC and HTTP together).
   int max_inflight = 256;
+  // Generations waiting for a place; more are refused with RESOURCE_EXHAUSTED (HTTP 429).
+  int max_queued = 4096;
+  // How long a generation may wait for a place (in all) before it is refused.
+  absl::Duration queue_timeout = absl::Seconds(120);
 };
 
 class GatewayService final : public tandem::v1::Gateway::CallbackService {
@@ -38,27 +47,32 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
   GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
                  std::unique_ptr<GenerationBackend> backend, rpc::RpcMetrics* metrics,
                  serving::GatewayMetrics* serving_metrics);
-  // Refuses new requests and waits (up to 10 s) for the running ones.
+  // Refuses new requests, ends queued ones, cancels running ones, and waits (up to 10 s) for
+  // them before the backend goes.
   ~GatewayService() override;
 
   // A checked, tokenized request, ready to run.
   struct Prepared {
-    std::string request_id;
-    std::vector<int32_t> prompt;  // token ids, BOS as configured
-    int max_tokens = 0;           // the request's, or the default; within the context
-    tandem::v1::SamplingParams sampling;
-    absl::Time start;  // arrival, for time to first token and latency
+    GenerationRequest generation;  // request id, prompt (BOS as configured), sampling
+    absl::Time start;              // arrival, for time to first token and latency
   };
   // Checks and tokenizes `request` as Generate does. Errors: INVALID_ARGUMENT for a request
   // no backend could ever serve, NOT_FOUND for an unknown model.
   absl::StatusOr<Prepared> Prepare(const tandem::v1::GenerateRequest& request);
 
-  // Runs a prepared request to its end on the calling thread (the HTTP front's), each chunk
-  // to `on_chunk`. RESOURCE_EXHAUSTED when max_inflight generations are running, UNAVAILABLE
-  // while stopping; CANCELLED once `call` is cancelled.
-  absl::Status Execute(
-      const Prepared& request, DispatchCall* call,
-      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk);
+  // Runs a prepared request (at once, or once it has a place); returns at once. Its chunks
+  // and then exactly one OnDone go to `sink`, from any thread. RESOURCE_EXHAUSTED past the
+  // queue's bounds, UNAVAILABLE while draining, CANCELLED once `call` is cancelled.
+  void Execute(Prepared request, std::shared_ptr<DispatchCall> call,
+               std::shared_ptr<GenerationSink> sink);
+
+  // New requests get UNAVAILABLE and queued ones end with it; running ones get `deadline` to
+  // finish, then are cancelled (and given 5 s more to wind down).
+  void Drain(absl::Duration deadline);
+
+  // Generations dispatched now, and waiting for a place.
+  int running() const;
+  int queued() const;
 
   const GatewayConfig& config() const { return config_; }
 
@@ -74,33 +88,23 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
                                        const tandem::v1::ListModelsRequest* request,
                                        tandem::v1::ListModelsResponse* response) override;
 
+  // The queue and its counts, shared with the generations' callbacks (it outlives the
+  // service while one is still running).
+  class Admission;
+
  private:
   // INVALID_ARGUMENT for a request no backend could ever serve (checked before anything
   // else, so bad input is reported as such even while generation is unavailable).
   absl::Status ValidateGenerate(const tandem::v1::GenerateRequest& request) const;
   absl::Status CheckModel(const std::string& model) const;
-  // Takes a place among the running generations (see max_inflight); Leave gives it back.
-  absl::Status Enter();
-  void Leave();
-  // Runs `fn` on a worker thread that holds a place (Enter) until it ends.
-  absl::Status Spawn(std::function<void()> fn);
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, absl::string_view rpc,
                                    const grpc::Status& status, absl::Time start);
 
   const GatewayConfig config_;
   const std::unique_ptr<model::Tokenizer> tokenizer_;
-  // Runs one request through the dispatcher, recording what clients see.
-  absl::Status Dispatch(
-      const Prepared& request, DispatchCall* call,
-      const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk);
-
   rpc::RpcMetrics* metrics_;
-  serving::GatewayMetrics* serving_metrics_;
-  const std::unique_ptr<GenerationBackend> backend_;
-  absl::Mutex mu_;
-  int active_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
+  std::unique_ptr<GenerationBackend> backend_;
+  std::shared_ptr<Admission> admission_;
 };
 
 }  // namespace tandem::gateway

@@ -8,6 +8,7 @@
 #include "common/model/config.h"
 #include "common/model/tokenizer.h"
 #include "common/rpc/service_flags.h"
+#include "services/router-gateway/dispatcher.h"
 #include "services/router-gateway/gateway_runner.h"
 #include "services/router-gateway/gateway_service.h"
 
@@ -21,6 +22,10 @@ ABSL_FLAG(double, resolve_interval_s, 10.0,
           "Seconds between resolutions of the --prefill/--decode host names: a name with several "
           "addresses (a Kubernetes headless Service) is one instance per address, and instances "
           "come and go with it. 0: resolve only at start-up.");
+
+ABSL_FLAG(double, stream_idle_timeout_s, 10.0,
+          "A decode stream that shows no life (no token, no keep-alive) for this many seconds "
+          "ends with UNAVAILABLE: a stalled or cut-off decode host.");
 
 namespace {
 
@@ -83,6 +88,10 @@ int main(int argc, char** argv) {
   tandem::metrics::Gauge* decode_instances = &(*instances)->Add({{"kind", "decode"}});
   tandem::gateway::DispatcherOptions dispatcher_options;
   dispatcher_options.resolve_interval = absl::Seconds(resolve_interval);
+  const double idle = absl::GetFlag(FLAGS_stream_idle_timeout_s);
+  if (!(idle >= 0.1 && idle <= 3600))
+    return Fail("--stream_idle_timeout_s must be within [0.1, 3600]");
+  dispatcher_options.stream_idle_timeout = absl::Seconds(idle);
   dispatcher_options.on_instances = [=](size_t prefill, size_t decode) {
     prefill_instances->Set(static_cast<double>(prefill));
     decode_instances->Set(static_cast<double>(decode));

@@ -3,8 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
+#include "services/router-gateway/openai_request.h"
 
 namespace tandem::gateway {
 namespace {
@@ -14,77 +16,23 @@ using tandem::v1::GenerateStreamResponse;
 
 constexpr char kJson[] = "application/json";
 
-// An error with its HTTP status and the request field it concerns (empty: none).
-struct ApiError {
-  int status;
-  std::string message;
-  std::string param;
-};
-
-int HttpStatus(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kFailedPrecondition:
-      return 400;
-    case absl::StatusCode::kNotFound:
-      return 404;
-    case absl::StatusCode::kResourceExhausted:
-      return 429;
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kCancelled:  // by Drain: the client is still there
-      return 503;
-    case absl::StatusCode::kDeadlineExceeded:
-      return 504;
-    case absl::StatusCode::kUnimplemented:
-      return 501;
-    default:
-      return 500;
-  }
+// JSON text for a response: strings that are not valid UTF-8 (they should not occur: the
+// engine emits whole characters) are repaired rather than allowed to throw.
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-ApiError FromStatus(const absl::Status& status) {
-  return {HttpStatus(status.code()), std::string(status.message()), ""};
+http::Response ErrorResponse(int status, absl::string_view message, absl::string_view param) {
+  return {status, kJson, http::ErrorBody(status, message, param)};
 }
 
-// OpenAI's error object.
-json ErrorJson(const ApiError& error) {
-  const char* type = "internal_error";
-  const char* code = nullptr;
-  switch (error.status) {
-    case 400:
-      type = "invalid_request_error";
-      break;
-    case 404:
-      type = "invalid_request_error";
-      code = "model_not_found";
-      break;
-    case 413:
-      type = "invalid_request_error";
-      code = "request_too_large";
-      break;
-    case 429:
-      type = "rate_limit_error";
-      code = "overloaded";
-      break;
-    case 503:
-      type = "service_unavailable";
-      break;
-    case 504:
-      type = "timeout";
-      break;
-    default:
-      break;
-  }
-  json body = {{"message", error.message},
-               {"type", type},
-               {"param", error.param.empty() ? json(nullptr) : json(error.param)},
-               {"code", code == nullptr ? json(nullptr) : json(code)}};
-  return {{"error", body}};
-}
-
-http::Response ErrorResponse(const ApiError& error) {
-  return {error.status, kJson, ErrorJson(error).dump()};
+http::Response ErrorResponse(const absl::Status& status) {
+  const int code = HttpStatus(status.code());
+  // NOT_FOUND from the gateway is always an unknown model.
+  return {
+      code, kJson,
+      http::ErrorBody(code, status.message(), ParamOf(status),
+                      status.code() == absl::StatusCode::kNotFound ? "model_not_found" : nullptr)};
 }
 
 const char* FinishReason(tandem::v1::FinishReason reason) {
@@ -106,263 +54,179 @@ json Usage(const tandem::v1::Usage& usage) {
           {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}};
 }
 
-// A field that may be absent or null.
-const json* Field(const json& body, const char* name) {
-  const auto it = body.find(name);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
+void Count(serving::GatewayMetrics* metrics, const std::string& path, int status) {
+  metrics->http_requests->Add({{"path", path}, {"code", absl::StrCat(status)}}).Increment();
 }
 
-// Reads an integer field; an error names it.
-absl::Status ReadInt(const json& body, const char* name, int64_t min, int64_t max,
-                     std::optional<int64_t>* out) {
-  const json* f = Field(body, name);
-  if (f == nullptr) return absl::OkStatus();
-  if (!f->is_number_integer()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must be an integer"));
-  }
-  const int64_t v = f->get<int64_t>();
-  if (v < min || v > max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, " is ", v, "; it must be in [", min, ", ", max, "]"));
-  }
-  *out = v;
-  return absl::OkStatus();
-}
-
-absl::Status ReadNumber(const json& body, const char* name, std::optional<double>* out) {
-  const json* f = Field(body, name);
-  if (f == nullptr) return absl::OkStatus();
-  if (!f->is_number()) return absl::InvalidArgumentError(absl::StrCat(name, " must be a number"));
-  *out = f->get<double>();
-  return absl::OkStatus();
-}
-
-absl::Status ReadBool(const json& body, const char* name, bool* out) {
-  const json* f = Field(body, name);
-  if (f == nullptr) return absl::OkStatus();
-  if (!f->is_boolean()) return absl::InvalidArgumentError(absl::StrCat(name, " must be a boolean"));
-  *out = f->get<bool>();
-  return absl::OkStatus();
-}
-
-// What a completions request asks for beyond the GenerateRequest.
-struct Parsed {
-  tandem::v1::GenerateRequest request;
-  bool stream = false;
-  bool include_usage = false;
+// What both kinds of answer share.
+struct Answer {
+  std::shared_ptr<http::ResponseWriter> out;
+  serving::GatewayMetrics* metrics;
+  std::string path;
+  bool chat;
+  CompletionRequest parsed;
+  std::string id;
+  int64_t created;
   std::string model;
+  std::shared_ptr<DispatchCall> call;
 };
 
-// Token ids from a JSON array of integers; false if it is not one.
-bool TokenIds(const json& value, tandem::v1::TokenIds* ids) {
-  if (!value.is_array() || value.empty()) return false;
-  for (const json& id : value) {
-    if (!id.is_number_integer()) return false;
-    const int64_t v = id.get<int64_t>();
-    if (v < INT32_MIN || v > INT32_MAX) return false;
-    ids->add_ids(static_cast<int32_t>(v));
-  }
-  return true;
-}
+// A whole JSON response once the generation ends.
+class WholeSink : public GenerationSink {
+ public:
+  explicit WholeSink(Answer answer) : a_(std::move(answer)) {}
 
-absl::Status ReadPrompt(const json& body, tandem::v1::GenerateRequest* request) {
-  const json* prompt = Field(body, "prompt");
-  if (prompt == nullptr) return absl::InvalidArgumentError("prompt is required");
-  if (prompt->is_string()) {
-    request->set_prompt(prompt->get<std::string>());
-    return absl::OkStatus();
+  void OnChunk(const GenerateStreamResponse& c) override {
+    text_ += c.text();
+    if (c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+      finish_ = FinishReason(c.finish_reason());
+      usage_ = c.usage();
+    }
   }
-  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-    request->set_prompt((*prompt)[0].get<std::string>());
-    return absl::OkStatus();
-  }
-  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_array()) {
-    if (TokenIds((*prompt)[0], request->mutable_prompt_token_ids())) return absl::OkStatus();
-  } else if (TokenIds(*prompt, request->mutable_prompt_token_ids())) {
-    return absl::OkStatus();
-  }
-  if (prompt->is_array() && prompt->size() > 1 &&
-      ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
-    return absl::InvalidArgumentError("one prompt per request is supported (batches are not)");
-  }
-  return absl::InvalidArgumentError(
-      "prompt must be a string, a list of token ids, or a list holding one of those");
-}
 
-absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const json& body) {
-  const json* messages = Field(body, "messages");
-  if (messages == nullptr || !messages->is_array() || messages->empty()) {
-    return absl::InvalidArgumentError("messages must be a non-empty list");
-  }
-  std::vector<ChatMessage> out;
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const json& m = (*messages)[i];
-    const std::string where = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return absl::InvalidArgumentError(where + " is not an object");
-    const json* role = Field(m, "role");
-    if (role == nullptr || !role->is_string()) {
-      return absl::InvalidArgumentError(where + ".role must be a string");
+  void OnDone(const absl::Status& status) override {
+    if (a_.out->client_gone()) return Count(a_.metrics, a_.path, 499);  // nobody to answer
+    if (!status.ok()) {
+      const http::Response error = ErrorResponse(status);
+      a_.out->Send(error);
+      return Count(a_.metrics, a_.path, error.status);
     }
-    ChatMessage message{role->get<std::string>(), ""};
-    const json* content = Field(m, "content");
-    if (content != nullptr && content->is_string()) {
-      message.content = content->get<std::string>();
-    } else if (content != nullptr && content->is_array()) {
-      for (const json& part : *content) {
-        const json* type = part.is_object() ? Field(part, "type") : nullptr;
-        const json* text = part.is_object() ? Field(part, "text") : nullptr;
-        if (type == nullptr || *type != "text" || text == nullptr || !text->is_string()) {
-          return absl::InvalidArgumentError(
-              where + ".content: only {\"type\": \"text\"} parts are supported");
-        }
-        message.content += text->get<std::string>();
-      }
-    } else if (content != nullptr) {
-      return absl::InvalidArgumentError(where + ".content must be a string or a list of parts");
-    }
-    out.push_back(std::move(message));
-  }
-  return out;
-}
-
-// Fields Tandem does not implement: refused (400, as vLLM does) unless absent or at their
-// no-op value.
-absl::Status RefuseUnsupported(const json& body, bool chat) {
-  auto refuse = [](const char* name) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " is not supported by Tandem"));
-  };
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* f = Field(body, name); f != nullptr && !(f->is_number() && *f == 0)) {
-      return refuse(name);
-    }
-  }
-  if (const json* f = Field(body, "logit_bias"); f != nullptr && !f->empty()) {
-    return refuse("logit_bias");
-  }
-  if (const json* f = Field(body, "logprobs");
-      f != nullptr && !(f->is_boolean() && !f->get<bool>()) && !(f->is_number() && *f == 0)) {
-    return refuse("logprobs");
-  }
-  if (const json* f = Field(body, "top_logprobs"); f != nullptr && !(f->is_number() && *f == 0)) {
-    return refuse("top_logprobs");
-  }
-  if (chat) {
-    for (const char* name : {"tools", "functions"}) {
-      if (const json* f = Field(body, name); f != nullptr && !f->empty()) return refuse(name);
-    }
-    if (const json* f = Field(body, "response_format");
-        f != nullptr && !(f->is_object() && f->value("type", "") == "text")) {
-      return refuse("response_format other than {\"type\": \"text\"}");
-    }
-  } else {
-    if (const json* f = Field(body, "echo");
-        f != nullptr && !(f->is_boolean() && !f->get<bool>())) {
-      return refuse("echo");
-    }
-    if (const json* f = Field(body, "suffix"); f != nullptr) return refuse("suffix");
-  }
-  return absl::OkStatus();
-}
-
-// The body of a completions request as a GenerateRequest; errors are INVALID_ARGUMENT, naming
-// the field (also for a field Tandem does not serve).
-absl::StatusOr<Parsed> ParseCompletion(const std::string& text, bool chat,
-                                       const absl::StatusOr<ChatTemplate>& chat_template,
-                                       int context) {
-  const json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!body.is_object()) return absl::InvalidArgumentError("the request body is not a JSON object");
-  if (absl::Status s = RefuseUnsupported(body, chat); !s.ok()) return s;
-  Parsed parsed;
-  tandem::v1::GenerateRequest& request = parsed.request;
-  if (const json* model = Field(body, "model"); model != nullptr) {
-    if (!model->is_string()) return absl::InvalidArgumentError("model must be a string");
-    parsed.model = model->get<std::string>();
-    request.set_model(parsed.model);
-  }
-  if (chat) {
-    if (!chat_template.ok()) return absl::InvalidArgumentError(chat_template.status().message());
-    absl::StatusOr<std::vector<ChatMessage>> messages = ReadMessages(body);
-    if (!messages.ok()) return messages.status();
-    absl::StatusOr<std::string> prompt = chat_template->Apply(*messages);
-    if (!prompt.ok()) return prompt.status();
-    request.set_prompt(*std::move(prompt));
-  } else if (absl::Status s = ReadPrompt(body, &request); !s.ok()) {
-    return s;
-  }
-  tandem::v1::SamplingParams& sampling = *request.mutable_sampling();
-  std::optional<int64_t> n, best_of, max_tokens, max_completion_tokens, seed, top_k;
-  for (const auto& [name, out, min, max] :
-       {std::tuple{"n", &n, int64_t{1}, int64_t{1}},
-        std::tuple{"best_of", &best_of, int64_t{1}, int64_t{1}},
-        std::tuple{"max_tokens", &max_tokens, int64_t{1}, int64_t{context} - 1},
-        std::tuple{"max_completion_tokens", &max_completion_tokens, int64_t{1},
-                   int64_t{context} - 1},
-        std::tuple{"seed", &seed, INT64_MIN, INT64_MAX},
-        std::tuple{"top_k", &top_k, int64_t{-1}, int64_t{1} << 20}}) {
-    if (absl::Status s = ReadInt(body, name, min, max, out); !s.ok()) {
-      if (std::string(name) == "n" || std::string(name) == "best_of") {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, " must be 1 (one choice per request)"));
-      }
-      return s;
-    }
-  }
-  if (max_completion_tokens) max_tokens = max_completion_tokens;
-  // Unset: 16 tokens for a completion (OpenAI's and vLLM's default), the rest of the context
-  // for a chat reply.
-  sampling.set_max_tokens(static_cast<int>(max_tokens.value_or(chat ? context - 1 : 16)));
-  if (seed) sampling.set_seed(static_cast<uint64_t>(*seed));
-  if (top_k && *top_k > 0) sampling.set_top_k(static_cast<int>(*top_k));
-  std::optional<double> temperature, top_p;
-  if (absl::Status s = ReadNumber(body, "temperature", &temperature); !s.ok()) return s;
-  if (absl::Status s = ReadNumber(body, "top_p", &top_p); !s.ok()) return s;
-  sampling.set_temperature(static_cast<float>(temperature.value_or(1.0)));  // OpenAI's default
-  if (top_p) {
-    if (!(*top_p > 0 && *top_p <= 1)) {
-      return absl::InvalidArgumentError(absl::StrCat("top_p ", *top_p, " is outside (0, 1]"));
-    }
-    sampling.set_top_p(static_cast<float>(*top_p));
-  }
-  if (const json* stop = Field(body, "stop"); stop != nullptr) {
-    if (stop->is_string()) {
-      sampling.add_stop(stop->get<std::string>());
-    } else if (stop->is_array()) {
-      for (const json& s : *stop) {
-        if (!s.is_string()) return absl::InvalidArgumentError("stop entries must be strings");
-        sampling.add_stop(s.get<std::string>());
-      }
+    json choice = {{"index", 0},
+                   {"logprobs", nullptr},
+                   {"finish_reason", finish_ == nullptr ? json(nullptr) : json(finish_)}};
+    if (a_.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", text_}};
     } else {
-      return absl::InvalidArgumentError("stop must be a string or a list of strings");
+      choice["text"] = text_;
     }
+    const json body = {{"id", a_.id},
+                       {"object", a_.chat ? "chat.completion" : "text_completion"},
+                       {"created", a_.created},
+                       {"model", a_.model},
+                       {"choices", json::array({std::move(choice)})},
+                       {"usage", Usage(usage_)}};
+    a_.out->Send({200, kJson, Dump(body)});
+    Count(a_.metrics, a_.path, 200);
   }
-  if (chat && chat_template.ok()) {
-    for (const std::string& s : chat_template->stop()) sampling.add_stop(s);
-  }
-  if (const json* ids = Field(body, "stop_token_ids"); ids != nullptr) {
-    tandem::v1::TokenIds stop_ids;
-    if (!ids->empty() && !TokenIds(*ids, &stop_ids)) {
-      return absl::InvalidArgumentError("stop_token_ids must be a list of token ids");
+
+ private:
+  const Answer a_;
+  std::string text_;
+  const char* finish_ = nullptr;
+  tandem::v1::Usage usage_;
+};
+
+// Server-sent events as the text comes; the HTTP status is 200 once the first event is out
+// (an error before that is an ordinary error response).
+class StreamSink : public GenerationSink {
+ public:
+  explicit StreamSink(Answer answer) : a_(std::move(answer)) {}
+
+  void OnChunk(const GenerateStreamResponse& c) override {
+    const char* finish = c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED
+                             ? FinishReason(c.finish_reason())
+                             : nullptr;
+    if (c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) usage_ = c.usage();
+    if (c.text().empty() && finish == nullptr) return;
+    if (!Begin()) return;
+    std::string events;
+    if (a_.chat && !wrote_role_) {
+      events += Event({{"index", 0},
+                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                       {"logprobs", nullptr},
+                       {"finish_reason", nullptr}});
+      wrote_role_ = true;
     }
-    sampling.mutable_stop_token_ids()->Assign(stop_ids.ids().begin(), stop_ids.ids().end());
-  }
-  bool ignore_eos = false;
-  if (absl::Status s = ReadBool(body, "ignore_eos", &ignore_eos); !s.ok()) return s;
-  sampling.set_ignore_eos(ignore_eos);
-  if (absl::Status s = ReadBool(body, "stream", &parsed.stream); !s.ok()) return s;
-  if (const json* options = Field(body, "stream_options"); options != nullptr) {
-    if (!parsed.stream) {
-      return absl::InvalidArgumentError("stream_options is only allowed with \"stream\": true");
+    json choice = {{"index", 0}, {"logprobs", nullptr}};
+    if (a_.chat) {
+      choice["delta"] = c.text().empty() ? json::object() : json{{"content", c.text()}};
+    } else {
+      choice["text"] = c.text();
     }
-    if (!options->is_object())
-      return absl::InvalidArgumentError("stream_options must be an object");
-    if (absl::Status s = ReadBool(*options, "include_usage", &parsed.include_usage); !s.ok()) {
-      return absl::InvalidArgumentError("stream_options.include_usage must be a boolean");
-    }
+    choice["finish_reason"] = finish == nullptr ? json(nullptr) : json(finish);
+    events += Event(std::move(choice));
+    if (!a_.out->Write(events)) a_.call->Cancel();
   }
-  return parsed;
-}
+
+  // A comment line: ignored by clients, but it keeps proxies' idle timers from closing a
+  // stream that waits (and shows a closed connection sooner).
+  void OnKeepAlive() override {
+    if (a_.out->started() && !a_.out->Write(": keep-alive\n\n")) a_.call->Cancel();
+  }
+
+  void OnDone(const absl::Status& status) override {
+    if (a_.out->client_gone()) return Count(a_.metrics, a_.path, 499);
+    if (!status.ok() && !a_.out->started()) {
+      const http::Response error = ErrorResponse(status);
+      a_.out->Send(error);
+      return Count(a_.metrics, a_.path, error.status);
+    }
+    if (!Begin()) return Count(a_.metrics, a_.path, 499);  // nothing was generated
+    std::string tail;
+    if (!status.ok()) {
+      tail += absl::StrCat("data: ", http::ErrorBody(HttpStatus(status.code()), status.message()),
+                           "\n\n");
+    } else if (a_.parsed.include_usage) {
+      const json chunk = {
+          {"id", a_.id},       {"object", Object()},       {"created", a_.created},
+          {"model", a_.model}, {"choices", json::array()}, {"usage", Usage(usage_)}};
+      tail += absl::StrCat("data: ", Dump(chunk), "\n\n");
+    }
+    tail += "data: [DONE]\n\n";
+    a_.out->Write(tail);
+    a_.out->Finish();
+    Count(a_.metrics, a_.path, 200);
+  }
+
+ private:
+  const char* Object() const { return a_.chat ? "chat.completion.chunk" : "text_completion"; }
+
+  bool Begin() {
+    if (a_.out->started()) return true;
+    if (a_.out->Start(200, "text/event-stream")) return true;
+    a_.call->Cancel();
+    return false;
+  }
+
+  // One event: the choice (text or delta) and, with include_usage, "usage": null.
+  std::string Event(json choice) const {
+    json chunk = {{"id", a_.id},
+                  {"object", Object()},
+                  {"created", a_.created},
+                  {"model", a_.model},
+                  {"choices", json::array({std::move(choice)})}};
+    if (a_.parsed.include_usage) chunk["usage"] = nullptr;
+    return absl::StrCat("data: ", Dump(chunk), "\n\n");
+  }
+
+  const Answer a_;
+  tandem::v1::Usage usage_;
+  bool wrote_role_ = false;
+};
 
 }  // namespace
+
+int HttpStatus(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return 400;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:  // by a drain: the client is still there
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    default:
+      return 500;
+  }
+}
 
 OpenAiApi::OpenAiApi(GatewayService* gateway, absl::StatusOr<ChatTemplate> chat,
                      serving::GatewayMetrics* metrics)
@@ -371,23 +235,23 @@ OpenAiApi::OpenAiApi(GatewayService* gateway, absl::StatusOr<ChatTemplate> chat,
 std::vector<http::Route> OpenAiApi::Routes() {
   return {
       {"/v1/completions", nullptr,
-       [this](const http::Request& r, http::ResponseWriter* out) { Completions(r, out, false); }},
+       [this](const http::Request& r, std::shared_ptr<http::ResponseWriter> out) {
+         Completions(r, std::move(out), false);
+       }},
       {"/v1/chat/completions", nullptr,
-       [this](const http::Request& r, http::ResponseWriter* out) { Completions(r, out, true); }},
+       [this](const http::Request& r, std::shared_ptr<http::ResponseWriter> out) {
+         Completions(r, std::move(out), true);
+       }},
       {"/v1/models",
        [this](const http::Request& r) {
          http::Response response =
-             r.method == "GET"
+             r.method == "GET" || r.method == "HEAD"
                  ? Models()
-                 : ErrorResponse({405, absl::StrCat(r.method, " /v1/models: use GET"), ""});
-         Count(r.path, response.status);
+                 : ErrorResponse(405, absl::StrCat(r.method, " /v1/models: use GET"), "");
+         Count(metrics_, r.path, response.status);
          return response;
        }},
   };
-}
-
-void OpenAiApi::Count(const std::string& path, int status) {
-  metrics_->http_requests->Add({{"path", path}, {"code", absl::StrCat(status)}}).Increment();
 }
 
 http::Response OpenAiApi::Models() const {
@@ -397,131 +261,47 @@ http::Response OpenAiApi::Models() const {
                 {"created", absl::ToUnixSeconds(absl::Now())},
                 {"owned_by", "tandem"},
                 {"max_model_len", config.model_config.max_position_embeddings}};
-  return {200, kJson, json{{"object", "list"}, {"data", json::array({model})}}.dump()};
+  return {200, kJson, Dump(json{{"object", "list"}, {"data", json::array({model})}})};
 }
 
-bool OpenAiApi::Enter(DispatchCall* call) {
-  absl::MutexLock lock(&mu_);
-  if (draining_) return false;
-  running_.insert(call);
-  return true;
-}
-
-void OpenAiApi::Leave(DispatchCall* call) {
-  absl::MutexLock lock(&mu_);
-  running_.erase(call);
-}
-
-void OpenAiApi::Drain(absl::Duration deadline) {
-  absl::MutexLock lock(&mu_);
-  draining_ = true;
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_.empty(); };
-  if (mu_.AwaitWithTimeout(absl::Condition(&idle), deadline)) return;
-  for (DispatchCall* call : running_) call->Cancel();
-  mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(5));
-}
-
-void OpenAiApi::Completions(const http::Request& http_request, http::ResponseWriter* out,
-                            bool chat) {
+void OpenAiApi::Completions(const http::Request& http_request,
+                            std::shared_ptr<http::ResponseWriter> out, bool chat) {
   const std::string& path = http_request.path;
-  auto fail = [&](const ApiError& error) {
-    out->Send(ErrorResponse(error));
-    Count(path, error.status);
+  auto fail = [&](const http::Response& error) {
+    out->Send(error);
+    Count(metrics_, path, error.status);
   };
   if (http_request.method != "POST") {
-    return fail({405, absl::StrCat(http_request.method, " ", path, ": use POST"), ""});
+    return fail(ErrorResponse(405, absl::StrCat(http_request.method, " ", path, ": use POST"), ""));
   }
   const GatewayConfig& config = gateway_->config();
-  absl::StatusOr<Parsed> parsed =
-      ParseCompletion(http_request.body, chat, chat_,
-                      static_cast<int>(config.model_config.max_position_embeddings));
-  if (!parsed.ok()) return fail(FromStatus(parsed.status()));
+  absl::StatusOr<CompletionRequest> parsed =
+      ParseCompletionRequest(http_request.body, chat, chat_,
+                             static_cast<int>(config.model_config.max_position_embeddings));
+  if (!parsed.ok()) return fail(ErrorResponse(parsed.status()));
   absl::StatusOr<GatewayService::Prepared> prepared = gateway_->Prepare(parsed->request);
-  if (!prepared.ok()) return fail(FromStatus(prepared.status()));
+  if (!prepared.ok()) return fail(ErrorResponse(prepared.status()));
 
-  // Shared with the socket watch, which may still run for a moment after this returns.
-  auto call = std::make_shared<DispatchCall>();
-  if (!Enter(call.get())) return fail({503, "the gateway is draining", ""});
-  out->OnClientGone([call] { call->Cancel(); });
-
-  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", prepared->request_id);
-  const int64_t created = absl::ToUnixSeconds(absl::Now());
-  const std::string& model = config.model_name;
-  const char* object = chat ? "chat.completion.chunk" : "text_completion";
-  // One streamed event: the choice (text or delta) and, with include_usage, "usage": null.
-  auto event = [&](json choice) {
-    json chunk = {{"id", id},
-                  {"object", object},
-                  {"created", created},
-                  {"model", model},
-                  {"choices", json::array({std::move(choice)})}};
-    if (parsed->include_usage) chunk["usage"] = nullptr;
-    return absl::StrCat("data: ", chunk.dump(), "\n\n");
-  };
-  std::string text;
-  tandem::v1::Usage usage;
-  const char* finish = nullptr;
-  bool wrote_role = false;
-  absl::Status status =
-      gateway_->Execute(*prepared, call.get(), [&](const GenerateStreamResponse& c) {
-        text += c.text();
-        if (c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-          finish = FinishReason(c.finish_reason());
-          usage = c.usage();
-        }
-        if (!parsed->stream || (c.text().empty() && finish == nullptr)) return;
-        if (!out->started() && !out->Start(200, "text/event-stream")) return call->Cancel();
-        std::string events;
-        if (chat && !wrote_role) {
-          events += event({{"index", 0},
-                           {"delta", {{"role", "assistant"}, {"content", ""}}},
-                           {"logprobs", nullptr},
-                           {"finish_reason", nullptr}});
-          wrote_role = true;
-        }
-        json choice = {{"index", 0}, {"logprobs", nullptr}};
-        if (chat) {
-          choice["delta"] = c.text().empty() ? json::object() : json{{"content", c.text()}};
-        } else {
-          choice["text"] = c.text();
-        }
-        choice["finish_reason"] = finish == nullptr ? json(nullptr) : json(finish);
-        events += event(std::move(choice));
-        if (!out->Write(events)) call->Cancel();
-      });
-  Leave(call.get());
-  if (call->cancelled() && out->client_gone()) return Count(path, 499);  // nobody to answer
-  if (!status.ok() && !out->started()) return fail(FromStatus(status));
-  if (parsed->stream) {
-    if (!out->started()) out->Start(200, "text/event-stream");  // nothing was generated
-    std::string tail;
-    if (!status.ok()) {
-      tail += absl::StrCat("data: ", ErrorJson(FromStatus(status)).dump(), "\n\n");
-    } else if (parsed->include_usage) {
-      json chunk = {{"id", id},       {"object", object},         {"created", created},
-                    {"model", model}, {"choices", json::array()}, {"usage", Usage(usage)}};
-      tail += absl::StrCat("data: ", chunk.dump(), "\n\n");
-    }
-    tail += "data: [DONE]\n\n";
-    out->Write(tail);
-    return Count(path, 200);
-  }
-  json choice = {{"index", 0},
-                 {"logprobs", nullptr},
-                 {"finish_reason", finish == nullptr ? json(nullptr) : json(finish)}};
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  Answer answer;
+  answer.out = out;
+  answer.metrics = metrics_;
+  answer.path = path;
+  answer.chat = chat;
+  answer.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", prepared->generation.request_id);
+  answer.created = absl::ToUnixSeconds(absl::Now());
+  answer.model = config.model_name;
+  answer.call = std::make_shared<DispatchCall>();
+  const bool stream = parsed->stream;
+  answer.parsed = *std::move(parsed);
+  std::shared_ptr<DispatchCall> call = answer.call;
+  std::shared_ptr<GenerationSink> sink;
+  if (stream) {
+    sink = std::make_shared<StreamSink>(std::move(answer));
   } else {
-    choice["text"] = text;
+    sink = std::make_shared<WholeSink>(std::move(answer));
   }
-  json body = {{"id", id},
-               {"object", chat ? "chat.completion" : "text_completion"},
-               {"created", created},
-               {"model", model},
-               {"choices", json::array({std::move(choice)})},
-               {"usage", Usage(usage)}};
-  out->Send({200, kJson, body.dump()});
-  Count(path, 200);
+  out->OnClientGone([call] { call->Cancel(); });
+  gateway_->Execute(*std::move(prepared), call, std::move(sink));
 }
 
 }  // namespace tandem::gateway

@@ -1,92 +1,167 @@
 #include "services/serve/local_backend.h"
 
 #include <deque>
+#include <optional>
 
-#include "absl/strings/str_cat.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
-#include "common/util/status.h"
+#include "common/util/guard.h"
+#include "common/util/timer_queue.h"
 #include "services/common/serving.h"
 
 namespace tandem::serve {
 namespace {
 
-// Outputs handed over from the engine thread to the request's thread.
-struct Inbox {
-  absl::Mutex mu;
-  std::deque<engine::SequenceOutput> outputs ABSL_GUARDED_BY(mu);
-  bool cancelled ABSL_GUARDED_BY(mu) = false;
+// One generation on the engine: outputs from the engine thread, cancellation and the
+// deadline from anywhere; exactly one of them ends it.
+class Local : public std::enable_shared_from_this<Local> {
+ public:
+  Local(engine::EngineLoop* loop, std::string request_id, int prompt_tokens,
+        std::shared_ptr<gateway::DispatchCall> call, std::shared_ptr<gateway::GenerationSink> sink)
+      : loop_(loop),
+        request_id_(std::move(request_id)),
+        prompt_tokens_(prompt_tokens),
+        call_(std::move(call)),
+        sink_(std::move(sink)) {}
+
+  void Begin(engine::SequenceRequest request, absl::Duration deadline) {
+    absl::StatusOr<engine::SequenceId> id = loop_->Submit(
+        std::move(request),
+        [self = shared_from_this()](const engine::SequenceOutput& out) { self->OnOutput(out); });
+    if (!id.ok()) return End(id.status());
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = *id;
+    }
+    std::weak_ptr<Local> weak = weak_from_this();
+    const util::TimerQueue::Id timer = util::TimerQueue::Shared().ScheduleAfter(deadline, [weak] {
+      if (auto self = weak.lock()) {
+        self->Stop(absl::DeadlineExceededError("the generation ran past its deadline"));
+      }
+    });
+    const uint64_t hook = call_->OnCancel([weak] {
+      if (auto self = weak.lock()) self->Stop(absl::CancelledError("the client went away"));
+    });
+    bool done;
+    {
+      absl::MutexLock lock(&mu_);
+      timer_ = timer;
+      hook_ = hook;
+      done = done_;
+    }
+    if (done) Disarm(timer, hook);  // it ended before the timer and hook were in place
+  }
+
+ private:
+  void OnOutput(const engine::SequenceOutput& out) {
+    if (!out.status.ok()) return End(out.status);
+    tandem::v1::GenerateStreamResponse chunk;
+    chunk.set_request_id(request_id_);
+    chunk.set_text(out.text);
+    if (out.token.has_value()) {
+      chunk.add_token_ids(*out.token);
+      ++completion_;
+    }
+    const bool last = out.finish != engine::FinishReason::kNone;
+    if (last) {
+      chunk.set_finish_reason(serving::FinishToProto(out.finish));
+      chunk.mutable_usage()->set_prompt_tokens(prompt_tokens_);
+      chunk.mutable_usage()->set_completion_tokens(completion_);
+    }
+    Deliver([chunk = std::move(chunk)](gateway::GenerationSink& sink) { sink.OnChunk(chunk); },
+            /*last=*/false);
+    if (last) End(absl::OkStatus());
+  }
+
+  // Cancelled or past the deadline: drop the sequence (no output follows once the engine
+  // has), then end.
+  void Stop(const absl::Status& why) {
+    std::optional<engine::SequenceId> id;
+    {
+      absl::MutexLock lock(&mu_);
+      id = id_;
+    }
+    if (id.has_value()) loop_->Cancel(*id);
+    End(why);
+  }
+
+  void End(const absl::Status& status) {
+    util::TimerQueue::Id timer;
+    uint64_t hook;
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_) return;
+      done_ = true;
+      timer = timer_;
+      hook = hook_;
+    }
+    Disarm(timer, hook);
+    Deliver([status](gateway::GenerationSink& sink) { sink.OnDone(status); }, /*last=*/true);
+  }
+
+  // Calls the sink in order and one call at a time, never while holding a lock (a sink may
+  // cancel, which ends the generation from inside its own call): a call made while another
+  // runs is queued and made by the thread already delivering.
+  void Deliver(std::function<void(gateway::GenerationSink&)> event, bool last) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      closed_ = last;
+      pending_.push_back(std::move(event));
+      if (delivering_) return;
+      delivering_ = true;
+    }
+    while (true) {
+      std::deque<std::function<void(gateway::GenerationSink&)>> events;
+      {
+        absl::MutexLock lock(&mu_);
+        events.swap(pending_);
+        if (events.empty()) {
+          delivering_ = false;
+          return;
+        }
+      }
+      for (auto& e : events) util::Guarded("generation sink", [&] { e(*sink_); });
+    }
+  }
+
+  void Disarm(util::TimerQueue::Id timer, uint64_t hook) {
+    if (timer != 0) util::TimerQueue::Shared().Cancel(timer);
+    if (hook != 0) call_->RemoveOnCancel(hook);
+  }
+
+  engine::EngineLoop* const loop_;
+  const std::string request_id_;
+  const int prompt_tokens_;
+  const std::shared_ptr<gateway::DispatchCall> call_;
+  const std::shared_ptr<gateway::GenerationSink> sink_;
+  int completion_ = 0;  // engine thread only
+  absl::Mutex mu_;
+  std::optional<engine::SequenceId> id_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // the last event is queued
+  bool delivering_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::function<void(gateway::GenerationSink&)>> pending_ ABSL_GUARDED_BY(mu_);
+  util::TimerQueue::Id timer_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hook_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
 
-absl::Status LocalBackend::Run(
-    const std::string& request_id, const std::vector<int32_t>& prompt,
-    const tandem::v1::SamplingParams& sampling, int max_tokens, gateway::DispatchCall* call,
-    const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk) {
-  tandem::v1::SamplingParams with_max = sampling;
-  with_max.set_max_tokens(max_tokens);
-  engine::SequenceRequest request;
-  request.prompt_ids = prompt;
-  ASSIGN_OR_RETURN(request.params, serving::SamplingFromProto(with_max, vocab_size_));
-  auto inbox = std::make_shared<Inbox>();
-  ASSIGN_OR_RETURN(engine::SequenceId id,
-                   loop_->Submit(std::move(request), [inbox](const engine::SequenceOutput& out) {
-                     absl::MutexLock lock(&inbox->mu);
-                     inbox->outputs.push_back(out);
-                   }));
-  call->OnCancel([this, inbox, id] {
-    loop_->Cancel(id);
-    absl::MutexLock lock(&inbox->mu);
-    inbox->cancelled = true;
-  });
-  const absl::Time deadline = absl::Now() + deadline_;
-  int completion = 0;
-  absl::Status status;
-  bool last = false;
-  while (!last) {
-    std::deque<engine::SequenceOutput> outputs;
-    {
-      absl::MutexLock lock(&inbox->mu);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inbox->mu) {
-        return inbox->cancelled || !inbox->outputs.empty();
-      };
-      if (!inbox->mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-        status = absl::DeadlineExceededError("the generation ran past its deadline");
-      } else if (inbox->cancelled) {
-        status = absl::CancelledError("the client went away");
-      }
-      outputs.swap(inbox->outputs);
-    }
-    if (!status.ok()) {
-      loop_->Cancel(id);
-      break;
-    }
-    for (const engine::SequenceOutput& out : outputs) {
-      if (!out.status.ok()) {
-        status = out.status;
-        last = true;
-        break;
-      }
-      tandem::v1::GenerateStreamResponse chunk;
-      chunk.set_request_id(request_id);
-      chunk.set_text(out.text);
-      if (out.token.has_value()) {
-        chunk.add_token_ids(*out.token);
-        ++completion;
-      }
-      if (out.finish != engine::FinishReason::kNone) {
-        chunk.set_finish_reason(serving::FinishToProto(out.finish));
-        chunk.mutable_usage()->set_prompt_tokens(static_cast<int>(prompt.size()));
-        chunk.mutable_usage()->set_completion_tokens(completion);
-        last = true;
-      }
-      on_chunk(chunk);
-      if (last) break;
-    }
-  }
-  call->ClearOnCancel();
-  return status;
+void LocalBackend::Start(gateway::GenerationRequest request,
+                         std::shared_ptr<gateway::DispatchCall> call,
+                         std::shared_ptr<gateway::GenerationSink> sink) {
+  tandem::v1::SamplingParams with_max = request.sampling;
+  with_max.set_max_tokens(request.max_tokens);
+  absl::StatusOr<engine::SamplingParams> params = serving::SamplingFromProto(with_max, vocab_size_);
+  if (!params.ok()) return sink->OnDone(params.status());
+  engine::SequenceRequest sequence;
+  sequence.prompt_ids = request.prompt;
+  sequence.params = *std::move(params);
+  auto local =
+      std::make_shared<Local>(loop_, request.request_id, static_cast<int>(request.prompt.size()),
+                              std::move(call), std::move(sink));
+  local->Begin(std::move(sequence), deadline_);
 }
 
 }  // namespace tandem::serve

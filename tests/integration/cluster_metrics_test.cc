@@ -24,6 +24,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/http/client.h"
 #include "common/http/http_server.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"

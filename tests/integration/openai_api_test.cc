@@ -7,14 +7,17 @@
 // request in the gateway and the decoder; overload answers 429 and draining 503.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/http/client.h"
 #include "common/http/http_server.h"
 #include "nlohmann/json.hpp"
 #include "services/router-gateway/chat_template.h"
@@ -147,7 +150,14 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
     std::string message;  // a part of the error message
   };
   const std::vector<Case> cases = {
-      {"POST", "/v1/completions", "not json", 400, "not a JSON object"},
+      {"POST", "/v1/completions", "not json", 400, "not valid JSON"},
+      {"POST", "/v1/completions", "[1, 2]", 400, "not a JSON object"},
+      {"POST", "/v1/completions", "{\"prompt\": \"\xff\xfe\"}", 400, "not valid JSON"},
+      {"POST", "/v1/completions", std::string(100000, '[') + std::string(100000, ']'), 400,
+       "nested deeper"},
+      {"POST", "/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": 3}})", 400,
+       "response_format"},
       {"POST", "/v1/completions", "{}", 400, "prompt is required"},
       {"POST", "/v1/completions", R"({"prompt": ""})", 400, "prompt is empty"},
       {"POST", "/v1/completions", R"({"prompt": 7})", 400, "prompt must be"},
@@ -192,6 +202,114 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
     EXPECT_TRUE(body["error"].contains("type") && body["error"].contains("param") &&
                 body["error"].contains("code"));
   }
+  // Every field with a value of a type it never takes: 400 naming the field.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> wrong = {
+      {"model", {"1", "[]", "{}", "true"}},
+      {"prompt", {"1", "{}", "true", "[1.5]", "[[\"a\"]]", "[{}]", "[99999999999]"}},
+      {"max_tokens", {"\"5\"", "1.5", "[]", "{}", "true", "18446744073709551615", "-1"}},
+      {"max_completion_tokens", {"\"5\"", "[]", "{}", "false"}},
+      {"temperature", {"\"hot\"", "[]", "{}", "true", "-1", "3"}},
+      {"top_p", {"\"x\"", "[]", "{}", "false", "2"}},
+      {"top_k", {"\"x\"", "1.5", "[]", "{}"}},
+      {"seed", {"\"x\"", "1.5", "[]", "{}", "true"}},
+      {"n", {"\"1\"", "[]", "{}", "2"}},
+      {"best_of", {"\"1\"", "{}"}},
+      {"stop", {"1", "{}", "[1]", "[[]]", "true"}},
+      {"stop_token_ids", {"1", "\"x\"", "{}", "[\"x\"]", "[1.5]"}},
+      {"ignore_eos", {"1", "\"true\"", "[]"}},
+      {"stream", {"1", "\"yes\"", "[]", "{}"}},
+      {"logprobs", {"\"x\"", "[]", "{}", "true", "5"}},
+      {"top_logprobs", {"\"x\"", "[]", "3"}},
+      {"logit_bias", {"1", "\"x\"", "[1]", "{\"1\": 5}"}},
+      {"presence_penalty", {"\"x\"", "[]", "1"}},
+      {"frequency_penalty", {"{}", "0.5"}},
+      {"echo", {"1", "\"x\"", "true"}},
+      {"suffix", {"1", "\"x\""}},
+  };
+  int refused = 0;
+  for (const auto& [field, values] : wrong) {
+    for (const std::string& value : values) {
+      const std::string body =
+          field == "prompt"
+              ? absl::StrCat(R"({"prompt": )", value, "}")
+              : absl::StrCat(R"({"prompt": "x", "max_tokens": 2, ")", field, R"(": )", value, "}");
+      SCOPED_TRACE(body);
+      auto got = Call("POST", "/v1/completions", body);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->status, 400) << got->body;
+      const json error = json::parse(got->body, nullptr, false);
+      ASSERT_TRUE(error.is_object() && error.contains("error")) << got->body;
+      EXPECT_EQ(error["error"]["param"], field) << got->body;
+      ++refused;
+    }
+  }
+  const std::vector<std::pair<std::string, std::vector<std::string>>> wrong_chat = {
+      {"messages", {"\"x\"", "1", "{}", "[1]", "[{\"role\": 1}]", "[{}]"}},
+      {"messages[0].content",
+       {"[{\"type\": 1}]", "[{\"type\": \"text\", \"text\": 1}]", "{}", "1", "[1]"}},
+      {"tools", {"1", "\"x\"", "[{}]"}},
+      {"functions", {"1", "[{}]"}},
+      {"response_format", {"1", "\"text\"", "[]", "{\"type\": 1}", "{\"type\": \"json\"}"}},
+      {"stream_options", {"1", "[]", "{\"include_usage\": 1}"}},
+  };
+  for (const auto& [field, values] : wrong_chat) {
+    for (const std::string& value : values) {
+      std::string body;
+      if (field == "messages") {
+        body = absl::StrCat(R"({"messages": )", value, "}");
+      } else if (field == "messages[0].content") {
+        body = absl::StrCat(R"({"messages": [{"role": "user", "content": )", value, "}]}");
+      } else {
+        body = absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "stream": true, ")",
+                            field, R"(": )", value, "}");
+      }
+      SCOPED_TRACE(body);
+      auto got = Call("POST", "/v1/chat/completions", body);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->status, 400) << got->body;
+      const json error = json::parse(got->body, nullptr, false);
+      ASSERT_TRUE(error.is_object() && error.contains("error")) << got->body;
+      EXPECT_TRUE(absl::StartsWith(error["error"].value("param", ""), field.substr(0, 8)))
+          << got->body;
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 100);
+
+  // Malformed HTTP: bad bytes in the path, the headers and the body framing; a Content-Length
+  // that lies; huge headers. Each gets a 4xx with a JSON error body.
+  const std::vector<std::pair<std::string, int>> raw = {
+      {"GET /%FF HTTP/1.1\r\nConnection: close\r\n\r\n", 404},
+      {"GET /v1/models\x01 HTTP/1.1\r\n\r\n", 400},
+      {"POST /v1/completions HTTP/1.1\r\nX-Bad\x7f: 1\r\n\r\n", 400},
+      {"POST /v1/completions HTTP/1.1\r\nX: a\x01"
+       "b\r\n\r\n",
+       400},
+      {"POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", 400},
+      {"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}garbage\r\n\r\n", 400},
+      {"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff\r\n",
+       400},
+      {"GET /v1/models HTTP/1.1\r\nX: " + std::string(100000, 'x') + "\r\n\r\n", 431},
+  };
+  for (const auto& [bytes, status] : raw) {
+    SCOPED_TRACE(absl::CEscape(bytes.substr(0, 80)));
+    const int fd =
+        testing::ConnectAndSend(gateway_.http_port, std::string(bytes.data(), bytes.size()));
+    ASSERT_GE(fd, 0);
+    std::string got;
+    char buffer[4096];
+    while (true) {
+      const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;
+      got.append(buffer, static_cast<size_t>(n));
+    }
+    close(fd);
+    EXPECT_TRUE(absl::StrContains(got, absl::StrCat("HTTP/1.1 ", status, " "))) << got;
+    const size_t last = got.rfind("\r\n\r\n");
+    ASSERT_NE(last, std::string::npos) << got;
+    EXPECT_TRUE(json::parse(got.substr(last + 4), nullptr, false).contains("error")) << got;
+  }
+
   // Still serving, and a stream without include_usage carries no usage.
   auto good = Call("POST", "/v1/completions",
                    R"({"prompt": "She opened the door and", "max_tokens": 4, "temperature": 0,
@@ -235,7 +353,7 @@ TEST_F(OpenAiApiTest, ClientThatDisconnectsCancelsItsRequestDownstream) {
 
 TEST(OpenAiApiServeTest, OverloadGets429DrainingGets503AndNoInstance503) {
   testing::ServiceSet set;
-  auto serve = set.Start("tandem-serve", {"--max_inflight=1"});
+  auto serve = set.Start("tandem-serve", {"--max_inflight=1", "--max_queued=0"});
   ASSERT_TRUE(serve.ok()) << serve.status();
   const std::string long_request = R"({"prompt": "It is not easy to say what", "max_tokens": 480,
                                        "ignore_eos": true, "stream": true})";

@@ -8,12 +8,39 @@
 #include <map>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::gateway {
 namespace {
 
 using ::testing::Contains;
+
+// Runs one generation to its end; its final status.
+absl::Status Generate(Dispatcher& dispatcher, std::shared_ptr<DispatchCall> call = nullptr) {
+  class Sink : public GenerationSink {
+   public:
+    void OnChunk(const tandem::v1::GenerateStreamResponse&) override {}
+    void OnDone(const absl::Status& status) override {
+      status_ = status;
+      done_.Notify();
+    }
+    absl::Status Wait() {
+      if (!done_.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+        return absl::DeadlineExceededError("the generation never ended");
+      }
+      return status_;
+    }
+
+   private:
+    absl::Status status_;
+    absl::Notification done_;
+  };
+  auto sink = std::make_shared<Sink>();
+  dispatcher.Start({.request_id = "r", .prompt = {1, 2}, .sampling = {}, .max_tokens = 4},
+                   call != nullptr ? call : std::make_shared<DispatchCall>(), sink);
+  return sink->Wait();
+}
 
 TEST(ResolveTargetTest, HostNamesBecomeOneTargetPerAddress) {
   const std::vector<std::string> localhost = ResolveTarget("localhost:50051");
@@ -28,16 +55,15 @@ TEST(ResolveTargetTest, HostNamesBecomeOneTargetPerAddress) {
 
 TEST(DispatcherTest, NoInstancesIsUnavailable) {
   Dispatcher dispatcher({}, {"127.0.0.1:1"}, {});
-  DispatchCall call;
-  const absl::Status status = dispatcher.Run("r", {1, 2}, {}, 4, &call, [](const auto&) {});
+  const absl::Status status = Generate(dispatcher);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(DispatcherTest, DeadInstancesAreUnavailableWithEveryReason) {
-  Dispatcher dispatcher({"127.0.0.1:1"}, {"127.0.0.1:1", "127.0.0.1:2"},
-                        {.reserve_deadline = absl::Seconds(2)});
-  DispatchCall call;
-  const absl::Status status = dispatcher.Run("r", {1, 2}, {}, 4, &call, [](const auto&) {});
+  DispatcherOptions options;
+  options.reserve_deadline = absl::Seconds(2);
+  Dispatcher dispatcher({"127.0.0.1:1"}, {"127.0.0.1:1", "127.0.0.1:2"}, options);
+  const absl::Status status = Generate(dispatcher);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:1"));
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:2"));
@@ -78,14 +104,15 @@ TEST(DispatcherTest, InstancesFollowTheirDnsNamesWithoutARestart) {
   dns.Set("prefill.svc:50051", std::vector<std::string>{"127.0.0.1:3"});
   absl::Mutex mu;
   std::vector<std::pair<size_t, size_t>> counts;
-  DispatcherOptions options{.health_interval = absl::Milliseconds(20),
-                            .reserve_deadline = absl::Seconds(2),
-                            .resolve_interval = absl::Milliseconds(20),
-                            .resolve = dns.resolver(),
-                            .on_instances = [&](size_t prefill, size_t decode) {
-                              absl::MutexLock lock(&mu);
-                              counts.emplace_back(prefill, decode);
-                            }};
+  DispatcherOptions options;
+  options.health_interval = absl::Milliseconds(20);
+  options.reserve_deadline = absl::Seconds(2);
+  options.resolve_interval = absl::Milliseconds(20);
+  options.resolve = dns.resolver();
+  options.on_instances = [&](size_t prefill, size_t decode) {
+    absl::MutexLock lock(&mu);
+    counts.emplace_back(prefill, decode);
+  };
   Dispatcher dispatcher({"prefill.svc:50051"}, {"decode.svc:50051"}, options);
   using Addresses = std::vector<std::string>;
   EXPECT_EQ(dispatcher.decode_addresses(), Addresses{"127.0.0.1:1"});
@@ -99,8 +126,7 @@ TEST(DispatcherTest, InstancesFollowTheirDnsNamesWithoutARestart) {
       },
       absl::Seconds(10)));
   // Requests try every instance now: the failure names both.
-  DispatchCall call;
-  absl::Status status = dispatcher.Run("r", {1, 2}, {}, 4, &call, [](const auto&) {});
+  absl::Status status = Generate(dispatcher);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:1"));
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:2"));
@@ -115,7 +141,7 @@ TEST(DispatcherTest, InstancesFollowTheirDnsNamesWithoutARestart) {
   ASSERT_TRUE(
       testing::WaitUntil([&] { return dispatcher.decode_addresses() == Addresses{"127.0.0.1:2"}; },
                          absl::Seconds(10)));
-  status = dispatcher.Run("r", {1, 2}, {}, 4, &call, [](const auto&) {});
+  status = Generate(dispatcher);
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("127.0.0.1:2"));
   EXPECT_THAT(std::string(status.message()), ::testing::Not(::testing::HasSubstr("127.0.0.1:1")));
 
@@ -125,16 +151,36 @@ TEST(DispatcherTest, InstancesFollowTheirDnsNamesWithoutARestart) {
   EXPECT_THAT(counts, Contains(std::make_pair(size_t{1}, size_t{2})));
 }
 
-TEST(DispatchCallTest, CancelRunsTheHookAtOnceOrWhenSet) {
+TEST(DispatcherTest, ACancelledGenerationEndsCancelled) {
+  Dispatcher dispatcher({"127.0.0.1:1"}, {"127.0.0.1:1"}, {});
+  auto call = std::make_shared<DispatchCall>();
+  call->Cancel();
+  EXPECT_EQ(Generate(dispatcher, call).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(dispatcher.running(), 0);
+}
+
+TEST(DispatchCallTest, CancelRunsEachHookOnceAtOnceOrWhenSet) {
   DispatchCall call;
-  int cancelled = 0;
+  int cancelled = 0, removed = 0;
   call.OnCancel([&] { ++cancelled; });
+  const uint64_t gone = call.OnCancel([&] { ++removed; });
+  call.RemoveOnCancel(gone);
   EXPECT_EQ(cancelled, 0);
   call.Cancel();
+  call.Cancel();
   EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(removed, 0);
   EXPECT_TRUE(call.cancelled());
   call.OnCancel([&] { ++cancelled; });  // already cancelled: runs now
   EXPECT_EQ(cancelled, 2);
+}
+
+TEST(DispatchCallTest, AHookMayTouchTheCallItself) {
+  DispatchCall call;
+  bool saw_cancelled = false;
+  call.OnCancel([&] { saw_cancelled = call.cancelled(); });
+  call.Cancel();
+  EXPECT_TRUE(saw_cancelled);
 }
 
 }  // namespace

@@ -1,0 +1,339 @@
+#include "services/router-gateway/openai_request.h"
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::gateway {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kParamPayload[] = "type.googleapis.com/tandem.v1.RequestParam";
+
+absl::Status Invalid(absl::string_view param, std::string message) {
+  return WithParam(absl::InvalidArgumentError(std::move(message)), param);
+}
+
+// A field that may be absent or null. Every access below checks the value's type first:
+// nlohmann's typed getters throw on a mismatch.
+const json* Field(const json& body, const char* name) {
+  if (!body.is_object()) return nullptr;
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+absl::Status ReadInt(const json& body, const char* name, int64_t min, int64_t max,
+                     std::optional<int64_t>* out) {
+  const json* f = Field(body, name);
+  if (f == nullptr) return absl::OkStatus();
+  if (!f->is_number_integer()) return Invalid(name, absl::StrCat(name, " must be an integer"));
+  // Integers above INT64_MAX parse as unsigned: out of every range here.
+  if (f->is_number_unsigned() && f->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return Invalid(name,
+                   absl::StrCat(name, " is out of range; it must be in [", min, ", ", max, "]"));
+  }
+  const int64_t v = f->get<int64_t>();
+  if (v < min || v > max) {
+    return Invalid(name, absl::StrCat(name, " is ", v, "; it must be in [", min, ", ", max, "]"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadNumber(const json& body, const char* name, std::optional<double>* out) {
+  const json* f = Field(body, name);
+  if (f == nullptr) return absl::OkStatus();
+  if (!f->is_number()) return Invalid(name, absl::StrCat(name, " must be a number"));
+  *out = f->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const json& body, const char* name, bool* out) {
+  const json* f = Field(body, name);
+  if (f == nullptr) return absl::OkStatus();
+  if (!f->is_boolean()) return Invalid(name, absl::StrCat(name, " must be a boolean"));
+  *out = f->get<bool>();
+  return absl::OkStatus();
+}
+
+// A string field's value, or empty when it is absent or not a string.
+std::string StringOr(const json& body, const char* name, std::string otherwise) {
+  const json* f = Field(body, name);
+  return f != nullptr && f->is_string() ? f->get<std::string>() : otherwise;
+}
+
+// Token ids from a JSON array of integers; false if it is not one.
+bool TokenIds(const json& value, tandem::v1::TokenIds* ids) {
+  if (!value.is_array() || value.empty()) return false;
+  for (const json& id : value) {
+    if (!id.is_number_integer()) return false;
+    if (id.is_number_unsigned() && id.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)) {
+      return false;
+    }
+    const int64_t v = id.get<int64_t>();
+    if (v < INT32_MIN || v > INT32_MAX) return false;
+    ids->add_ids(static_cast<int32_t>(v));
+  }
+  return true;
+}
+
+absl::Status ReadPrompt(const json& body, tandem::v1::GenerateRequest* request) {
+  const json* prompt = Field(body, "prompt");
+  if (prompt == nullptr) return Invalid("prompt", "prompt is required");
+  if (prompt->is_string()) {
+    request->set_prompt(prompt->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    request->set_prompt((*prompt)[0].get<std::string>());
+    return absl::OkStatus();
+  }
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_array()) {
+    if (TokenIds((*prompt)[0], request->mutable_prompt_token_ids())) return absl::OkStatus();
+  } else if (TokenIds(*prompt, request->mutable_prompt_token_ids())) {
+    return absl::OkStatus();
+  }
+  if (prompt->is_array() && prompt->size() > 1 &&
+      ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    return Invalid("prompt", "one prompt per request is supported (batches are not)");
+  }
+  return Invalid("prompt",
+                 "prompt must be a string, a list of token ids, or a list holding one of those");
+}
+
+absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const json& body) {
+  const json* messages = Field(body, "messages");
+  if (messages == nullptr || !messages->is_array() || messages->empty()) {
+    return Invalid("messages", "messages must be a non-empty list");
+  }
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return Invalid(where, where + " is not an object");
+    const json* role = Field(m, "role");
+    if (role == nullptr || !role->is_string()) {
+      return Invalid(where + ".role", where + ".role must be a string");
+    }
+    ChatMessage message{role->get<std::string>(), ""};
+    const json* content = Field(m, "content");
+    if (content != nullptr && content->is_string()) {
+      message.content = content->get<std::string>();
+    } else if (content != nullptr && content->is_array()) {
+      for (const json& part : *content) {
+        const json* type = Field(part, "type");
+        const json* text = Field(part, "text");
+        if (type == nullptr || !type->is_string() || type->get<std::string>() != "text" ||
+            text == nullptr || !text->is_string()) {
+          return Invalid(where + ".content",
+                         where + ".content: only {\"type\": \"text\"} parts are supported");
+        }
+        message.content += text->get<std::string>();
+      }
+    } else if (content != nullptr) {
+      return Invalid(where + ".content", where + ".content must be a string or a list of parts");
+    }
+    out.push_back(std::move(message));
+  }
+  return out;
+}
+
+bool IsZero(const json& f) { return f.is_number() && f.get<double>() == 0; }
+bool IsFalse(const json& f) { return f.is_boolean() && !f.get<bool>(); }
+bool IsEmpty(const json& f) { return (f.is_array() || f.is_object()) && f.empty(); }
+
+// Fields Tandem does not implement: refused (400, as vLLM does) unless absent or at their
+// no-op value.
+absl::Status RefuseUnsupported(const json& body, bool chat) {
+  auto refuse = [](const char* name, const char* what = nullptr) {
+    return Invalid(name,
+                   absl::StrCat(what == nullptr ? name : what, " is not supported by Tandem"));
+  };
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    if (const json* f = Field(body, name); f != nullptr && !IsZero(*f)) return refuse(name);
+  }
+  if (const json* f = Field(body, "logit_bias"); f != nullptr && !IsEmpty(*f)) {
+    return refuse("logit_bias");
+  }
+  if (const json* f = Field(body, "logprobs"); f != nullptr && !IsFalse(*f) && !IsZero(*f)) {
+    return refuse("logprobs");
+  }
+  if (const json* f = Field(body, "top_logprobs"); f != nullptr && !IsZero(*f)) {
+    return refuse("top_logprobs");
+  }
+  if (chat) {
+    for (const char* name : {"tools", "functions"}) {
+      if (const json* f = Field(body, name); f != nullptr && !IsEmpty(*f)) return refuse(name);
+    }
+    if (const json* f = Field(body, "response_format");
+        f != nullptr && !(f->is_object() && StringOr(*f, "type", "") == "text")) {
+      return refuse("response_format", "response_format other than {\"type\": \"text\"}");
+    }
+  } else {
+    if (const json* f = Field(body, "echo"); f != nullptr && !IsFalse(*f)) return refuse("echo");
+    if (const json* f = Field(body, "suffix"); f != nullptr) return refuse("suffix");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WithParam(absl::Status status, absl::string_view param) {
+  if (!param.empty()) status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+std::string ParamOf(const absl::Status& status) {
+  const auto param = status.GetPayload(kParamPayload);  // absl::optional<absl::Cord>
+  return param.has_value() ? std::string(*param) : std::string();
+}
+
+int JsonDepth(absl::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        break;
+      case '{':
+      case '[':
+        deepest = std::max(deepest, ++depth);
+        if (deepest > limit) return deepest;
+        break;
+      case '}':
+      case ']':
+        --depth;
+        break;
+      default:
+        break;
+    }
+  }
+  return deepest;
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(
+    absl::string_view text, bool chat, const absl::StatusOr<ChatTemplate>& chat_template,
+    int context) {
+  // nlohmann's parser copes with any depth, but copying or printing a value recurses.
+  if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is nested deeper than ", kMaxJsonDepth, " levels"));
+  }
+  const json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!body.is_object()) return absl::InvalidArgumentError("the request body is not a JSON object");
+  if (absl::Status s = RefuseUnsupported(body, chat); !s.ok()) return s;
+  CompletionRequest parsed;
+  tandem::v1::GenerateRequest& request = parsed.request;
+  if (const json* model = Field(body, "model"); model != nullptr) {
+    if (!model->is_string()) return Invalid("model", "model must be a string");
+    parsed.model = model->get<std::string>();
+    request.set_model(parsed.model);
+  }
+  if (chat) {
+    if (!chat_template.ok()) {
+      return Invalid("messages", std::string(chat_template.status().message()));
+    }
+    absl::StatusOr<std::vector<ChatMessage>> messages = ReadMessages(body);
+    if (!messages.ok()) return messages.status();
+    absl::StatusOr<std::string> prompt = chat_template->Apply(*messages);
+    if (!prompt.ok()) return WithParam(prompt.status(), "messages");
+    request.set_prompt(*std::move(prompt));
+  } else if (absl::Status s = ReadPrompt(body, &request); !s.ok()) {
+    return s;
+  }
+  tandem::v1::SamplingParams& sampling = *request.mutable_sampling();
+  std::optional<int64_t> n, best_of, max_tokens, max_completion_tokens, seed, top_k;
+  for (const auto& [name, out, min, max] :
+       {std::tuple{"n", &n, int64_t{1}, int64_t{1}},
+        std::tuple{"best_of", &best_of, int64_t{1}, int64_t{1}},
+        std::tuple{"max_tokens", &max_tokens, int64_t{1}, int64_t{context} - 1},
+        std::tuple{"max_completion_tokens", &max_completion_tokens, int64_t{1},
+                   int64_t{context} - 1},
+        std::tuple{"seed", &seed, INT64_MIN, INT64_MAX},
+        std::tuple{"top_k", &top_k, int64_t{-1}, int64_t{1} << 20}}) {
+    if (absl::Status s = ReadInt(body, name, min, max, out); !s.ok()) {
+      if (std::string(name) == "n" || std::string(name) == "best_of") {
+        return Invalid(name, absl::StrCat(name, " must be 1 (one choice per request)"));
+      }
+      return s;
+    }
+  }
+  if (max_completion_tokens) max_tokens = max_completion_tokens;
+  // Unset: 16 tokens for a completion (OpenAI's and vLLM's default), the rest of the context
+  // for a chat reply.
+  sampling.set_max_tokens(static_cast<int>(max_tokens.value_or(chat ? context - 1 : 16)));
+  if (seed) sampling.set_seed(static_cast<uint64_t>(*seed));
+  if (top_k && *top_k > 0) sampling.set_top_k(static_cast<int>(*top_k));
+  std::optional<double> temperature, top_p;
+  if (absl::Status s = ReadNumber(body, "temperature", &temperature); !s.ok()) return s;
+  if (absl::Status s = ReadNumber(body, "top_p", &top_p); !s.ok()) return s;
+  if (temperature && !(*temperature >= 0 && *temperature <= 2)) {
+    return Invalid("temperature", absl::StrCat("temperature ", *temperature, " is outside [0, 2]"));
+  }
+  sampling.set_temperature(static_cast<float>(temperature.value_or(1.0)));  // OpenAI's default
+  if (top_p) {
+    if (!(*top_p > 0 && *top_p <= 1)) {
+      return Invalid("top_p", absl::StrCat("top_p ", *top_p, " is outside (0, 1]"));
+    }
+    sampling.set_top_p(static_cast<float>(*top_p));
+  }
+  if (const json* stop = Field(body, "stop"); stop != nullptr) {
+    if (stop->is_string()) {
+      sampling.add_stop(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& s : *stop) {
+        if (!s.is_string()) return Invalid("stop", "stop entries must be strings");
+        sampling.add_stop(s.get<std::string>());
+      }
+    } else {
+      return Invalid("stop", "stop must be a string or a list of strings");
+    }
+  }
+  if (chat && chat_template.ok()) {
+    for (const std::string& s : chat_template->stop()) sampling.add_stop(s);
+  }
+  if (const json* ids = Field(body, "stop_token_ids"); ids != nullptr) {
+    tandem::v1::TokenIds stop_ids;
+    if (!(ids->is_array() && ids->empty()) && !TokenIds(*ids, &stop_ids)) {
+      return Invalid("stop_token_ids", "stop_token_ids must be a list of token ids");
+    }
+    sampling.mutable_stop_token_ids()->Assign(stop_ids.ids().begin(), stop_ids.ids().end());
+  }
+  bool ignore_eos = false;
+  if (absl::Status s = ReadBool(body, "ignore_eos", &ignore_eos); !s.ok()) return s;
+  sampling.set_ignore_eos(ignore_eos);
+  if (absl::Status s = ReadBool(body, "stream", &parsed.stream); !s.ok()) return s;
+  if (const json* options = Field(body, "stream_options"); options != nullptr) {
+    if (!parsed.stream) {
+      return Invalid("stream_options", "stream_options is only allowed with \"stream\": true");
+    }
+    if (!options->is_object()) {
+      return Invalid("stream_options", "stream_options must be an object");
+    }
+    if (absl::Status s = ReadBool(*options, "include_usage", &parsed.include_usage); !s.ok()) {
+      return Invalid("stream_options.include_usage",
+                     "stream_options.include_usage must be a boolean");
+    }
+  }
+  return parsed;
+}
+
+}  // namespace tandem::gateway
