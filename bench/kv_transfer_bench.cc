@@ -1,5 +1,5 @@
-// KV transfer bandwidth through the UCX transport: one prompt's KV blocks written from a
-// prefill-side pool into a decode-side pool (two agents in this process, each with its own UCX
+// KV transfer bandwidth through the UCX transport: one prompt's KV stream sent from a
+// prefill-side pool into a decode-side inbox (two agents in this process, each with its own UCX
 // context, worker and progress thread), for the geometry of bench/configs/dummy-3b (16 layers,
 // 4 KV heads, head dim 64, float32: 32 KiB per token), into consecutive blocks and into a
 // random permutation of blocks. bench/kv_transfer_bench.sh runs it next to ucx_perftest.
@@ -18,7 +18,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "common/kv/block_spans.h"
+#include "common/kv/inbox.h"
+#include "common/kv/kv_stream.h"
 #include "common/kv/ucx_transport.h"
 
 ABSL_FLAG(std::string, tokens, "1024,8192", "Prompt lengths, in tokens.");
@@ -45,10 +46,9 @@ int Run() {
   if (!src.ok() || !dst.ok()) return 1;
   std::fill((*src)->data(), (*src)->data() + (*src)->size_bytes() / sizeof(float), 0.5f);
   std::printf(
-      "| transport | prompt tokens | KV bytes | destination blocks | spans | ms (best of %d) | "
-      "GB/s |\n",
+      "| transport | prompt tokens | KV bytes | destination blocks | ms (best of %d) | GB/s |\n",
       absl::GetFlag(FLAGS_reps));
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|\n");
   for (absl::string_view tls : absl::StrSplit(absl::GetFlag(FLAGS_transports), ';')) {
     UcxTransportOptions options;
     options.transports = std::string(tls);
@@ -59,9 +59,8 @@ int Run() {
       std::cerr << (writer.ok() ? reader.status() : writer.status()) << "\n";
       return 1;
     }
-    auto local = (*writer)->RegisterMemory((*src)->data(), (*src)->size_bytes());
-    auto remote = (*reader)->RegisterMemory((*dst)->data(), (*dst)->size_bytes());
-    if (!local.ok() || !remote.ok()) return 1;
+    KvInbox inbox(dst->get());
+    if (!(*reader)->SetReceiver(&inbox).ok()) return 1;
     for (int tokens : token_counts) {
       const int blocks = (tokens + 15) / 16;
       for (bool scattered : {false, true}) {
@@ -70,14 +69,17 @@ int Run() {
         std::iota(to.begin(), to.end(), 0);
         if (scattered) std::shuffle(to.begin(), to.end(), std::mt19937(1));
         to.resize(blocks);
-        auto spans = KvBlockCopySpans(**src, from, **dst, to);
-        if (!spans.ok()) return 1;
-        uint64_t bytes = 0;
-        for (const CopySpan& s : *spans) bytes += s.length;
+        auto stream = KvStream::Of(src->get(), from);
+        if (!stream.ok()) return 1;
+        const uint64_t bytes = stream->size();
         double best = 1e30;
         for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+          auto token = inbox.Open(to);
+          if (!token.ok()) return 1;
           const auto t0 = std::chrono::steady_clock::now();
-          auto id = (*writer)->PostWrite(*local, *remote, *spans);
+          auto id = (*writer)->PostSend(
+              (*reader)->self(), *token, bytes,
+              [&](uint64_t offset, absl::Span<char> out) { return stream->Read(offset, out); });
           if (!id.ok()) {
             std::cerr << id.status() << "\n";
             return 1;
@@ -88,14 +90,16 @@ int Run() {
             return 1;
           }
           (*writer)->Release(*id);
+          inbox.Close(*token);
           best = std::min(
               best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
-        std::printf("| %s | %d | %.1f MB | %s | %zu | %.1f | %.2f |\n", std::string(tls).c_str(),
-                    tokens, bytes / 1e6, scattered ? "random permutation" : "consecutive",
-                    spans->size(), best * 1e3, bytes / best / 1e9);
+        std::printf("| %s | %d | %.1f MB | %s | %.1f | %.2f |\n", std::string(tls).c_str(), tokens,
+                    bytes / 1e6, scattered ? "random permutation" : "consecutive", best * 1e3,
+                    bytes / best / 1e9);
       }
     }
+    (void)(*reader)->SetReceiver(nullptr);
   }
   return 0;
 }

@@ -1,18 +1,25 @@
 #include "common/kv/transfer.h"
 
-#include <thread>
+#include <sys/random.h>
+
+#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/util/logging.h"
 
 namespace tandem::kv {
 
-absl::Status WaitForTransfer(KvTransport& transport, TransferId id, absl::Time deadline) {
+absl::Status WaitForTransfer(KvTransport& transport, TransferId id, absl::Time deadline,
+                             const std::function<bool()>& cancelled) {
   absl::Duration backoff = absl::Microseconds(5);
   while (true) {
     absl::StatusOr<bool> done = transport.Poll(id);
     if (!done.ok()) return done.status();
     if (*done) return absl::OkStatus();
+    if (cancelled && cancelled()) {
+      return absl::CancelledError("the KV transfer was abandoned: its request was cancelled");
+    }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("KV transfer ", static_cast<uint64_t>(id),
@@ -24,17 +31,18 @@ absl::Status WaitForTransfer(KvTransport& transport, TransferId id, absl::Time d
   }
 }
 
-absl::Status CheckSpans(absl::Span<const CopySpan> spans, uint64_t src_size, uint64_t dst_size) {
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const CopySpan& s = spans[i];
-    if (s.length == 0 || s.src_offset > src_size || s.length > src_size - s.src_offset ||
-        s.dst_offset > dst_size || s.length > dst_size - s.dst_offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "span ", i, " (", s.length, " bytes from offset ", s.src_offset, " to ", s.dst_offset,
-          ") is empty or outside the regions (", src_size, " and ", dst_size, " bytes)"));
+std::string RandomToken() {
+  std::string token(kTokenBytes, '\0');
+  size_t filled = 0;
+  while (filled < token.size()) {
+    const ssize_t n = getrandom(token.data() + filled, token.size() - filled, 0);
+    if (n > 0) {
+      filled += static_cast<size_t>(n);
+    } else {
+      TANDEM_CHECK(errno == EINTR) << "getrandom failed: errno " << errno;
     }
   }
-  return absl::OkStatus();
+  return token;
 }
 
 }  // namespace tandem::kv

@@ -1,18 +1,30 @@
-// Moving KV blocks between processes: the transport interface, in the spirit of NIXL. An agent
-// registers memory once (decode registers its whole KV block pool), hands peers the
-// descriptor, and a peer posts writes of spans of its own registered memory into it, then
-// polls the transfer, with a deadline, until it is done; then releases it. Prefill writes the
-// prompt's blocks into the blocks decode reserved (a one-sided put, as the design's request
-// path has it: decode stays free to step while the bytes land, and learns of completion from
-// prefill's reply, which comes only after the transfer is done).
+// Moving a prompt's KV cache from prefill to decode: the transport interface.
 //
-// Implementations: InProcessTransport (inproc_transport.h; colocated mode and tests) and, with
-// issue #5, UCX. Errors are absl::Status: INVALID_ARGUMENT for spans outside a region,
-// NOT_FOUND for an unknown agent or region, UNAVAILABLE for a dead peer, DEADLINE_EXCEEDED.
+// KV lifetime is safe by construction: the receiving process writes every byte into its own
+// blocks itself. A decode instance opens an inbox for each reservation (inbox.h) under a
+// fresh unguessable token; prefill sends the reservation's KV stream (kv_stream.h) as
+// messages naming that token and an offset, then a commit; the receiver copies each message
+// into the reservation's blocks only while the inbox is open, checks every range against the
+// reservation, and answers the commit with whether every byte arrived. Once the reservation
+// ends (Decode took it, Release, or its lease), its inbox is closed, and anything still on its
+// way — a stalled prefill that resumes, a retry that lost the race — is dropped: no write can
+// land in a block after its reservation ended, whatever the timing. No memory is registered
+// for peers and no remote keys are handed out (with UCX, only active messages are used: no
+// one-sided puts into decode's pool).
+//
+// The sender's side owns its source: `fill` reads the local blocks chunk by chunk, on the
+// transport's thread, and never after Release returns, so prefill frees its blocks once it
+// has released the transfer; bytes already handed to the transport are the transport's.
+//
+// Implementations: InProcessTransport (inproc_transport.h; tests) and UcxTransport
+// (ucx_transport.h). Errors are absl::Status: INVALID_ARGUMENT for a bad target, NOT_FOUND for
+// an unknown transfer, UNAVAILABLE for a peer that cannot be reached or failed, the
+// receiver's verdict (e.g. NOT_FOUND for a reservation that ended) at commit.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -23,54 +35,66 @@
 
 namespace tandem::kv {
 
-// What a peer needs to address registered memory.
-struct MemoryDescriptor {
-  std::string agent;       // the agent that registered it
-  uint64_t region_id = 0;  // unique within that agent
-  uint64_t size = 0;       // bytes
-  std::string remote_key;  // transport-specific (UCX: the packed rkey and base address)
+// Bytes in a reservation token: 128 random bits, the capability to write into it.
+inline constexpr size_t kTokenBytes = 16;
+
+// The receiving side: where incoming KV goes (decode's inboxes). Called on the transport's
+// thread; must be quick.
+class KvReceiver {
+ public:
+  virtual ~KvReceiver() = default;
+  // Stores `data` at `offset` of reservation `token`'s KV stream. An error drops it (no such
+  // reservation or it ended, a range outside its stream, bytes already received); the sender
+  // learns at commit.
+  virtual absl::Status Write(std::string_view token, uint64_t offset, std::string_view data) = 0;
+  // The sender has sent `size` bytes: OK once they have all arrived (the reservation's KV is
+  // then complete and takes no more bytes); otherwise why not.
+  virtual absl::Status Commit(std::string_view token, uint64_t size) = 0;
 };
 
-// `length` bytes from `src_offset` in the local region to `dst_offset` in the remote one.
-struct CopySpan {
-  uint64_t src_offset = 0;
-  uint64_t dst_offset = 0;
-  uint64_t length = 0;
+// Where a sender finds a receiving agent.
+struct KvPeer {
+  std::string agent;    // as the transport names agents (UCX: host:port of its listener)
+  std::string address;  // how to reach it directly (UCX: its worker address); may be empty
 };
 
 enum class TransferId : uint64_t {};
 
 class KvTransport {
  public:
+  // Fills `out` with the bytes of the stream at `offset`.
+  using Fill = std::function<absl::Status(uint64_t offset, absl::Span<char> out)>;
+
   virtual ~KvTransport() = default;
 
   virtual std::string_view name() const = 0;
   // Whether peers may live in other processes.
   virtual bool supports_remote() const = 0;
-  // This agent's name, as peers address it.
-  virtual const std::string& agent() const = 0;
+  // How peers reach this agent.
+  virtual KvPeer self() const = 0;
 
-  // Makes [base, base + size) a region peers can write into and this agent can write from.
-  virtual absl::StatusOr<MemoryDescriptor> RegisterMemory(void* base, size_t size) = 0;
-  // Ends a registration; NOT_FOUND if it is not this agent's.
-  virtual absl::Status DeregisterMemory(const MemoryDescriptor& region) = 0;
+  // Incoming KV goes to `receiver` (null: none is accepted). It must outlive its
+  // registration; once SetReceiver returns, the previous receiver is not being called.
+  virtual absl::Status SetReceiver(KvReceiver* receiver) = 0;
 
-  // Starts writing `spans` of the local region `local` (registered here) into `remote`.
-  virtual absl::StatusOr<TransferId> PostWrite(const MemoryDescriptor& local,
-                                               const MemoryDescriptor& remote,
-                                               absl::Span<const CopySpan> spans) = 0;
-  // True once every byte has landed; an error if the transfer failed; false while it runs.
+  // Sends `size` bytes (read through `fill`) to reservation `token` at `peer`, then commits.
+  virtual absl::StatusOr<TransferId> PostSend(const KvPeer& peer, std::string token, uint64_t size,
+                                              Fill fill) = 0;
+  // True once the receiver confirmed every byte; an error if the transfer failed or the
+  // receiver refused it; false while it runs.
   virtual absl::StatusOr<bool> Poll(TransferId id) = 0;
-  // Forgets a finished or failed transfer (one still running is cancelled where possible).
+  // Forgets a transfer; a running one is abandoned (the receiver drops what still arrives once
+  // its reservation ends). When it returns, the transfer's `fill` is not running and will not
+  // run again.
   virtual void Release(TransferId id) = 0;
 };
 
-// Polls `id` until it is done, failed, or `deadline` passes (DEADLINE_EXCEEDED); the caller
-// still releases it.
-absl::Status WaitForTransfer(KvTransport& transport, TransferId id, absl::Time deadline);
+// Polls `id` until it is done, failed, `deadline` passes (DEADLINE_EXCEEDED) or `cancelled`
+// says so (CANCELLED); the caller still releases it.
+absl::Status WaitForTransfer(KvTransport& transport, TransferId id, absl::Time deadline,
+                             const std::function<bool()>& cancelled = nullptr);
 
-// Checks that `spans` lie inside regions of `src_size` and `dst_size` bytes (INVALID_ARGUMENT
-// naming the first span that does not); for implementations.
-absl::Status CheckSpans(absl::Span<const CopySpan> spans, uint64_t src_size, uint64_t dst_size);
+// 16 bytes from the system's cryptographic random source.
+std::string RandomToken();
 
 }  // namespace tandem::kv

@@ -75,23 +75,8 @@ tandem::v1::FinishReason FinishToProto(engine::FinishReason reason) {
   return tandem::v1::FINISH_REASON_UNSPECIFIED;
 }
 
-kv::MemoryDescriptor DescriptorOf(const tandem::v1::KvTarget& target) {
-  kv::MemoryDescriptor d;
-  d.agent = target.address();
-  d.region_id = target.region_id();
-  d.size = target.region_bytes();
-  d.remote_key = target.remote_memory();
-  return d;
-}
-
-void DescribeRegion(const kv::MemoryDescriptor& region, const engine::KvCacheConfig& pool,
-                    tandem::v1::KvTarget* target) {
-  target->set_transport("ucx");
-  target->set_address(region.agent);
-  target->set_remote_memory(region.remote_key);
-  target->set_region_id(region.region_id);
-  target->set_region_bytes(region.size);
-  target->set_pool_blocks(pool.num_blocks);
+kv::KvPeer PeerOf(const tandem::v1::KvTarget& target) {
+  return {target.agent(), target.agent_address()};
 }
 
 }  // namespace tandem::serving

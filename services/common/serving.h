@@ -1,6 +1,6 @@
 // What the prefill and decode services share: loading a model into a serving engine (weights,
 // tokenizer, KV pool, forward pass), converting the public API's sampling parameters and finish
-// reasons, and describing a KV pool region as a KvTarget for the transport.
+// reasons, and reading a KvTarget's peer.
 #pragma once
 
 #include <memory>
@@ -47,9 +47,7 @@ absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::Sampl
                                                          int vocab_size);
 tandem::v1::FinishReason FinishToProto(engine::FinishReason reason);
 
-// The transport descriptor of a target's region, and back.
-kv::MemoryDescriptor DescriptorOf(const tandem::v1::KvTarget& target);
-void DescribeRegion(const kv::MemoryDescriptor& region, const engine::KvCacheConfig& pool,
-                    tandem::v1::KvTarget* target);
+// The agent a target names, as the transport addresses it.
+kv::KvPeer PeerOf(const tandem::v1::KvTarget& target);
 
 }  // namespace tandem::serving

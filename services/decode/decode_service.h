@@ -1,9 +1,13 @@
 // tandem-decode's gRPC service. Reserve sets aside KV blocks for a prompt plus its max_tokens
-// (under a lease: freed if Decode has not claimed them in time) and answers with the target a
-// prefill instance writes the prompt's KV into over the KV transport. Decode then hands the
-// sequence, whose first token prefill sampled, to the engine loop (continuous batching over
-// every running sequence) and streams its tokens; a client that goes away cancels it and its
-// blocks are freed at once. Release drops a reservation that will not be used.
+// under a lease (freed, by a timer, if Decode has not claimed them in time) and answers with a
+// target: this agent and a fresh random token under which a prefill instance sends the
+// prompt's KV. What arrives goes through the reservation's inbox (common/kv/inbox.h) into its
+// blocks, and only while the reservation lasts. Decode claims a reservation whose KV is
+// complete and hands the sequence, whose first token prefill sampled, to the engine loop
+// (continuous batching over every running sequence) and streams its tokens, with a keep-alive
+// whenever there is nothing to say for a while; a client that goes away cancels it and its
+// blocks are freed at once. Release drops a reservation that will not be used. Handles and
+// tokens are 128-bit random: unguessable.
 #pragma once
 
 #include <memory>
@@ -13,8 +17,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine_loop.h"
+#include "common/kv/inbox.h"
 #include "common/kv/transfer.h"
 #include "common/rpc/rpc_metrics.h"
+#include "common/util/timer_queue.h"
 #include "services/common/serving_metrics.h"
 #include "tandem/v1/decode.grpc.pb.h"
 
@@ -28,10 +34,10 @@ struct DecodeServiceOptions {
 
 class DecodeService final : public tandem::v1::Decode::CallbackService {
  public:
-  // `loop` steps the engine whose pool `pool_region` (registered with the transport)
-  // describes; all must outlive the service.
+  // `loop` steps the engine whose pool `inbox` writes into; `transport` (which delivers to
+  // `inbox`) names this agent in targets. All must outlive the service.
   DecodeService(std::string model_name, tandem::v1::KvGeometry geometry, engine::EngineLoop* loop,
-                kv::MemoryDescriptor pool_region, int vocab_size,
+                kv::KvInbox* inbox, const kv::KvTransport* transport, int vocab_size,
                 const DecodeServiceOptions& options, rpc::RpcMetrics* metrics,
                 serving::DecodeMetrics* serving_metrics);
   ~DecodeService() override;
@@ -52,24 +58,32 @@ class DecodeService final : public tandem::v1::Decode::CallbackService {
   struct Reservation {
     engine::BlockTable table;
     int prompt_tokens;
-    absl::Time expires;
+    int max_tokens;     // what the blocks have room for
+    std::string token;  // its inbox's
+    util::TimerQueue::Id lease_timer = 0;
   };
   grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, absl::string_view rpc,
                                  const absl::Status& status, absl::Time start);
-  // Frees reservations whose lease has passed.
-  void Expire() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a reservation whose lease has passed (the lease timer's callback).
+  void Expire(const std::string& handle);
+  // Closes its inbox (no byte lands after this) and frees its blocks.
+  void Drop(Reservation& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BlockGauges();
 
   const std::string model_name_;
   const tandem::v1::KvGeometry geometry_;
   engine::EngineLoop* const loop_;
-  const kv::MemoryDescriptor pool_region_;
+  kv::KvInbox* const inbox_;
+  const std::string transport_name_;
+  const kv::KvPeer self_;
   const int vocab_size_;
   const DecodeServiceOptions options_;
   rpc::RpcMetrics* metrics_;
   serving::DecodeMetrics* serving_metrics_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  // The leases' timers; stopped first of all in the destructor.
+  std::unique_ptr<util::TimerQueue> timers_ = std::make_unique<util::TimerQueue>();
 };
 
 }  // namespace tandem::decode

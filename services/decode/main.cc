@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "common/engine/engine_loop.h"
 #include "common/kv/geometry.h"
+#include "common/kv/inbox.h"
 #include "common/kv/ucx_transport.h"
 #include "common/rpc/service_flags.h"
 #include "services/common/decoder.h"
@@ -29,7 +30,12 @@ ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the pre
 ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
 ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most.");
 ABSL_FLAG(int, max_step_tokens, 512, "Tokens one engine step runs at most.");
-ABSL_FLAG(int, lease_ms, 30000, "A reservation is freed if Decode has not claimed it by then.");
+ABSL_FLAG(int, lease_ms, 30000,
+          "A reservation is freed if Decode has not claimed it by then (the gateway gives prefill "
+          "this long, less a margin).");
+ABSL_FLAG(int, heartbeat_ms, 2000,
+          "A decode stream with nothing to say for this long sends a keep-alive, so the gateway "
+          "can tell a silent host from a busy one.");
 ABSL_FLAG(std::string, kv_listen_host, "127.0.0.1",
           "IPv4 address the KV transport listens on (port chosen by the system).");
 ABSL_FLAG(std::string, kv_transports, "tcp",
@@ -79,8 +85,11 @@ int main(int argc, char** argv) {
   kv_options.detect_dead_peers = absl::GetFlag(FLAGS_kv_detect_dead_peers);
   auto transport = tandem::kv::UcxTransport::Create(kv_options);
   if (!transport.ok()) return fail("the KV transport", transport.status());
-  auto region = (*transport)->RegisterMemory(engine->pool->data(), engine->pool->size_bytes());
-  if (!region.ok()) return fail("registering the KV pool", region.status());
+  // The only way KV reaches the pool: through a reservation's inbox, while it lasts.
+  tandem::kv::KvInbox inbox(engine->pool.get());
+  if (absl::Status s = (*transport)->SetReceiver(&inbox); !s.ok()) {
+    return fail("the KV transport", s);
+  }
   tandem::metrics::Registry registry(
       tandem::serving::ServiceLabels("decode", absl::GetFlag(FLAGS_model)));
   tandem::serving::DecodeMetrics serving_metrics(&registry);
@@ -94,10 +103,18 @@ int main(int argc, char** argv) {
 
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
-  tandem::decode::DecodeService service(
-      model->name, model->geometry, loop.get(), *region, static_cast<int>(model->config.vocab_size),
-      {.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms))}, &rpc_metrics, &serving_metrics);
-  const int exit_code = tandem::rpc::RunService(options, {&service}, &registry, &health);
-  loop.reset();  // before the transport and pool go away
+  int exit_code;
+  {
+    // Destroyed before the engine loop it uses, and before the inbox and transport go.
+    tandem::decode::DecodeService service(
+        model->name, model->geometry, loop.get(), &inbox, transport->get(),
+        static_cast<int>(model->config.vocab_size),
+        {.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms)),
+         .heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms))},
+        &rpc_metrics, &serving_metrics);
+    exit_code = tandem::rpc::RunService(options, {&service}, &registry, &health);
+  }
+  (void)(*transport)->SetReceiver(nullptr);  // nothing reaches the inbox from here on
+  loop.reset();                              // before the transport and pool go away
   return exit_code;
 }

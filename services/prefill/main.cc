@@ -23,6 +23,10 @@ ABSL_FLAG(bool, kv_detect_dead_peers, true,
           "UCX peer failure detection; UCX 1.13 then uses TCP only. Without it a dead peer is "
           "noticed by the transfer deadline.");
 
+ABSL_FLAG(int64_t, testing_stop_after_kv_bytes, 0,
+          "For fault tests only: the process stops itself (SIGSTOP), once, when a KV transfer "
+          "reaches this many bytes, to be resumed (SIGCONT) by the test; 0: never.");
+
 int main(int argc, char** argv) {
   const tandem::config::ProgramInfo program{
       "tandem-prefill",
@@ -51,18 +55,17 @@ int main(int argc, char** argv) {
   kv_options.detect_dead_peers = absl::GetFlag(FLAGS_kv_detect_dead_peers);
   auto transport = tandem::kv::UcxTransport::Create(kv_options);
   if (!transport.ok()) return fail("the KV transport", transport.status());
-  auto region = (*transport)->RegisterMemory(engine->pool->data(), engine->pool->size_bytes());
-  if (!region.ok()) return fail("registering the KV pool", region.status());
 
   tandem::metrics::Registry registry(
       tandem::serving::ServiceLabels("prefill", absl::GetFlag(FLAGS_model)));
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::PrefillMetrics serving_metrics(&registry);
-  tandem::prefill::PrefillService service(model->name, model->geometry, engine->forward.get(),
-                                          transport->get(), *region,
-                                          {.max_queue = absl::GetFlag(FLAGS_max_queue),
-                                           .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk)},
-                                          &rpc_metrics, &serving_metrics);
+  tandem::prefill::PrefillService service(
+      model->name, model->geometry, engine->forward.get(), transport->get(),
+      {.max_queue = absl::GetFlag(FLAGS_max_queue),
+       .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk),
+       .stop_after_kv_bytes = absl::GetFlag(FLAGS_testing_stop_after_kv_bytes)},
+      &rpc_metrics, &serving_metrics);
   return tandem::rpc::RunService(options, {&service}, &registry, &health);
 }

@@ -1,11 +1,15 @@
 #include "services/prefill/prefill_service.h"
 
+#include <signal.h>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/engine/sampling.h"
-#include "common/kv/block_spans.h"
 #include "common/kv/geometry.h"
+#include "common/kv/kv_stream.h"
 #include "common/rpc/status.h"
+#include "common/util/guard.h"
 #include "common/util/status.h"
 #include "services/common/serving.h"
 
@@ -13,14 +17,12 @@ namespace tandem::prefill {
 
 PrefillService::PrefillService(std::string model_name, tandem::v1::KvGeometry geometry,
                                engine::ForwardPass* forward, kv::KvTransport* transport,
-                               kv::MemoryDescriptor pool_region,
                                const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
                                serving::PrefillMetrics* serving_metrics)
     : model_name_(std::move(model_name)),
       geometry_(std::move(geometry)),
       forward_(forward),
       transport_(transport),
-      pool_region_(std::move(pool_region)),
       options_(options),
       metrics_(metrics),
       serving_metrics_(serving_metrics),
@@ -48,7 +50,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     reactor->Finish(status);
     return reactor;
   }
-  queue_.push_back({request, response, reactor, absl::Now()});
+  queue_.push_back({context, request, response, reactor, absl::Now()});
   serving_metrics_->queue_depth->Set(static_cast<double>(queue_.size()) + (busy_ ? 1 : 0));
   return reactor;
 }
@@ -73,7 +75,9 @@ void PrefillService::Work() {
       }
       busy_ = true;
     }
-    const grpc::Status status = rpc::ToGrpcStatus(Run(*job.request, job.response));
+    absl::Status result = absl::InternalError("internal error while running the prompt");
+    util::Guarded("prefill", [&] { result = Run(job.context, *job.request, job.response); });
+    const grpc::Status status = rpc::ToGrpcStatus(result);
     metrics_->Record("Prefill", status, absl::Now() - job.start);
     job.reactor->Finish(status);
     absl::MutexLock lock(&mu_);
@@ -82,24 +86,49 @@ void PrefillService::Work() {
   }
 }
 
-absl::Status PrefillService::Run(const tandem::v1::PrefillRequest& request,
+absl::Status PrefillService::Run(grpc::CallbackServerContext* context,
+                                 const tandem::v1::PrefillRequest& request,
                                  tandem::v1::PrefillResponse* response) {
+  // The call's deadline (the gateway sets it within the reservation's lease) and its
+  // cancellation, checked before each piece of work.
+  const auto chrono_deadline = context->deadline();
+  const absl::Time deadline =
+      chrono_deadline > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)
+          ? absl::InfiniteFuture()
+          : absl::FromChrono(chrono_deadline);
+  auto stopped = [&]() -> absl::Status {
+    if (context->IsCancelled()) return absl::CancelledError("the prefill call was cancelled");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          "the prefill call is past its deadline (the reservation's lease)");
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(stopped());
   const model::ModelConfig& c = forward_->weights().config;
   const tandem::v1::KvTarget& target = request.target();
   const int n = request.prompt_token_ids_size();
   if (n < 1) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  if (n >= c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt has ", n, " tokens; the context length is ", c.max_position_embeddings));
+  }
   RETURN_IF_ERROR(kv::CheckCompatible(geometry_, target.geometry()));
   engine::KvBlockPool* pool = forward_->pool();
   const int block_size = pool->config().block_size;
   const int blocks = (n + block_size - 1) / block_size;
-  if (target.block_ids_size() != blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("the target has ", target.block_ids_size(),
+  if (target.num_blocks() != blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("the target has room for ", target.num_blocks(),
                                                    " blocks; the prompt needs ", blocks));
   }
   if (target.transport() != transport_->name()) {
-    return absl::InvalidArgumentError(absl::StrCat("the target's transport \"", target.transport(),
-                                                   "\" is not ours (\"",
-                                                   std::string(transport_->name()), "\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the target's transport \"", absl::CEscape(target.transport()),
+                     "\" is not ours (\"", std::string(transport_->name()), "\")"));
+  }
+  if (target.token().size() != kv::kTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the target's token has ", target.token().size(),
+                                                   " bytes, not ", kv::kTokenBytes));
   }
   ASSIGN_OR_RETURN(engine::SamplingParams params,
                    serving::SamplingFromProto(request.sampling(), static_cast<int>(c.vocab_size)));
@@ -118,11 +147,14 @@ absl::Status PrefillService::Run(const tandem::v1::PrefillRequest& request,
   std::vector<std::vector<float>> logits;
   absl::Status status;
   for (int begin = 0; begin < n && status.ok(); begin += options_.chunk_tokens) {
+    status = stopped();
+    if (!status.ok()) break;
     const int len = std::min(options_.chunk_tokens, n - begin);
     engine::StepInput in{absl::MakeConstSpan(ids).subspan(begin, len), begin, &table,
                          begin + len < n ? engine::LogitRows::kNone : engine::LogitRows::kLast};
     status = forward_->Step({&in, 1}, {}, &logits);
   }
+  if (status.ok()) status = stopped();
   if (!status.ok()) {
     table.ReleaseAll(pool);
     return status;
@@ -133,23 +165,33 @@ absl::Status PrefillService::Run(const tandem::v1::PrefillRequest& request,
   serving_metrics_->prompt_tokens->Increment(n);
   serving_metrics_->compute_seconds->Observe(absl::ToDoubleSeconds(computed - start));
 
-  engine::KvCacheConfig remote = pool->config();
-  remote.num_blocks = target.pool_blocks();
-  const std::vector<int32_t> dst(target.block_ids().begin(), target.block_ids().end());
-  std::vector<int32_t> src(table.blocks().begin(), table.blocks().begin() + blocks);
-  absl::StatusOr<std::vector<kv::CopySpan>> spans = kv::KvBlockCopySpans(*pool, src, remote, dst);
+  // Send the prompt's blocks as the reservation's KV stream. The transport reads them while
+  // it sends; once the transfer is released it never does again, and only then are they freed.
+  absl::StatusOr<kv::KvStream> stream = kv::KvStream::Of(
+      pool, std::vector<int32_t>(table.blocks().begin(), table.blocks().begin() + blocks));
   uint64_t bytes = 0;
-  if (spans.ok()) {
-    for (const kv::CopySpan& s : *spans) bytes += s.length;
+  if (stream.ok()) {
+    bytes = stream->size();
+    const kv::KvStream* source = &*stream;
+    const int64_t stop_at = options_.stop_after_kv_bytes;
     absl::StatusOr<kv::TransferId> id =
-        transport_->PostWrite(pool_region_, serving::DescriptorOf(target), *spans);
+        transport_->PostSend(serving::PeerOf(target), target.token(), bytes,
+                             [this, source, stop_at](uint64_t offset, absl::Span<char> out) {
+                               if (stop_at > 0 && offset >= static_cast<uint64_t>(stop_at) &&
+                                   !stopped_for_test_.exchange(true)) {
+                                 raise(SIGSTOP);  // a fault test stalls this process mid-transfer
+                               }
+                               return source->Read(offset, out);
+                             });
     status = id.status();
     if (id.ok()) {
-      status = kv::WaitForTransfer(*transport_, *id, absl::Now() + options_.transfer_deadline);
+      status = kv::WaitForTransfer(*transport_, *id,
+                                   std::min(deadline, absl::Now() + options_.transfer_deadline),
+                                   [context] { return context->IsCancelled(); });
       transport_->Release(*id);
     }
   } else {
-    status = spans.status();
+    status = stream.status();
   }
   table.ReleaseAll(pool);
   if (!status.ok()) {

@@ -1,10 +1,14 @@
 // tandem-prefill's gRPC service: runs a prompt through the full expert pool in chunks on its
-// own KV pool, samples the first token, writes the prompt's KV blocks straight into the blocks
-// a decode instance reserved (over the KV transport), and answers once they have landed.
-// Prompts run one at a time on a worker thread, from a bounded queue (RESOURCE_EXHAUSTED when
-// it is full); the gRPC threads never block.
+// own KV pool, samples the first token, sends the prompt's KV to the reservation a decode
+// instance made (over the KV transport, under the reservation's token), and answers once the
+// decode instance confirmed every byte. Prompts run one at a time on a worker thread, from a
+// bounded queue (RESOURCE_EXHAUSTED when it is full); the gRPC threads never block. A call
+// that is cancelled or past its deadline (the gateway sets it within the reservation's lease)
+// stops at the next chunk, before sending, or while its KV is on the way; its blocks are freed
+// only once the transport has let go of them.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -25,16 +29,18 @@ struct PrefillServiceOptions {
   int max_queue = 64;
   int chunk_tokens = 256;
   absl::Duration transfer_deadline = absl::Seconds(30);
+  // For fault tests: stop this process (SIGSTOP) once this many bytes of its first KV
+  // transfer have been sent; 0: never.
+  int64_t stop_after_kv_bytes = 0;
 };
 
 class PrefillService final : public tandem::v1::Prefill::CallbackService {
  public:
-  // `forward` (and its pool, registered with `transport` as `pool_region`) must outlive the
-  // service.
+  // `forward` (and its pool) and `transport` must outlive the service.
   PrefillService(std::string model_name, tandem::v1::KvGeometry geometry,
                  engine::ForwardPass* forward, kv::KvTransport* transport,
-                 kv::MemoryDescriptor pool_region, const PrefillServiceOptions& options,
-                 rpc::RpcMetrics* metrics, serving::PrefillMetrics* serving_metrics);
+                 const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
+                 serving::PrefillMetrics* serving_metrics);
   // Finishes what is queued with UNAVAILABLE and stops the worker.
   ~PrefillService() override;
 
@@ -47,20 +53,20 @@ class PrefillService final : public tandem::v1::Prefill::CallbackService {
 
  private:
   struct Job {
+    grpc::CallbackServerContext* context;
     const tandem::v1::PrefillRequest* request;
     tandem::v1::PrefillResponse* response;
     grpc::ServerUnaryReactor* reactor;
     absl::Time start;
   };
   void Work();
-  absl::Status Run(const tandem::v1::PrefillRequest& request,
+  absl::Status Run(grpc::CallbackServerContext* context, const tandem::v1::PrefillRequest& request,
                    tandem::v1::PrefillResponse* response);
 
   const std::string model_name_;
   const tandem::v1::KvGeometry geometry_;
   engine::ForwardPass* const forward_;
   kv::KvTransport* const transport_;
-  const kv::MemoryDescriptor pool_region_;
   const PrefillServiceOptions options_;
   rpc::RpcMetrics* metrics_;
   serving::PrefillMetrics* serving_metrics_;
@@ -68,6 +74,7 @@ class PrefillService final : public tandem::v1::Prefill::CallbackService {
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> stopped_for_test_{false};
   std::thread worker_;
 };
 

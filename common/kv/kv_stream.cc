@@ -1,0 +1,79 @@
+#include "common/kv/kv_stream.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::kv {
+
+absl::StatusOr<KvStream> KvStream::Of(engine::KvBlockPool* pool, std::vector<int32_t> blocks) {
+  if (blocks.empty()) return absl::InvalidArgumentError("a KV stream needs at least one block");
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= pool->num_total()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", b, " is outside the pool's ", pool->num_total(), " blocks"));
+    }
+  }
+  return KvStream(pool, std::move(blocks));
+}
+
+uint64_t KvStream::BytesFor(const engine::KvCacheConfig& config, int blocks) {
+  const uint64_t piece = static_cast<uint64_t>(config.block_size) * config.num_kv_heads *
+                         config.head_dim * sizeof(float);
+  return piece * 2 * static_cast<uint64_t>(config.num_layers) * static_cast<uint64_t>(blocks);
+}
+
+KvStream::KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks)
+    : pool_(pool),
+      blocks_(std::move(blocks)),
+      piece_bytes_(pool->block_floats() * sizeof(float)),
+      size_(BytesFor(pool->config(), static_cast<int>(blocks_.size()))) {}
+
+char* KvStream::Piece(uint64_t offset, uint64_t* within) const {
+  const uint64_t piece = offset / piece_bytes_;
+  *within = offset % piece_bytes_;
+  const uint64_t n = blocks_.size();
+  const int layer = static_cast<int>(piece / (2 * n));
+  const bool value = (piece / n) % 2 == 1;
+  const int32_t block = blocks_[piece % n];
+  float* base = value ? pool_->v_pool(layer) : pool_->k_pool(layer);
+  return reinterpret_cast<char*>(base + static_cast<size_t>(block) * pool_->block_floats());
+}
+
+absl::Status KvStream::CheckRange(uint64_t offset, uint64_t length) const {
+  if (offset > size_ || length > size_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", length,
+                                              ") are outside the KV stream of ", size_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStream::Read(uint64_t offset, absl::Span<char> out) const {
+  if (absl::Status s = CheckRange(offset, out.size()); !s.ok()) return s;
+  size_t done = 0;
+  while (done < out.size()) {
+    uint64_t within = 0;
+    const char* piece = Piece(offset + done, &within);
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(piece_bytes_ - within, out.size() - done));
+    std::memcpy(out.data() + done, piece + within, n);
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStream::Write(uint64_t offset, std::string_view data) const {
+  if (absl::Status s = CheckRange(offset, data.size()); !s.ok()) return s;
+  size_t done = 0;
+  while (done < data.size()) {
+    uint64_t within = 0;
+    char* piece = Piece(offset + done, &within);
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(piece_bytes_ - within, data.size() - done));
+    std::memcpy(piece + within, data.data() + done, n);
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kv
