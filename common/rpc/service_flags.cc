@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/kernels/cpu/thread_pool.h"
+#include "common/rpc/internal_auth.h"
 #include "common/util/logging.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (gRPC and HTTP).");
@@ -31,6 +32,13 @@ ABSL_FLAG(int, threads, 0,
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain; with --tls_key_file, gRPC is served over TLS only.");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "With --tls_cert_file: PEM CA certificates; every gRPC client must then present a "
+          "certificate they signed (mutual TLS).");
+ABSL_FLAG(std::string, internal_secret_file, "",
+          "File holding the internal APIs' shared secret (first line, >= 16 printable bytes): "
+          "prefill and decode refuse calls without it (UNAUTHENTICATED); the gateway sends it. "
+          "Use a file (a Kubernetes Secret), not the command line.");
 
 namespace tandem::rpc {
 
@@ -83,9 +91,23 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const std::string& name) 
   if (cert.empty() != key.empty()) {
     return absl::InvalidArgumentError("--tls_cert_file and --tls_key_file go together");
   }
+  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca_file);
+  if (!client_ca.empty() && cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
+  }
+  if (const std::string secret = absl::GetFlag(FLAGS_internal_secret_file); !secret.empty()) {
+    absl::StatusOr<std::string> read = ReadSecretFile(secret);
+    if (!read.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--internal_secret_file=", read.status().message()));
+    }
+    options.internal_secret = *std::move(read);
+  }
   for (const auto& [flag, path, out] :
        {std::tuple{"tls_cert_file", cert, &options.tls_cert_chain},
-        std::tuple{"tls_key_file", key, &options.tls_private_key}}) {
+        std::tuple{"tls_key_file", key, &options.tls_private_key},
+        std::tuple{"tls_client_ca_file", client_ca, &options.tls_client_ca}}) {
     if (path.empty()) continue;
     std::ifstream in(path);
     if (!in)

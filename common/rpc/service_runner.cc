@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
                                                               std::vector<grpc::Service*> services,
                                                               int max_message_bytes,
                                                               const std::string& tls_cert_chain,
-                                                              const std::string& tls_private_key) {
+                                                              const std::string& tls_private_key,
+                                                              const std::string& tls_client_ca) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("grpc port ", port, " out of range"));
   }
@@ -40,6 +41,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   if (!tls_cert_chain.empty() && !tls_private_key.empty()) {
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({tls_private_key, tls_cert_chain});
+    if (!tls_client_ca.empty()) {
+      ssl.pem_root_certs = tls_client_ca;
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
     credentials = grpc::SslServerCredentials(ssl);
   }
   builder.AddListeningPort(absl::StrCat(host, ":", port), credentials, &bound_port);
@@ -114,7 +119,7 @@ int RunService(const ServiceOptions& options, std::vector<grpc::Service*> servic
   }
   auto server =
       GrpcServer::Start(options.host, options.grpc_port, services, options.max_message_bytes,
-                        options.tls_cert_chain, options.tls_private_key);
+                        options.tls_cert_chain, options.tls_private_key, options.tls_client_ca);
   if (!server.ok()) {
     TANDEM_LOG(ERROR) << options.name << ": " << server.status();
     return 1;

@@ -36,17 +36,23 @@ struct ServiceOptions {
   // PEM certificate chain and private key: when both are set, gRPC is served over TLS only.
   std::string tls_cert_chain;
   std::string tls_private_key;
+  // PEM CA certificates: with TLS, clients must present a certificate they signed (mTLS).
+  std::string tls_client_ca;
+  // The internal APIs' shared secret (internal_auth.h); empty: none.
+  std::string internal_secret;
 };
 
 // A started gRPC server; Shutdown() drains with a deadline.
 class GrpcServer {
  public:
-  // TLS when `tls_cert_chain` and `tls_private_key` (PEM) are set, plaintext otherwise.
+  // TLS when `tls_cert_chain` and `tls_private_key` (PEM) are set, plaintext otherwise; with
+  // `tls_client_ca` too, clients must present a certificate that CA signed.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const std::string& host, int port,
                                                            std::vector<grpc::Service*> services,
                                                            int max_message_bytes,
                                                            const std::string& tls_cert_chain = "",
-                                                           const std::string& tls_private_key = "");
+                                                           const std::string& tls_private_key = "",
+                                                           const std::string& tls_client_ca = "");
   ~GrpcServer();
   int port() const { return port_; }
   // Stops accepting calls, waits up to `deadline` for in-flight calls, cancels the rest.

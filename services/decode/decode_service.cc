@@ -31,7 +31,8 @@ DecodeService::DecodeService(std::string model_name, tandem::v1::KvGeometry geom
       vocab_size_(vocab_size),
       options_(options),
       metrics_(metrics),
-      serving_metrics_(serving_metrics) {}
+      serving_metrics_(serving_metrics),
+      auth_(options.internal_secret) {}
 
 DecodeService::~DecodeService() {
   timers_.reset();  // no lease expiry runs from here on
@@ -78,6 +79,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
                                                  tandem::v1::ReserveResponse* response) {
   return rpc::GuardedUnary(context, "Reserve", [&]() -> grpc::ServerUnaryReactor* {
     const absl::Time start = absl::Now();
+    if (absl::Status s = auth_.Check(*context); !s.ok()) return Done(context, "Reserve", s, start);
     const int max_tokens =
         request->max_tokens() == 0 ? serving::kDefaultMaxTokens : request->max_tokens();
     if (request->prompt_tokens() < 1 || max_tokens < 1 ||
@@ -141,6 +143,7 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* DecodeService::Decode(
           metrics_->Record("Decode", grpc_status, absl::ZeroDuration());
           return rpc::FinishedWriter<GenerateStreamResponse>(grpc_status);
         };
+        if (absl::Status s = auth_.Check(*context); !s.ok()) return fail(s);
         auto sampling = serving::SamplingFromProto(request->sampling(), vocab_size_);
         if (!sampling.ok()) return fail(sampling.status());
         if (request->first_token_id() < 0 || request->first_token_id() >= vocab_size_) {
@@ -237,6 +240,7 @@ grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* co
                                                  tandem::v1::ReleaseResponse* response) {
   return rpc::GuardedUnary(context, "Release", [&]() -> grpc::ServerUnaryReactor* {
     const absl::Time start = absl::Now();
+    if (absl::Status s = auth_.Check(*context); !s.ok()) return Done(context, "Release", s, start);
     util::TimerQueue::Id timer = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -260,6 +264,9 @@ grpc::ServerUnaryReactor* DecodeService::GetInfo(grpc::CallbackServerContext* co
                                                  const tandem::v1::InstanceInfoRequest* request,
                                                  tandem::v1::InstanceInfo* response) {
   return rpc::GuardedUnary(context, "GetInfo", [&]() -> grpc::ServerUnaryReactor* {
+    if (absl::Status s = auth_.Check(*context); !s.ok()) {
+      return Done(context, "GetInfo", s, absl::Now());
+    }
     const engine::EngineLoop::Load load = loop_->load();
     response->set_role("decode");
     response->set_model(model_name_);

@@ -19,6 +19,7 @@
 #include "common/engine/engine_loop.h"
 #include "common/kv/inbox.h"
 #include "common/kv/transfer.h"
+#include "common/rpc/internal_auth.h"
 #include "common/rpc/rpc_metrics.h"
 #include "common/util/timer_queue.h"
 #include "services/common/serving_metrics.h"
@@ -30,6 +31,8 @@ struct DecodeServiceOptions {
   absl::Duration lease = absl::Seconds(30);
   // A stream with nothing to say for this long sends a keep-alive (a heartbeat message).
   absl::Duration heartbeat_interval = absl::Seconds(2);
+  // Every call must carry it (common/rpc/internal_auth.h); empty: not checked.
+  std::string internal_secret;
 };
 
 class DecodeService final : public tandem::v1::Decode::CallbackService {
@@ -80,6 +83,7 @@ class DecodeService final : public tandem::v1::Decode::CallbackService {
   const DecodeServiceOptions options_;
   rpc::RpcMetrics* metrics_;
   serving::DecodeMetrics* serving_metrics_;
+  const rpc::InternalAuth auth_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
   // The leases' timers; stopped first of all in the destructor.

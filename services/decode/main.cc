@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
     std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
     return 2;
   };
+  if (absl::GetFlag(FLAGS_lease_ms) < 1 || absl::GetFlag(FLAGS_heartbeat_ms) < 1) {
+    return fail("flags", absl::InvalidArgumentError("--lease_ms and --heartbeat_ms must be >= 1"));
+  }
   auto model =
       tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size));
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
@@ -110,7 +113,8 @@ int main(int argc, char** argv) {
         model->name, model->geometry, loop.get(), &inbox, transport->get(),
         static_cast<int>(model->config.vocab_size),
         {.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms)),
-         .heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms))},
+         .heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)),
+         .internal_secret = options.internal_secret},
         &rpc_metrics, &serving_metrics);
     exit_code = tandem::rpc::RunService(options, {&service}, &registry, &health);
   }

@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
       model->name, model->geometry, engine->forward.get(), transport->get(),
       {.max_queue = absl::GetFlag(FLAGS_max_queue),
        .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk),
-       .stop_after_kv_bytes = absl::GetFlag(FLAGS_testing_stop_after_kv_bytes)},
+       .stop_after_kv_bytes = absl::GetFlag(FLAGS_testing_stop_after_kv_bytes),
+       .internal_secret = options.internal_secret},
       &rpc_metrics, &serving_metrics);
   return tandem::rpc::RunService(options, {&service}, &registry, &health);
 }

@@ -26,6 +26,7 @@ PrefillService::PrefillService(std::string model_name, tandem::v1::KvGeometry ge
       options_(options),
       metrics_(metrics),
       serving_metrics_(serving_metrics),
+      auth_(options.internal_secret),
       worker_([this] { Work(); }) {}
 
 PrefillService::~PrefillService() {
@@ -40,6 +41,12 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
                                                   const tandem::v1::PrefillRequest* request,
                                                   tandem::v1::PrefillResponse* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::Status s = auth_.Check(*context); !s.ok()) {
+    const grpc::Status status = rpc::ToGrpcStatus(s);
+    metrics_->Record("Prefill", status, absl::ZeroDuration());
+    reactor->Finish(status);
+    return reactor;
+  }
   absl::MutexLock lock(&mu_);
   if (stop_ || static_cast<int>(queue_.size()) >= options_.max_queue) {
     const grpc::Status status(
@@ -210,6 +217,12 @@ absl::Status PrefillService::Run(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* PrefillService::GetInfo(grpc::CallbackServerContext* context,
                                                   const tandem::v1::InstanceInfoRequest* request,
                                                   tandem::v1::InstanceInfo* response) {
+  if (absl::Status s = auth_.Check(*context); !s.ok()) {
+    metrics_->Record("GetInfo", rpc::ToGrpcStatus(s), absl::ZeroDuration());
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(rpc::ToGrpcStatus(s));
+    return reactor;
+  }
   response->set_role("prefill");
   response->set_model(model_name_);
   *response->mutable_geometry() = geometry_;

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/forward.h"
 #include "common/kv/transfer.h"
+#include "common/rpc/internal_auth.h"
 #include "common/rpc/rpc_metrics.h"
 #include "services/common/serving_metrics.h"
 #include "tandem/v1/prefill.grpc.pb.h"
@@ -32,6 +33,8 @@ struct PrefillServiceOptions {
   // For fault tests: stop this process (SIGSTOP) once this many bytes of its first KV
   // transfer have been sent; 0: never.
   int64_t stop_after_kv_bytes = 0;
+  // Every call must carry it (common/rpc/internal_auth.h); empty: not checked.
+  std::string internal_secret;
 };
 
 class PrefillService final : public tandem::v1::Prefill::CallbackService {
@@ -70,6 +73,7 @@ class PrefillService final : public tandem::v1::Prefill::CallbackService {
   const PrefillServiceOptions options_;
   rpc::RpcMetrics* metrics_;
   serving::PrefillMetrics* serving_metrics_;
+  const rpc::InternalAuth auth_;
   absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

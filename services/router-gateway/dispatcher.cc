@@ -221,9 +221,15 @@ void Dispatcher::Core::Refresh(bool first) {
         auto instance = std::make_shared<Instance>();
         instance->target = target;
         instance->address = address;
-        auto channel = grpc::CreateChannel(address, options.credentials != nullptr
-                                                        ? options.credentials
-                                                        : grpc::InsecureChannelCredentials());
+        grpc::ChannelArguments args;
+        if (!options.tls_server_name.empty()) {
+          args.SetSslTargetNameOverride(options.tls_server_name);
+        }
+        auto channel = grpc::CreateCustomChannel(address,
+                                                 options.credentials != nullptr
+                                                     ? options.credentials
+                                                     : grpc::InsecureChannelCredentials(),
+                                                 args);
         if (is_decode) {
           instance->decode = tandem::v1::Decode::NewStub(channel);
         } else {

@@ -72,6 +72,9 @@ struct DispatcherOptions {
   // How the gateway reaches prefill and decode: TLS (and a client certificate) when set,
   // plaintext otherwise.
   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr;
+  // With TLS: the name the instances' certificates carry, when it is not the dialled address
+  // (instances are dialled by IP address).
+  std::string tls_server_name;
   // Sent with every call to prefill and decode (the internal APIs' shared secret).
   std::vector<std::pair<std::string, std::string>> call_metadata;
 };

@@ -1,12 +1,15 @@
 // tandem-gateway: the public entry point. Accepts client requests, picks a decode and a
 // prefill instance, runs reserve -> prefill -> decode, and streams the tokens back.
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/model/config.h"
 #include "common/model/tokenizer.h"
+#include "common/rpc/internal_auth.h"
 #include "common/rpc/service_flags.h"
 #include "services/router-gateway/dispatcher.h"
 #include "services/router-gateway/gateway_runner.h"
@@ -27,7 +30,28 @@ ABSL_FLAG(double, stream_idle_timeout_s, 10.0,
           "A decode stream that shows no life (no token, no keep-alive) for this many seconds "
           "ends with UNAVAILABLE: a stalled or cut-off decode host.");
 
+ABSL_FLAG(std::string, internal_tls_root_certs_file, "",
+          "PEM CA certificates: dial prefill and decode over TLS and verify their certificates "
+          "with these. Empty: plaintext.");
+ABSL_FLAG(std::string, internal_tls_cert_file, "",
+          "With --internal_tls_root_certs_file: the gateway's client certificate chain (PEM), for "
+          "instances that require mutual TLS (their --tls_client_ca_file).");
+ABSL_FLAG(std::string, internal_tls_key_file, "", "PEM private key of --internal_tls_cert_file.");
+ABSL_FLAG(std::string, internal_tls_server_name, "",
+          "The name prefill's and decode's certificates carry, when it is not the address dialled "
+          "(instances are dialled by IP address after DNS resolution).");
+
 namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": cannot read"));
+  std::string pem((std::istreambuf_iterator<char>(in)), {});
+  if (pem.find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": not PEM"));
+  }
+  return pem;
+}
 
 int Fail(const std::string& message) {
   std::cerr << "tandem-gateway: " << message << "\n";
@@ -92,6 +116,36 @@ int main(int argc, char** argv) {
   if (!(idle >= 0.1 && idle <= 3600))
     return Fail("--stream_idle_timeout_s must be within [0.1, 3600]");
   dispatcher_options.stream_idle_timeout = absl::Seconds(idle);
+  if (!options.internal_secret.empty()) {
+    dispatcher_options.call_metadata.emplace_back(
+        tandem::rpc::kAuthorizationHeader,
+        tandem::rpc::InternalAuth(options.internal_secret).HeaderValue());
+  }
+  const std::string roots = absl::GetFlag(FLAGS_internal_tls_root_certs_file);
+  const std::string client_cert = absl::GetFlag(FLAGS_internal_tls_cert_file);
+  const std::string client_key = absl::GetFlag(FLAGS_internal_tls_key_file);
+  if (client_cert.empty() != client_key.empty() || (!client_cert.empty() && roots.empty())) {
+    return Fail(
+        "--internal_tls_cert_file and --internal_tls_key_file go together, with "
+        "--internal_tls_root_certs_file");
+  }
+  if (!roots.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    auto pem = ReadPem("internal_tls_root_certs_file", roots);
+    if (!pem.ok()) return Fail(std::string(pem.status().message()));
+    ssl.pem_root_certs = *pem;
+    if (!client_cert.empty()) {
+      auto cert = ReadPem("internal_tls_cert_file", client_cert);
+      auto key = ReadPem("internal_tls_key_file", client_key);
+      if (!cert.ok() || !key.ok()) {
+        return Fail(std::string((cert.ok() ? key.status() : cert.status()).message()));
+      }
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    dispatcher_options.credentials = grpc::SslCredentials(ssl);
+    dispatcher_options.tls_server_name = absl::GetFlag(FLAGS_internal_tls_server_name);
+  }
   dispatcher_options.on_instances = [=](size_t prefill, size_t decode) {
     prefill_instances->Set(static_cast<double>(prefill));
     decode_instances->Set(static_cast<double>(decode));
