@@ -174,6 +174,22 @@ function selftest() {
       },
     ],
     [
+      "decode's gRPC port open to every pod",
+      /lets more than the gateway's pods reach tandem-decode's gRPC port/,
+      (o) => {
+        find(o, "NetworkPolicy", "tandem-decode").spec.ingress[0].from = [{ podSelector: {} }];
+      },
+    ],
+    [
+      "no default deny",
+      /no NetworkPolicy denies ingress by default/,
+      (o) => {
+        find(o, "NetworkPolicy", "tandem-default-deny-ingress").spec.podSelector = {
+          matchLabels: { app: "none" },
+        };
+      },
+    ],
+    [
       "liveness on /readyz",
       /livenessProbe path is \/readyz/,
       (o) => {

@@ -339,6 +339,64 @@ export function checkCluster(objects, where, flags) {
     }
   }
 
+  // NetworkPolicies: ingress denied by default; prefill's and decode's gRPC ports (the internal
+  // APIs) reachable from the gateway's pods only; prefill and decode reach each other (KV).
+  const policies = objects.filter((o) => o.kind === "NetworkPolicy");
+  const ingressPolicies = (labels) =>
+    policies.filter(
+      (p) =>
+        (p.spec.policyTypes || ["Ingress"]).includes("Ingress") &&
+        selects(p.spec.podSelector?.matchLabels || {}, labels),
+    );
+  if (
+    !policies.some(
+      (p) =>
+        Object.keys(p.spec.podSelector?.matchLabels || {}).length === 0 &&
+        !p.spec.podSelector?.matchExpressions &&
+        (p.spec.policyTypes || []).includes("Ingress") &&
+        (p.spec.ingress || []).length === 0,
+    )
+  ) {
+    e("no NetworkPolicy denies ingress by default (podSelector: {}, policyTypes: [Ingress])");
+  }
+  const covers = (rule, container, number) =>
+    !rule.ports ||
+    rule.ports.length === 0 ||
+    rule.ports.some((p) => {
+      const port = portNumber(container, p.port);
+      return p.endPort ? port <= number && number <= p.endPort : port === number;
+    });
+  const peerIs = (peer, d) =>
+    !peer.ipBlock &&
+    !peer.namespaceSelector &&
+    peer.podSelector &&
+    selects(peer.podSelector.matchLabels || {}, d.dep.spec.template.metadata.labels);
+  for (const [binary, other] of [
+    ["tandem-prefill", "tandem-decode"],
+    ["tandem-decode", "tandem-prefill"],
+  ]) {
+    const d = byBinary.get(binary);
+    const o = byBinary.get(other);
+    if (!d) continue;
+    const labels = d.dep.spec.template.metadata.labels;
+    const grpcPort = Number(d.settings.get("grpc_port"));
+    let kv = false;
+    for (const p of ingressPolicies(labels)) {
+      for (const rule of p.spec.ingress || []) {
+        if (covers(rule, d.container, grpcPort)) {
+          const from = rule.from || [];
+          if (from.length === 0 || !from.every((peer) => gateway && peerIs(peer, gateway))) {
+            e(
+              `NetworkPolicy ${p.metadata.name} lets more than the gateway's pods reach ${binary}'s gRPC port ${grpcPort}`,
+            );
+          }
+        }
+        if (o && (rule.from || []).some((peer) => peerIs(peer, o))) kv = true;
+      }
+    }
+    if (!kv) e(`no NetworkPolicy lets ${other}'s pods reach ${binary} (KV transfer)`);
+  }
+
   // Metrics: a PodMonitor or ServiceMonitor reaching every Tandem pod's /metrics.
   const monitors = objects.filter((o) => o.kind === "PodMonitor" || o.kind === "ServiceMonitor");
   for (const d of byBinary.values()) {
