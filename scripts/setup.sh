@@ -20,6 +20,8 @@ packages=(
 if [[ "$mode" != "--build" ]]; then
   # The format check, the Prometheus tests, and the serving benchmark's charts (gnuplot, jq).
   packages+=(clang-format prometheus gnuplot-nox jq)
+  # The fault tests cut a network between namespaces (ip netns, veth).
+  packages+=(iproute2)
   # Node.js runs the official openai npm client and the deployment checks in the tests;
   # Debian's when the machine has none.
   if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi

@@ -42,24 +42,28 @@ absl::Status KvInbox::Write(std::string_view token, uint64_t offset, std::string
   absl::MutexLock lock(&mu_);
   auto it = open_.find(std::string(token));
   if (it == open_.end()) {
-    return absl::NotFoundError("the reservation is unknown or has ended: its KV is dropped");
+    return Drop(absl::NotFoundError("the reservation is unknown or has ended: its KV is dropped"),
+                data.size());
   }
   Entry& e = it->second;
-  if (e.complete) return absl::FailedPreconditionError("the reservation's KV is complete");
+  if (e.complete) {
+    return Drop(absl::FailedPreconditionError("the reservation's KV is complete"), data.size());
+  }
   if (data.empty()) return absl::OkStatus();
   const uint64_t end = offset + data.size();
   if (offset > e.stream.size() || data.size() > e.stream.size() - offset) {
-    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", end,
-                                              ") are outside the reservation's KV stream of ",
-                                              e.stream.size(), " bytes"));
+    return Drop(absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", end,
+                                                   ") are outside the reservation's KV stream of ",
+                                                   e.stream.size(), " bytes")),
+                data.size());
   }
   // Each byte once: a range that overlaps one already received is refused.
   auto next = e.received.lower_bound(offset);
   if (next != e.received.end() && next->first < end) {
-    return absl::AlreadyExistsError("these KV bytes have arrived already");
+    return Drop(absl::AlreadyExistsError("these KV bytes have arrived already"), data.size());
   }
   if (next != e.received.begin() && std::prev(next)->second > offset) {
-    return absl::AlreadyExistsError("these KV bytes have arrived already");
+    return Drop(absl::AlreadyExistsError("these KV bytes have arrived already"), data.size());
   }
   if (absl::Status s = e.stream.Write(offset, data); !s.ok()) return s;
   uint64_t begin = offset, stop = end;
@@ -75,6 +79,11 @@ absl::Status KvInbox::Write(std::string_view token, uint64_t offset, std::string
   e.received[begin] = stop;
   e.bytes += data.size();
   return absl::OkStatus();
+}
+
+absl::Status KvInbox::Drop(absl::Status why, uint64_t bytes) const {
+  if (on_dropped_) on_dropped_(bytes);
+  return why;
 }
 
 absl::Status KvInbox::Commit(std::string_view token, uint64_t size) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,8 +23,10 @@ namespace tandem::kv {
 
 class KvInbox : public KvReceiver {
  public:
-  // `pool` must outlive the inbox.
-  explicit KvInbox(engine::KvBlockPool* pool) : pool_(pool) {}
+  // `pool` must outlive the inbox. `on_dropped`, if set, hears of every write refused (its
+  // bytes), e.g. for a metric; it is called under the inbox's lock and must be quick.
+  explicit KvInbox(engine::KvBlockPool* pool, std::function<void(uint64_t bytes)> on_dropped = {})
+      : pool_(pool), on_dropped_(std::move(on_dropped)) {}
 
   // Opens an inbox for the KV of `blocks` (in sequence order) and returns its token (random,
   // kTokenBytes): what a sender must present.
@@ -46,7 +49,10 @@ class KvInbox : public KvReceiver {
     bool complete = false;
   };
 
+  absl::Status Drop(absl::Status why, uint64_t bytes) const;
+
   engine::KvBlockPool* const pool_;
+  const std::function<void(uint64_t)> on_dropped_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> open_ ABSL_GUARDED_BY(mu_);
 };

@@ -47,6 +47,11 @@ DecodeMetrics::DecodeMetrics(metrics::Registry* r) {
   leases_expired = &Must(r->AddCounter("tandem_reservations_expired_total",
                                        "KV reservations freed because Decode never came."))
                         ->Add({});
+  kv_dropped_bytes =
+      &Must(r->AddCounter("tandem_kv_receive_dropped_bytes_total",
+                          "KV bytes that arrived for no open reservation (late: after it ended) "
+                          "or outside it, and were dropped."))
+           ->Add({});
 }
 
 ExpertMetrics::ExpertMetrics(metrics::Registry* r) {

@@ -25,6 +25,7 @@ struct DecodeMetrics {
   metrics::Gauge* experts_resident;     // tandem_experts_resident (a pruned decoder's are fewer)
   metrics::Gauge* expert_weight_bytes;  // tandem_expert_weight_bytes
   metrics::Counter* leases_expired;     // tandem_reservations_expired_total
+  metrics::Counter* kv_dropped_bytes;   // tandem_kv_receive_dropped_bytes_total
 };
 
 // A decoder's experts when they stream from an expert pack, and its mixed-width tiers.

@@ -88,14 +88,16 @@ int main(int argc, char** argv) {
   kv_options.detect_dead_peers = absl::GetFlag(FLAGS_kv_detect_dead_peers);
   auto transport = tandem::kv::UcxTransport::Create(kv_options);
   if (!transport.ok()) return fail("the KV transport", transport.status());
-  // The only way KV reaches the pool: through a reservation's inbox, while it lasts.
-  tandem::kv::KvInbox inbox(engine->pool.get());
-  if (absl::Status s = (*transport)->SetReceiver(&inbox); !s.ok()) {
-    return fail("the KV transport", s);
-  }
   tandem::metrics::Registry registry(
       tandem::serving::ServiceLabels("decode", absl::GetFlag(FLAGS_model)));
   tandem::serving::DecodeMetrics serving_metrics(&registry);
+  // The only way KV reaches the pool: through a reservation's inbox, while it lasts.
+  tandem::kv::KvInbox inbox(engine->pool.get(), [&serving_metrics](uint64_t bytes) {
+    serving_metrics.kv_dropped_bytes->Increment(static_cast<double>(bytes));
+  });
+  if (absl::Status s = (*transport)->SetReceiver(&inbox); !s.ok()) {
+    return fail("the KV transport", s);
+  }
   tandem::serving::ExpertMetrics expert_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &serving_metrics);
   auto loop = tandem::engine::EngineLoop::Start(

@@ -19,6 +19,8 @@ ABSL_FLAG(std::string, kv_listen_host, "127.0.0.1",
 ABSL_FLAG(std::string, kv_transports, "tcp",
           "UCX transports (UCX_TLS) for KV transfer, e.g. tcp or sm,tcp (shared memory between "
           "processes on one host, several GB/s; needs --kv_detect_dead_peers=false).");
+ABSL_FLAG(int64_t, kv_chunk_bytes, 256 << 10,
+          "Bytes of KV per transport message (the send window holds 16 of them).");
 ABSL_FLAG(bool, kv_detect_dead_peers, true,
           "UCX peer failure detection; UCX 1.13 then uses TCP only. Without it a dead peer is "
           "noticed by the transfer deadline.");
@@ -53,6 +55,11 @@ int main(int argc, char** argv) {
   kv_options.listen_host = absl::GetFlag(FLAGS_kv_listen_host);
   kv_options.transports = absl::GetFlag(FLAGS_kv_transports);
   kv_options.detect_dead_peers = absl::GetFlag(FLAGS_kv_detect_dead_peers);
+  const int64_t chunk = absl::GetFlag(FLAGS_kv_chunk_bytes);
+  if (chunk < 1024 || chunk > (int64_t{64} << 20)) {
+    return fail("--kv_chunk_bytes", absl::InvalidArgumentError("must be within [1 KiB, 64 MiB]"));
+  }
+  kv_options.chunk_bytes = static_cast<size_t>(chunk);
   auto transport = tandem::kv::UcxTransport::Create(kv_options);
   if (!transport.ok()) return fail("the KV transport", transport.status());
 

@@ -178,10 +178,13 @@ ServiceSet::ServiceSet(std::string model_dir)
     : model_dir_(model_dir.empty() ? SourceDir() + "/models/tiny-moe" : std::move(model_dir)) {}
 
 absl::StatusOr<Ports> ServiceSet::Start(const std::string& binary,
-                                        const std::vector<std::string>& extra) {
+                                        const std::vector<std::string>& extra,
+                                        const std::vector<std::string>& launcher) {
   const std::string port_file = dir_.path() + "/" + binary + ".ports";
-  std::vector<std::string> argv = {BinDir() + "/" + binary, "--model=" + model_dir_,
-                                   "--port_file=" + port_file, "--drain_timeout_s=2"};
+  std::filesystem::remove(port_file);  // a second instance of the same binary
+  std::vector<std::string> argv = launcher;
+  argv.insert(argv.end(), {BinDir() + "/" + binary, "--model=" + model_dir_,
+                           "--port_file=" + port_file, "--drain_timeout_s=2"});
   argv.insert(argv.end(), extra.begin(), extra.end());
   absl::StatusOr<Subprocess> process = Subprocess::Start(argv, dir_.path() + "/" + binary + ".log");
   if (!process.ok()) return process.status();

@@ -70,7 +70,10 @@ class ServiceSet {
   // Starts BinDir()/`binary` with --model, --port_file, --drain_timeout_s=2 and `extra`, and
   // waits up to 30 s for its ports; FAILED_PRECONDITION if it exits first. Errors carry the
   // service's log.
-  absl::StatusOr<Ports> Start(const std::string& binary, const std::vector<std::string>& extra);
+  // `launcher`, if given, goes before the binary (e.g. {"ip", "netns", "exec", NAME} or
+  // {"env", "VAR=value"}: programs that exec the binary, so it keeps their pid).
+  absl::StatusOr<Ports> Start(const std::string& binary, const std::vector<std::string>& extra,
+                              const std::vector<std::string>& launcher = {});
   // What `binary` has logged so far.
   std::string Log(const std::string& binary) const;
   const std::string& dir() const { return dir_.path(); }

@@ -1,0 +1,399 @@
+// Faults against real processes: a prefill stopped mid-transfer past the reservation's lease
+// (SIGSTOP, then SIGCONT) while other requests reuse its blocks; decode killed or stopped
+// mid-stream; prefill killed mid-transfer; the gateway killed after Reserve; the network
+// between prefill and decode cut and healed (network namespaces). Each checks what a user
+// sees (the greedy tokens of every request that succeeds equal the single-process engine's;
+// failures are quick and say why) and that nothing leaks (decode's KV blocks in use return to
+// zero).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/generator.h"
+#include "tandem/client.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kPrompts[][96] = {
+    "The jury said it did not believe the evidence was strong enough to convict",
+    "It was a bright cold day in April, and the clocks of the old town hall",
+    "She opened the door and looked out over the fields toward the river",
+    "Most of the committee members agreed that the plan would cost more",
+};
+
+// Whether `pid` is stopped (SIGSTOP): the state in /proc/PID/stat.
+bool Stopped(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
+struct Outcome {
+  absl::Status status;
+  std::vector<int32_t> tokens;
+  absl::Time first_token;
+};
+
+v1::GenerateRequest Greedy(const std::string& prompt, int max_tokens) {
+  v1::GenerateRequest request;
+  request.set_prompt(prompt);
+  request.mutable_sampling()->set_max_tokens(max_tokens);
+  request.mutable_sampling()->set_ignore_eos(true);
+  return request;
+}
+
+class FaultTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto generator = engine::Generator::Load(testing::SourceDir() + "/models/tiny-moe");
+    ASSERT_TRUE(generator.ok()) << generator.status();
+    generator_ = generator->release();
+  }
+  static void TearDownTestSuite() { delete generator_; }
+
+  // The single-process engine's greedy tokens.
+  static std::vector<int32_t> Reference(const std::string& prompt, int max_tokens) {
+    engine::SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = max_tokens;
+    params.ignore_eos = true;
+    auto result = generator_->Generate(prompt, params);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? result->output_ids : std::vector<int32_t>{};
+  }
+
+  // Streams a greedy generation through the gateway on `port`.
+  static Outcome Stream(int port, const std::string& prompt, int max_tokens,
+                        std::function<void(int tokens)> on_tokens = nullptr) {
+    Outcome out;
+    sdk::ClientOptions options;
+    options.timeout = absl::Seconds(60);
+    auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", port), options);
+    if (!client.ok()) {
+      out.status = client.status();
+      return out;
+    }
+    out.status = (*client)->GenerateStream(
+        Greedy(prompt, max_tokens), [&](const v1::GenerateStreamResponse& chunk) {
+          if (out.tokens.empty() && chunk.token_ids_size() > 0) out.first_token = absl::Now();
+          out.tokens.insert(out.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+          if (on_tokens) on_tokens(static_cast<int>(out.tokens.size()));
+        });
+    return out;
+  }
+
+  static double Metric(int http_port, const std::string& name, const std::string& label = "") {
+    return testing::MetricValue(http_port, name, label);
+  }
+  static double UsedBlocks(int decode_http) {
+    return Metric(decode_http, "tandem_kv_blocks", "state=\"used\"");
+  }
+
+  static engine::Generator* generator_;
+};
+
+engine::Generator* FaultTest::generator_ = nullptr;
+
+// The reproduction: a prefill stopped in the middle of a transfer until past the lease,
+// requests running meanwhile through a second prefill on the blocks the stalled transfer
+// targeted (decode's free list hands the freed blocks out first), then the stalled prefill
+// resumed. Its late bytes are dropped, not written: every other request's tokens equal the
+// reference; the stalled request fails, saying why. (Through a gateway that knows both
+// prefills the stalled request would instead be retried on the other: APrefillKilled... below.)
+TEST_F(FaultTest, APrefillStalledPastTheLeaseCorruptsNoOtherRequest) {
+  testing::ServiceSet set;
+  auto decode = set.Start("tandem-decode", {"--lease_ms=1500", "--kv_blocks=40"});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  // Stalls itself after 32 KiB of its first transfer (16 KiB messages).
+  auto stalled = set.Start("tandem-prefill",
+                           {"--kv_chunk_bytes=16384", "--testing_stop_after_kv_bytes=32768"});
+  ASSERT_TRUE(stalled.ok()) << stalled.status();
+  const pid_t stalled_pid = set.processes().back().pid();
+  auto healthy = set.Start("tandem-prefill", {});
+  ASSERT_TRUE(healthy.ok()) << healthy.status();
+  const std::string to_decode = absl::StrCat("--decode=127.0.0.1:", decode->grpc_port);
+  auto via_stalled = set.Start(
+      "tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", stalled->grpc_port), to_decode});
+  ASSERT_TRUE(via_stalled.ok()) << via_stalled.status();
+  auto via_healthy = set.Start(
+      "tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", healthy->grpc_port), to_decode});
+  ASSERT_TRUE(via_healthy.ok()) << via_healthy.status();
+  constexpr int kTokens = 100;
+
+  // A short one: its reservation is just its prompt's two blocks, which the next reservation
+  // (another prompt's) gets back as its own prompt blocks.
+  Outcome stalled_request;
+  std::thread first([&] { stalled_request = Stream(via_stalled->grpc_port, kPrompts[0], 4); });
+  ASSERT_TRUE(testing::WaitUntil([&] { return Stopped(stalled_pid); }, absl::Seconds(20)))
+      << "the first prefill never stalled";
+  // Past the lease the gateway gives the attempt up and releases the reservation.
+  first.join();
+  EXPECT_FALSE(stalled_request.status.ok());
+  EXPECT_THAT(std::string(stalled_request.status.message()), HasSubstr("lease"))
+      << stalled_request.status;
+  EXPECT_TRUE(stalled_request.tokens.empty());
+
+  // Others now decode on the freed blocks.
+  std::vector<Outcome> outcomes(3);
+  std::vector<std::thread> threads;
+  std::atomic<int> started{0};
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      outcomes[i] = Stream(via_healthy->grpc_port, kPrompts[i + 1], kTokens, [&](int n) {
+        if (n == 1) started.fetch_add(1);
+      });
+    });
+  }
+  ASSERT_TRUE(testing::WaitUntil([&] { return started.load() == 3; }, absl::Seconds(20)));
+  const double dropped_before = Metric(decode->http_port, "tandem_kv_receive_dropped_bytes_total");
+  ASSERT_EQ(kill(stalled_pid, SIGCONT), 0);  // its remaining KV goes out now
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(kPrompts[i + 1]);
+    ASSERT_TRUE(outcomes[i].status.ok()) << outcomes[i].status;
+    EXPECT_EQ(outcomes[i].tokens, Reference(kPrompts[i + 1], kTokens));
+  }
+  // The stalled transfer's remaining messages arrived, and were dropped.
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        return Metric(decode->http_port, "tandem_kv_receive_dropped_bytes_total") >=
+               dropped_before + 16384;
+      },
+      absl::Seconds(20)))
+      << set.Log("tandem-prefill");
+  EXPECT_TRUE(
+      testing::WaitUntil([&] { return UsedBlocks(decode->http_port) == 0; }, absl::Seconds(10)));
+}
+
+// Decode killed in the middle of a stream: the client hears within 5 s. Decode stopped (a
+// silent host): the stream ends once it has shown no life for the idle timeout.
+TEST_F(FaultTest, ADeadOrSilentDecodeEndsTheStreamQuickly) {
+  for (const int signal : {SIGKILL, SIGSTOP}) {
+    SCOPED_TRACE(signal == SIGKILL ? "SIGKILL" : "SIGSTOP");
+    testing::ServiceSet set;
+    auto decode = set.Start("tandem-decode", {"--heartbeat_ms=300"});
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    const pid_t decode_pid = set.processes().back().pid();
+    auto prefill = set.Start("tandem-prefill", {});
+    ASSERT_TRUE(prefill.ok()) << prefill.status();
+    auto gateway =
+        set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                                     absl::StrCat("--decode=127.0.0.1:", decode->grpc_port),
+                                     "--stream_idle_timeout_s=2"});
+    ASSERT_TRUE(gateway.ok()) << gateway.status();
+    absl::Time hit;
+    const Outcome out = Stream(gateway->grpc_port, kPrompts[1], 480, [&](int n) {
+      if (n == 3) {
+        kill(decode_pid, signal);
+        hit = absl::Now();
+      }
+    });
+    ASSERT_NE(hit, absl::Time());
+    EXPECT_FALSE(out.status.ok());
+    EXPECT_EQ(out.status.code(), absl::StatusCode::kUnavailable) << out.status;
+    EXPECT_LT(absl::Now() - hit, absl::Seconds(5)) << out.status;
+    if (signal == SIGSTOP) {
+      EXPECT_THAT(std::string(out.status.message()), HasSubstr("sent nothing"));
+      kill(decode_pid, SIGCONT);
+    }
+    EXPECT_LT(out.tokens.size(), 480u);
+  }
+}
+
+// Prefill killed while its KV is on the way: the gateway retries the prompt on the other
+// prefill with a fresh reservation, and the request completes as if nothing happened.
+TEST_F(FaultTest, APrefillKilledMidTransferIsRetriedElsewhere) {
+  testing::ServiceSet set;
+  auto decode = set.Start("tandem-decode", {});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto doomed = set.Start("tandem-prefill", {"--host=127.0.0.1", "--kv_chunk_bytes=16384",
+                                             "--testing_stop_after_kv_bytes=32768"});
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  const pid_t doomed_pid = set.processes().back().pid();
+  auto other = set.Start("tandem-prefill", {"--host=127.0.0.2"});
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto gateway = set.Start(
+      "tandem-gateway",
+      {absl::StrCat("--prefill=127.0.0.1:", doomed->grpc_port, ",127.0.0.2:", other->grpc_port),
+       absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  Outcome out;
+  std::thread client([&] { out = Stream(gateway->grpc_port, kPrompts[2], 48); });
+  ASSERT_TRUE(testing::WaitUntil([&] { return Stopped(doomed_pid); }, absl::Seconds(20)));
+  ASSERT_EQ(kill(doomed_pid, SIGKILL), 0);  // mid-transfer: part of its KV has landed
+  client.join();
+  ASSERT_TRUE(out.status.ok()) << out.status << set.Log("tandem-gateway");
+  EXPECT_EQ(out.tokens, Reference(kPrompts[2], 48));
+  EXPECT_TRUE(
+      testing::WaitUntil([&] { return UsedBlocks(decode->http_port) == 0; }, absl::Seconds(10)));
+}
+
+// The gateway dies after Reserve (its prefill is stalled): nobody will ever claim or release
+// the reservation; decode frees it when the lease ends, and drops the prefill's KV when it
+// resumes.
+TEST_F(FaultTest, AReservationWhoseGatewayDiedIsFreedAtTheLeaseEnd) {
+  testing::ServiceSet set;
+  auto decode = set.Start("tandem-decode", {"--lease_ms=1500"});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto prefill = set.Start("tandem-prefill",
+                           {"--kv_chunk_bytes=16384", "--testing_stop_after_kv_bytes=32768"});
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  const pid_t prefill_pid = set.processes().back().pid();
+  auto gateway =
+      set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                                   absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  const pid_t gateway_pid = set.processes().back().pid();
+  std::thread client([&] { (void)Stream(gateway->grpc_port, kPrompts[3], 16); });
+  ASSERT_TRUE(testing::WaitUntil([&] { return Stopped(prefill_pid); }, absl::Seconds(20)));
+  ASSERT_GT(UsedBlocks(decode->http_port), 0);  // reserved
+  ASSERT_EQ(kill(gateway_pid, SIGKILL), 0);
+  client.join();
+  const absl::Time killed = absl::Now();
+  EXPECT_TRUE(
+      testing::WaitUntil([&] { return UsedBlocks(decode->http_port) == 0; }, absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(4));
+  EXPECT_GE(Metric(decode->http_port, "tandem_reservations_expired_total"), 1);
+  ASSERT_EQ(kill(prefill_pid, SIGCONT), 0);
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return Metric(decode->http_port, "tandem_kv_receive_dropped_bytes_total") > 0; },
+      absl::Seconds(20)));
+  EXPECT_EQ(UsedBlocks(decode->http_port), 0);
+}
+
+// The first of `paths` that exists.
+std::string Find(std::initializer_list<const char*> paths) {
+  for (const char* p : paths) {
+    if (access(p, X_OK) == 0) return p;
+  }
+  return *paths.begin();
+}
+
+// Runs a shell command; its exit status.
+int Sh(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
+
+// A network namespace holding prefill, joined to this one by two veth pairs: one for gRPC (the
+// gateway's calls), one for the KV transfer (prefill <-> decode), so the KV path can be cut
+// alone. Removed when it goes.
+class SplitNetwork {
+ public:
+  SplitNetwork() : tag_(absl::StrCat(getpid() % 100000)) {}
+  ~SplitNetwork() {
+    Sh("ip netns del " + ns());
+    Sh("ip link del " + grpc_host());
+    Sh("ip link del " + kv_host());
+  }
+  // False (and why) when this machine does not let us make one.
+  bool Make(std::string* why) {
+    const int third = getpid() % 200 + 20;
+    grpc_net_ = absl::StrCat("10.241.", third, ".");
+    kv_net_ = absl::StrCat("10.242.", third, ".");
+    const std::vector<std::string> steps = {
+        "ip netns add " + ns(),
+        "ip -n " + ns() + " link set lo up",
+        absl::StrCat("ip link add ", grpc_host(), " type veth peer name tg", tag_, "p"),
+        absl::StrCat("ip link set tg", tag_, "p netns ", ns()),
+        absl::StrCat("ip addr add ", grpc_net_, "1/24 dev ", grpc_host()),
+        absl::StrCat("ip link set ", grpc_host(), " up"),
+        absl::StrCat("ip -n ", ns(), " addr add ", grpc_net_, "2/24 dev tg", tag_, "p"),
+        absl::StrCat("ip -n ", ns(), " link set tg", tag_, "p up"),
+        absl::StrCat("ip link add ", kv_host(), " type veth peer name ", kv_peer()),
+        absl::StrCat("ip link set ", kv_peer(), " netns ", ns()),
+        absl::StrCat("ip addr add ", kv_net_, "1/24 dev ", kv_host()),
+        absl::StrCat("ip link set ", kv_host(), " up"),
+        absl::StrCat("ip -n ", ns(), " addr add ", kv_net_, "2/24 dev ", kv_peer()),
+        absl::StrCat("ip -n ", ns(), " link set ", kv_peer(), " up"),
+    };
+    for (const std::string& step : steps) {
+      if (Sh(step) != 0) {
+        *why = absl::StrCat("'", step,
+                            "' failed: network namespaces need root (CAP_NET_ADMIN) "
+                            "and iproute2");
+        return false;
+      }
+    }
+    return true;
+  }
+  bool CutKv() { return Sh(absl::StrCat("ip link set ", kv_host(), " down")) == 0; }
+  bool HealKv() { return Sh(absl::StrCat("ip link set ", kv_host(), " up")) == 0; }
+
+  std::string ns() const { return "tandem-fault-" + tag_; }
+  std::string grpc_host() const { return "tg" + tag_ + "h"; }
+  std::string kv_host() const { return "tk" + tag_ + "h"; }
+  std::string kv_peer() const { return "tk" + tag_ + "p"; }
+  std::string prefill_grpc_ip() const { return grpc_net_ + "2"; }
+  std::string prefill_kv_ip() const { return kv_net_ + "2"; }
+  std::string decode_kv_ip() const { return kv_net_ + "1"; }
+
+ private:
+  std::string tag_, grpc_net_, kv_net_;
+};
+
+// The network between prefill and decode cut, then healed: requests fail cleanly (with a
+// reason, within their lease) during the cut and succeed after it; nothing leaks.
+TEST_F(FaultTest, ACutBetweenPrefillAndDecodeFailsCleanlyAndHeals) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root (CAP_NET_ADMIN)";
+  SplitNetwork net;
+  std::string why;
+  if (!net.Make(&why)) GTEST_SKIP() << why;
+  testing::ServiceSet set;
+  // UCX may use only the KV link: its worker addresses then carry that link's address alone.
+  auto decode =
+      set.Start("tandem-decode", {"--lease_ms=3000", "--kv_listen_host=" + net.decode_kv_ip()},
+                {"/usr/bin/env", "UCX_NET_DEVICES=" + net.kv_host()});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto prefill =
+      set.Start("tandem-prefill",
+                {"--host=" + net.prefill_grpc_ip(), "--kv_listen_host=" + net.prefill_kv_ip()},
+                {Find({"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}), "netns", "exec",
+                 net.ns(), "env", "UCX_NET_DEVICES=" + net.kv_peer()});
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  auto gateway = set.Start(
+      "tandem-gateway", {absl::StrCat("--prefill=", net.prefill_grpc_ip(), ":", prefill->grpc_port),
+                         absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  const std::vector<int32_t> reference = Reference(kPrompts[0], 16);
+  Outcome before = Stream(gateway->grpc_port, kPrompts[0], 16);
+  ASSERT_TRUE(before.status.ok()) << before.status << set.Log("tandem-prefill");
+  EXPECT_EQ(before.tokens, reference);
+
+  ASSERT_TRUE(net.CutKv());
+  const absl::Time cut = absl::Now();
+  Outcome during = Stream(gateway->grpc_port, kPrompts[0], 16);
+  EXPECT_FALSE(during.status.ok());
+  EXPECT_LT(absl::Now() - cut, absl::Seconds(10)) << during.status;
+  EXPECT_TRUE(during.tokens.empty());
+  EXPECT_THAT(std::string(during.status.message()), HasSubstr("prefill")) << during.status;
+  EXPECT_TRUE(
+      testing::WaitUntil([&] { return UsedBlocks(decode->http_port) == 0; }, absl::Seconds(10)));
+
+  ASSERT_TRUE(net.HealKv());
+  Outcome after;
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        after = Stream(gateway->grpc_port, kPrompts[0], 16);
+        return after.status.ok();
+      },
+      absl::Seconds(30)))
+      << after.status;
+  EXPECT_EQ(after.tokens, reference);
+  EXPECT_TRUE(
+      testing::WaitUntil([&] { return UsedBlocks(decode->http_port) == 0; }, absl::Seconds(10)));
+}
+
+}  // namespace
+}  // namespace tandem
