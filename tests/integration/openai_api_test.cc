@@ -6,12 +6,14 @@
 // the right status and leave the server serving; a client that disconnects cancels its
 // request in the gateway and the decoder; overload answers 429 and draining 503.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -323,32 +325,85 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
             13);
 }
 
+// Reads from `fd` until `text` has arrived (or 20 s); false if it did not.
+bool ReadUntil(int fd, const std::string& text) {
+  std::string got;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  char buffer[4096];
+  while (absl::Now() < deadline && got.find(text) == std::string::npos) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) return false;
+    got.append(buffer, static_cast<size_t>(n));
+  }
+  return got.find(text) != std::string::npos;
+}
+
+// A streamed request whose client leaves once its first event has arrived: the decoder is
+// running it then. The gateway cancels it, decode drops the sequence.
 TEST_F(OpenAiApiTest, ClientThatDisconnectsCancelsItsRequestDownstream) {
   auto cancelled = [] {
     return MetricValue(gateway_.http_port, "tandem_requests_total", "outcome=\"cancelled\"");
   };
   const double before = std::max(0.0, cancelled());
-  const std::string long_request = R"({"prompt": "It is not easy to say what", "max_tokens": 400,
-                                       "ignore_eos": true, "temperature": 0, "stream": )";
-  for (const char* stream : {"true}", "false}"}) {
-    SCOPED_TRACE(stream);
-    const double start = std::max(0.0, cancelled());
-    const int fd =
-        testing::ConnectAndSend(gateway_.http_port, Post("/v1/completions", long_request + stream));
-    ASSERT_GE(fd, 0);
-    // Leave once the decoder runs the sequence: mid-request, before the last token.
-    EXPECT_TRUE(testing::WaitUntil(
-        [] { return MetricValue(decode_.http_port, "tandem_running_sequences") >= 1; },
-        absl::Seconds(20)));
-    close(fd);
-    EXPECT_TRUE(testing::WaitUntil([&] { return cancelled() >= start + 1; }, absl::Seconds(10)))
-        << set_->Log("tandem-gateway");
-    EXPECT_TRUE(testing::WaitUntil(
-        [] { return MetricValue(decode_.http_port, "tandem_running_sequences") == 0; },
-        absl::Seconds(10)));
-  }
-  EXPECT_EQ(cancelled(), before + 2);
-  EXPECT_GE(MetricValue(gateway_.http_port, "tandem_http_requests_total", "code=\"499\""), 2);
+  const std::string long_request = R"({"prompt": "It is not easy to say what", "max_tokens": 480,
+                                       "ignore_eos": true, "temperature": 0, "stream": true})";
+  const int fd = testing::ConnectAndSend(gateway_.http_port, Post("/v1/completions", long_request));
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadUntil(fd, "data: {"));
+  close(fd);
+  EXPECT_TRUE(testing::WaitUntil([&] { return cancelled() >= before + 1; }, absl::Seconds(10)))
+      << set_->Log("tandem-gateway");
+  EXPECT_TRUE(testing::WaitUntil(
+      [] { return MetricValue(decode_.http_port, "tandem_running_sequences") == 0; },
+      absl::Seconds(10)));
+  EXPECT_GE(MetricValue(gateway_.http_port, "tandem_http_requests_total", "code=\"499\""), 1);
+}
+
+// A whole (non-streamed) request whose client leaves while it is in prefill, which is stalled
+// (stopped) so that the request cannot finish first: the gateway cancels the prefill call and
+// releases decode's reservation at once.
+TEST(OpenAiApiDisconnectTest, LeavingDuringPrefillReleasesTheReservation) {
+  testing::ServiceSet set;
+  auto decode = set.Start("tandem-decode", {});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto prefill = set.Start("tandem-prefill",
+                           {"--kv_chunk_bytes=16384", "--testing_stop_after_kv_bytes=16384"});
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  const pid_t prefill_pid = set.processes().back().pid();
+  auto gateway =
+      set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                                   absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  const int fd = testing::ConnectAndSend(
+      gateway->http_port,
+      Post("/v1/completions", R"({"prompt": "It is not easy to say what they had in mind",
+                                  "max_tokens": 8, "temperature": 0})"));
+  ASSERT_GE(fd, 0);
+  auto stopped = [&] {
+    std::ifstream in(absl::StrCat("/proc/", prefill_pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    const size_t paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+  };
+  ASSERT_TRUE(testing::WaitUntil(stopped, absl::Seconds(20)));
+  EXPECT_GT(MetricValue(decode->http_port, "tandem_kv_blocks", "state=\"used\""), 0);
+  close(fd);
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        return MetricValue(gateway->http_port, "tandem_requests_total", "outcome=\"cancelled\"") ==
+               1;
+      },
+      absl::Seconds(10)))
+      << set.Log("tandem-gateway");
+  // Released, not left to the lease (30 s).
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return MetricValue(decode->http_port, "tandem_kv_blocks", "state=\"used\"") == 0; },
+      absl::Seconds(5)));
+  EXPECT_EQ(MetricValue(decode->http_port, "tandem_reservations_expired_total"), 0);
+  EXPECT_GE(MetricValue(gateway->http_port, "tandem_http_requests_total", "code=\"499\""), 1);
+  kill(prefill_pid, SIGCONT);
 }
 
 TEST(OpenAiApiServeTest, OverloadGets429DrainingGets503AndNoInstance503) {

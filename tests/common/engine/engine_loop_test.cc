@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <fstream>
 #include <map>
 #include <thread>
@@ -33,7 +35,7 @@ class EngineLoopTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    if (weights_ == nullptr) GTEST_SKIP() << "model did not load";
+    ASSERT_NE(weights_, nullptr) << "the shipped model did not load";
     const auto& c = weights_->config;
     auto pool = KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
                                      static_cast<int>(c.num_key_value_heads),
@@ -53,13 +55,32 @@ class EngineLoopTest : public ::testing::Test {
     ASSERT_TRUE(scheduler.ok());
     loop_ = EngineLoop::Start(*std::move(scheduler), std::move(observer));
   }
-  // Submits golden prompt 7 for 200 tokens, EOS ignored: long enough to cancel midway.
-  absl::StatusOr<SequenceId> SubmitLong(int key) {
+  // Submits golden prompt 7 for 200 tokens, EOS ignored, and cancels it from its own output
+  // callback (on the engine thread) once it has `cancel_after` tokens: midway, however fast
+  // the machine is.
+  absl::StatusOr<SequenceId> SubmitLong(int key, int cancel_after) {
     SequenceRequest request;
     request.prompt_ids = Prompt(7);
     request.params.max_tokens = 200;
     request.params.ignore_eos = true;
-    return loop_->Submit(std::move(request), Record(key));
+    auto id = std::make_shared<std::atomic<int64_t>>(-1);
+    auto record = Record(key);
+    absl::StatusOr<SequenceId> submitted = loop_->Submit(
+        std::move(request), [this, id, record, key, cancel_after](const SequenceOutput& out) {
+          record(out);
+          size_t seen;
+          {
+            absl::MutexLock lock(&mu_);
+            seen = seen_[key].tokens.size();
+          }
+          // The id is published before the second step's outputs, at the latest.
+          if (seen == static_cast<size_t>(cancel_after)) {
+            while (id->load() < 0) std::this_thread::yield();
+            loop_->Cancel(SequenceId{id->load()});
+          }
+        });
+    if (submitted.ok()) id->store(static_cast<int64_t>(*submitted));
+    return submitted;
   }
   void TearDown() override { loop_.reset(); }
 
@@ -132,26 +153,26 @@ TEST_F(EngineLoopTest, ConcurrentSubmittersGetTheReferenceTokens) {
 }
 
 TEST_F(EngineLoopTest, CancelStopsOutputsAndFreesBlocks) {
-  auto id = SubmitLong(0);
+  auto id = SubmitLong(0, /*cancel_after=*/3);
   ASSERT_TRUE(id.ok());
+  // Cancelled during the step that made its third token: no step runs it again, so no output
+  // follows, and its blocks come back.
   ASSERT_TRUE(testing::WaitUntil(
       [&] {
-        absl::MutexLock lock(&mu_);
-        return seen_[0].tokens.size() >= 3;
+        const EngineLoop::Load load = loop_->load();
+        return load.steps > 0 && load.running == 0 && load.free_blocks == load.total_blocks;
       },
       absl::Seconds(30)));
-  loop_->Cancel(*id);
-  ASSERT_TRUE(testing::WaitUntil(
-      [&] { return loop_->load().free_blocks == loop_->load().total_blocks; }, absl::Seconds(5)));
-  size_t seen_at_cancel;
-  {
-    absl::MutexLock lock(&mu_);
-    seen_at_cancel = seen_[0].tokens.size();
-  }
-  absl::SleepFor(absl::Milliseconds(50));
+  // A second, unrelated sequence runs to its end: the loop has stepped past the cancel.
+  SequenceRequest next;
+  next.prompt_ids = Prompt(1);
+  next.params.max_tokens = 4;
+  ASSERT_TRUE(loop_->Submit(std::move(next), Record(1)).ok());
+  ASSERT_TRUE(testing::WaitUntil([&] { return AllDone(1); }, absl::Seconds(30)));
   absl::MutexLock lock(&mu_);
-  EXPECT_EQ(seen_[0].tokens.size(), seen_at_cancel);
-  EXPECT_LT(seen_at_cancel, 200u);
+  EXPECT_EQ(seen_[0].tokens.size(), 3u);
+  EXPECT_FALSE(seen_[0].done);
+  EXPECT_EQ(seen_[1].tokens.size(), 4u);
 }
 
 TEST_F(EngineLoopTest, ObserverSeesTheLoopEmptyAfterACancelThatNoStepFollows) {
@@ -164,19 +185,12 @@ TEST_F(EngineLoopTest, ObserverSeesTheLoopEmptyAfterACancelThatNoStepFollows) {
     reports.push_back(report);
   });
   absl::Cleanup stop_loop = [&] { loop_.reset(); };  // before `reports` goes, even on failure
-  auto id = SubmitLong(0);
+  auto id = SubmitLong(0, /*cancel_after=*/3);
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(testing::WaitUntil(
       [&] {
         absl::MutexLock lock(&reports_mu);
-        return reports.size() >= 3;
-      },
-      absl::Seconds(30)));
-  loop_->Cancel(*id);
-  ASSERT_TRUE(testing::WaitUntil(
-      [&] {
-        absl::MutexLock lock(&reports_mu);
-        return reports.back().running == 0;
+        return reports.size() >= 3 && reports.back().running == 0;
       },
       absl::Seconds(5)));
   absl::MutexLock lock(&reports_mu);
