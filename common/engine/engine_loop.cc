@@ -1,6 +1,7 @@
 #include "common/engine/engine_loop.h"
 
 #include "absl/time/clock.h"
+#include "common/util/guard.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
 
@@ -92,7 +93,7 @@ void EngineLoop::Run() {
         SequenceOutput out;
         out.id = s.id;
         out.status = added.status();
-        s.on_output(out);
+        util::Guarded("engine output callback", [&] { s.on_output(out); });
         continue;
       }
       live_[s.id] = {*added, std::move(s.on_output)};
@@ -111,7 +112,7 @@ void EngineLoop::Run() {
         SequenceOutput out;
         out.id = id;
         out.status = absl::CancelledError("the engine is shutting down");
-        live.on_output(out);
+        util::Guarded("engine output callback", [&] { live.on_output(out); });
       }
       live_.clear();
       by_scheduler_id_.clear();
@@ -120,7 +121,8 @@ void EngineLoop::Run() {
     std::vector<SequenceOutput> outputs;
     const SchedulerCounters before = scheduler_->counters();
     const absl::Time step_start = absl::Now();
-    absl::Status status = scheduler_->Step(&outputs);
+    absl::Status status = absl::InternalError("the engine step threw");
+    util::Guarded("engine step", [&] { status = scheduler_->Step(&outputs); });
     const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
     if (!status.ok()) {
       TANDEM_LOG(ERROR) << "engine step failed: " << status;
@@ -132,7 +134,7 @@ void EngineLoop::Run() {
       auto it = live_.find(id);
       const bool last = out.finish != FinishReason::kNone || !out.status.ok();
       out.id = id;
-      it->second.on_output(out);
+      util::Guarded("engine output callback", [&] { it->second.on_output(out); });
       if (last) {
         by_scheduler_id_.erase(ours);
         live_.erase(it);
@@ -158,7 +160,7 @@ void EngineLoop::Run() {
       report.free_blocks = pool_->num_free();
       report.preemptions = after.preemptions - before.preemptions;
       for (const SequenceOutput& out : outputs) report.generated += out.token.has_value();
-      observer_(report);
+      util::Guarded("engine step observer", [&] { observer_(report); });
     }
     // Work that cannot run yet (every sequence waiting on blocks): do not spin.
     if (!scheduler_->idle() && scheduler_->counters().steps == before.steps) {

@@ -8,6 +8,7 @@
 #include "common/engine/sampling.h"
 #include "common/kv/geometry.h"
 #include "common/kv/kv_stream.h"
+#include "common/rpc/guard.h"
 #include "common/rpc/status.h"
 #include "common/util/guard.h"
 #include "common/util/status.h"
@@ -38,6 +39,12 @@ PrefillService::~PrefillService() {
 }
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
+                                                  const tandem::v1::PrefillRequest* request,
+                                                  tandem::v1::PrefillResponse* response) {
+  return rpc::GuardedUnary(context, "Prefill", [&] { return Enqueue(context, request, response); });
+}
+
+grpc::ServerUnaryReactor* PrefillService::Enqueue(grpc::CallbackServerContext* context,
                                                   const tandem::v1::PrefillRequest* request,
                                                   tandem::v1::PrefillResponse* response) {
   auto* reactor = context->DefaultReactor();
@@ -217,6 +224,11 @@ absl::Status PrefillService::Run(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* PrefillService::GetInfo(grpc::CallbackServerContext* context,
                                                   const tandem::v1::InstanceInfoRequest* request,
                                                   tandem::v1::InstanceInfo* response) {
+  return rpc::GuardedUnary(context, "GetInfo", [&] { return Info(context, response); });
+}
+
+grpc::ServerUnaryReactor* PrefillService::Info(grpc::CallbackServerContext* context,
+                                               tandem::v1::InstanceInfo* response) {
   if (absl::Status s = auth_.Check(*context); !s.ok()) {
     metrics_->Record("GetInfo", rpc::ToGrpcStatus(s), absl::ZeroDuration());
     auto* reactor = context->DefaultReactor();

@@ -62,6 +62,11 @@ class PrefillService final : public tandem::v1::Prefill::CallbackService {
     grpc::ServerUnaryReactor* reactor;
     absl::Time start;
   };
+  grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* context,
+                                    const tandem::v1::PrefillRequest* request,
+                                    tandem::v1::PrefillResponse* response);
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
+                                 tandem::v1::InstanceInfo* response);
   void Work();
   absl::Status Run(grpc::CallbackServerContext* context, const tandem::v1::PrefillRequest& request,
                    tandem::v1::PrefillResponse* response);

@@ -442,6 +442,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void Cancel();
   bool cancelled();
 
+ public:
+  // Cancels the call in flight (after an internal error while handling its output).
+  void CancelCall() { Cancel(); }
+
+ private:
   const std::shared_ptr<Core> core_;
   const GenerationRequest request_;
   const std::shared_ptr<DispatchCall> call_;
@@ -476,7 +481,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
 void DecodeReader::OnReadDone(bool ok) {
   if (!ok) return;  // the stream ended: OnDone follows
-  generation_->OnDecodeMessage(message);
+  if (!util::Guarded("decode stream read", [&] { generation_->OnDecodeMessage(message); })) {
+    generation_->CancelCall();  // ends the stream; OnDone reports it
+  }
   StartRead(&message);
 }
 
