@@ -100,6 +100,47 @@ void PrefillService::Work() {
   }
 }
 
+absl::StatusOr<engine::SamplingParams> CheckPrefillRequest(
+    const tandem::v1::PrefillRequest& request, const tandem::v1::KvGeometry& geometry,
+    const model::ModelConfig& config, int block_size, std::string_view transport) {
+  const tandem::v1::KvTarget& target = request.target();
+  const int n = request.prompt_token_ids_size();
+  if (n < 1) return absl::InvalidArgumentError("prompt_token_ids is empty");
+  if (n >= config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt has ", n, " tokens; the context length is ", config.max_position_embeddings));
+  }
+  RETURN_IF_ERROR(kv::CheckCompatible(geometry, target.geometry()));
+  const int blocks = (n + block_size - 1) / block_size;
+  if (target.num_blocks() != blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("the target has room for ", target.num_blocks(),
+                                                   " blocks; the prompt needs ", blocks));
+  }
+  if (target.transport() != transport) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the target's transport \"", absl::CEscape(target.transport()),
+                     "\" is not ours (\"", std::string(transport), "\")"));
+  }
+  if (target.token().size() != kv::kTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the target's token has ", target.token().size(),
+                                                   " bytes, not ", kv::kTokenBytes));
+  }
+  if (target.agent().empty() || target.agent().size() > 256 ||
+      target.agent_address().size() > (64 << 10)) {
+    return absl::InvalidArgumentError("the target's agent is empty or too long");
+  }
+  ASSIGN_OR_RETURN(
+      engine::SamplingParams params,
+      serving::SamplingFromProto(request.sampling(), static_cast<int>(config.vocab_size)));
+  for (int32_t id : request.prompt_token_ids()) {
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", id, " outside the vocabulary"));
+    }
+  }
+  return params;
+}
+
 absl::Status PrefillService::Run(grpc::CallbackServerContext* context,
                                  const tandem::v1::PrefillRequest& request,
                                  tandem::v1::PrefillResponse* response) {
@@ -122,38 +163,13 @@ absl::Status PrefillService::Run(grpc::CallbackServerContext* context,
   const model::ModelConfig& c = forward_->weights().config;
   const tandem::v1::KvTarget& target = request.target();
   const int n = request.prompt_token_ids_size();
-  if (n < 1) return absl::InvalidArgumentError("prompt_token_ids is empty");
-  if (n >= c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt has ", n, " tokens; the context length is ", c.max_position_embeddings));
-  }
-  RETURN_IF_ERROR(kv::CheckCompatible(geometry_, target.geometry()));
   engine::KvBlockPool* pool = forward_->pool();
-  const int block_size = pool->config().block_size;
-  const int blocks = (n + block_size - 1) / block_size;
-  if (target.num_blocks() != blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("the target has room for ", target.num_blocks(),
-                                                   " blocks; the prompt needs ", blocks));
-  }
-  if (target.transport() != transport_->name()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the target's transport \"", absl::CEscape(target.transport()),
-                     "\" is not ours (\"", std::string(transport_->name()), "\")"));
-  }
-  if (target.token().size() != kv::kTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the target's token has ", target.token().size(),
-                                                   " bytes, not ", kv::kTokenBytes));
-  }
-  ASSIGN_OR_RETURN(engine::SamplingParams params,
-                   serving::SamplingFromProto(request.sampling(), static_cast<int>(c.vocab_size)));
+  const int blocks = (n + pool->config().block_size - 1) / pool->config().block_size;
+  ASSIGN_OR_RETURN(
+      engine::SamplingParams params,
+      CheckPrefillRequest(request, geometry_, c, pool->config().block_size, transport_->name()));
   const std::vector<int32_t> ids(request.prompt_token_ids().begin(),
                                  request.prompt_token_ids().end());
-  for (int32_t id : ids) {
-    if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt token id ", id, " outside the vocabulary"));
-    }
-  }
 
   const absl::Time start = absl::Now();
   engine::BlockTable table;

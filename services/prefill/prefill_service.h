@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/engine/forward.h"
+#include "common/engine/sampling.h"
 #include "common/kv/transfer.h"
 #include "common/rpc/internal_auth.h"
 #include "common/rpc/rpc_metrics.h"
@@ -36,6 +37,14 @@ struct PrefillServiceOptions {
   // Every call must carry it (common/rpc/internal_auth.h); empty: not checked.
   std::string internal_secret;
 };
+
+// The checks a Prefill request passes before any work: the prompt within the context and the
+// vocabulary, a target of our KV geometry and transport with a token of the right size, room
+// for the prompt's blocks, valid sampling. INVALID_ARGUMENT (FAILED_PRECONDITION for another
+// geometry) naming what is wrong.
+absl::StatusOr<engine::SamplingParams> CheckPrefillRequest(
+    const tandem::v1::PrefillRequest& request, const tandem::v1::KvGeometry& geometry,
+    const model::ModelConfig& config, int block_size, std::string_view transport);
 
 class PrefillService final : public tandem::v1::Prefill::CallbackService {
  public:
