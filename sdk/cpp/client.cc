@@ -1,5 +1,7 @@
 #include "tandem/client.h"
 
+#include "common/util/timer_queue.h"
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc/status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -72,10 +74,50 @@ absl::Status Client::GenerateStream(
   SetDeadline(&context);
   if (cancel != nullptr) cancel->Attach(&context);
   auto reader = stub_->GenerateStream(&context, request);
+  // The gateway sends a keep-alive whenever it has had nothing to say for a while; a stream
+  // silent for idle_timeout is a dead one.
+  struct Watch {
+    absl::Mutex mu;
+    absl::Time last ABSL_GUARDED_BY(mu) = absl::Now();
+    bool idle ABSL_GUARDED_BY(mu) = false;
+    bool done ABSL_GUARDED_BY(mu) = false;
+  };
+  auto watch = std::make_shared<Watch>();
+  std::function<void()> check;
+  const absl::Duration idle = options_.idle_timeout;
+  check = [watch, idle, &context, &check] {
+    absl::MutexLock lock(&watch->mu);
+    if (watch->done) return;
+    if (absl::Now() - watch->last > idle) {
+      watch->idle = true;
+      context.TryCancel();
+      return;
+    }
+    util::TimerQueue::Shared().ScheduleAfter(idle / 4, check);
+  };
+  if (idle > absl::ZeroDuration()) util::TimerQueue::Shared().ScheduleAfter(idle / 4, check);
   tandem::v1::GenerateStreamResponse chunk;
-  while (reader->Read(&chunk)) on_chunk(chunk);
+  while (reader->Read(&chunk)) {
+    {
+      absl::MutexLock lock(&watch->mu);
+      watch->last = absl::Now();
+    }
+    if (chunk.heartbeat()) continue;
+    on_chunk(chunk);
+  }
   const grpc::Status status = reader->Finish();
+  bool went_idle;
+  {
+    // From here the watch touches nothing (`context` and `check` go with this frame).
+    absl::MutexLock lock(&watch->mu);
+    watch->done = true;
+    went_idle = watch->idle;
+  }
   if (cancel != nullptr) cancel->Attach(nullptr);
+  if (went_idle) {
+    return absl::UnavailableError(absl::StrCat("the gateway sent nothing for ",
+                                               absl::FormatDuration(idle), " (idle_timeout)"));
+  }
   return rpc::FromGrpcStatus(status);
 }
 

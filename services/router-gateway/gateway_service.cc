@@ -585,6 +585,13 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream
         auto call = std::make_shared<DispatchCall>();
         feed->SetOnCancel([call] { call->Cancel(); });
         const std::string id = prepared->generation.request_id;
+        // Keep-alives while the request waits, prefills or decodes silently: a client can
+        // tell a live stream from a dead one (sdk::ClientOptions::idle_timeout).
+        GenerateStreamResponse heartbeat;
+        heartbeat.set_request_id(id);
+        heartbeat.set_heartbeat(true);
+        rpc::QueuedWriter<GenerateStreamResponse>::Feed::StartHeartbeats(
+            feed, config_.stream_heartbeat, std::move(heartbeat));
         Execute(*std::move(prepared), call, std::make_shared<StreamSink>(feed, id));
         return reactor;
       });

@@ -39,6 +39,8 @@ struct GatewayConfig {
   int max_queued = 4096;
   // How long a generation may wait for a place (in all) before it is refused.
   absl::Duration queue_timeout = absl::Seconds(120);
+  // A GenerateStream with nothing to say for this long sends a keep-alive (heartbeat).
+  absl::Duration stream_heartbeat = absl::Seconds(2);
 };
 
 class GatewayService final : public tandem::v1::Gateway::CallbackService {

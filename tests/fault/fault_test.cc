@@ -214,6 +214,40 @@ TEST_F(FaultTest, ADeadOrSilentDecodeEndsTheStreamQuickly) {
   }
 }
 
+// The gateway itself goes silent (SIGSTOP) mid-stream: the SDK, which hears a keep-alive at
+// least every 2 s from a live gateway, ends the stream after its idle timeout.
+TEST_F(FaultTest, ASilentGatewayIsNoticedByTheSdk) {
+  testing::ServiceSet set;
+  auto decode = set.Start("tandem-decode", {});
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto prefill = set.Start("tandem-prefill", {});
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  auto gateway =
+      set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                                   absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  const pid_t gateway_pid = set.processes().back().pid();
+  sdk::ClientOptions options;
+  options.idle_timeout = absl::Seconds(3);
+  auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", gateway->grpc_port), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Time hit;
+  int tokens = 0;
+  const absl::Status status =
+      (*client)->GenerateStream(Greedy(kPrompts[1], 480), [&](const v1::GenerateStreamResponse& c) {
+        tokens += c.token_ids_size();
+        if (tokens >= 3 && hit == absl::Time()) {
+          kill(gateway_pid, SIGSTOP);
+          hit = absl::Now();
+        }
+      });
+  kill(gateway_pid, SIGCONT);
+  ASSERT_NE(hit, absl::Time());
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("idle_timeout"));
+  EXPECT_LT(absl::Now() - hit, absl::Seconds(8));
+}
+
 // Prefill killed while its KV is on the way: the gateway retries the prompt on the other
 // prefill with a fresh reservation, and the request completes as if nothing happened.
 TEST_F(FaultTest, APrefillKilledMidTransferIsRetriedElsewhere) {

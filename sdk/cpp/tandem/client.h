@@ -19,6 +19,9 @@ namespace tandem::sdk {
 struct ClientOptions {
   // Deadline of each call (a streamed call: of the whole stream).
   absl::Duration timeout = absl::Seconds(60);
+  // A stream that brings nothing, not even the gateway's keep-alives (every 2 s), for this long
+  // ends with UNAVAILABLE; zero: no idle limit.
+  absl::Duration idle_timeout = absl::Seconds(30);
   int max_message_bytes = 64 << 20;
   // PEM root certificates: when set, the connection uses TLS and trusts these roots.
   std::string tls_root_certs;
@@ -51,7 +54,8 @@ class Client {
   // `cancel`, when set, can abort the call (CANCELLED) before its deadline.
   absl::StatusOr<tandem::v1::GenerateResponse> Generate(const tandem::v1::GenerateRequest& request,
                                                         Cancellation* cancel = nullptr);
-  // Calls `on_chunk` for every streamed chunk, in order; returns the stream's final status.
+  // Calls `on_chunk` for every streamed chunk, in order (keep-alives are not passed on);
+  // returns the stream's final status.
   absl::Status GenerateStream(
       const tandem::v1::GenerateRequest& request,
       const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk,
