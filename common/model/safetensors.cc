@@ -384,6 +384,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const s
   if (map_it == index.value.end() || !map_it->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, "missing \"weight_map\" object"));
   }
+  if (map_it->empty()) {  // a checkpoint of no tensors, whatever shards lie beside it
+    return absl::InvalidArgumentError(absl::StrCat(where, "\"weight_map\" is empty"));
+  }
 
   std::map<std::string, size_t> shard_index;  // file name -> index in shards_
   for (const auto& [tensor, file_json] : map_it->items()) {

@@ -479,6 +479,9 @@ TEST_F(SafetensorsTest, ModelRejectsInconsistentIndex) {
   expect_invalid("file name string");
   write_index({{"metadata", {}}});
   expect_invalid("weight_map");
+  // Found by the safetensors_index fuzzer: an empty map opened as a model of no tensors.
+  write_index({{"weight_map", Json::object()}});
+  expect_invalid("\"weight_map\" is empty");
   std::ofstream(Path("model.safetensors.index.json"), std::ios::trunc) << "{not json";
   expect_invalid("not a JSON object");
 
