@@ -48,6 +48,14 @@ if(TANDEM_SANITIZER_FLAGS)
   add_compile_options(${TANDEM_SANITIZER_FLAGS} -fno-omit-frame-pointer ${_tandem_debug})
   add_link_options(${TANDEM_SANITIZER_FLAGS})
 endif()
+if(TANDEM_SANITIZE STREQUAL "thread")
+  # Tells TSan what absl::Mutex and absl::CondVar do (Debian's Abseil is not instrumented; see
+  # the file): linked into every executable.
+  find_package(absl CONFIG REQUIRED)
+  add_library(tandem_tsan_absl_sync OBJECT ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_absl_sync.cc)
+  target_link_libraries(tandem_tsan_absl_sync PUBLIC absl::synchronization ${CMAKE_DL_LIBS})
+  link_libraries("$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:tandem_tsan_absl_sync>")
+endif()
 
 # What the sanitizers read at run time, for every test (tests/CMakeLists.txt) and the scripts.
 # UCX patches malloc and mmap, which ASan and TSan intercept themselves: its hooks are off.
@@ -60,7 +68,7 @@ if(TANDEM_SANITIZE STREQUAL "address")
     "LSAN_OPTIONS=suppressions=${_tandem_supp}/lsan.supp:print_suppressions=0")
 elseif(TANDEM_SANITIZE STREQUAL "thread")
   list(APPEND TANDEM_SANITIZER_ENV
-    "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=${_tandem_supp}/tsan.supp:print_suppressions=0")
+    "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=${_tandem_supp}/tsan.supp:print_suppressions=0")
 endif()
 if(TANDEM_SANITIZE)
   list(APPEND TANDEM_SANITIZER_ENV UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no UCX_MEMTYPE_CACHE=n)
