@@ -21,6 +21,9 @@ packages=(
 if [[ "$mode" != "--build" ]]; then
   # The format check, the Prometheus tests, and the serving benchmark's charts (gnuplot, jq).
   packages+=(clang-format prometheus gnuplot-nox jq)
+  # The sanitizer and fuzzing builds (scripts/sanitize.sh, scripts/fuzz.sh): clang, its
+  # sanitizer and libFuzzer runtimes, and llvm-symbolizer (package llvm) for their stacks.
+  packages+=(clang libclang-rt-14-dev llvm)
   # Node.js runs the official openai npm client and the deployment checks in the tests;
   # Debian's when the machine has none.
   if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi
