@@ -22,6 +22,9 @@ if [[ "$mode" != "--build" ]]; then
   packages+=(clang-format prometheus gnuplot-nox jq)
   # The fault tests cut a network between namespaces (ip netns, veth).
   packages+=(iproute2)
+  # The sanitizer and fuzzing builds (scripts/sanitize.sh, scripts/fuzz.sh): clang, its
+  # sanitizer and libFuzzer runtimes, and llvm-symbolizer (package llvm) for their stacks.
+  packages+=(clang libclang-rt-14-dev llvm)
   # Node.js runs the official openai npm client and the deployment checks in the tests;
   # Debian's when the machine has none.
   if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi

@@ -309,6 +309,7 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
       Resize(logits_, total, vocab);
       matmul(h_.data(), total, hidden, w_->lm_head, vocab, logits_.data());
       for (size_t s = 0, row = 0; s < batch.size(); ++s) {
+        if (wanted[s] == 0) continue;  // an empty vector's data() may be null, even for memcpy
         std::memcpy((*logits)[s].data(), Row(logits_, static_cast<int>(row), vocab),
                     (*logits)[s].size() * sizeof(float));
         row += wanted[s];

@@ -44,16 +44,15 @@ absl::Status CheckDescr(absl::string_view descr) {
   return NpyError(absl::StrCat("unsupported dtype '", descr, "' (supported: <f4, <f8, <i4, <i8)"));
 }
 
-// product(shape) with overflow and sign checks.
+// product(shape) with overflow and sign checks. Every partial product must fit in int64_t,
+// as NpyArray::num_elements() computes them: a zero after huge dimensions does not excuse them.
 absl::StatusOr<uint64_t> CountElements(const std::vector<int64_t>& shape) {
-  uint64_t n = 1;
+  int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) return NpyError(absl::StrCat("negative dimension ", d, " in shape"));
-    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) {
-      return NpyError("shape overflows the element count");
-    }
+    if (__builtin_mul_overflow(n, d, &n)) return NpyError("shape overflows the element count");
   }
-  return n;
+  return static_cast<uint64_t>(n);
 }
 
 std::string ShapeRepr(const std::vector<int64_t>& shape) {  // Python's repr of a tuple

@@ -247,7 +247,9 @@ absl::Status SafetensorsFile::ParseHeader() {
           absl::StrCat(where, "shape must be an array of non-negative integers"));
     }
     std::vector<int64_t> shape;
-    uint64_t num_elements = 1;
+    // Every partial product must fit in int64_t, as TensorView::num_elements() computes them:
+    // a zero after huge dimensions does not excuse them.
+    int64_t num_elements = 1;
     bool overflow = false;
     for (const Json& d : *shape_it) {
       std::optional<uint64_t> dim = NonNegativeInt(d);
@@ -256,10 +258,11 @@ absl::Status SafetensorsFile::ParseHeader() {
             where, "shape must be an array of non-negative integers, got ", shape_it->dump()));
       }
       shape.push_back(static_cast<int64_t>(*dim));
-      overflow |= __builtin_mul_overflow(num_elements, *dim, &num_elements);
+      overflow |= __builtin_mul_overflow(num_elements, shape.back(), &num_elements);
     }
     uint64_t expected_bytes = 0;
-    overflow |= __builtin_mul_overflow(num_elements, DTypeSize(*dtype), &expected_bytes);
+    overflow |= __builtin_mul_overflow(static_cast<uint64_t>(num_elements), DTypeSize(*dtype),
+                                       &expected_bytes);
     if (overflow) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, "shape ", ShapeString(shape), " overflows the byte size"));
@@ -380,6 +383,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const s
   auto map_it = index.value.find("weight_map");
   if (map_it == index.value.end() || !map_it->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, "missing \"weight_map\" object"));
+  }
+  if (map_it->empty()) {  // a checkpoint of no tensors, whatever shards lie beside it
+    return absl::InvalidArgumentError(absl::StrCat(where, "\"weight_map\" is empty"));
   }
 
   std::map<std::string, size_t> shard_index;  // file name -> index in shards_

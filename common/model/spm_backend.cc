@@ -3,6 +3,8 @@
 #include "common/model/spm_backend.h"
 
 #include <memory>
+#include <string>
+#include <vector>
 
 // SentencePiece 0.1.9x declares `namespace absl { using std::string_view; }`; keep it out of
 // the way of any Abseil header a reader might add later.
@@ -18,14 +20,20 @@ class SentencePieceBackend final : public SpmBackend {
   explicit SentencePieceBackend(std::unique_ptr<sentencepiece::SentencePieceProcessor> processor)
       : processor_(std::move(processor)) {}
 
-  bool Encode(std::string_view text, std::vector<int>* ids, std::string* error) const override {
-    const auto status = processor_->Encode(text, ids);
-    if (!status.ok()) *error = status.ToString();
-    return status.ok();
+  bool Encode(std::string_view text, SpmSink* out) const override {
+    std::vector<int> ids;
+    const auto status = processor_->Encode(text, &ids);
+    if (!status.ok()) {
+      out->Text(status.ToString());
+      return false;
+    }
+    out->Ids(ids.data(), ids.size());
+    return true;
   }
-  bool Decode(const std::vector<int>& ids, std::string* text, std::string* error) const override {
-    const auto status = processor_->Decode(ids, text);
-    if (!status.ok()) *error = status.ToString();
+  bool Decode(const int* ids, size_t count, SpmSink* out) const override {
+    std::string text;
+    const auto status = processor_->Decode(std::vector<int>(ids, ids + count), &text);
+    out->Text(status.ok() ? text : status.ToString());
     return status.ok();
   }
   int PieceSize() const override { return processor_->GetPieceSize(); }
@@ -33,7 +41,7 @@ class SentencePieceBackend final : public SpmBackend {
   int EosId() const override { return processor_->eos_id(); }
   int UnkId() const override { return processor_->unk_id(); }
   int PadId() const override { return processor_->pad_id(); }
-  std::string IdToPiece(int id) const override { return processor_->IdToPiece(id); }
+  void IdToPiece(int id, SpmSink* out) const override { out->Text(processor_->IdToPiece(id)); }
   bool IsControl(int id) const override { return processor_->IsControl(id); }
   bool IsByte(int id) const override { return processor_->IsByte(id); }
 
@@ -45,11 +53,11 @@ class SentencePieceBackend final : public SpmBackend {
 }  // namespace tandem::model
 
 extern "C" __attribute__((visibility("default"))) tandem::model::SpmBackend*
-tandem_spm_backend_create(const char* path, std::string* error) {
+tandem_spm_backend_create(const char* path, tandem::model::SpmSink* error) {
   auto processor = std::make_unique<sentencepiece::SentencePieceProcessor>();
   const auto status = processor->Load(path);
   if (!status.ok()) {
-    *error = status.ToString();
+    error->Text(status.ToString());
     return nullptr;
   }
   return new tandem::model::SentencePieceBackend(std::move(processor));

@@ -53,6 +53,29 @@ std::vector<std::string> BackendCandidates() {
   return out;
 }
 
+// What a backend call produced, copied into this side's memory (see SpmSink).
+class Collector final : public SpmSink {
+ public:
+  void Ids(const int* ids, size_t count) override { ids_.assign(ids, ids + count); }
+  void Text(std::string_view text) override { text_.assign(text); }
+
+  std::vector<int32_t>& ids() { return ids_; }
+  std::string& text() { return text_; }
+
+ private:
+  std::vector<int32_t> ids_;
+  std::string text_;
+};
+
+// The backend library with its own protobuf bound to itself (spm_backend.h).
+void* OpenBackend(const std::string& path) {
+#ifdef TANDEM_SPM_DLMOPEN
+  return dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+#else
+  return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+#endif
+}
+
 // Loads the backend library once per process and keeps it loaded.
 absl::StatusOr<SpmBackendFactory> BackendFactory() {
   static std::once_flag once;
@@ -63,7 +86,7 @@ absl::StatusOr<SpmBackendFactory> BackendFactory() {
       if (candidate.find('/') != std::string::npos && !std::filesystem::exists(candidate)) {
         continue;
       }
-      void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      void* handle = OpenBackend(candidate);
       if (handle == nullptr) {
         errors.push_back(dlerror());
         continue;
@@ -97,21 +120,20 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
   }
   absl::StatusOr<SpmBackendFactory> factory = BackendFactory();
   if (!factory.ok()) return factory.status();
-  std::string error;
+  Collector error;
   std::unique_ptr<SpmBackend> backend((*factory)(path.c_str(), &error));
   if (backend == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a SentencePiece model: ", error));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a SentencePiece model: ", error.text()));
   }
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(backend)));
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
-  std::vector<int> ids;
-  std::string error;
-  if (!backend_->Encode(text, &ids, &error)) {
-    return absl::InternalError(absl::StrCat("Encode: ", error));
-  }
-  return std::vector<int32_t>(ids.begin(), ids.end());
+  Collector out;
+  if (!backend_->Encode(text, &out))
+    return absl::InternalError(absl::StrCat("Encode: ", out.text()));
+  return std::move(out.ids());
 }
 
 absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids) const {
@@ -122,12 +144,11 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids) con
           absl::StrCat("token id ", id, " is outside the vocabulary [0, ", size, ")"));
     }
   }
-  std::string text;
-  std::string error;
-  if (!backend_->Decode(std::vector<int>(ids.begin(), ids.end()), &text, &error)) {
-    return absl::InternalError(absl::StrCat("Decode: ", error));
+  Collector out;
+  if (!backend_->Decode(ids.data(), ids.size(), &out)) {
+    return absl::InternalError(absl::StrCat("Decode: ", out.text()));
   }
-  return text;
+  return std::move(out.text());
 }
 
 absl::StatusOr<bool> ReadAddBosToken(const std::string& model_dir) {
@@ -152,7 +173,9 @@ int32_t Tokenizer::pad_id() const { return backend_->PadId(); }
 
 std::string Tokenizer::IdToPiece(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return "";
-  return backend_->IdToPiece(id);
+  Collector out;
+  backend_->IdToPiece(id, &out);
+  return std::move(out.text());
 }
 
 bool Tokenizer::IsControl(int32_t id) const {

@@ -4,12 +4,17 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <limits>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/util/status.h"
 
@@ -20,6 +25,20 @@ constexpr char kMagic[] = "tandem-expert-pack v1";
 
 int64_t RoundUp(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
 
+// Whether the offsets of `layout` fit in int64_t, so that a header with huge sizes is refused
+// instead of overflowing them.
+bool OffsetsFit(const PackLayout& layout) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max() - PackLayout::kAlignment;
+  int64_t expert_bytes, experts, experts_bytes;
+  return !__builtin_mul_overflow(int64_t{layout.intermediate}, layout.bundle_bytes(),
+                                 &expert_bytes) &&
+         expert_bytes <= kMax &&
+         !__builtin_mul_overflow(int64_t{layout.layers}, int64_t{layout.experts}, &experts) &&
+         !__builtin_mul_overflow(experts, RoundUp(expert_bytes, PackLayout::kAlignment),
+                                 &experts_bytes) &&
+         experts_bytes <= kMax;
+}
+
 std::string Header(const PackLayout& layout) {
   std::string header =
       absl::StrCat(kMagic, " layers ", layout.layers, " experts ", layout.experts, " hidden ",
@@ -29,22 +48,33 @@ std::string Header(const PackLayout& layout) {
 }
 
 absl::StatusOr<PackLayout> ParseHeader(const char* header, const std::string& path) {
+  // "tandem-expert-pack v1 layers L experts E hidden H intermediate I\n", each size a positive
+  // int (absl::SimpleAtoi refuses what would overflow one, where sscanf's %d is undefined).
+  const std::vector<absl::string_view> words =
+      absl::StrSplit(header, absl::ByAnyChar(" \n"), absl::SkipEmpty());
   PackLayout layout;
-  char magic[32] = {};
-  char version[8] = {};
-  if (std::sscanf(header, "%31s %7s layers %d experts %d hidden %d intermediate %d", magic, version,
-                  &layout.layers, &layout.experts, &layout.hidden, &layout.intermediate) != 6 ||
-      absl::StrCat(magic, " ", version) != kMagic || layout.layers < 1 || layout.experts < 1 ||
-      layout.hidden < 1 || layout.intermediate < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a ", kMagic, " file"));
+  const std::pair<const char*, int*> fields[] = {{"layers", &layout.layers},
+                                                 {"experts", &layout.experts},
+                                                 {"hidden", &layout.hidden},
+                                                 {"intermediate", &layout.intermediate}};
+  bool ok =
+      words.size() == 2 + 2 * std::size(fields) && absl::StrCat(words[0], " ", words[1]) == kMagic;
+  for (size_t i = 0; ok && i < std::size(fields); ++i) {
+    ok = words[2 + 2 * i] == fields[i].first &&
+         absl::SimpleAtoi(words[3 + 2 * i], fields[i].second) && *fields[i].second >= 1;
+  }
+  if (!ok) return absl::InvalidArgumentError(absl::StrCat(path, " is not a ", kMagic, " file"));
+  if (!OffsetsFit(layout)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": its header's sizes make a pack too large to address"));
   }
   return layout;
 }
 
 absl::Status CheckRead(const PackLayout& layout, int layer, int expert, int first, int count) {
   if (layer < 0 || layer >= layout.layers || expert < 0 || expert >= layout.experts || first < 0 ||
-      count < 0 || first + count > layout.intermediate) {
-    return absl::InvalidArgumentError(absl::StrCat("bundles [", first, ", ", first + count,
+      count < 0 || count > layout.intermediate - first) {
+    return absl::InvalidArgumentError(absl::StrCat("bundles [", first, ", ", int64_t{first} + count,
                                                    ") of expert ", expert, " of layer ", layer,
                                                    " are outside the pack"));
   }

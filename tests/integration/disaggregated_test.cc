@@ -31,7 +31,8 @@ class DisaggregatedTest : public ::testing::TestWithParam<std::vector<std::strin
     prefill_ = Start("tandem-prefill", GetParam());
     std::vector<std::string> decode_flags = GetParam();
     decode_flags.push_back("--kv_blocks=160");
-    decode_flags.push_back("--lease_ms=1500");
+    // Short enough for the expiry test, long enough for 2 x prompts clients to prefill in.
+    decode_flags.push_back(absl::StrCat("--lease_ms=", 1500 * testing::TimeScale()));
     decode_ = Start("tandem-decode", decode_flags);
     ASSERT_FALSE(HasFailure());
     prefill_stub_ = v1::Prefill::NewStub(grpc::CreateChannel(
@@ -181,13 +182,13 @@ TEST_P(DisaggregatedTest, BadReservationsAreClearErrorsAndLeasesExpire) {
   while (mismatch->Read(&chunk)) {
   }
   EXPECT_EQ(mismatch->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  // The lease (1.5 s here) passes: the blocks come back.
+  // The lease (1.5 s here, unless slowed down) passes: the blocks come back.
   ASSERT_TRUE(testing::WaitUntil(
       [&] {
         const v1::InstanceInfo info = DecodeInfo();
         return info.free_kv_blocks() == info.total_kv_blocks();
       },
-      absl::Seconds(10)));
+      absl::Seconds(10 * testing::TimeScale())));
   v1::ReserveRequest too_big;
   too_big.set_prompt_tokens(450);  // 450 + 100 tokens do not fit the 512-token context
   too_big.set_max_tokens(100);

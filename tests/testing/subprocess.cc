@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -172,6 +174,11 @@ std::string BinDir() {
 std::string SourceDir() {
   const char* dir = std::getenv("TANDEM_SOURCE_DIR");
   return dir != nullptr ? dir : ".";
+}
+
+int TimeScale() {
+  const char* scale = std::getenv("TANDEM_TEST_TIME_SCALE");
+  return scale != nullptr ? std::max(1, std::atoi(scale)) : 1;
 }
 
 ServiceSet::ServiceSet(std::string model_dir)

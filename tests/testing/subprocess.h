@@ -98,5 +98,8 @@ double MetricValue(int http_port, const std::string& name, const std::string& la
 std::string BinDir();
 // Repository root ($TANDEM_SOURCE_DIR, set by CTest).
 std::string SourceDir();
+// How many times slower than usual the code under test runs: $TANDEM_TEST_TIME_SCALE (set in a
+// sanitizer build's test environment), 1 when unset. For timings a test relies on, not deadlines.
+int TimeScale();
 
 }  // namespace tandem::testing

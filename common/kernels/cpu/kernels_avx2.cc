@@ -12,8 +12,13 @@
 
 #include "common/kernels/cpu/kernels_internal.h"
 
+// Clang has no target pragma; it applies the same target attribute to every function instead.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 
 namespace tandem::kernels::cpu::internal {
 namespace {
@@ -328,4 +333,8 @@ const IsaKernels kAvx2Kernels = {
 
 }  // namespace tandem::kernels::cpu::internal
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

@@ -6,10 +6,14 @@
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
 // reports once inlined (GCC bug 105593); the warning points into the header, so silence it there.
+#if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -19,8 +23,14 @@
 
 #include "common/kernels/cpu/kernels_internal.h"
 
+// Clang has no target pragma; it applies the same target attribute to every function instead.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#endif
 
 namespace tandem::kernels::cpu::internal {
 namespace {
@@ -171,8 +181,16 @@ void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
 
 // The bf16 dot-product path: activations rounded to bf16, pairs of products summed by
 // vdpbf16ps into float32 lanes. Only this part may use AVX512_BF16 instructions.
+// Clang's attribute regions do not combine: this one replaces the outer region's.
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(                                                     \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))), \
+    apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
+#endif
 
 template <int R, int B>
 TANDEM_INLINE void TileDp(const uint16_t* x, int64_t n, const uint16_t* w, int64_t ldw, float* y,
@@ -252,7 +270,13 @@ void MatMulBf16Dp(const float* x, int b, int n, const uint16_t* w, int ldw, int 
   });
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), \
+                             apply_to = function)
+#else
 #pragma GCC pop_options  // avx512bf16
+#endif
 
 // exp(x) for 16 lanes, Cephes' expf: x = k ln2 + f with |f| <= ln2/2, exp(f) by a degree-7
 // polynomial (relative error about 2e-7), times 2^k. Below ln(FLT_MIN) the result is 0 rather
@@ -433,4 +457,8 @@ const IsaKernels kAvx512Bf16Kernels = {
 
 }  // namespace tandem::kernels::cpu::internal
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

@@ -278,6 +278,11 @@ TEST(NpyTest, RejectsMalformedFiles) {
   ExpectInvalid(WithHeader("{'descr': '<f4', 'fortran_order': False, "
                            "'shape': (4294967296, 4294967296, 4294967296), }\n"),
                 "overflows");
+  // 2^40 x 2^23 x 0 holds no elements, but num_elements() would overflow int64 on the way
+  // (UBSan, npy fuzzer; tests/fuzz/corpus/npy/regression-partial-product-overflow.npy).
+  ExpectInvalid(WithHeader("{'descr': '<f4', 'fortran_order': False, "
+                           "'shape': (1099511627776, 8388608, 0), }\n"),
+                "overflows");
   // Python 2 style long suffixes and double quotes are accepted.
   absl::StatusOr<NpyArray> py2 = ParseNpy(
       WithHeader("{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2L, 3L)}", data));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -120,7 +121,7 @@ TEST_F(SafetensorsTest, RoundTrip) {
     EXPECT_EQ(got->dtype, want.dtype);
     EXPECT_EQ(got->shape, want.shape);
     ASSERT_EQ(got->size_bytes, want.bytes.size());
-    EXPECT_EQ(std::memcmp(got->data, want.bytes.data(), want.bytes.size()), 0) << want.name;
+    EXPECT_TRUE(std::equal(want.bytes.begin(), want.bytes.end(), got->data)) << want.name;
   }
   EXPECT_EQ((*file)->Get("b.weight")->num_elements(), 6);
   EXPECT_EQ((*file)->Get("e.scalar")->num_elements(), 1);
@@ -210,6 +211,11 @@ TEST_F(SafetensorsTest, RejectsBadShape) {
   ExpectInvalid(FileBytes(Json{{"w", Entry("F32", {"1"}, 0, 4)}}, data), {"tensor 'w'", "shape"});
   ExpectInvalid(
       FileBytes(Json{{"w", Entry("F32", {uint64_t{1} << 62, uint64_t{1} << 62}, 0, 4)}}, data),
+      {"tensor 'w'", "overflows"});
+  // No elements, but num_elements() would overflow int64 before reaching the zero (UBSan,
+  // safetensors fuzzer; tests/fuzz/corpus/safetensors/regression-partial-product-overflow).
+  ExpectInvalid(
+      FileBytes(Json{{"w", Entry("F32", {uint64_t{1} << 40, uint64_t{1} << 23, 0}, 0, 0)}}, ""),
       {"tensor 'w'", "overflows"});
   ExpectInvalid(FileBytes(Json{{"w", Entry("BF16", {uint64_t{1} << 63}, 0, 4)}}, data),
                 {"tensor 'w'", "shape"});
@@ -473,6 +479,9 @@ TEST_F(SafetensorsTest, ModelRejectsInconsistentIndex) {
   expect_invalid("file name string");
   write_index({{"metadata", {}}});
   expect_invalid("weight_map");
+  // Found by the safetensors_index fuzzer: an empty map opened as a model of no tensors.
+  write_index({{"weight_map", Json::object()}});
+  expect_invalid("\"weight_map\" is empty");
   std::ofstream(Path("model.safetensors.index.json"), std::ios::trunc) << "{not json";
   expect_invalid("not a JSON object");
 

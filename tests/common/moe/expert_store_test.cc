@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <limits>
 
 #include "tests/testing/subprocess.h"
 
@@ -161,6 +163,31 @@ TEST_F(ExpertStoreTest, BoundNeverExceededPinnedKeptAndPriorityDecides) {
   ASSERT_TRUE(c.Acquire(1, 0, kInter).ok());  // evicts the others, (1, 3) last
   EXPECT_EQ(c.resident_width(1, 3), kInter);
   EXPECT_EQ(c.resident_width(1, 2), 0);
+}
+
+// A header whose sizes overflow the pack's offsets (int64) or an int is refused before any
+// offset is computed (UBSan reported the overflow in PackLayout::expert_stride and file_bytes);
+// so are reads whose end overflows an int. Also in tests/fuzz/corpus/expert_pack.
+TEST_F(ExpertStoreTest, HostileHeadersAndReadsAreRefusedWithoutOverflow) {
+  const std::string bad = absl::StrCat(testing::BinDir(), "/expert_store_test.", getpid(), ".bad");
+  for (const char* header :
+       {"layers 1 experts 1 hidden 2147483647 intermediate 2147483647",
+        "layers 2147483647 experts 2147483647 hidden 1 intermediate 1",
+        "layers 1 experts 1 hidden 1 intermediate 4294967297",
+        "layers 1 experts 1 hidden -1 intermediate 1", "layers 1 experts 1 hidden 1"}) {
+    SCOPED_TRACE(header);
+    std::string text = absl::StrCat("tandem-expert-pack v1 ", header, "\n");
+    text.resize(2 * PackLayout::kAlignment, '\0');
+    std::ofstream(bad, std::ios::binary) << text;
+    EXPECT_EQ(HostBacking(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  std::filesystem::remove(bad);
+
+  auto host = HostBacking(path_);
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::vector<std::byte> out(1);
+  EXPECT_EQ((*host)->Read(0, 0, 1, std::numeric_limits<int>::max(), out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

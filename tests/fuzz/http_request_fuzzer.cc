@@ -1,0 +1,95 @@
+// The HTTP server's request parser (common/http/request_parser.h) on arbitrary bytes, fed in
+// arbitrary pieces, pipelined requests included: it never crashes, never consumes more than it
+// was given, answers every malformed request with an error status, and parses the same bytes
+// the same way however they are split.
+// Input: one byte for the piece size, then the bytes a client sends.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/http/request_parser.h"
+
+namespace {
+
+using tandem::http::ParserLimits;
+using tandem::http::Request;
+using tandem::http::RequestParser;
+
+struct Outcome {
+  RequestParser::State state;
+  Request request;
+  int status = 0;
+  size_t consumed = 0;
+};
+
+void Check(bool ok) {
+  if (!ok) std::abort();
+}
+
+// Parses requests from `bytes` (pieces of `piece` bytes; 0: all at once) until one is not
+// complete; the outcome of each.
+std::vector<Outcome> ParseAll(std::string_view bytes, size_t piece, const ParserLimits& limits) {
+  std::vector<Outcome> outcomes;
+  RequestParser parser(limits);
+  std::string pending;
+  size_t fed = 0, total_consumed = 0;
+  while (outcomes.size() < 8) {
+    if (fed < bytes.size()) {
+      const size_t n = piece == 0 ? bytes.size() - fed : std::min(piece, bytes.size() - fed);
+      pending.append(bytes.substr(fed, n));
+      fed += n;
+    }
+    size_t consumed = 0;
+    const RequestParser::State state = parser.Feed(pending, &consumed);
+    Check(consumed <= pending.size());
+    pending.erase(0, consumed);
+    total_consumed += consumed;
+    if (state == RequestParser::State::kNeedMore) {
+      if (fed == bytes.size()) break;  // the client has sent everything
+      continue;
+    }
+    Outcome out{state, {}, parser.error_status(), total_consumed};
+    if (state == RequestParser::State::kError) {
+      Check(out.status >= 400 && out.status < 600);
+      Check(!parser.error_message().empty());
+      Check(!parser.keep_alive());
+      outcomes.push_back(std::move(out));
+      break;
+    }
+    out.request = parser.TakeRequest();
+    Check(out.request.body.size() <= limits.max_body_bytes);
+    Check(!out.request.method.empty());
+    outcomes.push_back(std::move(out));
+    parser.Reset();
+  }
+  return outcomes;
+}
+
+bool Same(const Outcome& a, const Outcome& b) {
+  return a.state == b.state && a.status == b.status && a.consumed == b.consumed &&
+         a.request.method == b.request.method && a.request.path == b.request.path &&
+         a.request.query == b.request.query && a.request.body == b.request.body &&
+         a.request.headers == b.request.headers &&
+         a.request.minor_version == b.request.minor_version;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const size_t piece = data[0] % 17;  // 0: whole
+  const std::string_view bytes(reinterpret_cast<const char*>(data + 1), size - 1);
+  ParserLimits limits;
+  limits.max_body_bytes = 4096;
+  limits.max_header_bytes = 2048;
+  limits.max_request_line_bytes = 512;
+  limits.max_headers = 16;
+  const std::vector<Outcome> split = ParseAll(bytes, piece, limits);
+  const std::vector<Outcome> whole = ParseAll(bytes, 0, limits);
+  Check(split.size() == whole.size());
+  for (size_t i = 0; i < split.size(); ++i) Check(Same(split[i], whole[i]));
+  return 0;
+}

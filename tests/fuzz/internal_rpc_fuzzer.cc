@@ -1,0 +1,88 @@
+// What a peer can send the internal APIs, as bytes on the wire: Reserve, Decode, Release and
+// Prefill requests (and the KV target inside), parsed as protobuf does and run through the
+// checks the services run before any work (CheckPrefillRequest, SamplingFromProto, the KV
+// geometry check). Nothing crashes, and a Prefill request that passes has a prompt the model
+// and the target can take.
+// Input: one byte choosing the message, then its serialized bytes.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "common/kv/geometry.h"
+#include "common/kv/transfer.h"
+#include "services/common/serving.h"
+#include "services/prefill/prefill_service.h"
+#include "tandem/v1/decode.pb.h"
+#include "tandem/v1/prefill.pb.h"
+
+namespace {
+
+void Check(bool ok) {
+  if (!ok) std::abort();
+}
+
+struct Model {
+  tandem::kv::InstanceModel instance;
+};
+
+const Model& TinyModel() {
+  static const Model* model = [] {
+    auto loaded = tandem::kv::LoadInstanceModel(std::string(TANDEM_SOURCE_DIR) + "/models/tiny-moe",
+                                                /*block_size=*/16);
+    Check(loaded.ok());
+    return new Model{*std::move(loaded)};
+  }();
+  return *model;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const Model& m = TinyModel();
+  const int vocab = static_cast<int>(m.instance.config.vocab_size);
+  const void* bytes = data + 1;
+  const int n = static_cast<int>(size - 1);
+  switch (data[0] % 5) {
+    case 0: {
+      tandem::v1::PrefillRequest request;
+      if (!request.ParseFromArray(bytes, n)) return 0;
+      auto params = tandem::prefill::CheckPrefillRequest(request, m.instance.geometry,
+                                                         m.instance.config, 16, "ucx");
+      if (params.ok()) {
+        Check(request.prompt_token_ids_size() >= 1);
+        Check(request.prompt_token_ids_size() < m.instance.config.max_position_embeddings);
+        Check(request.target().token().size() == tandem::kv::kTokenBytes);
+        for (int32_t id : request.prompt_token_ids()) Check(id >= 0 && id < vocab);
+        (void)tandem::serving::PeerOf(request.target());
+      }
+      break;
+    }
+    case 1: {
+      tandem::v1::DecodeRequest request;
+      if (!request.ParseFromArray(bytes, n)) return 0;
+      auto params = tandem::serving::SamplingFromProto(request.sampling(), vocab);
+      if (params.ok()) Check(params->max_tokens >= 1);
+      break;
+    }
+    case 2: {
+      tandem::v1::ReserveRequest request;
+      if (!request.ParseFromArray(bytes, n)) return 0;
+      (void)request.prompt_tokens();
+      break;
+    }
+    case 3: {
+      tandem::v1::KvTarget target;
+      if (!target.ParseFromArray(bytes, n)) return 0;
+      (void)tandem::kv::CheckCompatible(m.instance.geometry, target.geometry());
+      break;
+    }
+    default: {
+      tandem::v1::ReleaseRequest request;
+      if (!request.ParseFromArray(bytes, n)) return 0;
+      break;
+    }
+  }
+  return 0;
+}

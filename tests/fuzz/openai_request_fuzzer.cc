@@ -1,0 +1,50 @@
+// The OpenAI front's request reader (services/router-gateway/openai_request.h) on arbitrary
+// bodies, completions and chat (through the shipped tiny model's chat template): it never
+// throws or crashes, errors are INVALID_ARGUMENT, and what it accepts is within range.
+// Input: one byte (odd: chat), then the body.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "services/router-gateway/openai_request.h"
+
+namespace {
+
+constexpr int kContext = 512;
+
+void Check(bool ok) {
+  if (!ok) std::abort();
+}
+
+const absl::StatusOr<tandem::gateway::ChatTemplate>& Template() {
+  static const auto* chat = new absl::StatusOr<tandem::gateway::ChatTemplate>(
+      tandem::gateway::ChatTemplate::Load(std::string(TANDEM_SOURCE_DIR) + "/models/tiny-moe"));
+  return *chat;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const bool chat = data[0] % 2 == 1;
+  const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
+  absl::StatusOr<tandem::gateway::CompletionRequest> parsed;
+  try {
+    parsed = tandem::gateway::ParseCompletionRequest(body, chat, Template(), kContext);
+  } catch (...) {
+    std::abort();  // the reader must not throw, whatever the body
+  }
+  if (!parsed.ok()) {
+    Check(parsed.status().code() == absl::StatusCode::kInvalidArgument);
+    return 0;
+  }
+  const tandem::v1::SamplingParams& s = parsed->request.sampling();
+  Check(s.max_tokens() >= 1 && s.max_tokens() < kContext);
+  Check(s.temperature() >= 0 && s.temperature() <= 2);
+  Check(s.top_p() >= 0 && s.top_p() <= 1);
+  Check(s.top_k() >= 0);
+  Check(!parsed->include_usage || parsed->stream);
+  Check(parsed->request.input_case() != tandem::v1::GenerateRequest::INPUT_NOT_SET);
+  return 0;
+}
