@@ -6,7 +6,7 @@
 #   scripts/sanitize.sh tsan [ctest args]  TSan in build-tsan/ (clang); runs -L concurrency,
 #                                          building only those tests unless given ctest args
 #   scripts/sanitize.sh asan|tsan --build [TARGET...]  configure and build (all) only
-# CC/CXX choose another compiler (gcc builds the sanitizers too, not the fuzzers); TANDEM_JOBS
+# CC/CXX choose another compiler (gcc: no fuzzers; not tried so far); TANDEM_JOBS
 # the parallelism. The sanitizer settings the tests run with are in build-*/sanitizer.env
 # (written by cmake/sanitizers.cmake); `set -a; . build-asan/sanitizer.env; set +a` applies
 # them to a binary run by hand.
