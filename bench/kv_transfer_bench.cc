@@ -52,7 +52,7 @@ int Run() {
   for (absl::string_view tls : absl::StrSplit(absl::GetFlag(FLAGS_transports), ';')) {
     UcxTransportOptions options;
     options.transports = std::string(tls);
-    options.detect_dead_peers = false;  // keeps shared memory in play (ENVIRONMENT.md)
+    options.detect_dead_peers = false;  // UCX 1.13 leaves shared memory out otherwise
     auto writer = UcxTransport::Create(options);
     auto reader = UcxTransport::Create(options);
     if (!writer.ok() || !reader.ok()) {

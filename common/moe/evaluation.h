@@ -1,4 +1,4 @@
-// `tandem eval`: the full model against a pruning plan, run three ways (see ../shared/DESIGN.md,
+// `tandem eval`: the full model against a pruning plan, run three ways (see docs/design.md,
 // "Phase-decoupled pruning"):
 //   full          every expert, prompt and continuation
 //   conventional  the plan's experts for prompt and continuation (pruning as usually deployed)

@@ -1,4 +1,4 @@
-// Expert weights outside the engine's memory (../shared/DESIGN.md, "Combination-aware
+// Expert weights outside the engine's memory (docs/design.md, "Combination-aware
 // mixed-width experts"; issue #7): a backing tier holding every expert in a packed layout, and
 // a resident cache bounded in bytes that holds experts at the widths decode asks for.
 //

@@ -1,6 +1,6 @@
 // Pruning plans (proto/tandem/v1/pruning_plan.proto, stored as proto JSON): which experts each
 // layer's decoder keeps. `tandem prune` makes one from calibration statistics by a criterion
-// (see ../shared/DESIGN.md): per layer, the `keep` experts with the highest score are
+// (see docs/design.md): per layer, the `keep` experts with the highest score are
 // retained, ties going to the lower index.
 //   frequency  tokens routed to the expert
 //   mass       sum of its router probability over them

@@ -1,4 +1,4 @@
-// Neuron reordering for mixed-width experts (../shared/DESIGN.md, "Combination-aware mixed-width
+// Neuron reordering for mixed-width experts (docs/design.md, "Combination-aware mixed-width
 // experts"): each expert's FFN neurons are permuted so that the most important on calibration
 // data come first — gate (w1) and up (w3) rows and down (w2) columns alike. The reordered
 // expert computes the same function at full width (a sum over the same neurons in another

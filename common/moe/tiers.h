@@ -1,4 +1,4 @@
-// Combination-aware mixed width (../shared/DESIGN.md): every routed pair of retained experts
+// Combination-aware mixed width (docs/design.md): every routed pair of retained experts
 // of a layer gets a tier from its calibration frequency, and one of its two experts is its
 // dominant.
 //   Hot   both experts at full width
