@@ -36,7 +36,7 @@ class ForwardGoldenTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    if (weights_ == nullptr) GTEST_SKIP() << "model did not load";
+    ASSERT_NE(weights_, nullptr) << "the shipped model did not load";
     const auto& c = weights_->config;
     KvCacheConfig kv{static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
                      static_cast<int>(c.head_dim), /*block_size=*/16, /*num_blocks=*/256};

@@ -40,7 +40,7 @@ class SchedulerTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    if (weights_ == nullptr || tokenizer_ == nullptr) GTEST_SKIP() << "model did not load";
+    ASSERT_TRUE(weights_ != nullptr && tokenizer_ != nullptr) << "the shipped model did not load";
   }
 
   // A pool of `num_blocks` blocks of 16 tokens and a scheduler over it.
