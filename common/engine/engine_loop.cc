@@ -107,10 +107,11 @@ void EngineLoop::Run() {
       live_.erase(it);
     }
     if (stop) {
-      for (auto& [id, live] : live_) {
+      for (auto& entry : live_) {
+        Live& live = entry.second;
         scheduler_->Cancel(live.scheduler_id);
         SequenceOutput out;
-        out.id = id;
+        out.id = entry.first;
         out.status = absl::CancelledError("the engine is shutting down");
         util::Guarded("engine output callback", [&] { live.on_output(out); });
       }
