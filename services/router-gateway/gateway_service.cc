@@ -122,14 +122,20 @@ void GatewayService::Admission::Gauges() {
 
 void GatewayService::Admission::Execute(std::shared_ptr<Entry> entry) {
   // The deadline and the cancel hook cover the entry's whole stay (they matter only while it
-  // waits); Complete removes them.
+  // waits); Complete removes them. They hold the entry weakly: the call holds its hooks, and
+  // the entry holds the call.
   entry->deadline = entry->request.start + config_.queue_timeout;
   std::weak_ptr<Admission> weak = weak_from_this();
-  entry->timer = util::TimerQueue::Shared().Schedule(entry->deadline, [weak, entry] {
-    if (auto self = weak.lock()) self->Expire(entry);
+  std::weak_ptr<Entry> weak_entry = entry;
+  entry->timer = util::TimerQueue::Shared().Schedule(entry->deadline, [weak, weak_entry] {
+    auto self = weak.lock();
+    auto entry = weak_entry.lock();
+    if (self != nullptr && entry != nullptr) self->Expire(entry);
   });
-  entry->cancel_hook = entry->call->OnCancel([weak, entry] {
-    if (auto self = weak.lock()) self->CancelQueued(entry);
+  entry->cancel_hook = entry->call->OnCancel([weak, weak_entry] {
+    auto self = weak.lock();
+    auto entry = weak_entry.lock();
+    if (self != nullptr && entry != nullptr) self->CancelQueued(entry);
   });
   absl::Status refused;
   bool launch = false;

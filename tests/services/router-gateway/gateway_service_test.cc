@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 
 #include "absl/synchronization/mutex.h"
@@ -26,6 +27,7 @@ class ManualBackend : public GenerationBackend {
     GenerationRequest request;
     std::shared_ptr<DispatchCall> call;
     std::shared_ptr<GenerationSink> sink;
+    uint64_t cancel_hook = 0;
   };
 
   void Start(GenerationRequest request, std::shared_ptr<DispatchCall> call,
@@ -42,16 +44,30 @@ class ManualBackend : public GenerationBackend {
       }
     }
     if (refused) return sink->OnDone(absl::ResourceExhaustedError("no room"));
-    // A cancelled generation ends CANCELLED, as the real backends' do.
-    call->OnCancel([sink, this, id = request.request_id] {
-      if (Take(id)) sink->OnDone(absl::CancelledError("cancelled"));
+    // A cancelled generation ends CANCELLED, as the real backends' do; an ended one removes
+    // its hook, as theirs do (the hook would hold the generation through the call).
+    const uint64_t hook = call->OnCancel([this, id = request.request_id] {
+      if (std::shared_ptr<GenerationSink> sink = Take(id)) {
+        sink->OnDone(absl::CancelledError("cancelled"));
+      }
     });
+    bool running = false;
+    {
+      absl::MutexLock lock(&mu_);
+      for (Started& s : started_) {
+        if (s.call == call) {
+          s.cancel_hook = hook;
+          running = true;
+        }
+      }
+    }
+    if (!running) call->RemoveOnCancel(hook);  // ended meanwhile
   }
 
   // Ends the running generation `id` with `status`; false if it is not running.
   bool End(const std::string& id, const absl::Status& status) {
-    std::shared_ptr<GenerationSink> sink = Sink(id);
-    if (sink == nullptr || !Take(id)) return false;
+    std::shared_ptr<GenerationSink> sink = Take(id);
+    if (sink == nullptr) return false;
     tandem::v1::GenerateStreamResponse chunk;
     chunk.add_token_ids(1);
     if (status.ok()) sink->OnChunk(chunk);
@@ -74,22 +90,20 @@ class ManualBackend : public GenerationBackend {
   }
 
  private:
-  std::shared_ptr<GenerationSink> Sink(const std::string& id) {
-    absl::MutexLock lock(&mu_);
-    for (const Started& s : started_) {
-      if (s.request.request_id == id) return s.sink;
+  // Takes the running generation `id` off the list (its cancel hook removed) and returns its
+  // sink; null if it is not running.
+  std::shared_ptr<GenerationSink> Take(const std::string& id) {
+    Started taken;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = std::find_if(started_.begin(), started_.end(),
+                             [&](const Started& s) { return s.request.request_id == id; });
+      if (it == started_.end()) return nullptr;
+      taken = std::move(*it);
+      started_.erase(it);
     }
-    return nullptr;
-  }
-  bool Take(const std::string& id) {
-    absl::MutexLock lock(&mu_);
-    for (auto it = started_.begin(); it != started_.end(); ++it) {
-      if (it->request.request_id == id) {
-        started_.erase(it);
-        return true;
-      }
-    }
-    return false;
+    taken.call->RemoveOnCancel(taken.cancel_hook);
+    return taken.sink;
   }
 
   absl::Mutex mu_;
