@@ -100,6 +100,15 @@ struct UcxTransport::SendContext {
   std::string message;  // a reply's
 };
 
+// A rendezvous message being fetched into a buffer of ours, then handed to the receiver.
+struct UcxTransport::RecvContext {
+  UcxTransport* transport;
+  std::string token;
+  uint64_t offset;
+  std::unique_ptr<char[]> data;
+  size_t length;
+};
+
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(
     const UcxTransportOptions& options) {
   if (options.chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
@@ -232,6 +241,9 @@ UcxTransport::~UcxTransport() {
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
+  // UCX is gone: nothing can touch what requests that never completed held.
+  for (SendContext* context : pending_sends_) delete context;
+  for (RecvContext* context : pending_recvs_) delete context;
 }
 
 // Closes every endpoint, waiting (bounded) for the closes to finish.
@@ -256,6 +268,16 @@ void UcxTransport::Shutdown() {
       ucp_worker_progress(worker_);
     }
     ucp_request_free(request);
+  }
+  // Force-closing completes the endpoints' requests, but their callbacks (which free what
+  // each request holds) may come on a later progress call.
+  while (in_flight_.load(std::memory_order_relaxed) > 0 && absl::Now() < deadline) {
+    ucp_worker_progress(worker_);
+  }
+  if (const int left = in_flight_.load(std::memory_order_relaxed); left > 0) {
+    TANDEM_LOG(WARNING) << "KV transport: " << left
+                        << " requests still pending at shutdown (a dead peer's); what they hold"
+                           " is freed once the worker is destroyed";
   }
   by_nonce_.clear();
   abandoned_.clear();
@@ -438,6 +460,7 @@ void UcxTransport::OnSendDone(void* request, ucs_status_t status, void* user_dat
       util::Guarded("KV send", [&] { self->Pump(send); });
     }
   }
+  self->pending_sends_.erase(context);
   delete context;
   ucp_request_free(request);
 }
@@ -512,7 +535,7 @@ void UcxTransport::Pump(const std::shared_ptr<Send>& send) {
     }
     ++send->in_flight;
     in_flight_.fetch_add(1, std::memory_order_relaxed);
-    context.release();  // OnSendDone deletes it
+    pending_sends_.insert(context.release());  // OnSendDone deletes it
     return true;
   };
   while (send->in_flight < options_.window && send->next < send->size) {
@@ -555,21 +578,13 @@ void UcxTransport::Pump(const std::shared_ptr<Send>& send) {
   }
 }
 
-// A rendezvous message being fetched into a buffer of ours, then handed to the receiver.
-struct UcxTransport::RecvContext {
-  UcxTransport* transport;
-  std::string token;
-  uint64_t offset;
-  std::unique_ptr<char[]> data;
-  size_t length;
-};
-
 void UcxTransport::OnRecvDone(void* request, ucs_status_t status, size_t, void* user_data) {
   auto* context = static_cast<RecvContext*>(user_data);
   UcxTransport* self = context->transport;
   self->in_flight_.fetch_sub(1, std::memory_order_relaxed);
   self->receiving_bytes_ -= context->length;
   if (status == UCS_OK) self->Deliver(*context);
+  self->pending_recvs_.erase(context);
   delete context;
   if (request != nullptr) ucp_request_free(request);
 }
@@ -615,7 +630,7 @@ ucs_status_t UcxTransport::OnData(const void* header, size_t header_length, void
   } else if (!UCS_PTR_IS_ERR(request)) {
     receiving_bytes_ += length;
     in_flight_.fetch_add(1, std::memory_order_relaxed);
-    context.release();  // OnRecvDone deletes it
+    pending_recvs_.insert(context.release());  // OnRecvDone deletes it
   }
   return UCS_INPROGRESS;  // the descriptor is UCP's again after ucp_am_recv_data_nbx
 }
@@ -652,7 +667,7 @@ ucs_status_t UcxTransport::OnCommit(const void* header, size_t header_length, vo
                       context->message.data(), context->message.size(), &p);
   if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
     in_flight_.fetch_add(1, std::memory_order_relaxed);
-    context.release();
+    pending_sends_.insert(context.release());  // OnSendDone deletes it
   }
   return UCS_OK;
 }
