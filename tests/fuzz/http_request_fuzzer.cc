@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/http/request_parser.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace {
 
@@ -25,15 +26,6 @@ struct Outcome {
   int status = 0;
   size_t consumed = 0;
 };
-
-// A broken property: named on stderr, then a crash libFuzzer keeps the input of.
-#define Check(condition)                                                    \
-  do {                                                                      \
-    if (!(condition)) {                                                     \
-      std::fprintf(stderr, "http_request_fuzzer: %s fails (line %d)\n", #condition, __LINE__); \
-      std::abort();                                                         \
-    }                                                                       \
-  } while (false)
 
 // Parses requests from `bytes` (pieces of `piece` bytes; 0: all at once) until one is not
 // complete; the outcome of each.
@@ -50,7 +42,7 @@ std::vector<Outcome> ParseAll(std::string_view bytes, size_t piece, const Parser
     }
     size_t consumed = 0;
     const RequestParser::State state = parser.Feed(pending, &consumed);
-    Check(consumed <= pending.size());
+    FUZZ_CHECK(consumed <= pending.size());
     pending.erase(0, consumed);
     total_consumed += consumed;
     if (state == RequestParser::State::kNeedMore) {
@@ -59,15 +51,15 @@ std::vector<Outcome> ParseAll(std::string_view bytes, size_t piece, const Parser
     }
     Outcome out{state, {}, parser.error_status(), total_consumed};
     if (state == RequestParser::State::kError) {
-      Check(out.status >= 400 && out.status < 600);
-      Check(!parser.error_message().empty());
-      Check(!parser.keep_alive());
+      FUZZ_CHECK(out.status >= 400 && out.status < 600);
+      FUZZ_CHECK(!parser.error_message().empty());
+      FUZZ_CHECK(!parser.keep_alive());
       outcomes.push_back(std::move(out));
       break;
     }
     out.request = parser.TakeRequest();
-    Check(out.request.body.size() <= limits.max_body_bytes);
-    Check(!out.request.method.empty());
+    FUZZ_CHECK(out.request.body.size() <= limits.max_body_bytes);
+    FUZZ_CHECK(!out.request.method.empty());
     outcomes.push_back(std::move(out));
     parser.Reset();
   }
@@ -99,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_headers = 16;
   const std::vector<Outcome> split = ParseAll(bytes, piece, limits);
   const std::vector<Outcome> whole = ParseAll(bytes, 0, limits);
-  Check(split.size() == whole.size());
-  for (size_t i = 0; i < split.size(); ++i) Check(Same(split[i], whole[i]));
+  FUZZ_CHECK(split.size() == whole.size());
+  for (size_t i = 0; i < split.size(); ++i) FUZZ_CHECK(Same(split[i], whole[i]));
   return 0;
 }

@@ -15,12 +15,9 @@
 #include "services/prefill/prefill_service.h"
 #include "tandem/v1/decode.pb.h"
 #include "tandem/v1/prefill.pb.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace {
-
-void Check(bool ok) {
-  if (!ok) std::abort();
-}
 
 struct Model {
   tandem::kv::InstanceModel instance;
@@ -30,7 +27,7 @@ const Model& TinyModel() {
   static const Model* model = [] {
     auto loaded = tandem::kv::LoadInstanceModel(std::string(TANDEM_SOURCE_DIR) + "/models/tiny-moe",
                                                 /*block_size=*/16);
-    Check(loaded.ok());
+    FUZZ_CHECK(loaded.ok());
     return new Model{*std::move(loaded)};
   }();
   return *model;
@@ -51,10 +48,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto params = tandem::prefill::CheckPrefillRequest(request, m.instance.geometry,
                                                          m.instance.config, 16, "ucx");
       if (params.ok()) {
-        Check(request.prompt_token_ids_size() >= 1);
-        Check(request.prompt_token_ids_size() < m.instance.config.max_position_embeddings);
-        Check(request.target().token().size() == tandem::kv::kTokenBytes);
-        for (int32_t id : request.prompt_token_ids()) Check(id >= 0 && id < vocab);
+        FUZZ_CHECK(request.prompt_token_ids_size() >= 1);
+        FUZZ_CHECK(request.prompt_token_ids_size() < m.instance.config.max_position_embeddings);
+        FUZZ_CHECK(request.target().token().size() == tandem::kv::kTokenBytes);
+        for (int32_t id : request.prompt_token_ids()) FUZZ_CHECK(id >= 0 && id < vocab);
         (void)tandem::serving::PeerOf(request.target());
       }
       break;
@@ -63,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       tandem::v1::DecodeRequest request;
       if (!request.ParseFromArray(bytes, n)) return 0;
       auto params = tandem::serving::SamplingFromProto(request.sampling(), vocab);
-      if (params.ok()) Check(params->max_tokens >= 1);
+      if (params.ok()) FUZZ_CHECK(params->max_tokens >= 1);
       break;
     }
     case 2: {

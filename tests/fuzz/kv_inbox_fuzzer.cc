@@ -13,20 +13,13 @@
 
 #include "common/kv/inbox.h"
 #include "common/kv/kv_stream.h"
-
-namespace {
-
-void Check(bool ok) {
-  if (!ok) std::abort();
-}
-
-}  // namespace
+#include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using tandem::engine::KvBlockPool;
   // 2 layers, 1 KV head of 8, blocks of 4 tokens: 128 bytes a piece, 8 blocks.
   auto pool = KvBlockPool::Create({2, 1, 8, 4, 8});
-  Check(pool.ok());
+  FUZZ_CHECK(pool.ok());
   KvBlockPool& p = **pool;
   tandem::kv::KvInbox inbox(&p);
   struct Open {
@@ -68,14 +61,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         if (blocks.empty()) break;
         auto token = inbox.Open(blocks);
-        Check(token.ok() && token->size() == tandem::kv::kTokenBytes);
+        FUZZ_CHECK(token.ok() && token->size() == tandem::kv::kTokenBytes);
         open.push_back({*token, blocks});
         break;
       }
       case 1:  // close one
         if (!open.empty()) {
           const size_t i = op[1] % open.size();
-          Check(inbox.Close(open[i].token));
+          FUZZ_CHECK(inbox.Close(open[i].token));
           closed.push_back(open[i].token);
           open.erase(open.begin() + static_cast<long>(i));
         }
@@ -96,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           const char now = reinterpret_cast<const char*>(p.data())[i];
           if (now == before[i]) continue;
           // A byte changed: the write succeeded and it is one of the target's blocks.
-          Check(s.ok() && target != nullptr && in_blocks(i, target->blocks));
+          FUZZ_CHECK(s.ok() && target != nullptr && in_blocks(i, target->blocks));
         }
         break;
       }
@@ -105,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const Open& o = open[op[1] % open.size()];
         const uint64_t total = tandem::kv::KvStream::BytesFor(p.config(), o.blocks.size());
         const absl::Status s = inbox.Commit(o.token, op[6] % 2 ? total : offset);
-        if (s.ok()) Check(inbox.CheckComplete(o.token).ok());
+        if (s.ok()) FUZZ_CHECK(inbox.CheckComplete(o.token).ok());
         break;
       }
     }

@@ -8,14 +8,11 @@
 #include <string>
 
 #include "services/router-gateway/openai_request.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace {
 
 constexpr int kContext = 512;
-
-void Check(bool ok) {
-  if (!ok) std::abort();
-}
 
 const absl::StatusOr<tandem::gateway::ChatTemplate>& Template() {
   static const auto* chat = new absl::StatusOr<tandem::gateway::ChatTemplate>(
@@ -36,15 +33,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::abort();  // the reader must not throw, whatever the body
   }
   if (!parsed.ok()) {
-    Check(parsed.status().code() == absl::StatusCode::kInvalidArgument);
+    FUZZ_CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument);
     return 0;
   }
   const tandem::v1::SamplingParams& s = parsed->request.sampling();
-  Check(s.max_tokens() >= 1 && s.max_tokens() < kContext);
-  Check(s.temperature() >= 0 && s.temperature() <= 2);
-  Check(s.top_p() >= 0 && s.top_p() <= 1);
-  Check(s.top_k() >= 0);
-  Check(!parsed->include_usage || parsed->stream);
-  Check(parsed->request.input_case() != tandem::v1::GenerateRequest::INPUT_NOT_SET);
+  FUZZ_CHECK(s.max_tokens() >= 1 && s.max_tokens() < kContext);
+  FUZZ_CHECK(s.temperature() >= 0 && s.temperature() <= 2);
+  FUZZ_CHECK(s.top_p() >= 0 && s.top_p() <= 1);
+  FUZZ_CHECK(s.top_k() >= 0);
+  FUZZ_CHECK(!parsed->include_usage || parsed->stream);
+  FUZZ_CHECK(parsed->request.input_case() != tandem::v1::GenerateRequest::INPUT_NOT_SET);
   return 0;
 }
