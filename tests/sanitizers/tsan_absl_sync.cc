@@ -1,10 +1,10 @@
 // ThreadSanitizer and Debian's Abseil. libabsl_synchronization is not built with TSan, so TSan
 // never sees absl::Mutex or absl::CondVar synchronise, and reports every datum they guard as a
 // race. In a TSan build this file is linked into every executable (cmake/sanitizers.cmake):
-// its definitions of the Mutex and CondVar entry points come first in symbol lookup, for calls
-// from Tandem's code and from the libraries' alike (gRPC's locks are absl::Mutex too). Each
-// tells TSan what the call does, with the annotations absl itself makes in a TSan build, and
-// calls the library's own definition, found with dlsym(RTLD_NEXT).
+// its definitions of the Mutex, CondVar and Notification entry points come first in symbol
+// lookup, for calls from Tandem's code and from the libraries' alike (gRPC's locks are
+// absl::Mutex too). Each tells TSan what the call does, with the annotations absl itself makes
+// in a TSan build, and calls the library's own definition, found with dlsym(RTLD_NEXT).
 //
 // ~Mutex is left alone: gRPC frees many of its mutexes with objects whose reference counts it
 // decrements in uninstrumented code, so a destroy annotation would look unordered with their
@@ -19,6 +19,7 @@
 #include <cstdlib>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 
 namespace {
 
@@ -233,6 +234,37 @@ bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
     return REAL(bool, "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE", CondVar*,
                 Mutex*, Time)(this, mu, deadline);
   });
+}
+
+// Notification: Notify sets an atomic flag inside the library, and a waiter that finds it set
+// returns without taking the mutex (the library's fast path, and the inline HasBeenNotified),
+// so the mutex annotations alone do not order what came before Notify with what follows the
+// wait. Notify releases, and a wait that saw it acquires, on the flag's address (the object's
+// first member, where HasBeenNotified's atomic load also synchronises).
+void Notification::Notify() {
+  __tsan_release(this);
+  REAL(void, "_ZN4absl7debian312Notification6NotifyEv", Notification*)(this);
+}
+
+void Notification::WaitForNotification() const {
+  REAL(void, "_ZNK4absl7debian312Notification19WaitForNotificationEv", const Notification*)(this);
+  __tsan_acquire(const_cast<Notification*>(this));
+}
+
+bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
+  const bool notified =
+      REAL(bool, "_ZNK4absl7debian312Notification30WaitForNotificationWithTimeoutENS0_8DurationE",
+           const Notification*, Duration)(this, timeout);
+  if (notified) __tsan_acquire(const_cast<Notification*>(this));
+  return notified;
+}
+
+bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
+  const bool notified =
+      REAL(bool, "_ZNK4absl7debian312Notification31WaitForNotificationWithDeadlineENS0_4TimeE",
+           const Notification*, Time)(this, deadline);
+  if (notified) __tsan_acquire(const_cast<Notification*>(this));
+  return notified;
 }
 
 ABSL_NAMESPACE_END
