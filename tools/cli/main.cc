@@ -1,26 +1,9 @@
 // `tandem`: the command-line client. Talks to a gateway through the C++ SDK, or runs a model in
-// this process (--model).
-//   tandem generate --endpoint HOST:PORT --prompt TEXT [--max_tokens N --temperature T
-//                   --top_p P --top_k K --seed S --stream]
-//   tandem generate --model DIR --prompt TEXT [...]   (in this process, no services)
-//                   [--load_format dummy --routing zipf:S]
-//   tandem tokenize --endpoint HOST:PORT --text TEXT
-//   tandem perplexity --model DIR --text FILE   (each non-blank line of FILE is a document)
-//   tandem serve --model DIR [tandem-serve flags]   (colocated mode, see services/serve)
-//   tandem calibrate --model DIR --text FILE --out STATS   (common/moe/calibration.h)
-//   tandem prune --stats STATS --criterion reap --keep M --out PLAN   (common/moe/pruning_plan.h)
-//   tandem eval --model DIR --plan PLAN --text FILE --prompts FILE   (eval.cc)
-//   tandem reorder --model DIR --stats STATS --out DIR2   (mixed_width.cc)
-//   tandem pack --model DIR --out FILE   (mixed_width.cc)
-//   tandem tier --plan PLAN --stats STATS --out PLAN2 [--hot_share --warm_share --warm_width
-//               --dominance router|masking --model DIR --text FILE]   (mixed_width.cc)
-//   tandem bench serve --endpoint HOST:PORT [--backend grpc|http --dataset random|file
-//                      --num_prompts N --request_rate R --max_concurrency C --out F ...]
-//                      (bench_serve.cc)
-//   tandem models   --endpoint HOST:PORT
-//   tandem health   --endpoint HOST:PORT
+// this process (--model). The subcommands, their usage and their flags are listed in
+// subcommands.cc (`tandem help`, `tandem SUB --help`).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -43,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/subcommands.h"
 
 ABSL_FLAG(std::string, endpoint, "127.0.0.1:50051",
           "Gateway gRPC address, host:port (bench serve --backend http: its HTTP address).");
@@ -50,18 +34,18 @@ ABSL_FLAG(std::string, model, "",
           "Model directory: generate in this process from it instead of through a gateway, or "
           "the model perplexity scores; bench serve: where the vocabulary size of random "
           "prompts is read.");
-ABSL_FLAG(std::string, prompt, "", "Prompt text (generate).");
+ABSL_FLAG(std::string, prompt, "", "The prompt text.");
 ABSL_FLAG(std::string, text, "",
           "Text to tokenize (tokenize); the path of the text file to score (perplexity, eval).");
 ABSL_FLAG(int, max_tokens, 64,
           "Tokens to generate at most (generate); eval: the budget continuations are judged by.");
-ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy (generate).");
-ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass (generate).");
-ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 = off (generate).");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy.");
+ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass.");
+ABSL_FLAG(int, top_k, 0, "Sample among the k most likely tokens; 0 = off.");
 ABSL_FLAG(int64_t, seed, -1,
           "Sampling seed; -1 = random (generate). bench serve: the seed of the arrival times "
           "and the random prompts; -1 = 0.");
-ABSL_FLAG(bool, stream, false, "Stream tokens as they arrive (generate).");
+ABSL_FLAG(bool, stream, false, "Stream tokens as they arrive.");
 ABSL_FLAG(std::string, load_format, "auto",
           "With --model: auto | safetensors | dummy (random weights of the config's shape, for "
           "throughput work; needs --routing).");
@@ -94,35 +78,6 @@ int Report(const absl::Status& status) {
 }  // namespace tandem::cli
 
 namespace {
-
-constexpr char kUsage[] =
-    "usage: tandem <command> [flags]   (and tandem bench serve [flags])\n"
-    "commands:\n"
-    "  generate   send a prompt to a gateway (--endpoint) and print the completion, or\n"
-    "             generate in this process (--model DIR)\n"
-    "  tokenize   print the token ids of --text\n"
-    "  calibrate  run --model DIR over the text file --text and write per-expert routing\n"
-    "             statistics to --out (for pruning and mixed width)\n"
-    "  prune      make a pruning plan from --stats: --criterion frequency|mass|ean|reap,\n"
-    "             --keep M experts per layer, written to --out\n"
-    "  serve      colocated mode: run tandem-serve (the gateway API on an engine in this\n"
-    "             process) with the rest of the arguments, e.g. tandem serve --model DIR\n"
-    "  perplexity score the text file --text with the model --model DIR, one document a\n"
-    "             line, by the protocol of tools/train/data.py\n"
-    "  reorder    write --model DIR's checkpoint with every expert's neurons in importance\n"
-    "             order (from --stats) to --out DIR (for mixed width)\n"
-    "  tier       add mixed-width tiers to the plan --plan from --stats, to --out\n"
-    "  pack       write --model DIR's experts as an expert pack to --out (for tandem-decode\n"
-    "             --expert_pack: experts streamed from a file)\n"
-    "  eval       the full model against a pruning plan (--plan) in the modes --mode:\n"
-    "             perplexity and accuracy on --text, greedy continuations of --prompts\n"
-    "  bench serve\n"
-    "             the serving benchmark: --num_prompts requests at --request_rate (Poisson,\n"
-    "             or inf) to --endpoint through --backend grpc|http, at most\n"
-    "             --max_concurrency in flight; TTFT, TPOT, ITL and E2EL to stdout and --out\n"
-    "  models     list the gateway's models\n"
-    "  health     check the gateway's gRPC health\n"
-    "run `tandem --help` for the flags\n";
 
 using tandem::cli::Report;
 
@@ -376,21 +331,54 @@ int Serve(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  using tandem::cli::FindSubcommand;
+  using tandem::cli::Subcommand;
   if (argc >= 2 && std::string(argv[1]) == "serve") return Serve(argc, argv);
+  const tandem::cli::CommandLine line = tandem::cli::ScanCommandLine(argc, argv);
   const tandem::config::ProgramInfo program{
       "tandem", "Tandem's command-line client", "", {"tools/cli/"}};
+  if (std::count(line.flags.begin(), line.flags.end(), "version") > 0) {
+    (void)tandem::config::ParseFlags(argc, argv, program);  // prints the version, exits 0
+  }
+  // `tandem`, `tandem help [COMMAND]`, `tandem [COMMAND] --help`.
+  if (line.words.empty()) {
+    std::cerr << tandem::cli::OverviewText();
+    return line.help ? 0 : 2;
+  }
+  const bool help_word = line.words[0] == "help";
+  const std::vector<std::string> named(line.words.begin() + (help_word ? 1 : 0), line.words.end());
+  const Subcommand* subcommand = FindSubcommand(named);
+  if (help_word || line.help) {
+    if (named.empty()) {
+      std::cout << tandem::cli::OverviewText();
+      return 0;
+    }
+    if (subcommand == nullptr) {
+      std::cerr << "tandem: unknown command '" << named[0] << "'\n\n"
+                << tandem::cli::OverviewText();
+      return 2;
+    }
+    std::cout << tandem::cli::SubcommandHelp(*subcommand);
+    return 0;
+  }
+  if (subcommand == nullptr) {
+    std::cerr << "tandem: unknown command '" << named[0] << "'"
+              << (named[0] == "bench" ? " (tandem bench serve is the benchmark)" : "") << "\n\n"
+              << tandem::cli::OverviewText();
+    return 2;
+  }
+  if (absl::Status s = tandem::cli::CheckFlags(*subcommand, line.flags); !s.ok()) {
+    return Report(s);
+  }
+  const size_t words = subcommand->name == "bench serve" ? 2 : 1;
+  if (line.words.size() != words) {
+    std::cerr << "tandem " << subcommand->name << ": unexpected argument '" << line.words[words]
+              << "'\nusage: " << subcommand->usage << "\n";
+    return 2;
+  }
   auto args = tandem::config::ParseFlags(argc, argv, program);
   if (!args.ok()) return Report(args.status());
-  if (args->size() >= 2 && (*args)[1] == "bench") {
-    if (args->size() == 3 && (*args)[2] == "serve") return tandem::cli::BenchServe();
-    std::cerr << "tandem: bench takes one benchmark name: tandem bench serve [flags]\n";
-    return 2;
-  }
-  if (args->size() != 2) {
-    std::cerr << kUsage;
-    return 2;
-  }
-  const std::string& command = (*args)[1];
+  const std::string& command = subcommand->name;
   if (command == "generate") return Generate();
   if (command == "tokenize") return Tokenize();
   if (command == "perplexity") return Perplexity();
@@ -402,6 +390,6 @@ int main(int argc, char** argv) {
   if (command == "pack") return tandem::cli::Pack();
   if (command == "models") return Models();
   if (command == "health") return Health();
-  std::cerr << "tandem: unknown command '" << command << "'\n" << kUsage;
-  return 2;
+  if (command == "bench serve") return tandem::cli::BenchServe();
+  return Report(absl::UnimplementedError(absl::StrCat("tandem ", command, " has no handler")));
 }

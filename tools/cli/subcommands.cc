@@ -1,0 +1,292 @@
+#include "tools/cli/subcommands.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace tandem::cli {
+namespace {
+
+// Flags of the subcommands that talk to a gateway through the C++ SDK.
+std::vector<SubcommandFlag> GatewayFlags() {
+  return {{"endpoint", "The gateway's gRPC address, host:port."},
+          {"tls_root_certs", ""},
+          {"timeout_s", "Deadline of the call, in seconds."}};
+}
+
+std::vector<SubcommandFlag> Join(std::vector<SubcommandFlag> a,
+                                 const std::vector<SubcommandFlag>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<Subcommand> MakeSubcommands() {
+  std::vector<Subcommand> all;
+  all.push_back(
+      {"generate", "send a prompt to a gateway and print the completion, or generate in-process",
+       "tandem generate --prompt TEXT [--endpoint HOST:PORT | --model DIR] [sampling flags]",
+       "Through a gateway (--endpoint) by default; with --model, loads the model and generates\n"
+       "in this process, no services needed.",
+       Join({{"prompt", ""},
+             {"max_tokens", "Tokens to generate at most."},
+             {"temperature", ""},
+             {"top_p", ""},
+             {"top_k", ""},
+             {"seed", "Sampling seed; -1 = random."},
+             {"stream", ""},
+             {"model",
+              "Generate in this process from this model directory instead of through a "
+              "gateway."},
+             {"load_format", ""},
+             {"routing", ""}},
+            GatewayFlags())});
+  all.push_back({"tokenize", "print the token ids a gateway makes of a text",
+                 "tandem tokenize --text TEXT [--endpoint HOST:PORT]", "",
+                 Join({{"text", "The text to tokenize."}}, GatewayFlags())});
+  all.push_back({"models", "list the gateway's models", "tandem models [--endpoint HOST:PORT]", "",
+                 GatewayFlags()});
+  all.push_back({"health", "check the gateway's gRPC health",
+                 "tandem health [--endpoint HOST:PORT]",
+                 "Prints SERVING and exits 0 when the gateway is serving.", GatewayFlags()});
+  all.push_back(
+      {"serve",
+       "colocated mode: the gateway's APIs on an engine in this process (tandem-serve)",
+       "tandem serve --model DIR [tandem-serve flags]",
+       "Runs tandem-serve from the same directory with the rest of the arguments; `tandem serve\n"
+       "--help` is tandem-serve's own help.",
+       {}});
+  all.push_back(
+      {"perplexity",
+       "score a text file with a model, one document a line",
+       "tandem perplexity --model DIR --text FILE [--plan PLAN]",
+       "Windows and scoring follow tools/train/data.py, so the number equals the trainer's.",
+       {{"model", "The model directory to score with."},
+        {"text", "The text file to score: each non-blank line is a document."},
+        {"plan", "Mask the experts this pruning plan drops (conventional pruning)."},
+        {"load_format", ""},
+        {"routing", ""}}});
+  all.push_back({"calibrate",
+                 "per-expert routing statistics of a model over a text",
+                 "tandem calibrate --model DIR --text FILE --out STATS",
+                 "Frequency, routing mass, EAN, REAP, expert pairs and neuron importance, per\n"
+                 "layer (format: common/moe/calibration.h); prune, reorder and tier read them.",
+                 {{"model", "The model directory to calibrate."},
+                  {"text", "The calibration text file, one document a line."},
+                  {"out", "Where the statistics go (JSON)."}}});
+  all.push_back({"prune",
+                 "a pruning plan from calibration statistics",
+                 "tandem prune --stats STATS --criterion reap --keep M --out PLAN",
+                 "Keeps M experts per layer by the criterion; the plan is proto JSON\n"
+                 "(common/moe/pruning_plan.h), for tandem-decode --plan and tandem eval.",
+                 {{"stats", "Calibration statistics (from tandem calibrate)."},
+                  {"criterion", ""},
+                  {"keep", ""},
+                  {"out", "Where the plan goes (proto JSON)."}}});
+  all.push_back(
+      {"eval",
+       "the full model against a pruning plan: full, conventional and handoff",
+       "tandem eval --model DIR --plan PLAN --text FILE --prompts FILE [--mode M,...]",
+       "Continuation perplexity and accuracy on --text, greedy continuations of --prompts\n"
+       "(lengths, budget hits, agreement with the full model); results in docs/pruning.md.",
+       {{"model", "The full model's directory."},
+        {"plan", "The pruning plan to evaluate."},
+        {"text", "The text file scored, one document a line."},
+        {"prompts", ""},
+        {"mode", ""},
+        {"context", ""},
+        {"near_tokens", ""},
+        {"stop", ""},
+        {"max_tokens", "The budget continuations are judged by."},
+        {"out", "Where the results go (JSON); empty = stdout only."}}});
+  all.push_back({"reorder",
+                 "a checkpoint with every expert's neurons in importance order",
+                 "tandem reorder --model DIR --stats STATS --out DIR2",
+                 "For mixed width: a narrower expert is then a prefix of its neurons.",
+                 {{"model", "The model directory to reorder."},
+                  {"stats", "Calibration statistics holding neuron importance."},
+                  {"out", "The directory the reordered checkpoint is written to."}}});
+  all.push_back({"tier",
+                 "add mixed-width tiers to a pruning plan",
+                 "tandem tier --plan PLAN --stats STATS --out PLAN2 [--hot_share S --warm_share S]",
+                 "Each routed expert pair gets a width: Hot pairs run whole, Warm pairs run their\n"
+                 "auxiliary expert at --warm_width, the rest run the dominant expert alone.",
+                 {{"plan", "The pruning plan to add tiers to."},
+                  {"stats", "Calibration statistics holding the expert pairs."},
+                  {"out", "Where the tiered plan goes (proto JSON)."},
+                  {"hot_share", ""},
+                  {"warm_share", ""},
+                  {"warm_width", ""},
+                  {"dominance", ""},
+                  {"model", "The model directory (--dominance masking)."},
+                  {"text", "The text file masking is measured on (--dominance masking)."}}});
+  all.push_back(
+      {"pack",
+       "a model's experts as an expert pack",
+       "tandem pack --model DIR --out FILE",
+       "For tandem-decode --expert_pack: experts streamed from a file into a bounded\n"
+       "cache.",
+       {{"model", "The model directory to pack."}, {"out", "The expert pack file to write."}}});
+  all.push_back(
+      {"bench serve",
+       "the serving benchmark: TTFT, TPOT, ITL and E2EL against a gateway",
+       "tandem bench serve --endpoint HOST:PORT [--backend grpc|http] [--num_prompts N]\n"
+       "                          [--request_rate R] [--max_concurrency C] [--out FILE]",
+       "Sends --num_prompts requests at --request_rate (Poisson arrivals, or all at once), at\n"
+       "most --max_concurrency in flight, and reports as vLLM's benchmark_serving does.",
+       {{"endpoint", "The gateway's gRPC address (--backend http: its HTTP address)."},
+        {"backend", ""},
+        {"dataset", ""},
+        {"dataset_path", ""},
+        {"input_len", ""},
+        {"output_len", ""},
+        {"num_prompts", ""},
+        {"request_rate", ""},
+        {"max_concurrency", ""},
+        {"goodput", ""},
+        {"label", ""},
+        {"vocab_size", ""},
+        {"model", "Where the vocabulary size of random prompts is read (config.json)."},
+        {"model_name", ""},
+        {"seed", "The seed of the arrival times and the random prompts; -1 = 0."},
+        {"timeout_s", "Deadline of each request, in seconds."},
+        {"out", "Where the result goes (JSON, vLLM's shape)."}}});
+  return all;
+}
+
+// The subcommands that take `flag`, by name.
+std::vector<std::string> Owners(const std::string& flag) {
+  std::vector<std::string> owners;
+  for (const Subcommand& s : Subcommands()) {
+    for (const SubcommandFlag& f : s.flags) {
+      if (f.name == flag) owners.push_back(s.name);
+    }
+  }
+  return owners;
+}
+
+}  // namespace
+
+const std::vector<Subcommand>& Subcommands() {
+  static const std::vector<Subcommand>* const all = new std::vector<Subcommand>(MakeSubcommands());
+  return *all;
+}
+
+const Subcommand* FindSubcommand(const std::vector<std::string>& words) {
+  if (words.empty()) return nullptr;
+  const std::string two = words.size() >= 2 ? absl::StrCat(words[0], " ", words[1]) : "";
+  for (const Subcommand& s : Subcommands()) {
+    if (s.name == words[0] || s.name == two) return &s;
+  }
+  return nullptr;
+}
+
+std::string OverviewText() {
+  size_t width = 0;
+  for (const Subcommand& s : Subcommands()) width = std::max(width, s.name.size());
+  std::ostringstream out;
+  out << "Tandem's command-line client: talks to a gateway, or runs a model in this process.\n\n"
+      << "usage: tandem <command> [flags]\n\ncommands:\n";
+  for (const Subcommand& s : Subcommands()) {
+    out << "  " << s.name << std::string(width - s.name.size() + 2, ' ') << s.summary << "\n";
+  }
+  out << "\n`tandem <command> --help` (or `tandem help <command>`) shows a command's flags.\n"
+      << "Flags can also come from --config FILE (JSON or flat YAML); the command line wins.\n";
+  return out.str();
+}
+
+std::string SubcommandHelp(const Subcommand& subcommand) {
+  std::ostringstream out;
+  out << "tandem " << subcommand.name << ": " << subcommand.summary
+      << "\n\nusage: " << subcommand.usage << "\n";
+  if (!subcommand.details.empty()) out << "\n" << subcommand.details << "\n";
+  std::vector<SubcommandFlag> flags = subcommand.flags;
+  std::sort(flags.begin(), flags.end(),
+            [](const SubcommandFlag& a, const SubcommandFlag& b) { return a.name < b.name; });
+  flags.push_back({"config", "A file of flag values (JSON or flat YAML); the command line wins."});
+  flags.push_back({"help", "Print this text and exit."});
+  out << "\nflags:\n";
+  for (const SubcommandFlag& f : flags) {
+    std::string help = f.help;
+    out << "  --" << f.name;
+    if (const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(f.name);
+        flag != nullptr && f.name != "config") {
+      if (help.empty()) {
+        // Shared flags' own help names their subcommand first ("bench serve: ..."): drop it.
+        help = std::string(absl::StripPrefix(flag->Help(), absl::StrCat(subcommand.name, ": ")));
+      }
+      out << " (default: \"" << flag->DefaultValue() << "\")";
+    }
+    out << "\n";
+    // The help, wrapped at 100 columns under the flag.
+    std::string line = "     ";
+    for (absl::string_view word : absl::StrSplit(help, ' ', absl::SkipEmpty())) {
+      if (line.size() + 1 + word.size() > 100 && line.size() > 5) {
+        out << line << "\n";
+        line = "     ";
+      }
+      absl::StrAppend(&line, " ", word);
+    }
+    if (line.size() > 5) out << line << "\n";
+  }
+  return out.str();
+}
+
+CommandLine ScanCommandLine(int argc, const char* const* argv) {
+  CommandLine line;
+  bool only_positional = false;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (only_positional || !absl::StartsWith(arg, "-") || arg == "-") {
+      line.words.emplace_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      only_positional = true;
+      continue;
+    }
+    arg = absl::StripPrefix(absl::StripPrefix(arg, "-"), "-");
+    if (arg == "help" || arg == "h") {
+      line.help = true;
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    std::string name(arg.substr(0, eq));
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && eq == absl::string_view::npos && absl::StartsWith(name, "no")) {
+      const absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        line.flags.push_back(name.substr(2));
+        continue;
+      }
+    }
+    line.flags.push_back(name);
+    // `--flag value`: the value is not a word.
+    if (eq == absl::string_view::npos && flag != nullptr && !flag->IsOfType<bool>()) ++i;
+  }
+  return line;
+}
+
+absl::Status CheckFlags(const Subcommand& subcommand, const std::vector<std::string>& flags) {
+  for (const std::string& name : flags) {
+    if (name == "config" || name == "version") continue;
+    const bool own = std::any_of(subcommand.flags.begin(), subcommand.flags.end(),
+                                 [&](const SubcommandFlag& f) { return f.name == name; });
+    if (own) continue;
+    const std::vector<std::string> owners = Owners(name);
+    std::string whose = owners.empty()
+                            ? std::string("no tandem command takes it")
+                            : absl::StrCat("it is a flag of tandem ", absl::StrJoin(owners, ", "));
+    return absl::InvalidArgumentError(absl::StrCat("tandem ", subcommand.name, " takes no --", name,
+                                                   " (", whose, "); see tandem ", subcommand.name,
+                                                   " --help"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::cli
