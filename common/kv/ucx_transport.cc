@@ -505,6 +505,24 @@ void UcxTransport::Fail(const std::shared_ptr<Send>& send, absl::Status status) 
   send->status = std::move(status);
 }
 
+ucs_status_t UcxTransport::Post(ucp_ep_h ep, unsigned id, std::unique_ptr<SendContext> context,
+                                const void* data, size_t length, uint32_t flags) {
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = &UcxTransport::OnSendDone;
+  p.user_data = context.get();
+  p.flags = flags;
+  ucs_status_ptr_t request =
+      ucp_am_send_nbx(ep, id, context->header.data(), context->header.size(), data, length, &p);
+  if (request == nullptr) return UCS_OK;  // done in place; `context` goes now
+  if (UCS_PTR_IS_ERR(request)) return UCS_PTR_STATUS(request);
+  if (context->send != nullptr) ++context->send->in_flight;
+  in_flight_.fetch_add(1, std::memory_order_relaxed);
+  pending_sends_.insert(context.release());  // OnSendDone deletes it
+  return UCS_OK;
+}
+
 void UcxTransport::Pump(const std::shared_ptr<Send>& send) {
   {
     absl::MutexLock lock(&send->mu);
@@ -520,23 +538,11 @@ void UcxTransport::Pump(const std::shared_ptr<Send>& send) {
   ucp_ep_h ep = peer->second.ep;
   auto post = [&](unsigned id, std::unique_ptr<SendContext> context, const void* data,
                   size_t length, uint32_t flags) -> bool {
-    ucp_request_param_t p{};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = &UcxTransport::OnSendDone;
-    p.user_data = context.get();
-    p.flags = flags;
-    ucs_status_ptr_t request =
-        ucp_am_send_nbx(ep, id, context->header.data(), context->header.size(), data, length, &p);
-    if (request == nullptr) return true;  // done in place; `context` goes now
-    if (UCS_PTR_IS_ERR(request)) {
-      Fail(send, UcxError(absl::StrCat("KV send to ", send->peer.agent), UCS_PTR_STATUS(request)));
-      return false;
+    const ucs_status_t status = Post(ep, id, std::move(context), data, length, flags);
+    if (status != UCS_OK) {
+      Fail(send, UcxError(absl::StrCat("KV send to ", send->peer.agent), status));
     }
-    ++send->in_flight;
-    in_flight_.fetch_add(1, std::memory_order_relaxed);
-    pending_sends_.insert(context.release());  // OnSendDone deletes it
-    return true;
+    return status == UCS_OK;
   };
   while (send->in_flight < options_.window && send->next < send->size) {
     const size_t length =
@@ -656,19 +662,11 @@ ucs_status_t UcxTransport::OnCommit(const void* header, size_t header_length, vo
   Put(&context->header, nonce);
   Put(&context->header, static_cast<int32_t>(verdict.code()));
   context->message = std::string(verdict.message().substr(0, kMaxReplyMessage));
-  ucp_request_param_t p{};
-  p.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.cb.send = &UcxTransport::OnSendDone;
-  p.user_data = context.get();
-  p.flags = UCP_AM_SEND_FLAG_EAGER;
-  ucs_status_ptr_t request =
-      ucp_am_send_nbx(param->reply_ep, kAmReply, context->header.data(), context->header.size(),
-                      context->message.data(), context->message.size(), &p);
-  if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
-    in_flight_.fetch_add(1, std::memory_order_relaxed);
-    pending_sends_.insert(context.release());  // OnSendDone deletes it
-  }
+  const void* message = context->message.data();
+  const size_t length = context->message.size();
+  // A reply that cannot be sent leaves the sender to its deadline.
+  (void)Post(param->reply_ep, kAmReply, std::move(context), message, length,
+             UCP_AM_SEND_FLAG_EAGER);
   return UCS_OK;
 }
 

@@ -102,6 +102,10 @@ class UcxTransport : public KvTransport {
 
   // Progress-thread only.
   absl::StatusOr<Peer*> Connect(const KvPeer& peer);
+  // Sends one active message `id` carrying context->header and `data`; the context lives
+  // until UCX is done with it (OnSendDone). UCS_OK once sent or on its way.
+  ucs_status_t Post(ucp_ep_h ep, unsigned id, std::unique_ptr<SendContext> context,
+                    const void* data, size_t length, uint32_t flags);
   void Pump(const std::shared_ptr<Send>& send);
   void Fail(const std::shared_ptr<Send>& send, absl::Status status);
   void ClosePeer(const std::string& agent);
