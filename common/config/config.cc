@@ -180,21 +180,15 @@ std::string HelpText(const ProgramInfo& program) {
   return out.str();
 }
 
-absl::StatusOr<std::vector<std::string>> ParseFlags(int argc, char** argv,
-                                                    const ProgramInfo& program) {
-  std::vector<std::string> positional = {argc > 0 ? argv[0] : program.name};
-  // name, value, has_value; collected first so the command line can be applied last.
-  struct CommandLineFlag {
-    std::string name;
-    std::string value;
-    bool has_value;
-  };
-  std::vector<CommandLineFlag> command_line;
+absl::StatusOr<CommandLine> SplitCommandLine(int argc, const char* const* argv,
+                                             const ProgramInfo& program) {
+  CommandLine line;
+  line.positional = {argc > 0 ? argv[0] : program.name};
   bool only_positional = false;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (only_positional || !absl::StartsWith(arg, "-") || arg == "-") {
-      positional.emplace_back(arg);
+      line.positional.emplace_back(arg);
       continue;
     }
     if (arg == "--") {
@@ -203,40 +197,50 @@ absl::StatusOr<std::vector<std::string>> ParseFlags(int argc, char** argv,
     }
     arg = absl::StripPrefix(absl::StripPrefix(arg, "-"), "-");
     if (arg == "help" || arg == "h") {
-      std::cout << HelpText(program);
-      std::exit(0);
+      line.help = true;
+      continue;
     }
     if (arg == "version") {
-      std::cout << program.name << " " << kVersion << "\n";
-      std::exit(0);
+      line.version = true;
+      continue;
     }
+    // Once --help or --version is asked for, nothing else is applied: what follows is not
+    // held against the caller.
+    const bool lenient = line.help || line.version;
     const size_t eq = arg.find('=');
-    CommandLineFlag parsed{std::string(arg.substr(0, eq)), "", eq != absl::string_view::npos};
-    if (parsed.has_value) parsed.value = std::string(arg.substr(eq + 1));
+    CommandLine::Flag parsed{std::string(arg.substr(0, eq)), ""};
+    const bool has_value = eq != absl::string_view::npos;
+    if (has_value) parsed.value = std::string(arg.substr(eq + 1));
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(parsed.name);
-    if (flag == nullptr && !parsed.has_value && absl::StartsWith(parsed.name, "no")) {
+    if (flag == nullptr && !has_value && absl::StartsWith(parsed.name, "no")) {
       absl::CommandLineFlag* negated = absl::FindCommandLineFlag(parsed.name.substr(2));
       if (negated != nullptr && negated->IsOfType<bool>()) {
-        command_line.push_back({parsed.name.substr(2), "false", true});
+        line.flags.push_back({parsed.name.substr(2), "false"});
         continue;
       }
     }
     if (flag == nullptr || flag->IsRetired()) {
+      if (lenient) continue;
       return absl::InvalidArgumentError(
           absl::StrCat("unknown flag --", parsed.name, " (see ", program.name, " --help)"));
     }
-    if (!parsed.has_value) {
+    if (!has_value) {
       if (flag->IsOfType<bool>()) {
         parsed.value = "true";
       } else if (i + 1 < argc) {
         parsed.value = argv[++i];
       } else {
+        if (lenient) continue;
         return absl::InvalidArgumentError(absl::StrCat("flag --", parsed.name, " needs a value"));
       }
     }
-    command_line.push_back(std::move(parsed));
+    line.flags.push_back(std::move(parsed));
   }
+  return line;
+}
 
+absl::Status ApplyCommandLine(const CommandLine& line, const ProgramInfo& program) {
+  const std::vector<CommandLine::Flag>& command_line = line.flags;
   std::string config_path;
   for (const auto& flag : command_line) {
     if (flag.name == "config") config_path = flag.value;
@@ -255,7 +259,22 @@ absl::StatusOr<std::vector<std::string>> ParseFlags(int argc, char** argv,
   for (const auto& flag : command_line) {
     RETURN_IF_ERROR(SetFlag(flag.name, flag.value, "command line"));
   }
-  return positional;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ParseFlags(int argc, char** argv,
+                                                    const ProgramInfo& program) {
+  ASSIGN_OR_RETURN(CommandLine line, SplitCommandLine(argc, argv, program));
+  if (line.help) {
+    std::cout << HelpText(program);
+    std::exit(0);
+  }
+  if (line.version) {
+    std::cout << program.name << " " << kVersion << "\n";
+    std::exit(0);
+  }
+  RETURN_IF_ERROR(ApplyCommandLine(line, program));
+  return line.positional;
 }
 
 }  // namespace tandem::config

@@ -40,6 +40,27 @@ absl::Status ApplyFlagValues(const std::map<std::string, std::string>& values,
 // flags whose definition matches `flag_sources`.
 absl::Status ApplyEnvironment(const ProgramInfo& program);
 
+// A command line as the flag parser reads it: positional words, then the flags in order
+// (`--flag value` and `--flag=value` alike, `--noflag` as flag=false, a bare bool as true).
+struct CommandLine {
+  struct Flag {
+    std::string name;
+    std::string value;
+  };
+  std::vector<std::string> positional;  // argv[0] first
+  std::vector<Flag> flags;
+  bool help = false;     // --help or -h
+  bool version = false;  // --version
+};
+
+// Splits argv; INVALID_ARGUMENT for an unknown flag or one without its value (ignored once
+// --help or --version came before). Sets nothing.
+absl::StatusOr<CommandLine> SplitCommandLine(int argc, const char* const* argv,
+                                             const ProgramInfo& program);
+
+// Reads --config, applies the environment, then `line`'s flags (which win).
+absl::Status ApplyCommandLine(const CommandLine& line, const ProgramInfo& program);
+
 // The whole start-up sequence: handles --help and --version (prints, exits 0), reads
 // --config, applies the environment, then parses the command line (which wins). Returns the
 // positional arguments (argv[0] first) or an error to print before exiting with status 2.

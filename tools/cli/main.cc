@@ -3,7 +3,6 @@
 // subcommands.cc (`tandem help`, `tandem SUB --help`).
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +24,7 @@
 #include "common/util/status.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tandem/version.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/subcommands.h"
 
@@ -334,21 +334,24 @@ int main(int argc, char** argv) {
   using tandem::cli::FindSubcommand;
   using tandem::cli::Subcommand;
   if (argc >= 2 && std::string(argv[1]) == "serve") return Serve(argc, argv);
-  const tandem::cli::CommandLine line = tandem::cli::ScanCommandLine(argc, argv);
   const tandem::config::ProgramInfo program{
       "tandem", "Tandem's command-line client", "", {"tools/cli/"}};
-  if (std::count(line.flags.begin(), line.flags.end(), "version") > 0) {
-    (void)tandem::config::ParseFlags(argc, argv, program);  // prints the version, exits 0
+  auto line = tandem::config::SplitCommandLine(argc, argv, program);
+  if (!line.ok()) return Report(line.status());
+  if (line->version) {
+    std::cout << "tandem " << tandem::kVersion << "\n";
+    return 0;
   }
+  const std::vector<std::string> words(line->positional.begin() + 1, line->positional.end());
   // `tandem`, `tandem help [COMMAND]`, `tandem [COMMAND] --help`.
-  if (line.words.empty()) {
+  if (words.empty()) {
     std::cerr << tandem::cli::OverviewText();
-    return line.help ? 0 : 2;
+    return line->help ? 0 : 2;
   }
-  const bool help_word = line.words[0] == "help";
-  const std::vector<std::string> named(line.words.begin() + (help_word ? 1 : 0), line.words.end());
+  const bool help_word = words[0] == "help";
+  const std::vector<std::string> named(words.begin() + (help_word ? 1 : 0), words.end());
   const Subcommand* subcommand = FindSubcommand(named);
-  if (help_word || line.help) {
+  if (help_word || line->help) {
     if (named.empty()) {
       std::cout << tandem::cli::OverviewText();
       return 0;
@@ -367,17 +370,16 @@ int main(int argc, char** argv) {
               << tandem::cli::OverviewText();
     return 2;
   }
-  if (absl::Status s = tandem::cli::CheckFlags(*subcommand, line.flags); !s.ok()) {
+  if (absl::Status s = tandem::cli::CheckFlags(*subcommand, line->flags); !s.ok()) {
     return Report(s);
   }
-  const size_t words = subcommand->name == "bench serve" ? 2 : 1;
-  if (line.words.size() != words) {
-    std::cerr << "tandem " << subcommand->name << ": unexpected argument '" << line.words[words]
+  const size_t expected = subcommand->name == "bench serve" ? 2 : 1;
+  if (words.size() != expected) {
+    std::cerr << "tandem " << subcommand->name << ": unexpected argument '" << words[expected]
               << "'\nusage: " << subcommand->usage << "\n";
     return 2;
   }
-  auto args = tandem::config::ParseFlags(argc, argv, program);
-  if (!args.ok()) return Report(args.status());
+  if (absl::Status s = tandem::config::ApplyCommandLine(*line, program); !s.ok()) return Report(s);
   const std::string& command = subcommand->name;
   if (command == "generate") return Generate();
   if (command == "tokenize") return Tokenize();

@@ -4,7 +4,6 @@
 #include <sstream>
 
 #include "absl/flags/reflection.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -237,44 +236,11 @@ std::string SubcommandHelp(const Subcommand& subcommand) {
   return out.str();
 }
 
-CommandLine ScanCommandLine(int argc, const char* const* argv) {
-  CommandLine line;
-  bool only_positional = false;
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (only_positional || !absl::StartsWith(arg, "-") || arg == "-") {
-      line.words.emplace_back(arg);
-      continue;
-    }
-    if (arg == "--") {
-      only_positional = true;
-      continue;
-    }
-    arg = absl::StripPrefix(absl::StripPrefix(arg, "-"), "-");
-    if (arg == "help" || arg == "h") {
-      line.help = true;
-      continue;
-    }
-    const size_t eq = arg.find('=');
-    std::string name(arg.substr(0, eq));
-    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr && eq == absl::string_view::npos && absl::StartsWith(name, "no")) {
-      const absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>()) {
-        line.flags.push_back(name.substr(2));
-        continue;
-      }
-    }
-    line.flags.push_back(name);
-    // `--flag value`: the value is not a word.
-    if (eq == absl::string_view::npos && flag != nullptr && !flag->IsOfType<bool>()) ++i;
-  }
-  return line;
-}
-
-absl::Status CheckFlags(const Subcommand& subcommand, const std::vector<std::string>& flags) {
-  for (const std::string& name : flags) {
-    if (name == "config" || name == "version") continue;
+absl::Status CheckFlags(const Subcommand& subcommand,
+                        const std::vector<config::CommandLine::Flag>& flags) {
+  for (const config::CommandLine::Flag& flag : flags) {
+    const std::string& name = flag.name;
+    if (name == "config") continue;
     const bool own = std::any_of(subcommand.flags.begin(), subcommand.flags.end(),
                                  [&](const SubcommandFlag& f) { return f.name == name; });
     if (own) continue;

@@ -4,11 +4,11 @@
 // only and a flag of another subcommand is an error that says whose it is.
 #pragma once
 
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/config/config.h"
 
 namespace tandem::cli {
 
@@ -39,18 +39,9 @@ std::string OverviewText();
 // `tandem SUB --help`: purpose, usage, and the subcommand's flags with their defaults.
 std::string SubcommandHelp(const Subcommand& subcommand);
 
-// What a command line holds, read as the flag parser reads it (common/config/config.h):
-// positional words, the names of the flags given (without dashes; --noflag as flag), and
-// whether --help or -h was among them.
-struct CommandLine {
-  std::vector<std::string> words;
-  std::vector<std::string> flags;
-  bool help = false;
-};
-CommandLine ScanCommandLine(int argc, const char* const* argv);
-
 // OK if every flag in `flags` is one of `subcommand`'s (or --config, which every one takes);
 // else INVALID_ARGUMENT naming the first stray flag and the subcommands it belongs to.
-absl::Status CheckFlags(const Subcommand& subcommand, const std::vector<std::string>& flags);
+absl::Status CheckFlags(const Subcommand& subcommand,
+                        const std::vector<config::CommandLine::Flag>& flags);
 
 }  // namespace tandem::cli
