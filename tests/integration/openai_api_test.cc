@@ -6,7 +6,6 @@
 // the right status and leave the server serving; a client that disconnects cancels its
 // request in the gateway and the decoder; overload answers 429 and draining 503.
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -298,13 +297,7 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
     const int fd =
         testing::ConnectAndSend(gateway_.http_port, std::string(bytes.data(), bytes.size()));
     ASSERT_GE(fd, 0);
-    std::string got;
-    char buffer[4096];
-    while (true) {
-      const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-      if (n <= 0) break;
-      got.append(buffer, static_cast<size_t>(n));
-    }
+    const std::string got = testing::ReadUntilClosed(fd);
     close(fd);
     EXPECT_TRUE(absl::StrContains(got, absl::StrCat("HTTP/1.1 ", status, " "))) << got;
     const size_t last = got.rfind("\r\n\r\n");
@@ -327,17 +320,7 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
 
 // Reads from `fd` until `text` has arrived (or 20 s); false if it did not.
 bool ReadUntil(int fd, const std::string& text) {
-  std::string got;
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  char buffer[4096];
-  while (absl::Now() < deadline && got.find(text) == std::string::npos) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 50) <= 0) continue;
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) return false;
-    got.append(buffer, static_cast<size_t>(n));
-  }
-  return got.find(text) != std::string::npos;
+  return absl::StrContains(testing::ReadUntil(fd, text, absl::Seconds(20)), text);
 }
 
 // A streamed request whose client leaves once its first event has arrived: the decoder is

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -46,6 +47,22 @@ int ConnectAndSend(int port, const std::string& bytes) {
   }
   return fd;
 }
+
+std::string ReadUntil(int fd, const std::string& text, absl::Duration timeout) {
+  std::string out;
+  const absl::Time deadline = absl::Now() + timeout;
+  char buffer[4096];
+  while (absl::Now() < deadline && (text.empty() || !absl::StrContains(out, text))) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    out.append(buffer, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+std::string ReadUntilClosed(int fd, absl::Duration timeout) { return ReadUntil(fd, "", timeout); }
 
 double MetricValue(int http_port, const std::string& name, const std::string& label) {
   auto page = http::Fetch("127.0.0.1", http_port, "GET", "/metrics", "", 5000);

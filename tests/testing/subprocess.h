@@ -90,6 +90,11 @@ class ServiceSet {
 // the socket, left to the caller to read or close, or -1.
 int ConnectAndSend(int port, const std::string& bytes);
 
+// Reads from the socket `fd` until `text` has arrived, the peer closes, or `timeout` passes;
+// returns what was read. ReadUntilClosed: until the peer closes (or `timeout`).
+std::string ReadUntil(int fd, const std::string& text, absl::Duration timeout = absl::Seconds(10));
+std::string ReadUntilClosed(int fd, absl::Duration timeout = absl::Seconds(10));
+
 // The value of the first sample of `name` on the /metrics page of the service on
 // `http_port` whose labels contain `label`; -1 when absent or unreachable.
 double MetricValue(int http_port, const std::string& name, const std::string& label = "");

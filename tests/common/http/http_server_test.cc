@@ -2,7 +2,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,35 +31,8 @@ Route Echo() {
           }};
 }
 
-// Reads from `fd` until the server closes it (or `timeout`).
-std::string ReadUntilClosed(int fd, absl::Duration timeout = absl::Seconds(10)) {
-  std::string out;
-  const absl::Time deadline = absl::Now() + timeout;
-  char buffer[4096];
-  while (absl::Now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 50) <= 0) continue;
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) break;
-    out.append(buffer, static_cast<size_t>(n));
-  }
-  return out;
-}
-
-// Reads from `fd` until `text` has arrived (or `timeout`); returns what was read.
-std::string ReadUntil(int fd, const std::string& text, absl::Duration timeout = absl::Seconds(10)) {
-  std::string out;
-  const absl::Time deadline = absl::Now() + timeout;
-  char buffer[4096];
-  while (absl::Now() < deadline && !absl::StrContains(out, text)) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 50) <= 0) continue;
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) break;
-    out.append(buffer, static_cast<size_t>(n));
-  }
-  return out;
-}
+using testing::ReadUntil;
+using testing::ReadUntilClosed;
 
 // A request's raw answer: connect, send `bytes`, read until the server closes.
 std::string RawExchange(int port, const std::string& bytes) {
