@@ -271,10 +271,10 @@ void UcxTransport::Shutdown() {
   }
   // Force-closing completes the endpoints' requests, but their callbacks (which free what
   // each request holds) may come on a later progress call.
-  while (in_flight_.load(std::memory_order_relaxed) > 0 && absl::Now() < deadline) {
+  while (InFlight() > 0 && absl::Now() < deadline) {
     ucp_worker_progress(worker_);
   }
-  if (const int left = in_flight_.load(std::memory_order_relaxed); left > 0) {
+  if (const size_t left = InFlight(); left > 0) {
     TANDEM_LOG(WARNING) << "KV transport: " << left
                         << " requests still pending at shutdown (a dead peer's); what they hold"
                            " is freed once the worker is destroyed";
@@ -351,7 +351,7 @@ void UcxTransport::ProgressLoop() {
       next_reap = absl::Now() + absl::Milliseconds(500);
     }
     // Busy-poll while sends make progress; a stalled peer's pending sends get a 1 ms sleep.
-    const bool sending = in_flight_.load(std::memory_order_relaxed) > 0;
+    const bool sending = InFlight() > 0;
     if (sending && absl::Now() - last_activity < absl::Milliseconds(2)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -451,7 +451,6 @@ void UcxTransport::ReapStuckSends() {
 void UcxTransport::OnSendDone(void* request, ucs_status_t status, void* user_data) {
   auto* context = static_cast<SendContext*>(user_data);
   UcxTransport* self = context->transport;
-  self->in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (std::shared_ptr<Send> send = context->send) {
     --send->in_flight;
     if (status != UCS_OK) {
@@ -518,7 +517,6 @@ ucs_status_t UcxTransport::Post(ucp_ep_h ep, unsigned id, std::unique_ptr<SendCo
   if (request == nullptr) return UCS_OK;  // done in place; `context` goes now
   if (UCS_PTR_IS_ERR(request)) return UCS_PTR_STATUS(request);
   if (context->send != nullptr) ++context->send->in_flight;
-  in_flight_.fetch_add(1, std::memory_order_relaxed);
   pending_sends_.insert(context.release());  // OnSendDone deletes it
   return UCS_OK;
 }
@@ -587,7 +585,6 @@ void UcxTransport::Pump(const std::shared_ptr<Send>& send) {
 void UcxTransport::OnRecvDone(void* request, ucs_status_t status, size_t, void* user_data) {
   auto* context = static_cast<RecvContext*>(user_data);
   UcxTransport* self = context->transport;
-  self->in_flight_.fetch_sub(1, std::memory_order_relaxed);
   self->receiving_bytes_ -= context->length;
   if (status == UCS_OK) self->Deliver(*context);
   self->pending_recvs_.erase(context);
@@ -635,7 +632,6 @@ ucs_status_t UcxTransport::OnData(const void* header, size_t header_length, void
     Deliver(*context);
   } else if (!UCS_PTR_IS_ERR(request)) {
     receiving_bytes_ += length;
-    in_flight_.fetch_add(1, std::memory_order_relaxed);
     pending_recvs_.insert(context.release());  // OnRecvDone deletes it
   }
   return UCS_INPROGRESS;  // the descriptor is UCP's again after ucp_am_recv_data_nbx

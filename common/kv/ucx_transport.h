@@ -147,11 +147,12 @@ class UcxTransport : public KvTransport {
   std::vector<ucp_ep_h> accepted_;
   std::map<uint64_t, std::shared_ptr<Send>> by_nonce_;  // sends awaiting their verdict
   std::vector<std::shared_ptr<Send>> abandoned_;        // released with messages in flight
-  std::atomic<int> in_flight_{0};                       // requests posted, not yet completed
-  // What those requests hold, freed as each completes, and by the destructor after the worker
-  // is gone for any that never will (a dead peer's, in error mode NONE).
+  // What the requests posted and not yet completed hold, freed as each completes, and by the
+  // destructor after the worker is gone for any that never will (a dead peer's, in error mode
+  // NONE).
   std::set<SendContext*> pending_sends_;
   std::set<RecvContext*> pending_recvs_;
+  size_t InFlight() const { return pending_sends_.size() + pending_recvs_.size(); }
   std::atomic<int> num_accepted_{0};
   size_t receiving_bytes_ = 0;  // rendezvous buffers being filled
   uint32_t data_flags_ = 0;     // ucp_am_send_nbx flags of data messages
