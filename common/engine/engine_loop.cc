@@ -34,13 +34,15 @@ absl::StatusOr<SequenceId> EngineLoop::Submit(SequenceRequest request, OutputCal
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("the engine is shutting down");
   const SequenceId id{next_id_++};
-  submissions_.push_back({id, std::move(request), std::nullopt, -1, std::move(on_output)});
+  submissions_.push_back(
+      {id, std::move(request), std::nullopt, -1, std::nullopt, std::move(on_output)});
   ++load_.waiting;
   return id;
 }
 
 absl::StatusOr<SequenceId> EngineLoop::SubmitPrefilled(SequenceRequest request, BlockTable table,
                                                        int32_t first_token,
+                                                       std::optional<TokenLogprobs> first_logprobs,
                                                        OutputCallback on_output) {
   if (absl::Status s = scheduler_->Validate(request); !s.ok()) {
     table.ReleaseAll(pool_);
@@ -52,8 +54,8 @@ absl::StatusOr<SequenceId> EngineLoop::SubmitPrefilled(SequenceRequest request, 
     return absl::UnavailableError("the engine is shutting down");
   }
   const SequenceId id{next_id_++};
-  submissions_.push_back(
-      {id, std::move(request), std::move(table), first_token, std::move(on_output)});
+  submissions_.push_back({id, std::move(request), std::move(table), first_token,
+                          std::move(first_logprobs), std::move(on_output)});
   ++load_.waiting;
   return id;
 }
@@ -86,9 +88,9 @@ void EngineLoop::Run() {
     }
     for (Submission& s : submissions) {
       absl::StatusOr<SequenceId> added =
-          s.table.has_value()
-              ? scheduler_->AddPrefilled(std::move(s.request), *std::move(s.table), s.first_token)
-              : scheduler_->Add(std::move(s.request));
+          s.table.has_value() ? scheduler_->AddPrefilled(std::move(s.request), *std::move(s.table),
+                                                         s.first_token, std::move(s.first_logprobs))
+                              : scheduler_->Add(std::move(s.request));
       if (!added.ok()) {
         SequenceOutput out;
         out.id = s.id;

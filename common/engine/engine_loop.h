@@ -62,7 +62,9 @@ class EngineLoop {
   // The same for a sequence prefilled elsewhere (Scheduler::AddPrefilled); `table` belongs to
   // this engine's pool. Errors found on the engine thread arrive as an output with a status.
   absl::StatusOr<SequenceId> SubmitPrefilled(SequenceRequest request, BlockTable table,
-                                             int32_t first_token, OutputCallback on_output);
+                                             int32_t first_token,
+                                             std::optional<TokenLogprobs> first_logprobs,
+                                             OutputCallback on_output);
   // Drops a sequence and frees its blocks soon (on the engine thread); no output follows once
   // that happened. Unknown or finished ids are ignored.
   void Cancel(SequenceId id);
@@ -77,6 +79,7 @@ class EngineLoop {
     SequenceRequest request;
     std::optional<BlockTable> table;  // prefilled
     int32_t first_token = -1;
+    std::optional<TokenLogprobs> first_logprobs;
     OutputCallback on_output;
   };
 

@@ -65,6 +65,9 @@ absl::StatusOr<GenerationResult> Generator::Generate(
     const std::function<void(const std::string&)>& on_text) {
   const model::ModelConfig& c = weights_->config;
   RETURN_IF_ERROR(params.Validate(static_cast<int>(c.vocab_size)));
+  if (params.max_tokens < 1) {
+    return absl::InvalidArgumentError("max_tokens must be at least 1 to generate");
+  }
   GenerationResult result;
   if (add_bos_) result.prompt_ids.push_back(tokenizer_->bos_id());
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->Encode(prompt));
@@ -79,7 +82,7 @@ absl::StatusOr<GenerationResult> Generator::Generate(
 
   BlockTable table;
   RETURN_IF_ERROR(table.Reserve(pool_.get(), n + max_new));
-  Sampler sampler(params);
+  Sampler sampler(params, result.prompt_ids);
   StopChecker stop(params, tokenizer_->eos_id());
   model::StreamingDetokenizer detok(tokenizer_.get());
   auto emit = [&](const std::string& text) {

@@ -45,8 +45,8 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   if (top_k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("top_k ", top_k, " is negative"));
   }
-  if (max_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", max_tokens, " is below 1"));
+  if (max_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", max_tokens, " is negative"));
   }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
@@ -65,22 +65,147 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
                                                      kMaxStopStringBytes));
     }
   }
+  for (const auto& [name, value] : {std::pair{"presence_penalty", presence_penalty},
+                                    std::pair{"frequency_penalty", frequency_penalty}}) {
+    if (!(value >= -kMaxPenalty && value <= kMaxPenalty)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " ", value, " is outside [-", kMaxPenalty, ", ", kMaxPenalty, "]"));
+    }
+  }
+  if (!(repetition_penalty > 0.0f && repetition_penalty <= kMaxPenalty)) {
+    return absl::InvalidArgumentError(absl::StrCat("repetition_penalty ", repetition_penalty,
+                                                   " is outside (0, ", kMaxPenalty, "]"));
+  }
+  if (logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_bias has ", logit_bias.size(), " entries; at most ", kMaxLogitBias));
+  }
+  for (const auto& [token, bias] : logit_bias) {
+    if (token < 0 || token >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias token id ", token, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (!(bias >= -kMaxBias && bias <= kMaxBias)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias for token ", token, " is ", bias,
+                                                     "; it must be in [-", kMaxBias, ", ", kMaxBias,
+                                                     "]"));
+    }
+  }
+  for (const auto& [name, value] :
+       {std::pair{"logprobs", logprobs}, std::pair{"prompt_logprobs", prompt_logprobs}}) {
+    if (value < -1 || value > kMaxLogprobs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " ", value, " is outside [0, ", kMaxLogprobs, "] (or -1 for none)"));
+    }
+  }
+  if (max_tokens == 0 && prompt_logprobs < 0) {
+    return absl::InvalidArgumentError(
+        "max_tokens 0 generates nothing; it is only for scoring a prompt (prompt_logprobs)");
+  }
   return absl::OkStatus();
 }
 
-Sampler::Sampler(const SamplingParams& params)
+TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t token, int top) {
+  TANDEM_CHECK(!logits.empty()) << "ComputeLogprobs needs at least one logit";
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (float x : logits) max_logit = std::max(max_logit, x);  // NaN never wins
+  // log Z = max + log(sum exp(x - max)); with no finite logit every log-probability is -inf.
+  double sum = 0.0;
+  if (std::isfinite(max_logit)) {
+    for (float x : logits) {
+      if (x == x) sum += std::exp(static_cast<double>(x) - max_logit);
+    }
+  }
+  const double log_z = std::isfinite(max_logit) ? max_logit + std::log(sum) : 0.0;
+  auto logprob = [&](int32_t t) -> float {
+    const float x = logits[t];
+    if (!std::isfinite(max_logit) || !(x == x)) return -std::numeric_limits<float>::infinity();
+    return static_cast<float>(static_cast<double>(x) - log_z);
+  };
+  TokenLogprobs out;
+  out.token = token;
+  out.logprob = token >= 0 && static_cast<size_t>(token) < logits.size()
+                    ? logprob(token)
+                    : -std::numeric_limits<float>::infinity();
+  const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
+  if (k == 0) return out;
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  auto value = [&](int32_t t) {
+    const float x = logits[t];
+    return x == x ? x : -std::numeric_limits<float>::infinity();
+  };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return value(a) > value(b) || (value(a) == value(b) && a < b);
+  });
+  out.top.reserve(k);
+  for (size_t i = 0; i < k; ++i) out.top.push_back({ids[i], logprob(ids[i])});
+  return out;
+}
+
+void AppendPromptLogprobs(absl::Span<const float> rows, int begin, int len,
+                          absl::Span<const int32_t> prompt, int top,
+                          std::vector<TokenLogprobs>* out) {
+  TANDEM_CHECK(len > 0 && rows.size() % len == 0) << "rows are not (len, vocab)";
+  const size_t vocab = rows.size() / len;
+  for (int r = 0; r < len && static_cast<size_t>(begin + r + 1) < prompt.size(); ++r) {
+    out->push_back(ComputeLogprobs(rows.subspan(r * vocab, vocab), prompt[begin + r + 1], top));
+  }
+}
+
+Sampler::Sampler(const SamplingParams& params, absl::Span<const int32_t> prompt)
     : temperature_(params.temperature),
       top_p_(params.top_p),
       top_k_(params.top_k),
       seed_(params.seed.has_value() ? *params.seed : DrawSeed()),
-      rng_(seed_) {}
-
-void Sampler::SkipDraw() {
-  if (temperature_ != 0.0f && top_k_ != 1) rng_();
+      penalties_(params.penalized() ? params : SamplingParams()),
+      penalized_(params.penalized()),
+      rng_(seed_) {
+  if (penalized_ && penalties_.repetition_penalty != 1.0f)
+    seen_.insert(prompt.begin(), prompt.end());
 }
 
-int32_t Sampler::Sample(absl::Span<const float> logits) {
-  TANDEM_CHECK(!logits.empty()) << "Sample needs at least one logit";
+void Sampler::Record(int32_t token) {
+  if (!penalized_) return;
+  ++output_counts_[token];
+  if (penalties_.repetition_penalty != 1.0f) seen_.insert(token);
+}
+
+void Sampler::SkipDraw(int32_t token) {
+  if (temperature_ != 0.0f && top_k_ != 1) rng_();
+  Record(token);
+}
+
+int32_t Sampler::Sample(absl::Span<const float> raw) {
+  TANDEM_CHECK(!raw.empty()) << "Sample needs at least one logit";
+  absl::Span<const float> logits = raw;
+  if (penalized_) {
+    adjusted_.assign(raw.begin(), raw.end());
+    const int64_t vocab = static_cast<int64_t>(adjusted_.size());
+    for (const auto& [token, bias] : penalties_.logit_bias) {
+      if (token < vocab) adjusted_[token] += bias;
+    }
+    const float repetition = penalties_.repetition_penalty;
+    if (repetition != 1.0f) {
+      for (int32_t token : seen_) {
+        if (token < 0 || token >= vocab) continue;
+        float& x = adjusted_[token];
+        x = x > 0.0f ? x / repetition : x * repetition;
+      }
+    }
+    for (const auto& [token, count] : output_counts_) {
+      if (token < 0 || token >= vocab) continue;
+      adjusted_[token] -=
+          penalties_.frequency_penalty * static_cast<float>(count) + penalties_.presence_penalty;
+    }
+    logits = adjusted_;
+  }
+  const int32_t token = Draw(logits);
+  Record(token);
+  return token;
+}
+
+int32_t Sampler::Draw(absl::Span<const float> logits) {
   const int32_t argmax = Argmax(logits);
   if (temperature_ == 0.0f || top_k_ == 1) return argmax;
   const float max_logit = logits[argmax];

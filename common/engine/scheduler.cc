@@ -15,7 +15,7 @@ struct Scheduler::Sequence {
         tokens(std::move(request.prompt_ids)),
         prompt_len(static_cast<int>(tokens.size())),
         params(std::move(request.params)),
-        sampler(params),
+        sampler(params, tokens),
         stop(params, eos_token_id) {
     if (tokenizer != nullptr) detok.emplace(tokenizer);
   }
@@ -36,6 +36,12 @@ struct Scheduler::Sequence {
   bool scheduled = false;              // in the step being built
   bool pinned = false;                 // prefilled elsewhere: never preempted
   std::optional<int32_t> first_token;  // sampled elsewhere, emitted by the next step
+  std::optional<TokenLogprobs> first_logprobs;
+  // params.prompt_logprobs >= 0: collected as the prompt's chunks run, given with the first
+  // output; recomputed chunks after a preemption do not collect them again.
+  std::vector<TokenLogprobs> prompt_logprobs;
+  bool prompt_scored = false;
+  bool wants_prompt_logprobs() const { return params.prompt_logprobs >= 0 && !prompt_scored; }
 };
 
 Scheduler::Scheduler(ForwardPass* forward, const model::Tokenizer* tokenizer, int32_t eos_token_id,
@@ -96,9 +102,13 @@ absl::StatusOr<SequenceId> Scheduler::Add(SequenceRequest request) {
 }
 
 absl::StatusOr<SequenceId> Scheduler::AddPrefilled(SequenceRequest request, BlockTable table,
-                                                   int32_t first_token) {
+                                                   int32_t first_token,
+                                                   std::optional<TokenLogprobs> first_logprobs) {
   const model::ModelConfig& c = forward_->weights().config;
   absl::Status status = Validate(request);
+  if (status.ok() && request.params.max_tokens < 1) {
+    status = absl::InvalidArgumentError("a prefilled sequence needs max_tokens >= 1");
+  }
   const int n = static_cast<int>(request.prompt_ids.size());
   const int block_size = forward_->pool()->config().block_size;
   if (status.ok() && (first_token < 0 || first_token >= c.vocab_size)) {
@@ -122,7 +132,9 @@ absl::StatusOr<SequenceId> Scheduler::AddPrefilled(SequenceRequest request, Bloc
   seq->pinned = true;
   seq->running = true;
   seq->first_token = first_token;
-  seq->sampler.SkipDraw();
+  seq->first_logprobs = std::move(first_logprobs);
+  seq->prompt_scored = true;  // by the engine that prefilled it
+  seq->sampler.SkipDraw(first_token);
   by_id_[id] = seq.get();
   running_.push_back(std::move(seq));
   return id;
@@ -182,7 +194,10 @@ int Scheduler::Fit(const Sequence* seq, int len) const {
 }
 
 void Scheduler::Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out) {
-  Accept(seq, seq->sampler.Sample(logits), out);
+  const int32_t token = seq->sampler.Sample(logits);
+  if (seq->params.logprobs >= 0)
+    out->logprobs = ComputeLogprobs(logits, token, seq->params.logprobs);
+  Accept(seq, token, out);
 }
 
 void Scheduler::Accept(Sequence* seq, int32_t token, SequenceOutput* out) {
@@ -230,6 +245,8 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
     if (!seq->first_token.has_value()) continue;
     SequenceOutput out;
     out.id = seq->id;
+    out.logprobs = std::move(seq->first_logprobs);
+    seq->first_logprobs.reset();
     Accept(seq, *seq->first_token, &out);
     seq->first_token.reset();
     if (out.finish != FinishReason::kNone || !out.status.ok()) finished.push_back(seq);
@@ -285,9 +302,13 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
   batch.reserve(work.size());
   for (const Work& w : work) {
     const bool last = w.begin + w.len == static_cast<int>(w.seq->tokens.size());
+    const bool prompt = w.begin < w.seq->prompt_len;
+    // A prompt being scored needs every row; otherwise only the one a token is sampled from.
+    const LogitRows rows = prompt && w.seq->wants_prompt_logprobs() ? LogitRows::kAll
+                           : last                                   ? LogitRows::kLast
+                                                                    : LogitRows::kNone;
     batch.push_back({absl::MakeConstSpan(w.seq->tokens).subspan(w.begin, w.len), w.begin,
-                     &w.seq->table, last ? LogitRows::kLast : LogitRows::kNone,
-                     w.begin < w.seq->prompt_len ? &config_.prefill : &config_.decode});
+                     &w.seq->table, rows, prompt ? &config_.prefill : &config_.decode});
   }
   std::vector<std::vector<float>> logits;
   ++counters_.steps;
@@ -311,9 +332,32 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
       counters_.decode_tokens += 1;
     }
     if (logits[i].empty()) continue;
+    absl::Span<const float> row = logits[i];
+    if (batch[i].logits == LogitRows::kAll) {
+      // Row r predicts token begin + r + 1: a prompt token's log-probability, or (the last
+      // row of the prompt) the first generated token.
+      const size_t vocab = logits[i].size() / work[i].len;
+      const int begin = work[i].begin;
+      AppendPromptLogprobs(row, begin, work[i].len,
+                           absl::MakeConstSpan(seq->tokens).first(seq->prompt_len),
+                           seq->params.prompt_logprobs, &seq->prompt_logprobs);
+      if (begin + work[i].len == seq->prompt_len) seq->prompt_scored = true;
+      row = row.subspan((work[i].len - 1) * vocab, vocab);
+      if (begin + work[i].len < static_cast<int>(seq->tokens.size())) continue;  // mid-prompt
+    }
     SequenceOutput out;
     out.id = seq->id;
-    Sample(seq, logits[i], &out);
+    if (seq->params.prompt_logprobs >= 0 && seq->prompt_scored) {
+      out.prompt_logprobs = std::exchange(seq->prompt_logprobs, {});
+    }
+    if (seq->params.max_tokens == 0) {
+      // Scored only: nothing is generated.
+      out.finish = FinishReason::kLength;
+      outputs->push_back(std::move(out));
+      Remove(seq);
+      continue;
+    }
+    Sample(seq, row, &out);
     const bool done = out.finish != FinishReason::kNone || !out.status.ok();
     outputs->push_back(std::move(out));
     if (done) Remove(seq);

@@ -50,6 +50,12 @@ struct SequenceOutput {
   std::string text;              // text released this step (needs a tokenizer)
   FinishReason finish = FinishReason::kNone;
   absl::Status status;  // not OK: the sequence failed and is gone
+  // With params.logprobs >= 0: `token`'s log-probabilities.
+  std::optional<TokenLogprobs> logprobs;
+  // With params.prompt_logprobs >= 0, on the sequence's first output only: those of prompt
+  // tokens 1..n-1 (entry i is token i + 1's, given the tokens before it). A sequence with
+  // max_tokens 0 has only that output: no token, finish kLength.
+  std::vector<TokenLogprobs> prompt_logprobs;
 };
 
 struct SchedulerCounters {
@@ -80,9 +86,11 @@ class Scheduler {
   // `first_token` (stop rules applied), later steps the rest. It is never preempted, since
   // this engine may not be able to recompute the prompt (a pruned decoder); reserve its blocks
   // for prompt + max_tokens up front. The scheduler takes the table's blocks (released when
-  // the sequence ends). INVALID_ARGUMENT as Add, or if the table does not hold the prompt.
+  // the sequence ends). `first_logprobs`, if given, is emitted with the first token.
+  // INVALID_ARGUMENT as Add, for max_tokens 0, or if the table does not hold the prompt.
   absl::StatusOr<SequenceId> AddPrefilled(SequenceRequest request, BlockTable table,
-                                          int32_t first_token);
+                                          int32_t first_token,
+                                          std::optional<TokenLogprobs> first_logprobs = {});
   // Drops a waiting or running sequence and frees its blocks; false if it is not here.
   bool Cancel(SequenceId id);
 
@@ -107,9 +115,9 @@ class Scheduler {
   // Reserves KV for `seq` up to `num_tokens`, preempting newer running sequences if needed.
   // False when `seq` itself had to be preempted.
   bool ReserveOrPreempt(Sequence* seq, int num_tokens);
-  // Samples from `logits` and applies the stop rules; fills `out`.
   // How many of `len` more tokens of `seq` fit in its blocks and the free ones.
   int Fit(const Sequence* seq, int len) const;
+  // Samples from `logits` and applies the stop rules; fills `out`.
   void Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out);
   // Appends `token` to `seq` and applies the stop rules; fills `out`.
   void Accept(Sequence* seq, int32_t token, SequenceOutput* out);

@@ -66,6 +66,56 @@ absl::StatusOr<tandem::v1::GenerateResponse> Client::Generate(
   return response;
 }
 
+absl::StatusOr<std::vector<tandem::v1::GenerateResponse>> Client::GenerateChoices(
+    const tandem::v1::GenerateRequest& request, int n) {
+  constexpr int kMaxChoices = 16;
+  if (n < 1 || n > kMaxChoices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n is ", n, "; it must be in [1, ", kMaxChoices, "]"));
+  }
+  struct Call {
+    grpc::ClientContext context;
+    tandem::v1::GenerateRequest request;
+    tandem::v1::GenerateResponse response;
+    grpc::Status status;
+  };
+  std::vector<Call> calls(n);
+  absl::Mutex mu;
+  int remaining = n;
+  for (int i = 0; i < n; ++i) {
+    Call& call = calls[i];
+    call.request = request;
+    if (request.sampling().has_seed()) {
+      call.request.mutable_sampling()->set_seed(request.sampling().seed() + i);
+    }
+    if (!request.request_id().empty()) absl::StrAppend(call.request.mutable_request_id(), "-", i);
+    SetDeadline(&call.context);
+    stub_->async()->Generate(&call.context, &call.request, &call.response,
+                             [&call, &mu, &remaining](grpc::Status status) {
+                               absl::MutexLock lock(&mu);
+                               call.status = std::move(status);
+                               --remaining;
+                             });
+  }
+  {
+    // Every call has a deadline, so every callback comes; should one be late past it, the
+    // calls are cancelled, which ends them at once.
+    absl::MutexLock lock(&mu);
+    const absl::Condition done(
+        +[](int* left) { return *left == 0; }, &remaining);
+    if (!mu.AwaitWithTimeout(done, options_.timeout + absl::Seconds(5))) {
+      for (Call& call : calls) call.context.TryCancel();
+      mu.Await(done);
+    }
+  }
+  std::vector<tandem::v1::GenerateResponse> out;
+  for (Call& call : calls) {
+    if (!call.status.ok()) return rpc::FromGrpcStatus(call.status);
+    out.push_back(std::move(call.response));
+  }
+  return out;
+}
+
 absl::Status Client::GenerateStream(
     const tandem::v1::GenerateRequest& request,
     const std::function<void(const tandem::v1::GenerateStreamResponse&)>& on_chunk,

@@ -1,5 +1,10 @@
 #include "services/common/serving.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
 #include "common/util/status.h"
 
 namespace tandem::serving {
@@ -55,12 +60,95 @@ absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::Sampl
   p.top_p = proto.top_p() == 0.0f ? 1.0f : proto.top_p();
   p.top_k = proto.top_k();
   if (proto.has_seed()) p.seed = proto.seed();
-  p.max_tokens = proto.max_tokens() == 0 ? kDefaultMaxTokens : proto.max_tokens();
+  p.max_tokens = proto.has_max_tokens() ? proto.max_tokens() : kDefaultMaxTokens;
   p.stop_token_ids.assign(proto.stop_token_ids().begin(), proto.stop_token_ids().end());
   p.stop_strings.assign(proto.stop().begin(), proto.stop().end());
   p.ignore_eos = proto.ignore_eos();
+  p.presence_penalty = proto.presence_penalty();
+  p.frequency_penalty = proto.frequency_penalty();
+  p.repetition_penalty = proto.repetition_penalty() == 0.0f ? 1.0f : proto.repetition_penalty();
+  if (proto.logit_bias_size() > static_cast<int>(engine::SamplingParams::kMaxLogitBias)) {
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias has ", proto.logit_bias_size(),
+                                                   " entries; at most ",
+                                                   engine::SamplingParams::kMaxLogitBias));
+  }
+  p.logit_bias.assign(proto.logit_bias().begin(), proto.logit_bias().end());
+  // A map's order is unspecified: sorted, the same request samples the same everywhere.
+  std::sort(p.logit_bias.begin(), p.logit_bias.end());
+  for (const auto& [name, set, value, out] :
+       {std::tuple{"logprobs", proto.has_logprobs(), proto.logprobs(), &p.logprobs},
+        std::tuple{"prompt_logprobs", proto.has_prompt_logprobs(), proto.prompt_logprobs(),
+                   &p.prompt_logprobs}}) {
+    if (!set) continue;
+    if (value < 0 || value > engine::SamplingParams::kMaxLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " ", value, " is outside [0, ",
+                                                     engine::SamplingParams::kMaxLogprobs, "]"));
+    }
+    *out = value;
+  }
   RETURN_IF_ERROR(p.Validate(vocab_size));
   return p;
+}
+
+void LogprobsToProto(const engine::TokenLogprobs& in, tandem::v1::TokenLogprobs* out) {
+  out->set_token_id(in.token);
+  out->set_logprob(in.logprob);
+  for (const engine::TokenLogprob& t : in.top) {
+    tandem::v1::TokenLogprob* p = out->add_top();
+    p->set_token_id(t.token);
+    p->set_logprob(t.logprob);
+  }
+}
+
+absl::Status CheckLogprobs(const tandem::v1::TokenLogprobs& logprobs, int32_t token, int vocab_size,
+                           int top) {
+  if (logprobs.token_id() != token) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the log-probabilities are of token ", logprobs.token_id(), ", not ", token));
+  }
+  if (!(logprobs.logprob() <= 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log-probability ", logprobs.logprob(), " is not <= 0"));
+  }
+  if (logprobs.top_size() > top) {
+    return absl::InvalidArgumentError(absl::StrCat("the log-probabilities list ",
+                                                   logprobs.top_size(), " alternatives; ", top,
+                                                   " were asked for"));
+  }
+  for (const tandem::v1::TokenLogprob& t : logprobs.top()) {
+    if (t.token_id() < 0 || t.token_id() >= vocab_size || !(t.logprob() <= 0.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat("alternative token ", t.token_id(),
+                                                     " with log-probability ", t.logprob(),
+                                                     " is outside the vocabulary or above 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FillChunk(const engine::SequenceOutput& out, int prompt_tokens, int* completion,
+               tandem::v1::GenerateStreamResponse* chunk) {
+  if (out.token.has_value()) {
+    chunk->add_token_ids(*out.token);
+    ++*completion;
+  }
+  if (out.logprobs.has_value()) LogprobsToProto(*out.logprobs, chunk->add_logprobs());
+  for (const engine::TokenLogprobs& p : out.prompt_logprobs) {
+    LogprobsToProto(p, chunk->add_prompt_logprobs());
+  }
+  chunk->set_text(out.text);
+  if (out.finish != engine::FinishReason::kNone) {
+    chunk->set_finish_reason(FinishToProto(out.finish));
+    chunk->mutable_usage()->set_prompt_tokens(prompt_tokens);
+    chunk->mutable_usage()->set_completion_tokens(*completion);
+  }
+}
+
+engine::TokenLogprobs LogprobsFromProto(const tandem::v1::TokenLogprobs& in) {
+  engine::TokenLogprobs out;
+  out.token = in.token_id();
+  out.logprob = in.logprob();
+  for (const tandem::v1::TokenLogprob& t : in.top()) out.top.push_back({t.token_id(), t.logprob()});
+  return out;
 }
 
 tandem::v1::FinishReason FinishToProto(engine::FinishReason reason) {

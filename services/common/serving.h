@@ -12,6 +12,7 @@
 #include "common/engine/generator.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/sampling.h"
+#include "common/engine/scheduler.h"
 #include "common/kv/transfer.h"
 #include "services/common/serving_metrics.h"
 #include "tandem/v1/gateway.pb.h"
@@ -46,6 +47,18 @@ void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* m
 absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,
                                                          int vocab_size);
 tandem::v1::FinishReason FinishToProto(engine::FinishReason reason);
+
+void LogprobsToProto(const engine::TokenLogprobs& in, tandem::v1::TokenLogprobs* out);
+// A peer's log-probabilities of `token`, with at most `top` alternatives: INVALID_ARGUMENT
+// when they are of another token, above 0, or name tokens outside the vocabulary.
+absl::Status CheckLogprobs(const tandem::v1::TokenLogprobs& logprobs, int32_t token, int vocab_size,
+                           int top);
+engine::TokenLogprobs LogprobsFromProto(const tandem::v1::TokenLogprobs& in);
+
+// One engine output as a stream chunk: its token (counted in `completion`), text and
+// log-probabilities, and on the last, the finish reason and usage.
+void FillChunk(const engine::SequenceOutput& out, int prompt_tokens, int* completion,
+               tandem::v1::GenerateStreamResponse* chunk);
 
 // The agent a target names, as the transport addresses it.
 kv::KvPeer PeerOf(const tandem::v1::KvTarget& target);

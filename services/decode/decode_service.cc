@@ -1,5 +1,7 @@
 #include "services/decode/decode_service.h"
 
+#include <optional>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -150,6 +152,20 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* DecodeService::Decode(
           return fail(absl::InvalidArgumentError(absl::StrCat(
               "first_token_id ", request->first_token_id(), " is outside the vocabulary")));
         }
+        std::optional<engine::TokenLogprobs> first_logprobs;
+        if (sampling->logprobs >= 0) {
+          if (!request->has_first_token_logprobs()) {
+            return fail(absl::InvalidArgumentError(
+                "sampling.logprobs is set but first_token_logprobs is missing"));
+          }
+          if (absl::Status s =
+                  serving::CheckLogprobs(request->first_token_logprobs(), request->first_token_id(),
+                                         vocab_size_, sampling->logprobs);
+              !s.ok()) {
+            return fail(s);
+          }
+          first_logprobs = serving::LogprobsFromProto(request->first_token_logprobs());
+        }
         if (request->prompt_token_ids_size() > kMaxPromptIds) {
           return fail(absl::InvalidArgumentError("too many prompt token ids"));
         }
@@ -204,6 +220,7 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* DecodeService::Decode(
         const int prompt_tokens = request->prompt_token_ids_size();
         auto id = loop_->SubmitPrefilled(
             std::move(sequence), std::move(table), request->first_token_id(),
+            std::move(first_logprobs),
             [feed, request_id = request->request_id(), prompt_tokens,
              completion = std::make_shared<int>(0)](const engine::SequenceOutput& out) {
               if (!out.status.ok()) {
@@ -212,17 +229,8 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* DecodeService::Decode(
               }
               GenerateStreamResponse response;
               response.set_request_id(request_id);
-              if (out.token.has_value()) {
-                response.add_token_ids(*out.token);
-                ++*completion;
-              }
-              response.set_text(out.text);
+              serving::FillChunk(out, prompt_tokens, completion.get(), &response);
               const bool last = out.finish != engine::FinishReason::kNone;
-              if (last) {
-                response.set_finish_reason(serving::FinishToProto(out.finish));
-                response.mutable_usage()->set_prompt_tokens(prompt_tokens);
-                response.mutable_usage()->set_completion_tokens(*completion);
-              }
               feed->Push(std::move(response));
               if (last) feed->End(grpc::Status::OK);
             });

@@ -103,13 +103,31 @@ void PrefillService::Work() {
 absl::StatusOr<engine::SamplingParams> CheckPrefillRequest(
     const tandem::v1::PrefillRequest& request, const tandem::v1::KvGeometry& geometry,
     const model::ModelConfig& config, int block_size, std::string_view transport) {
-  const tandem::v1::KvTarget& target = request.target();
   const int n = request.prompt_token_ids_size();
   if (n < 1) return absl::InvalidArgumentError("prompt_token_ids is empty");
   if (n >= config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the prompt has ", n, " tokens; the context length is ", config.max_position_embeddings));
   }
+  ASSIGN_OR_RETURN(
+      engine::SamplingParams params,
+      serving::SamplingFromProto(request.sampling(), static_cast<int>(config.vocab_size)));
+  for (int32_t id : request.prompt_token_ids()) {
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", id, " outside the vocabulary"));
+    }
+  }
+  // Scoring only: nothing is sampled and no KV goes anywhere.
+  if (params.max_tokens == 0) {
+    if (request.has_target()) {
+      return absl::InvalidArgumentError(
+          "a target is given with max_tokens 0 (scoring only, which sends no KV)");
+    }
+    return params;
+  }
+  if (!request.has_target()) return absl::InvalidArgumentError("the request has no target");
+  const tandem::v1::KvTarget& target = request.target();
   RETURN_IF_ERROR(kv::CheckCompatible(geometry, target.geometry()));
   const int blocks = (n + block_size - 1) / block_size;
   if (target.num_blocks() != blocks) {
@@ -128,15 +146,6 @@ absl::StatusOr<engine::SamplingParams> CheckPrefillRequest(
   if (target.agent().empty() || target.agent().size() > 256 ||
       target.agent_address().size() > (64 << 10)) {
     return absl::InvalidArgumentError("the target's agent is empty or too long");
-  }
-  ASSIGN_OR_RETURN(
-      engine::SamplingParams params,
-      serving::SamplingFromProto(request.sampling(), static_cast<int>(config.vocab_size)));
-  for (int32_t id : request.prompt_token_ids()) {
-    if (id < 0 || id >= config.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt token id ", id, " outside the vocabulary"));
-    }
   }
   return params;
 }
@@ -175,25 +184,50 @@ absl::Status PrefillService::Run(grpc::CallbackServerContext* context,
   engine::BlockTable table;
   RETURN_IF_ERROR(table.Reserve(pool, n));
   std::vector<std::vector<float>> logits;
+  std::vector<engine::TokenLogprobs> prompt_logprobs;
   absl::Status status;
   for (int begin = 0; begin < n && status.ok(); begin += options_.chunk_tokens) {
     status = stopped();
     if (!status.ok()) break;
     const int len = std::min(options_.chunk_tokens, n - begin);
-    engine::StepInput in{absl::MakeConstSpan(ids).subspan(begin, len), begin, &table,
-                         begin + len < n ? engine::LogitRows::kNone : engine::LogitRows::kLast};
+    // Scoring the prompt takes every row; otherwise only the last chunk's last one matters.
+    const engine::LogitRows rows = params.prompt_logprobs >= 0 ? engine::LogitRows::kAll
+                                   : begin + len < n           ? engine::LogitRows::kNone
+                                                               : engine::LogitRows::kLast;
+    engine::StepInput in{absl::MakeConstSpan(ids).subspan(begin, len), begin, &table, rows};
     status = forward_->Step({&in, 1}, {}, &logits);
+    if (status.ok() && rows == engine::LogitRows::kAll) {
+      engine::AppendPromptLogprobs(logits[0], begin, len, ids, params.prompt_logprobs,
+                                   &prompt_logprobs);
+      // The last row is the next-token distribution, as kLast would have given it.
+      const size_t vocab = logits[0].size() / len;
+      logits[0].erase(logits[0].begin(), logits[0].end() - vocab);
+    }
   }
   if (status.ok()) status = stopped();
   if (!status.ok()) {
     table.ReleaseAll(pool);
     return status;
   }
-  engine::Sampler sampler(params);
-  response->set_first_token_id(sampler.Sample(logits[0]));
+  for (const engine::TokenLogprobs& p : prompt_logprobs) {
+    serving::LogprobsToProto(p, response->add_prompt_logprobs());
+  }
   const absl::Time computed = absl::Now();
   serving_metrics_->prompt_tokens->Increment(n);
   serving_metrics_->compute_seconds->Observe(absl::ToDoubleSeconds(computed - start));
+  response->set_request_id(request.request_id());
+  response->set_prefill_seconds(absl::ToDoubleSeconds(computed - start));
+  if (params.max_tokens == 0) {  // scored only
+    table.ReleaseAll(pool);
+    return absl::OkStatus();
+  }
+  engine::Sampler sampler(params, ids);
+  const int32_t first = sampler.Sample(logits[0]);
+  response->set_first_token_id(first);
+  if (params.logprobs >= 0) {
+    serving::LogprobsToProto(engine::ComputeLogprobs(logits[0], first, params.logprobs),
+                             response->mutable_first_token_logprobs());
+  }
 
   // Send the prompt's blocks as the reservation's KV stream. The transport reads them while
   // it sends; once the transfer is released it never does again, and only then are they freed.
@@ -230,9 +264,7 @@ absl::Status PrefillService::Run(grpc::CallbackServerContext* context,
   }
   serving_metrics_->transfer_bytes->Increment(static_cast<double>(bytes));
   serving_metrics_->transfer_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - computed));
-  response->set_request_id(request.request_id());
   response->set_kv_bytes(static_cast<int64_t>(bytes));
-  response->set_prefill_seconds(absl::ToDoubleSeconds(computed - start));
   response->set_transfer_seconds(absl::ToDoubleSeconds(absl::Now() - computed));
   return absl::OkStatus();
 }

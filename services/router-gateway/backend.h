@@ -54,7 +54,7 @@ struct GenerationRequest {
   std::string request_id;
   std::vector<int32_t> prompt;  // token ids
   tandem::v1::SamplingParams sampling;
-  int max_tokens = 0;  // >= 1, within the context
+  int max_tokens = 0;  // within the context; 0: score the prompt only (prompt_logprobs)
 };
 
 class GenerationBackend {

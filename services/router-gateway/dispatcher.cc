@@ -222,6 +222,9 @@ void Dispatcher::Core::Refresh(bool first) {
         instance->target = target;
         instance->address = address;
         grpc::ChannelArguments args;
+        // A long prompt's log-probabilities (prefill's answer) outgrow gRPC's 4 MiB default;
+        // the services send up to 64 MiB.
+        args.SetMaxReceiveMessageSize(64 << 20);
         if (!options.tls_server_name.empty()) {
           args.SetSslTargetNameOverride(options.tls_server_name);
         }
@@ -437,6 +440,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void ReleaseReservation();
   void CheckIdle();
   void Finish(absl::Status status);
+  // max_tokens 0: the prompt is scored by prefill alone.
+  bool scoring() const { return request_.max_tokens == 0; }
   // Makes `context` the call that cancelling cancels.
   void Track(std::shared_ptr<grpc::ClientContext> context);
   void Cancel();
@@ -513,6 +518,8 @@ void Generation::Start() {
     // Every prefill queue this gateway knows of is full: hold no reservation meanwhile.
     return Finish(absl::ResourceExhaustedError("every prefill instance's queue is full"));
   }
+  // Scoring a prompt (max_tokens 0) needs the full prefill only: no reservation, no decode.
+  if (scoring()) return Prefill();
   Reserve(0);
 }
 
@@ -586,16 +593,22 @@ void Generation::Prefill() {
   }
   std::shared_ptr<Core::Instance> p = prefill_order_[next_prefill_];
   // Within the lease, less a margin: the decode instance frees the blocks when it ends.
-  const absl::Duration lease = absl::Milliseconds(reserved_.lease_ms());
-  const absl::Duration margin = std::max(core_->options.lease_margin, lease / 20);
-  const absl::Time deadline =
-      std::min(absl::Now() + core_->options.prefill_deadline, reserve_sent_ + lease - margin);
+  absl::Time deadline = absl::Now() + core_->options.prefill_deadline;
+  if (!scoring()) {
+    const absl::Duration lease = absl::Milliseconds(reserved_.lease_ms());
+    const absl::Duration margin = std::max(core_->options.lease_margin, lease / 20);
+    deadline = std::min(deadline, reserve_sent_ + lease - margin);
+  }
   prefill_request_.set_request_id(request_.request_id);
   prefill_request_.mutable_prompt_token_ids()->Assign(request_.prompt.begin(),
                                                       request_.prompt.end());
   *prefill_request_.mutable_sampling() = request_.sampling;
   prefill_request_.mutable_sampling()->set_max_tokens(request_.max_tokens);
-  *prefill_request_.mutable_target() = reserved_.target();
+  if (scoring()) {
+    prefill_request_.clear_target();
+  } else {
+    *prefill_request_.mutable_target() = reserved_.target();
+  }
   prefilled_.Clear();
   auto context = core_->NewContext(deadline);
   Track(context);
@@ -608,7 +621,20 @@ void Generation::Prefill() {
 }
 
 void Generation::OnPrefilled(const std::shared_ptr<Core::Instance>& p, const grpc::Status& s) {
-  if (s.ok()) return StartDecode();
+  if (s.ok()) {
+    // The prompt's log-probabilities come from the full prefill, ahead of decode's stream.
+    GenerateStreamResponse scored;
+    scored.set_request_id(request_.request_id);
+    scored.mutable_prompt_logprobs()->Swap(prefilled_.mutable_prompt_logprobs());
+    if (scoring()) {
+      scored.set_finish_reason(tandem::v1::FINISH_REASON_LENGTH);
+      scored.mutable_usage()->set_prompt_tokens(static_cast<int>(request_.prompt.size()));
+      sink_->OnChunk(scored);
+      return Finish(absl::OkStatus());
+    }
+    if (scored.prompt_logprobs_size() > 0) sink_->OnChunk(scored);
+    return StartDecode();
+  }
   if (cancelled()) {
     ReleaseReservation();
     return Finish(absl::CancelledError("the client went away"));
@@ -639,6 +665,7 @@ void Generation::RetryPrefill() {
     return Finish(all_prefill_full_ ? absl::ResourceExhaustedError(why)
                                     : absl::UnavailableError(why));
   }
+  if (scoring()) return Prefill();  // nothing was reserved
   // A fresh reservation (OnReserved goes on with prefill_order_[next_prefill_]).
   decode_order_ = core_->DecodeOrder();
   all_decode_full_ = true;
@@ -666,6 +693,9 @@ void Generation::StartDecode() {
   decode_request_.mutable_prompt_token_ids()->Assign(request_.prompt.begin(),
                                                      request_.prompt.end());
   decode_request_.set_first_token_id(prefilled_.first_token_id());
+  if (prefilled_.has_first_token_logprobs()) {
+    *decode_request_.mutable_first_token_logprobs() = prefilled_.first_token_logprobs();
+  }
   *decode_request_.mutable_sampling() = request_.sampling;
   decode_request_.mutable_sampling()->set_max_tokens(request_.max_tokens);
   auto context = core_->NewContext(absl::Now() + core_->options.decode_deadline);

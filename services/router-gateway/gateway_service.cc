@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <deque>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -19,6 +21,11 @@ namespace {
 constexpr int kMaxStopStrings = 4;
 constexpr size_t kMaxStopBytes = 64;
 constexpr size_t kMaxRequestIdBytes = 128;
+// The engine's limits (engine::SamplingParams), checked here before anything runs.
+constexpr float kMaxPenalty = 2.0f;
+constexpr float kMaxBias = 100.0f;
+constexpr int kMaxLogitBias = 1024;
+constexpr int kMaxLogprobs = 20;
 // After the backend found no room, how long before the queue's head is tried again (sooner
 // when a running generation ends).
 constexpr absl::Duration kRetryAfterFull = absl::Milliseconds(50);
@@ -405,6 +412,43 @@ absl::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest&
     return Invalid(
         absl::StrCat("max_tokens ", sampling.max_tokens(), " is outside [0, ", context, ")"));
   }
+  if (sampling.has_max_tokens() && sampling.max_tokens() == 0 && !sampling.has_prompt_logprobs()) {
+    return Invalid(
+        "max_tokens 0 generates nothing; it is only for scoring a prompt "
+        "(prompt_logprobs)");
+  }
+  for (const auto& [name, value] : {std::pair{"presence_penalty", sampling.presence_penalty()},
+                                    std::pair{"frequency_penalty", sampling.frequency_penalty()}}) {
+    if (!(value >= -kMaxPenalty && value <= kMaxPenalty)) {
+      return Invalid(absl::StrCat(name, " ", value, " is outside [-2, 2]"));
+    }
+  }
+  if (!(sampling.repetition_penalty() >= 0 && sampling.repetition_penalty() <= kMaxPenalty)) {
+    return Invalid(absl::StrCat("repetition_penalty ", sampling.repetition_penalty(),
+                                " is outside (0, 2] (0 = off)"));
+  }
+  if (sampling.logit_bias_size() > kMaxLogitBias) {
+    return Invalid(absl::StrCat("logit_bias has ", sampling.logit_bias_size(), " entries; at most ",
+                                kMaxLogitBias));
+  }
+  for (const auto& [id, bias] : sampling.logit_bias()) {
+    if (id < 0 || id >= config_.model_config.vocab_size) {
+      return Invalid(absl::StrCat("logit_bias token id ", id, " is outside the vocabulary [0, ",
+                                  config_.model_config.vocab_size, ")"));
+    }
+    if (!(bias >= -kMaxBias && bias <= kMaxBias)) {
+      return Invalid(
+          absl::StrCat("logit_bias for token ", id, " is ", bias, "; it must be in [-100, 100]"));
+    }
+  }
+  for (const auto& [name, set, value] :
+       {std::tuple{"logprobs", sampling.has_logprobs(), sampling.logprobs()},
+        std::tuple{"prompt_logprobs", sampling.has_prompt_logprobs(),
+                   sampling.prompt_logprobs()}}) {
+    if (set && (value < 0 || value > kMaxLogprobs)) {
+      return Invalid(absl::StrCat(name, " ", value, " is outside [0, ", kMaxLogprobs, "]"));
+    }
+  }
   if (sampling.stop_size() > kMaxStopStrings) {
     return Invalid(absl::StrCat("at most ", kMaxStopStrings, " stop strings"));
   }
@@ -484,7 +528,8 @@ absl::StatusOr<GatewayService::Prepared> GatewayService::Prepare(
   }
   // max_tokens 0 = the server default; a request that would run past the context ends there
   // with a length finish, as vLLM's does.
-  int max_tokens = request.sampling().max_tokens() == 0 ? 16 : request.sampling().max_tokens();
+  // Explicit 0 (scoring only) stays 0.
+  int max_tokens = request.sampling().has_max_tokens() ? request.sampling().max_tokens() : 16;
   g.max_tokens = std::min(max_tokens, context - n);
   if (request.request_id().empty()) {
     static std::atomic<uint64_t> next_request{1};
@@ -528,6 +573,9 @@ class UnarySink : public GenerationSink {
   void OnChunk(const GenerateStreamResponse& chunk) override {
     response_->mutable_text()->append(chunk.text());
     response_->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
+    response_->mutable_logprobs()->Add(chunk.logprobs().begin(), chunk.logprobs().end());
+    response_->mutable_prompt_logprobs()->Add(chunk.prompt_logprobs().begin(),
+                                              chunk.prompt_logprobs().end());
     if (chunk.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
       response_->set_finish_reason(chunk.finish_reason());
       *response_->mutable_usage() = chunk.usage();

@@ -77,6 +77,7 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
   int queued() const;
 
   const GatewayConfig& config() const { return config_; }
+  const model::Tokenizer& tokenizer() const { return *tokenizer_; }
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const tandem::v1::GenerateRequest* request,

@@ -57,17 +57,8 @@ class Local : public std::enable_shared_from_this<Local> {
     if (!out.status.ok()) return End(out.status);
     tandem::v1::GenerateStreamResponse chunk;
     chunk.set_request_id(request_id_);
-    chunk.set_text(out.text);
-    if (out.token.has_value()) {
-      chunk.add_token_ids(*out.token);
-      ++completion_;
-    }
+    serving::FillChunk(out, prompt_tokens_, &completion_, &chunk);
     const bool last = out.finish != engine::FinishReason::kNone;
-    if (last) {
-      chunk.set_finish_reason(serving::FinishToProto(out.finish));
-      chunk.mutable_usage()->set_prompt_tokens(prompt_tokens_);
-      chunk.mutable_usage()->set_completion_tokens(completion_);
-    }
     Deliver([chunk = std::move(chunk)](gateway::GenerationSink& sink) { sink.OnChunk(chunk); },
             /*last=*/false);
     if (last) End(absl::OkStatus());

@@ -50,9 +50,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (params.ok()) {
         FUZZ_CHECK(request.prompt_token_ids_size() >= 1);
         FUZZ_CHECK(request.prompt_token_ids_size() < m.instance.config.max_position_embeddings);
-        FUZZ_CHECK(request.target().token().size() == tandem::kv::kTokenBytes);
         for (int32_t id : request.prompt_token_ids()) FUZZ_CHECK(id >= 0 && id < vocab);
-        (void)tandem::serving::PeerOf(request.target());
+        // A request that sends KV has a well-formed target; one that only scores has none.
+        if (params->max_tokens > 0) {
+          FUZZ_CHECK(request.target().token().size() == tandem::kv::kTokenBytes);
+          (void)tandem::serving::PeerOf(request.target());
+        } else {
+          FUZZ_CHECK(!request.has_target() && params->prompt_logprobs >= 0);
+        }
       }
       break;
     }
@@ -60,7 +65,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       tandem::v1::DecodeRequest request;
       if (!request.ParseFromArray(bytes, n)) return 0;
       auto params = tandem::serving::SamplingFromProto(request.sampling(), vocab);
-      if (params.ok()) FUZZ_CHECK(params->max_tokens >= 1);
+      if (params.ok()) {
+        FUZZ_CHECK(params->max_tokens >= 1 || params->prompt_logprobs >= 0);
+        if (params->logprobs >= 0 && request.has_first_token_logprobs()) {
+          (void)tandem::serving::CheckLogprobs(request.first_token_logprobs(),
+                                               request.first_token_id(), vocab, params->logprobs);
+        }
+      }
       break;
     }
     case 2: {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tandem/v1/decode.grpc.pb.h"
@@ -194,6 +195,63 @@ TEST_P(DisaggregatedTest, BadReservationsAreClearErrorsAndLeasesExpire) {
   too_big.set_max_tokens(100);
   EXPECT_EQ(decode_stub_->Reserve(Context(absl::Seconds(5)).get(), too_big, &reserved).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// Scoring a prompt is a prefill without a target; decode takes the first token's
+// log-probabilities from prefill and refuses ones that cannot be.
+TEST_P(DisaggregatedTest, PromptScoringRunsOnPrefillAloneAndBadLogprobsAreRefused) {
+  const auto prompt = manifest_["prompts"][0]["token_ids"].get<std::vector<int32_t>>();
+  v1::PrefillRequest score;
+  score.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
+  score.mutable_sampling()->set_max_tokens(0);
+  score.mutable_sampling()->set_prompt_logprobs(2);
+  v1::PrefillResponse scored;
+  ASSERT_TRUE(prefill_stub_->Prefill(Context(absl::Seconds(30)).get(), score, &scored).ok());
+  EXPECT_EQ(scored.kv_bytes(), 0);
+  ASSERT_EQ(scored.prompt_logprobs_size(), static_cast<int>(prompt.size()) - 1);
+  for (int i = 0; i < scored.prompt_logprobs_size(); ++i) {
+    EXPECT_EQ(scored.prompt_logprobs(i).token_id(), prompt[i + 1]);
+    EXPECT_LE(scored.prompt_logprobs(i).logprob(), 0.0f);
+    EXPECT_EQ(scored.prompt_logprobs(i).top_size(), 2);
+  }
+  // Scoring sends nothing, so a target is a mistake; generating needs one.
+  score.mutable_target()->set_agent("x");
+  EXPECT_EQ(prefill_stub_->Prefill(Context(absl::Seconds(5)).get(), score, &scored).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  score.clear_target();
+  score.mutable_sampling()->set_max_tokens(4);
+  EXPECT_EQ(prefill_stub_->Prefill(Context(absl::Seconds(5)).get(), score, &scored).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  score.mutable_sampling()->set_max_tokens(0);
+  score.mutable_sampling()->clear_prompt_logprobs();
+  EXPECT_EQ(prefill_stub_->Prefill(Context(absl::Seconds(5)).get(), score, &scored).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  auto refused = [&](const v1::DecodeRequest& decode) {
+    auto context = Context(absl::Seconds(5));
+    auto reader = decode_stub_->Decode(context.get(), decode);
+    v1::GenerateStreamResponse chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish();
+  };
+  v1::DecodeRequest decode;
+  decode.set_handle("unused");
+  decode.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
+  decode.set_first_token_id(5);
+  decode.mutable_sampling()->set_max_tokens(4);
+  decode.mutable_sampling()->set_logprobs(1);
+  grpc::Status missing = refused(decode);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(missing.error_message(), "first_token_logprobs"));
+  decode.mutable_first_token_logprobs()->set_token_id(6);  // another token's
+  EXPECT_EQ(refused(decode).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  decode.mutable_first_token_logprobs()->set_token_id(5);
+  decode.mutable_first_token_logprobs()->set_logprob(0.5f);  // above 0
+  EXPECT_EQ(refused(decode).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  decode.mutable_first_token_logprobs()->set_logprob(-1.0f);
+  for (int i = 0; i < 2; ++i) decode.mutable_first_token_logprobs()->add_top()->set_token_id(1);
+  EXPECT_EQ(refused(decode).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // 2 > 1 asked
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -8,6 +8,7 @@
 // with O_DIRECT into a cache of a quarter of them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -61,21 +62,50 @@ class PrunedClusterTest : public ::testing::Test {
     return Cluster{*decode, *gateway};
   }
 
-  // Greedy continuations of every golden prompt through `client`.
-  std::vector<std::vector<int32_t>> GenerateAll(sdk::Client* client) {
-    std::vector<std::vector<int32_t>> out;
+  struct Generation {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;         // each generated token's
+    std::vector<float> prompt_logprobs;  // prompt tokens 1..n-1
+  };
+  // Greedy continuations of every golden prompt through `client`, with log-probabilities.
+  std::vector<Generation> GenerateAll(sdk::Client* client) {
+    std::vector<Generation> out;
     for (const auto& prompt : manifest_["prompts"]) {
       const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
       v1::GenerateRequest request;
       request.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
       request.mutable_sampling()->set_max_tokens(kTokens);
+      request.mutable_sampling()->set_logprobs(2);
+      request.mutable_sampling()->set_prompt_logprobs(0);
       auto response = client->Generate(request);
       EXPECT_TRUE(response.ok()) << response.status();
       out.emplace_back();
-      if (response.ok())
-        out.back().assign(response->token_ids().begin(), response->token_ids().end());
+      if (!response.ok()) continue;
+      out.back().tokens.assign(response->token_ids().begin(), response->token_ids().end());
+      for (const auto& lp : response->logprobs()) out.back().logprobs.push_back(lp.logprob());
+      for (const auto& lp : response->prompt_logprobs()) {
+        out.back().prompt_logprobs.push_back(lp.logprob());
+      }
+      EXPECT_EQ(out.back().logprobs.size(), out.back().tokens.size());
+      EXPECT_EQ(out.back().prompt_logprobs.size(), ids.size() - 1);
     }
     return out;
+  }
+
+  // The same sequences' log-probabilities in two runs, within the engines' batch invariance.
+  static void ExpectSameLogprobs(const std::vector<Generation>& a,
+                                 const std::vector<Generation>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      ASSERT_EQ(a[k].logprobs.size(), b[k].logprobs.size()) << "prompt " << k;
+      for (size_t t = 0; t < a[k].logprobs.size(); ++t) {
+        EXPECT_NEAR(a[k].logprobs[t], b[k].logprobs[t], 1e-3) << "prompt " << k << " token " << t;
+      }
+      ASSERT_EQ(a[k].prompt_logprobs.size(), b[k].prompt_logprobs.size());
+      for (size_t t = 0; t < a[k].prompt_logprobs.size(); ++t) {
+        EXPECT_NEAR(a[k].prompt_logprobs[t], b[k].prompt_logprobs[t], 1e-3);
+      }
+    }
   }
 
   nlohmann::json manifest_;
@@ -83,7 +113,7 @@ class PrunedClusterTest : public ::testing::Test {
 };
 
 TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAwareServing) {
-  std::vector<std::vector<int32_t>> disaggregated, colocated;
+  std::vector<Generation> disaggregated, colocated;
   double decode_bytes = -1, serve_bytes = -1, decode_experts = -1, serve_experts = -1;
   {
     testing::ServiceSet set;
@@ -93,6 +123,27 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
     auto client = Connect(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
+    // Scoring a prompt and its pruned continuation runs on the full prefill alone: the first
+    // continuation token's log-probability is the one generation reported (prefill sampled
+    // it); the pruned decoder's later ones are its own, and some differ from the full model's.
+    const auto ids = manifest_["prompts"][0]["token_ids"].get<std::vector<int32_t>>();
+    v1::GenerateRequest score;
+    score.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+    for (int32_t t : disaggregated[0].tokens) score.mutable_prompt_token_ids()->add_ids(t);
+    score.mutable_sampling()->set_max_tokens(0);
+    score.mutable_sampling()->set_prompt_logprobs(0);
+    auto scored = client->Generate(score);
+    ASSERT_TRUE(scored.ok()) << scored.status();
+    EXPECT_EQ(scored->token_ids_size(), 0);
+    ASSERT_EQ(scored->prompt_logprobs_size(), static_cast<int>(ids.size() + kTokens - 1));
+    const int first = static_cast<int>(ids.size()) - 1;
+    EXPECT_NEAR(scored->prompt_logprobs(first).logprob(), disaggregated[0].logprobs[0], 1e-3);
+    int pruned_differs = 0;
+    for (int t = 1; t < kTokens; ++t) {
+      pruned_differs += std::abs(scored->prompt_logprobs(first + t).logprob() -
+                                 disaggregated[0].logprobs[t]) > 1e-2;
+    }
+    EXPECT_GT(pruned_differs, 0) << "the pruned decoder's log-probabilities are the full model's";
     decode_bytes = MetricValue(decode->http_port, "tandem_expert_weight_bytes");
     decode_experts = MetricValue(decode->http_port, "tandem_experts_resident");
   }
@@ -108,14 +159,15 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
   }
   int differ_from_full = 0;
   for (size_t k = 0; k < colocated.size(); ++k) {
-    ASSERT_EQ(colocated[k].size(), static_cast<size_t>(kTokens)) << "prompt " << k;
-    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
+    ASSERT_EQ(colocated[k].tokens.size(), static_cast<size_t>(kTokens)) << "prompt " << k;
+    EXPECT_EQ(disaggregated[k].tokens, colocated[k].tokens) << "prompt " << k;
     auto full = manifest_["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
     full.resize(kTokens);
     // The first token comes from the full prefill in both modes.
-    EXPECT_EQ(colocated[k][0], full[0]) << "prompt " << k;
-    differ_from_full += colocated[k] != full;
+    EXPECT_EQ(colocated[k].tokens[0], full[0]) << "prompt " << k;
+    differ_from_full += colocated[k].tokens != full;
   }
+  ExpectSameLogprobs(disaggregated, colocated);
   EXPECT_GT(differ_from_full, 0) << "the plan changed no continuation";
   // 8 of 16 experts in each of 6 layers; serve holds them all (prefill needs them).
   EXPECT_EQ(decode_experts, 48);
@@ -134,7 +186,7 @@ TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedW
   // 6 layers x 16 experts x 3 x 384 x 192 x 2 bytes, a quarter of it.
   const std::string cache = absl::StrCat("--expert_cache_bytes=", 6 * 16 * 3 * 384 * 192 * 2 / 4);
 
-  std::vector<std::vector<int32_t>> disaggregated, colocated;
+  std::vector<Generation> disaggregated, colocated;
   double misses = -1, loaded = -1, warm = -1, resident = -1;
   {
     testing::ServiceSet set(reordered);
@@ -160,8 +212,9 @@ TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedW
   }
   ASSERT_EQ(disaggregated.size(), colocated.size());
   for (size_t k = 0; k < colocated.size(); ++k) {
-    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
+    EXPECT_EQ(disaggregated[k].tokens, colocated[k].tokens) << "prompt " << k;
   }
+  ExpectSameLogprobs(disaggregated, colocated);
   EXPECT_GT(misses, 0);
   EXPECT_GT(loaded, 0);
   EXPECT_GT(warm, 0);

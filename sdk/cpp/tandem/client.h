@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,6 +55,12 @@ class Client {
   // `cancel`, when set, can abort the call (CANCELLED) before its deadline.
   absl::StatusOr<tandem::v1::GenerateResponse> Generate(const tandem::v1::GenerateRequest& request,
                                                         Cancellation* cancel = nullptr);
+  // `n` choices of one request (OpenAI's `n`), run side by side: choice i is the request with
+  // seed + i when it has a seed, so a seeded call repeats exactly, as the OpenAI front's `n`
+  // does. The first failure is returned (the other calls still end within the deadline);
+  // INVALID_ARGUMENT for n outside [1, 16].
+  absl::StatusOr<std::vector<tandem::v1::GenerateResponse>> GenerateChoices(
+      const tandem::v1::GenerateRequest& request, int n);
   // Calls `on_chunk` for every streamed chunk, in order (keep-alives are not passed on);
   // returns the stream's final status.
   absl::Status GenerateStream(

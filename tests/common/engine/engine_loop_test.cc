@@ -228,7 +228,7 @@ TEST_F(EngineLoopTest, BadRequestsAreRefusedAtSubmit) {
             absl::StatusCode::kInvalidArgument);
   BlockTable table;
   ASSERT_TRUE(table.Reserve(pool_.get(), 4).ok());
-  EXPECT_EQ(loop_->SubmitPrefilled(empty, std::move(table), 5, Record(2)).status().code(),
+  EXPECT_EQ(loop_->SubmitPrefilled(empty, std::move(table), 5, {}, Record(2)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(pool_->num_free(), pool_->num_total()) << "a refused table's blocks are released";
 }

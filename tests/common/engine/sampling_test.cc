@@ -87,6 +87,20 @@ TEST(SamplingParamsTest, ValidateNamesTheField) {
        }},
       {"stop_strings", [](SamplingParams& p) { p.stop_strings = {""}; }},
       {"stop_strings", [](SamplingParams& p) { p.stop_strings = {std::string(65, 'x')}; }},
+      {"presence_penalty", [](SamplingParams& p) { p.presence_penalty = 2.5f; }},
+      {"frequency_penalty", [](SamplingParams& p) { p.frequency_penalty = -3.0f; }},
+      {"repetition_penalty", [](SamplingParams& p) { p.repetition_penalty = 0.0f; }},
+      {"repetition_penalty", [](SamplingParams& p) { p.repetition_penalty = 2.5f; }},
+      {"logit_bias",
+       [](SamplingParams& p) {
+         p.logit_bias = {{100, 1.0f}};
+       }},
+      {"logit_bias",
+       [](SamplingParams& p) {
+         p.logit_bias = {{1, 101.0f}};
+       }},
+      {"logprobs", [](SamplingParams& p) { p.logprobs = 21; }},
+      {"prompt_logprobs", [](SamplingParams& p) { p.prompt_logprobs = -2; }},
   };
   for (const Case& c : cases) {
     SamplingParams params;
@@ -414,6 +428,157 @@ TEST(StopCheckerTest, StreamingMatchesOracle) {
     EXPECT_EQ(out, expected) << "trial " << trial;
     EXPECT_EQ(reason == FinishReason::kStop, expect_stop) << "trial " << trial;
   }
+}
+
+}  // namespace
+}  // namespace tandem::engine
+
+namespace tandem::engine {
+namespace {
+
+// log-softmax by the book, in double.
+std::vector<double> LogSoftmax(const std::vector<float>& logits) {
+  double max = -kInf;
+  for (float x : logits) max = std::max<double>(max, x);
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(x - max);
+  std::vector<double> out;
+  for (float x : logits) out.push_back(x - max - std::log(sum));
+  return out;
+}
+
+TEST(SamplingParamsTest, MaxTokensZeroOnlyScoresAPrompt) {
+  SamplingParams params;
+  params.max_tokens = 0;
+  EXPECT_THAT(params.Validate(100).message(), HasSubstr("max_tokens"));
+  params.prompt_logprobs = 0;
+  EXPECT_TRUE(params.Validate(100).ok());
+}
+
+TEST(LogprobsTest, MatchTheReferenceLogSoftmaxAndRankTheTop) {
+  std::mt19937_64 rng(7);
+  const std::vector<float> logits = RandomLogits(rng, 300);
+  const std::vector<double> reference = LogSoftmax(logits);
+  const TokenLogprobs lp = ComputeLogprobs(logits, 42, 5);
+  EXPECT_EQ(lp.token, 42);
+  EXPECT_NEAR(lp.logprob, reference[42], 1e-5);
+  ASSERT_EQ(lp.top.size(), 5u);
+  std::vector<int> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(lp.top[i].token, order[i]);
+    EXPECT_NEAR(lp.top[i].logprob, reference[order[i]], 1e-5);
+  }
+  EXPECT_TRUE(ComputeLogprobs(logits, 3, 0).top.empty());
+  EXPECT_EQ(ComputeLogprobs(logits, 3, 1000).top.size(), logits.size());
+}
+
+TEST(LogprobsTest, TiesRankTheLowerIdFirstAndNaNIsMinusInfinity) {
+  const std::vector<float> logits = {1.0f, 2.0f, 2.0f, std::nanf("")};
+  const TokenLogprobs lp = ComputeLogprobs(logits, 3, 3);
+  EXPECT_EQ(lp.logprob, -kInf);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].token, 1);
+  EXPECT_EQ(lp.top[1].token, 2);
+  EXPECT_EQ(lp.top[2].token, 0);
+  EXPECT_NEAR(lp.top[0].logprob, std::log(std::exp(2.0) / (2 * std::exp(2.0) + std::exp(1.0))),
+              1e-6);
+}
+
+TEST(LogprobsTest, PromptRowsScoreTheNextPromptToken) {
+  // Two rows of a 3-token vocabulary for prompt positions 1 and 2 of a 3-token prompt: only
+  // position 1's row predicts a prompt token (position 2's predicts what follows).
+  const std::vector<float> rows = {0.0f, 1.0f, 2.0f, 5.0f, 5.0f, 5.0f};
+  const std::vector<int32_t> prompt = {0, 1, 2};
+  std::vector<TokenLogprobs> out;
+  AppendPromptLogprobs(rows, 1, 2, prompt, 1, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].token, 2);
+  EXPECT_NEAR(out[0].logprob, LogSoftmax({0.0f, 1.0f, 2.0f})[2], 1e-6);
+}
+
+TEST(PenaltyTest, LogitBiasDecidesGreedyPicks) {
+  SamplingParams params = Params(0.0f);
+  params.logit_bias = {{0, 10.0f}};
+  Sampler sampler(params);
+  EXPECT_EQ(sampler.Sample(std::vector<float>{1.0f, 5.0f, 3.0f}), 0);
+  params.logit_bias = {{1, -100.0f}};
+  Sampler banned(params);
+  EXPECT_EQ(banned.Sample(std::vector<float>{1.0f, 5.0f, 3.0f}), 2);
+}
+
+TEST(PenaltyTest, PresenceAndFrequencyPenalizeGeneratedTokens) {
+  const std::vector<float> logits = {3.0f, 2.5f, 0.0f};
+  // Presence 1: after token 0 once, 3 - 1 = 2 < 2.5.
+  SamplingParams presence = Params(0.0f);
+  presence.presence_penalty = 1.0f;
+  Sampler a(presence);
+  EXPECT_EQ(a.Sample(logits), 0);
+  EXPECT_EQ(a.Sample(logits), 1);
+  // Then both were seen once: 2.0 vs 1.5.
+  EXPECT_EQ(a.Sample(logits), 0);
+  // Frequency 0.3: token 0 drops by 0.3 per use: 3.0, 2.7, 2.4 < 2.5 at the third.
+  SamplingParams frequency = Params(0.0f);
+  frequency.frequency_penalty = 0.3f;
+  Sampler b(frequency);
+  EXPECT_EQ(b.Sample(logits), 0);
+  EXPECT_EQ(b.Sample(logits), 0);
+  EXPECT_EQ(b.Sample(logits), 1);
+  // A negative penalty favours repeats.
+  SamplingParams favour = Params(0.0f);
+  favour.presence_penalty = -2.0f;
+  Sampler c(favour);
+  c.SkipDraw(2);                   // counted like a sampled token
+  EXPECT_EQ(c.Sample(logits), 0);  // 0 + 2 = 2 < 3
+  favour.frequency_penalty = -1.5f;
+  Sampler d(favour);
+  d.SkipDraw(2);
+  EXPECT_EQ(d.Sample(logits), 2);  // 0 + 2 + 1.5 = 3.5 > 3
+}
+
+TEST(PenaltyTest, RepetitionPenaltyCountsThePromptAndDividesOrMultiplies) {
+  SamplingParams params = Params(0.0f);
+  params.repetition_penalty = 2.0f;
+  const std::vector<int32_t> prompt = {0};
+  // Token 0 is in the prompt: 3 / 2 = 1.5 < 2.5.
+  Sampler a(params, prompt);
+  EXPECT_EQ(a.Sample(std::vector<float>{3.0f, 2.5f, 0.0f}), 1);
+  // Negative logits are multiplied: -1 * 2 = -2 < -1.5.
+  Sampler b(params, prompt);
+  EXPECT_EQ(b.Sample(std::vector<float>{-1.0f, -1.5f, -3.0f}), 1);
+  // Without the prompt, nothing is penalized.
+  Sampler c(params);
+  EXPECT_EQ(c.Sample(std::vector<float>{3.0f, 2.5f, 0.0f}), 0);
+}
+
+TEST(PenaltyTest, PenaltiesShapeTheDrawnDistribution) {
+  // Temperature 1 after a presence penalty of 1 on token 0: softmax of the shifted logits.
+  std::vector<float> logits = {1.0f, 1.0f, 1.0f, 1.0f};
+  SamplingParams params = Params(1.0f, 99);
+  params.presence_penalty = 1.0f;
+  constexpr int kDraws = 20000;
+  std::vector<int> counts(4, 0);
+  for (int i = 0; i < kDraws; ++i) {
+    Sampler sampler(params);
+    sampler.SkipDraw(0);
+    params.seed = *params.seed + 1;
+    ++counts[sampler.Sample(logits)];
+  }
+  const std::vector<double> p = Softmax({0.0f, 1.0f, 1.0f, 1.0f}, 1.0f);
+  EXPECT_LT(ChiSquare(counts, p, kDraws), 16.27);  // 3 dof, p = 0.001
+}
+
+TEST(PenaltyTest, UnpenalizedSamplingDrawsWhatItDidBefore) {
+  // The penalty path must not change the stream of an unpenalized request: a bias of 0 on a
+  // token counts as penalized but adds nothing.
+  std::mt19937_64 rng(3);
+  const std::vector<float> logits = RandomLogits(rng, 50);
+  SamplingParams plain = Params(0.8f, 5);
+  SamplingParams zero_bias = plain;
+  zero_bias.logit_bias = {{7, 0.0f}};
+  Sampler a(plain), b(zero_bias);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(a.Sample(logits), b.Sample(logits));
 }
 
 }  // namespace

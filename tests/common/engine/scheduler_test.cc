@@ -293,6 +293,85 @@ TEST_F(SchedulerTest, PrefilledSequencesContinueAsOneProcessWould) {
   EXPECT_EQ(pool_->num_free(), pool_->num_total());
 }
 
+// Log-probabilities, of the prompt (chunked, batched with another sequence) and of each
+// generated token, are the log-softmax of what one forward pass over the whole text gives.
+TEST_F(SchedulerTest, LogprobsAreTheForwardPassLogSoftmax) {
+  Build(/*num_blocks=*/128, {.max_running = 2, .max_step_tokens = 4});
+  const std::vector<int32_t> prompt = Prompt(2);
+  const int n = static_cast<int>(prompt.size());
+  ASSERT_GT(n, 4);  // the prompt runs in several chunks
+  constexpr int kGenerate = 6;
+  std::vector<int32_t> all = prompt;
+  for (int32_t t : Greedy(2, kGenerate)) all.push_back(t);
+  std::vector<std::vector<float>> reference;
+  {
+    BlockTable table;
+    ASSERT_TRUE(table.Reserve(pool_.get(), static_cast<int>(all.size())).ok());
+    StepInput in{all, 0, &table, LogitRows::kAll};
+    ASSERT_EQ(forward_->Step({&in, 1}, {}, &reference), absl::OkStatus());
+    table.ReleaseAll(pool_.get());
+  }
+  const size_t vocab = weights_->config.vocab_size;
+  auto row = [&](int position) {
+    return absl::MakeConstSpan(reference[0]).subspan(position * vocab, vocab);
+  };
+
+  SequenceRequest scored = GreedyRequest(prompt, kGenerate);
+  scored.params.logprobs = 3;
+  scored.params.prompt_logprobs = 2;
+  ASSERT_TRUE(scheduler_->Add(GreedyRequest(Prompt(5), 10)).ok());  // company in each step
+  auto id = scheduler_->Add(scored);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<SequenceOutput> mine;
+  while (!scheduler_->idle()) {
+    std::vector<SequenceOutput> outputs;
+    ASSERT_EQ(scheduler_->Step(&outputs), absl::OkStatus());
+    for (auto& out : outputs) {
+      if (out.id == *id) mine.push_back(std::move(out));
+    }
+  }
+  ASSERT_EQ(mine.size(), static_cast<size_t>(kGenerate));
+  ASSERT_EQ(mine[0].prompt_logprobs.size(), static_cast<size_t>(n - 1));
+  for (int i = 0; i + 1 < n; ++i) {
+    const TokenLogprobs want = ComputeLogprobs(row(i), prompt[i + 1], 2);
+    const TokenLogprobs& got = mine[0].prompt_logprobs[i];
+    EXPECT_EQ(got.token, prompt[i + 1]);
+    EXPECT_NEAR(got.logprob, want.logprob, 1e-3) << "prompt token " << i + 1;
+    ASSERT_EQ(got.top.size(), 2u);
+    EXPECT_EQ(got.top[0].token, want.top[0].token);
+  }
+  for (int k = 0; k < kGenerate; ++k) {
+    ASSERT_TRUE(mine[k].token.has_value() && mine[k].logprobs.has_value());
+    EXPECT_EQ(*mine[k].token, all[n + k]);
+    const TokenLogprobs want = ComputeLogprobs(row(n - 1 + k), all[n + k], 3);
+    EXPECT_NEAR(mine[k].logprobs->logprob, want.logprob, 1e-3) << "generated token " << k;
+    ASSERT_EQ(mine[k].logprobs->top.size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(mine[k].logprobs->top[0].token, *mine[k].token);
+    if (k > 0) {
+      EXPECT_TRUE(mine[k].prompt_logprobs.empty());
+    }
+  }
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+// max_tokens 0 scores the prompt and generates nothing.
+TEST_F(SchedulerTest, MaxTokensZeroOnlyScoresThePrompt) {
+  Build(/*num_blocks=*/64, {.max_running = 4, .max_step_tokens = 16});
+  SequenceRequest request = GreedyRequest(Prompt(1), 0);
+  EXPECT_EQ(scheduler_->Add(request).status().code(), absl::StatusCode::kInvalidArgument);
+  request.params.prompt_logprobs = 0;
+  auto id = scheduler_->Add(request);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<SequenceOutput> outputs;
+  while (!scheduler_->idle()) ASSERT_EQ(scheduler_->Step(&outputs), absl::OkStatus());
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_FALSE(outputs[0].token.has_value());
+  EXPECT_EQ(outputs[0].finish, FinishReason::kLength);
+  EXPECT_EQ(outputs[0].prompt_logprobs.size(), Prompt(1).size() - 1);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
 // A prefilled sequence may be the only one that cannot be recomputed: when the pool runs dry
 // the others are preempted, never it.
 TEST_F(SchedulerTest, PrefilledSequencesAreNeverPreempted) {

@@ -7,6 +7,10 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -275,6 +279,61 @@ TEST_F(AdmissionTest, DestroyingTheServiceEndsEveryRequest) {
   service_.reset();
   EXPECT_EQ(a->Wait().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(b->Wait().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem::gateway
+
+namespace tandem::gateway {
+namespace {
+
+// The sampling fields are checked before anything runs, each refusal naming its field;
+// max_tokens left unset is the default, set to 0 it scores the prompt only.
+TEST(PrepareTest, SamplingFieldsAreCheckedAndExplicitZeroMaxTokensScores) {
+  metrics::Registry registry{{}};
+  rpc::RpcMetrics rpc_metrics(&registry);
+  serving::GatewayMetrics metrics(&registry);
+  GatewayConfig config;
+  config.model_name = "m";
+  config.model_config.vocab_size = 100;
+  config.model_config.max_position_embeddings = 64;
+  GatewayService service(config, nullptr, std::make_unique<ManualBackend>(), &rpc_metrics,
+                         &metrics);
+  auto request = [] {
+    tandem::v1::GenerateRequest r;
+    r.mutable_prompt_token_ids()->add_ids(1);
+    r.mutable_prompt_token_ids()->add_ids(2);
+    return r;
+  };
+  auto ok = service.Prepare(request());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->generation.max_tokens, 16);
+
+  tandem::v1::GenerateRequest score = request();
+  score.mutable_sampling()->set_max_tokens(0);
+  EXPECT_THAT(std::string(service.Prepare(score).status().message()), HasSubstr("prompt_logprobs"));
+  score.mutable_sampling()->set_prompt_logprobs(0);
+  auto scoring = service.Prepare(score);
+  ASSERT_TRUE(scoring.ok()) << scoring.status();
+  EXPECT_EQ(scoring->generation.max_tokens, 0);
+
+  const std::vector<std::pair<std::string, std::function<void(tandem::v1::SamplingParams*)>>> bad =
+      {
+          {"presence_penalty", [](auto* s) { s->set_presence_penalty(2.5f); }},
+          {"frequency_penalty", [](auto* s) { s->set_frequency_penalty(-3); }},
+          {"repetition_penalty", [](auto* s) { s->set_repetition_penalty(-1); }},
+          {"logit_bias", [](auto* s) { (*s->mutable_logit_bias())[100] = 1; }},
+          {"logit_bias", [](auto* s) { (*s->mutable_logit_bias())[1] = 200; }},
+          {"logprobs", [](auto* s) { s->set_logprobs(21); }},
+          {"prompt_logprobs", [](auto* s) { s->set_prompt_logprobs(-1); }},
+      };
+  for (const auto& [field, mutate] : bad) {
+    tandem::v1::GenerateRequest r = request();
+    mutate(r.mutable_sampling());
+    const absl::Status status = service.Prepare(r).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(field));
+  }
 }
 
 }  // namespace
