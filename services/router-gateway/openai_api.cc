@@ -1,8 +1,13 @@
 #include "services/router-gateway/openai_api.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
@@ -58,150 +63,378 @@ void Count(serving::GatewayMetrics* metrics, const std::string& path, int status
   metrics->http_requests->Add({{"path", path}, {"code", absl::StrCat(status)}}).Increment();
 }
 
-// What both kinds of answer share.
-struct Answer {
+// The text a token stands for: its piece with SentencePiece's "▁" as a space, a byte-fallback
+// piece (<0xE6>) as its byte; control tokens (BOS) as their piece.
+std::string TokenText(const model::Tokenizer& tokenizer, int32_t id) {
+  const std::string piece = tokenizer.IdToPiece(id);
+  if (tokenizer.IsByte(id) && piece.size() == 6 && piece.compare(0, 3, "<0x") == 0) {
+    return std::string(1, static_cast<char>(std::strtol(piece.substr(3, 2).c_str(), nullptr, 16)));
+  }
+  return absl::StrReplaceAll(piece, {{"\xe2\x96\x81", " "}});
+}
+
+// Characters (code points) in UTF-8 text: OpenAI's text_offset counts those.
+int Characters(absl::string_view text) {
+  int n = 0;
+  for (char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+// JSON has no -inf: vLLM's stand-in.
+float Finite(float logprob) { return std::isfinite(logprob) ? logprob : -9999.0f; }
+
+json Bytes(absl::string_view text) {
+  json bytes = json::array();
+  for (char c : text) bytes.push_back(static_cast<unsigned char>(c));
+  return bytes;
+}
+
+// Completions' logprobs object, a token at a time: the token, its log-probability (null for
+// the prompt's first), the alternatives with the chosen token among them, and its offset in
+// the choice's text (in characters, where the detokenizer puts the token's text).
+class CompletionLogprobs {
+ public:
+  explicit CompletionLogprobs(const model::Tokenizer* tokenizer)
+      : tokenizer_(tokenizer), detok_(tokenizer) {}
+
+  void Add(int32_t id, const tandem::v1::TokenLogprobs* p) {
+    const std::string text = TokenText(*tokenizer_, id);
+    value_["tokens"].push_back(text);
+    value_["text_offset"].push_back(base_ + emitted_);
+    if (absl::StatusOr<std::string> piece = detok_.Add(id); piece.ok()) {
+      emitted_ += Characters(*piece);
+    }
+    if (p == nullptr) {
+      value_["token_logprobs"].push_back(nullptr);
+      value_["top_logprobs"].push_back(nullptr);
+      return;
+    }
+    value_["token_logprobs"].push_back(Finite(p->logprob()));
+    json top = json::object();
+    for (const tandem::v1::TokenLogprob& t : p->top()) {
+      const std::string key = TokenText(*tokenizer_, t.token_id());
+      if (!top.contains(key)) top[key] = Finite(t.logprob());  // the likelier of equal texts
+    }
+    if (!top.contains(text)) top[text] = Finite(p->logprob());
+    value_["top_logprobs"].push_back(std::move(top));
+  }
+
+  // The generated tokens begin, at `offset` characters (after an echoed prompt): their text
+  // is detokenized on its own, as the engine's.
+  void StartGenerated(int offset) {
+    detok_.Reset();
+    base_ = offset;
+    emitted_ = 0;
+  }
+
+  // The object so far, and a fresh one that goes on at the same offset (streaming).
+  json Take() {
+    json out = std::move(value_);
+    value_ = Empty();
+    return out;
+  }
+
+ private:
+  static json Empty() {
+    return {{"tokens", json::array()},
+            {"token_logprobs", json::array()},
+            {"top_logprobs", json::array()},
+            {"text_offset", json::array()}};
+  }
+
+  const model::Tokenizer* const tokenizer_;
+  model::StreamingDetokenizer detok_;
+  json value_ = Empty();
+  int base_ = 0;
+  int emitted_ = 0;
+};
+
+// Chat's logprobs entry for one generated token.
+json ChatLogprob(const model::Tokenizer& tokenizer, const tandem::v1::TokenLogprobs& p) {
+  const std::string text = TokenText(tokenizer, p.token_id());
+  json top = json::array();
+  for (const tandem::v1::TokenLogprob& t : p.top()) {
+    const std::string alt = TokenText(tokenizer, t.token_id());
+    top.push_back({{"token", alt}, {"logprob", Finite(t.logprob())}, {"bytes", Bytes(alt)}});
+  }
+  return {{"token", text},
+          {"logprob", Finite(p.logprob())},
+          {"bytes", Bytes(text)},
+          {"top_logprobs", std::move(top)}};
+}
+
+// What a request's answer is made from.
+struct Request {
   std::shared_ptr<http::ResponseWriter> out;
   serving::GatewayMetrics* metrics;
+  const model::Tokenizer* tokenizer;
   std::string path;
   bool chat;
   CompletionRequest parsed;
   std::string id;
   int64_t created;
   std::string model;
-  std::shared_ptr<DispatchCall> call;
+  std::shared_ptr<DispatchCall> call;  // shared by the choices: cancelling ends them all
+  std::vector<int32_t> prompt;         // token ids, for echo
+  std::string prompt_text;             // for echo
 };
 
-// A whole JSON response once the generation ends.
-class WholeSink : public GenerationSink {
+// One response for best_of generations (one per choice, run side by side): a whole JSON
+// response once all have ended, or server-sent events as they come (the HTTP status is 200
+// once the first event is out; an error before that is an ordinary error response). The
+// first choice to fail ends the rest and the response says why.
+class Answer {
  public:
-  explicit WholeSink(Answer answer) : a_(std::move(answer)) {}
-
-  void OnChunk(const GenerateStreamResponse& c) override {
-    text_ += c.text();
-    if (c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-      finish_ = FinishReason(c.finish_reason());
-      usage_ = c.usage();
-    }
+  explicit Answer(Request request)
+      : r_(std::move(request)), choices_(r_.parsed.best_of), remaining_(r_.parsed.best_of) {
+    for (Choice& c : choices_) c.logprobs.emplace(r_.tokenizer);
   }
 
-  void OnDone(const absl::Status& status) override {
-    if (a_.out->client_gone()) return Count(a_.metrics, a_.path, 499);  // nobody to answer
-    if (!status.ok()) {
-      const http::Response error = ErrorResponse(status);
-      a_.out->Send(error);
-      return Count(a_.metrics, a_.path, error.status);
+  void OnChunk(int index, const GenerateStreamResponse& c) {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!error_.ok()) return;  // ending: nothing more is shown
+      Choice& choice = choices_[index];
+      if (c.prompt_logprobs_size() > 0) {
+        choice.prompt_logprobs.assign(c.prompt_logprobs().begin(), c.prompt_logprobs().end());
+      }
+      if (c.has_usage()) usage_[index] = c.usage();
+      if (c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+        choice.finish = FinishReason(c.finish_reason());
+      }
+      for (const tandem::v1::TokenLogprobs& p : c.logprobs()) choice.cumulative += p.logprob();
+      if (r_.parsed.stream) {
+        cancel = !Stream(index, c);
+      } else {
+        choice.text += c.text();
+        choice.ids.insert(choice.ids.end(), c.token_ids().begin(), c.token_ids().end());
+        choice.token_logprobs.insert(choice.token_logprobs.end(), c.logprobs().begin(),
+                                     c.logprobs().end());
+      }
     }
-    json choice = {{"index", 0},
-                   {"logprobs", nullptr},
-                   {"finish_reason", finish_ == nullptr ? json(nullptr) : json(finish_)}};
-    if (a_.chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", text_}};
-    } else {
-      choice["text"] = text_;
-    }
-    const json body = {{"id", a_.id},
-                       {"object", a_.chat ? "chat.completion" : "text_completion"},
-                       {"created", a_.created},
-                       {"model", a_.model},
-                       {"choices", json::array({std::move(choice)})},
-                       {"usage", Usage(usage_)}};
-    a_.out->Send({200, kJson, Dump(body)});
-    Count(a_.metrics, a_.path, 200);
-  }
-
- private:
-  const Answer a_;
-  std::string text_;
-  const char* finish_ = nullptr;
-  tandem::v1::Usage usage_;
-};
-
-// Server-sent events as the text comes; the HTTP status is 200 once the first event is out
-// (an error before that is an ordinary error response).
-class StreamSink : public GenerationSink {
- public:
-  explicit StreamSink(Answer answer) : a_(std::move(answer)) {}
-
-  void OnChunk(const GenerateStreamResponse& c) override {
-    const char* finish = c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED
-                             ? FinishReason(c.finish_reason())
-                             : nullptr;
-    if (c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) usage_ = c.usage();
-    if (c.text().empty() && finish == nullptr) return;
-    if (!Begin()) return;
-    std::string events;
-    if (a_.chat && !wrote_role_) {
-      events += Event({{"index", 0},
-                       {"delta", {{"role", "assistant"}, {"content", ""}}},
-                       {"logprobs", nullptr},
-                       {"finish_reason", nullptr}});
-      wrote_role_ = true;
-    }
-    json choice = {{"index", 0}, {"logprobs", nullptr}};
-    if (a_.chat) {
-      choice["delta"] = c.text().empty() ? json::object() : json{{"content", c.text()}};
-    } else {
-      choice["text"] = c.text();
-    }
-    choice["finish_reason"] = finish == nullptr ? json(nullptr) : json(finish);
-    events += Event(std::move(choice));
-    if (!a_.out->Write(events)) a_.call->Cancel();
+    if (cancel) r_.call->Cancel();
   }
 
   // A comment line: ignored by clients, but it keeps proxies' idle timers from closing a
   // stream that waits (and shows a closed connection sooner).
-  void OnKeepAlive() override {
-    if (a_.out->started() && !a_.out->Write(": keep-alive\n\n")) a_.call->Cancel();
+  void OnKeepAlive() {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      cancel = r_.parsed.stream && r_.out->started() && error_.ok() &&
+               !r_.out->Write(": keep-alive\n\n");
+    }
+    if (cancel) r_.call->Cancel();
   }
 
-  void OnDone(const absl::Status& status) override {
-    if (a_.out->client_gone()) return Count(a_.metrics, a_.path, 499);
-    if (!status.ok() && !a_.out->started()) {
-      const http::Response error = ErrorResponse(status);
-      a_.out->Send(error);
-      return Count(a_.metrics, a_.path, error.status);
+  void OnDone(const absl::Status& status) {
+    bool end_others = false, last = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && error_.ok()) {
+        error_ = status;
+        end_others = true;
+      }
+      last = --remaining_ == 0;
+      if (last) Finish();
     }
-    if (!Begin()) return Count(a_.metrics, a_.path, 499);  // nothing was generated
-    std::string tail;
-    if (!status.ok()) {
-      tail += absl::StrCat("data: ", http::ErrorBody(HttpStatus(status.code()), status.message()),
-                           "\n\n");
-    } else if (a_.parsed.include_usage) {
-      const json chunk = {
-          {"id", a_.id},       {"object", Object()},       {"created", a_.created},
-          {"model", a_.model}, {"choices", json::array()}, {"usage", Usage(usage_)}};
-      tail += absl::StrCat("data: ", Dump(chunk), "\n\n");
-    }
-    tail += "data: [DONE]\n\n";
-    a_.out->Write(tail);
-    a_.out->Finish();
-    Count(a_.metrics, a_.path, 200);
+    // Outside the lock: the others' ends come back here.
+    if (end_others && !last) r_.call->Cancel();
   }
 
  private:
-  const char* Object() const { return a_.chat ? "chat.completion.chunk" : "text_completion"; }
+  struct Choice {
+    std::string text;
+    std::vector<int32_t> ids;
+    std::vector<tandem::v1::TokenLogprobs> token_logprobs;  // per id, when asked for
+    std::vector<tandem::v1::TokenLogprobs> prompt_logprobs;
+    const char* finish = nullptr;
+    double cumulative = 0;                       // of the tokens generated, for best_of
+    std::optional<CompletionLogprobs> logprobs;  // streaming: the running text_offset
+    bool began = false;                          // streaming: role or echo sent
+  };
 
-  bool Begin() {
-    if (a_.out->started()) return true;
-    if (a_.out->Start(200, "text/event-stream")) return true;
-    a_.call->Cancel();
-    return false;
+  bool want_logprobs() const { return r_.parsed.logprobs >= 0; }
+  const char* Object() const { return r_.chat ? "chat.completion.chunk" : "text_completion"; }
+
+  // Echo: the prompt's tokens first, the first of them with no log-probability.
+  void AddPrompt(const Choice& choice, CompletionLogprobs* lp) const {
+    for (size_t i = 0; i < r_.prompt.size(); ++i) {
+      const bool scored = i > 0 && i - 1 < choice.prompt_logprobs.size();
+      lp->Add(r_.prompt[i], scored ? &choice.prompt_logprobs[i - 1] : nullptr);
+    }
+    lp->StartGenerated(Characters(r_.prompt_text));
+  }
+
+  // The chunk's events; false when the client is gone (the request is then cancelled).
+  bool Stream(int index, const GenerateStreamResponse& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& choice = choices_[index];
+    const char* finish = c.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED
+                             ? FinishReason(c.finish_reason())
+                             : nullptr;
+    std::string events;
+    if (!choice.began) {
+      choice.began = true;
+      if (r_.chat) {
+        events += Event({{"index", index},
+                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                         {"logprobs", nullptr},
+                         {"finish_reason", nullptr}});
+      } else if (r_.parsed.echo) {
+        json logprobs = nullptr;
+        if (want_logprobs()) {
+          AddPrompt(choice, &*choice.logprobs);
+          logprobs = choice.logprobs->Take();
+        }
+        events += Event({{"index", index},
+                         {"text", r_.prompt_text},
+                         {"logprobs", std::move(logprobs)},
+                         {"finish_reason", nullptr}});
+      }
+    }
+    const bool has_logprobs = want_logprobs() && c.logprobs_size() > 0;
+    if (!c.text().empty() || finish != nullptr || has_logprobs) {
+      json choice_json = {{"index", index}};
+      json logprobs = nullptr;
+      if (has_logprobs && r_.chat) {
+        json content = json::array();
+        for (const tandem::v1::TokenLogprobs& p : c.logprobs()) {
+          content.push_back(ChatLogprob(*r_.tokenizer, p));
+        }
+        logprobs = {{"content", std::move(content)}};
+      } else if (has_logprobs) {
+        for (int i = 0; i < c.logprobs_size() && i < c.token_ids_size(); ++i) {
+          choice.logprobs->Add(c.token_ids(i), &c.logprobs(i));
+        }
+        logprobs = choice.logprobs->Take();
+      }
+      if (r_.chat) {
+        choice_json["delta"] = c.text().empty() ? json::object() : json{{"content", c.text()}};
+      } else {
+        choice_json["text"] = c.text();
+      }
+      choice_json["logprobs"] = std::move(logprobs);
+      choice_json["finish_reason"] = finish == nullptr ? json(nullptr) : json(finish);
+      events += Event(std::move(choice_json));
+    }
+    if (events.empty()) return true;
+    return Begin() && r_.out->Write(events);
+  }
+
+  // Every choice has ended: the response, or its end.
+  void Finish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (r_.out->client_gone()) return Count(r_.metrics, r_.path, 499);  // nobody to answer
+    if (!error_.ok() && !r_.out->started()) {
+      const http::Response error = ErrorResponse(error_);
+      r_.out->Send(error);
+      return Count(r_.metrics, r_.path, error.status);
+    }
+    tandem::v1::Usage usage;
+    usage.set_prompt_tokens(usage_.empty() ? 0 : usage_.begin()->second.prompt_tokens());
+    for (const auto& [index, u] : usage_) {
+      usage.set_completion_tokens(usage.completion_tokens() + u.completion_tokens());
+    }
+    if (!r_.parsed.stream) {
+      r_.out->Send({200, kJson, Dump(Whole(usage))});
+      return Count(r_.metrics, r_.path, 200);
+    }
+    if (!Begin()) return Count(r_.metrics, r_.path, 499);  // nothing was generated
+    std::string tail;
+    if (!error_.ok()) {
+      tail += absl::StrCat("data: ", http::ErrorBody(HttpStatus(error_.code()), error_.message()),
+                           "\n\n");
+    } else if (r_.parsed.include_usage) {
+      const json chunk = {{"id", r_.id},       {"object", Object()},       {"created", r_.created},
+                          {"model", r_.model}, {"choices", json::array()}, {"usage", Usage(usage)}};
+      tail += absl::StrCat("data: ", Dump(chunk), "\n\n");
+    }
+    tail += "data: [DONE]\n\n";
+    r_.out->Write(tail);
+    r_.out->Finish();
+    Count(r_.metrics, r_.path, 200);
+  }
+
+  json Whole(const tandem::v1::Usage& usage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // best_of: the n of highest cumulative log-probability, best first (as vLLM ranks them).
+    std::vector<int> order(choices_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+    if (r_.parsed.best_of > r_.parsed.n) {
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return choices_[a].cumulative > choices_[b].cumulative;
+      });
+    }
+    order.resize(r_.parsed.n);
+    json choices = json::array();
+    for (size_t i = 0; i < order.size(); ++i) {
+      Choice& c = choices_[order[i]];
+      json logprobs = nullptr;
+      if (want_logprobs() && r_.chat) {
+        json content = json::array();
+        for (const tandem::v1::TokenLogprobs& p : c.token_logprobs) {
+          content.push_back(ChatLogprob(*r_.tokenizer, p));
+        }
+        logprobs = {{"content", std::move(content)}};
+      } else if (want_logprobs()) {
+        if (r_.parsed.echo) AddPrompt(c, &*c.logprobs);
+        for (size_t t = 0; t < c.ids.size() && t < c.token_logprobs.size(); ++t) {
+          c.logprobs->Add(c.ids[t], &c.token_logprobs[t]);
+        }
+        logprobs = c.logprobs->Take();
+      }
+      json choice = {{"index", i},
+                     {"logprobs", std::move(logprobs)},
+                     {"finish_reason", c.finish == nullptr ? json(nullptr) : json(c.finish)}};
+      if (r_.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      } else {
+        choice["text"] = r_.parsed.echo ? r_.prompt_text + c.text : c.text;
+      }
+      choices.push_back(std::move(choice));
+    }
+    return {{"id", r_.id},
+            {"object", r_.chat ? "chat.completion" : "text_completion"},
+            {"created", r_.created},
+            {"model", r_.model},
+            {"choices", std::move(choices)},
+            {"usage", Usage(usage)}};
+  }
+
+  bool Begin() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return r_.out->started() || r_.out->Start(200, "text/event-stream");
   }
 
   // One event: the choice (text or delta) and, with include_usage, "usage": null.
   std::string Event(json choice) const {
-    json chunk = {{"id", a_.id},
+    json chunk = {{"id", r_.id},
                   {"object", Object()},
-                  {"created", a_.created},
-                  {"model", a_.model},
+                  {"created", r_.created},
+                  {"model", r_.model},
                   {"choices", json::array({std::move(choice)})}};
-    if (a_.parsed.include_usage) chunk["usage"] = nullptr;
+    if (r_.parsed.include_usage) chunk["usage"] = nullptr;
     return absl::StrCat("data: ", Dump(chunk), "\n\n");
   }
 
-  const Answer a_;
-  tandem::v1::Usage usage_;
-  bool wrote_role_ = false;
+  const Request r_;
+  absl::Mutex mu_;
+  std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);
+  std::map<int, tandem::v1::Usage> usage_ ABSL_GUARDED_BY(mu_);
+  int remaining_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // the first failure
+};
+
+// One choice's generation, into the shared answer.
+class ChoiceSink : public GenerationSink {
+ public:
+  ChoiceSink(std::shared_ptr<Answer> answer, int index)
+      : answer_(std::move(answer)), index_(index) {}
+  void OnChunk(const GenerateStreamResponse& chunk) override { answer_->OnChunk(index_, chunk); }
+  void OnKeepAlive() override { answer_->OnKeepAlive(); }
+  void OnDone(const absl::Status& status) override { answer_->OnDone(status); }
+
+ private:
+  const std::shared_ptr<Answer> answer_;
+  const int index_;
 };
 
 }  // namespace
@@ -282,26 +515,42 @@ void OpenAiApi::Completions(const http::Request& http_request,
   absl::StatusOr<GatewayService::Prepared> prepared = gateway_->Prepare(parsed->request);
   if (!prepared.ok()) return fail(ErrorResponse(prepared.status()));
 
-  Answer answer;
-  answer.out = out;
-  answer.metrics = metrics_;
-  answer.path = path;
-  answer.chat = chat;
-  answer.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", prepared->generation.request_id);
-  answer.created = absl::ToUnixSeconds(absl::Now());
-  answer.model = config.model_name;
-  answer.call = std::make_shared<DispatchCall>();
-  const bool stream = parsed->stream;
-  answer.parsed = *std::move(parsed);
-  std::shared_ptr<DispatchCall> call = answer.call;
-  std::shared_ptr<GenerationSink> sink;
-  if (stream) {
-    sink = std::make_shared<StreamSink>(std::move(answer));
-  } else {
-    sink = std::make_shared<WholeSink>(std::move(answer));
+  Request r;
+  r.out = out;
+  r.metrics = metrics_;
+  r.tokenizer = &gateway_->tokenizer();
+  r.path = path;
+  r.chat = chat;
+  r.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", prepared->generation.request_id);
+  r.created = absl::ToUnixSeconds(absl::Now());
+  r.model = config.model_name;
+  r.call = std::make_shared<DispatchCall>();
+  if (parsed->echo) {
+    r.prompt = prepared->generation.prompt;
+    if (parsed->request.input_case() == tandem::v1::GenerateRequest::kPrompt) {
+      r.prompt_text = parsed->request.prompt();
+    } else {
+      absl::StatusOr<std::string> text = r.tokenizer->Decode(r.prompt);
+      if (!text.ok()) return fail(ErrorResponse(WithParam(text.status(), "prompt")));
+      r.prompt_text = *std::move(text);
+    }
   }
+  const int choices = parsed->best_of;
+  r.parsed = *std::move(parsed);
+  std::shared_ptr<DispatchCall> call = r.call;
+  auto answer = std::make_shared<Answer>(std::move(r));
   out->OnClientGone([call] { call->Cancel(); });
-  gateway_->Execute(*std::move(prepared), call, std::move(sink));
+  for (int i = 0; i < choices; ++i) {
+    GatewayService::Prepared choice = *prepared;
+    if (choices > 1) {
+      // Each choice its own stream of draws: seed + i, as n requests would be sent.
+      absl::StrAppend(&choice.generation.request_id, "-", i);
+      if (choice.generation.sampling.has_seed()) {
+        choice.generation.sampling.set_seed(choice.generation.sampling.seed() + i);
+      }
+    }
+    gateway_->Execute(std::move(choice), call, std::make_shared<ChoiceSink>(answer, i));
+  }
 }
 
 }  // namespace tandem::gateway

@@ -1,11 +1,13 @@
 #include "services/router-gateway/openai_request.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -144,8 +146,6 @@ absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const json& body) {
   return out;
 }
 
-bool IsZero(const json& f) { return f.is_number() && f.get<double>() == 0; }
-bool IsFalse(const json& f) { return f.is_boolean() && !f.get<bool>(); }
 bool IsEmpty(const json& f) { return (f.is_array() || f.is_object()) && f.empty(); }
 
 // Fields Tandem does not implement: refused (400, as vLLM does) unless absent or at their
@@ -155,18 +155,6 @@ absl::Status RefuseUnsupported(const json& body, bool chat) {
     return Invalid(name,
                    absl::StrCat(what == nullptr ? name : what, " is not supported by Tandem"));
   };
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* f = Field(body, name); f != nullptr && !IsZero(*f)) return refuse(name);
-  }
-  if (const json* f = Field(body, "logit_bias"); f != nullptr && !IsEmpty(*f)) {
-    return refuse("logit_bias");
-  }
-  if (const json* f = Field(body, "logprobs"); f != nullptr && !IsFalse(*f) && !IsZero(*f)) {
-    return refuse("logprobs");
-  }
-  if (const json* f = Field(body, "top_logprobs"); f != nullptr && !IsZero(*f)) {
-    return refuse("top_logprobs");
-  }
   if (chat) {
     for (const char* name : {"tools", "functions"}) {
       if (const json* f = Field(body, name); f != nullptr && !IsEmpty(*f)) return refuse(name);
@@ -176,8 +164,34 @@ absl::Status RefuseUnsupported(const json& body, bool chat) {
       return refuse("response_format", "response_format other than {\"type\": \"text\"}");
     }
   } else {
-    if (const json* f = Field(body, "echo"); f != nullptr && !IsFalse(*f)) return refuse("echo");
     if (const json* f = Field(body, "suffix"); f != nullptr) return refuse("suffix");
+  }
+  return absl::OkStatus();
+}
+
+// logit_bias: {"token id": bias}; the ids and values are checked by the gateway.
+absl::Status ReadLogitBias(const json& body, tandem::v1::SamplingParams* sampling) {
+  const json* f = Field(body, "logit_bias");
+  if (f == nullptr) return absl::OkStatus();
+  if (!f->is_object()) {
+    return Invalid("logit_bias", "logit_bias must be an object of token ids to numbers");
+  }
+  for (const auto& [key, value] : f->items()) {
+    int64_t id = -1;
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) id = std::stoll(key);
+    if (!digits || id > INT32_MAX) {
+      return Invalid("logit_bias",
+                     absl::StrCat("logit_bias key \"", absl::CEscape(key.substr(0, 32)),
+                                  "\" is not a token id"));
+    }
+    if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
+      return Invalid("logit_bias",
+                     absl::StrCat("logit_bias for token ", id, " must be a number in [-100, 100]"));
+    }
+    (*sampling->mutable_logit_bias())[static_cast<int32_t>(id)] = value.get<float>();
   }
   return absl::OkStatus();
 }
@@ -260,28 +274,82 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
     return s;
   }
   tandem::v1::SamplingParams& sampling = *request.mutable_sampling();
-  std::optional<int64_t> n, best_of, max_tokens, max_completion_tokens, seed, top_k;
+  if (absl::Status s = ReadBool(body, "stream", &parsed.stream); !s.ok()) return s;
+  if (!chat) {
+    if (absl::Status s = ReadBool(body, "echo", &parsed.echo); !s.ok()) return s;
+  }
+  std::optional<int64_t> n, best_of, max_tokens, max_completion_tokens, seed, top_k, logprobs;
+  // max_tokens 0 asks for no text: with echo, the prompt's log-probabilities alone (the
+  // loglikelihood requests of lm-evaluation-harness).
+  const int64_t min_tokens = parsed.echo ? 0 : 1;
   for (const auto& [name, out, min, max] :
-       {std::tuple{"n", &n, int64_t{1}, int64_t{1}},
-        std::tuple{"best_of", &best_of, int64_t{1}, int64_t{1}},
-        std::tuple{"max_tokens", &max_tokens, int64_t{1}, int64_t{context} - 1},
+       {std::tuple{"n", &n, int64_t{1}, int64_t{kMaxChoices}},
+        std::tuple{"best_of", &best_of, int64_t{1}, int64_t{kMaxChoices}},
+        std::tuple{"max_tokens", &max_tokens, min_tokens, int64_t{context} - 1},
         std::tuple{"max_completion_tokens", &max_completion_tokens, int64_t{1},
                    int64_t{context} - 1},
         std::tuple{"seed", &seed, INT64_MIN, INT64_MAX},
         std::tuple{"top_k", &top_k, int64_t{-1}, int64_t{1} << 20}}) {
-    if (absl::Status s = ReadInt(body, name, min, max, out); !s.ok()) {
-      if (std::string(name) == "n" || std::string(name) == "best_of") {
-        return Invalid(name, absl::StrCat(name, " must be 1 (one choice per request)"));
-      }
-      return s;
-    }
+    if (chat && std::string(name) == "best_of") continue;
+    if (absl::Status s = ReadInt(body, name, min, max, out); !s.ok()) return s;
   }
+  if (chat) {
+    // Chat: `logprobs` is a boolean, `top_logprobs` the alternatives.
+    bool want = false;
+    if (absl::Status s = ReadBool(body, "logprobs", &want); !s.ok()) return s;
+    std::optional<int64_t> top;
+    if (absl::Status s = ReadInt(body, "top_logprobs", 0, kMaxLogprobs, &top); !s.ok()) return s;
+    if (top && !want) {
+      return Invalid("top_logprobs", "top_logprobs needs \"logprobs\": true");
+    }
+    if (want) logprobs = top.value_or(0);
+  } else {
+    if (const json* f = Field(body, "logprobs"); f != nullptr && f->is_boolean()) {
+      return Invalid("logprobs",
+                     "logprobs must be an integer (the alternatives per token, 0 to 20) for "
+                     "completions; the boolean form is chat's");
+    }
+    if (absl::Status s = ReadInt(body, "logprobs", 0, kMaxLogprobs, &logprobs); !s.ok()) return s;
+  }
+  parsed.n = static_cast<int>(n.value_or(1));
+  parsed.best_of = static_cast<int>(best_of.value_or(parsed.n));
+  if (parsed.best_of < parsed.n) {
+    return Invalid("best_of", absl::StrCat("best_of (", parsed.best_of, ") must be at least n (",
+                                           parsed.n, ")"));
+  }
+  if (parsed.stream && parsed.best_of > parsed.n) {
+    return Invalid("best_of", "best_of above n cannot be streamed (the best are known at the end)");
+  }
+  parsed.logprobs = static_cast<int>(logprobs.value_or(-1));
   if (max_completion_tokens) max_tokens = max_completion_tokens;
   // Unset: 16 tokens for a completion (OpenAI's and vLLM's default), the rest of the context
   // for a chat reply.
   sampling.set_max_tokens(static_cast<int>(max_tokens.value_or(chat ? context - 1 : 16)));
+  // Ranking best_of choices needs each token's log-probability.
+  if (parsed.logprobs >= 0 || parsed.best_of > parsed.n) {
+    sampling.set_logprobs(std::max(parsed.logprobs, 0));
+  }
+  // Echo shows the prompt's log-probabilities with logprobs; with max_tokens 0 the prompt is
+  // only scored (the engine needs them asked for then).
+  if (parsed.echo && (parsed.logprobs >= 0 || sampling.max_tokens() == 0)) {
+    sampling.set_prompt_logprobs(std::max(parsed.logprobs, 0));
+  }
   if (seed) sampling.set_seed(static_cast<uint64_t>(*seed));
   if (top_k && *top_k > 0) sampling.set_top_k(static_cast<int>(*top_k));
+  for (const auto& [name, set] :
+       {std::pair{"presence_penalty", &tandem::v1::SamplingParams::set_presence_penalty},
+        std::pair{"frequency_penalty", &tandem::v1::SamplingParams::set_frequency_penalty},
+        std::pair{"repetition_penalty", &tandem::v1::SamplingParams::set_repetition_penalty}}) {
+    std::optional<double> value;
+    if (absl::Status s = ReadNumber(body, name, &value); !s.ok()) return s;
+    const bool repetition = std::string(name) == "repetition_penalty";
+    if (value && (repetition ? !(*value > 0 && *value <= 2) : !(*value >= -2 && *value <= 2))) {
+      return Invalid(
+          name, absl::StrCat(name, " ", *value, " is outside ", repetition ? "(0, 2]" : "[-2, 2]"));
+    }
+    if (value) (sampling.*set)(static_cast<float>(*value));
+  }
+  if (absl::Status s = ReadLogitBias(body, &sampling); !s.ok()) return s;
   std::optional<double> temperature, top_p;
   if (absl::Status s = ReadNumber(body, "temperature", &temperature); !s.ok()) return s;
   if (absl::Status s = ReadNumber(body, "top_p", &top_p); !s.ok()) return s;
@@ -320,7 +388,6 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
   bool ignore_eos = false;
   if (absl::Status s = ReadBool(body, "ignore_eos", &ignore_eos); !s.ok()) return s;
   sampling.set_ignore_eos(ignore_eos);
-  if (absl::Status s = ReadBool(body, "stream", &parsed.stream); !s.ok()) return s;
   if (const json* options = Field(body, "stream_options"); options != nullptr) {
     if (!parsed.stream) {
       return Invalid("stream_options", "stream_options is only allowed with \"stream\": true");

@@ -17,11 +17,23 @@ namespace tandem::gateway {
 // JSON nested deeper than this (objects and arrays) is refused before it is parsed.
 inline constexpr int kMaxJsonDepth = 64;
 
+// Choices one request may ask for (n, best_of).
+inline constexpr int kMaxChoices = 16;
+// Alternatives per token (logprobs, top_logprobs), as vLLM's default limit.
+inline constexpr int kMaxLogprobs = 20;
+
 struct CompletionRequest {
+  // One choice's generation; choice i of several runs it with seed + i when a seed is given.
   tandem::v1::GenerateRequest request;
   bool stream = false;
   bool include_usage = false;
   std::string model;
+  int n = 1;          // choices returned
+  int best_of = 1;    // choices generated, >= n; the n of highest cumulative log-probability return
+  bool echo = false;  // completions: the prompt (and its log-probabilities) before the text
+  // Alternatives shown per token, or -1 for no log-probabilities (completions: `logprobs`;
+  // chat: `top_logprobs` once `logprobs` is true).
+  int logprobs = -1;
 };
 
 // `chat`: /v1/chat/completions (messages through `chat_template`, or the reason there is

@@ -37,7 +37,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const tandem::v1::SamplingParams& s = parsed->request.sampling();
-  FUZZ_CHECK(s.max_tokens() >= 1 && s.max_tokens() < kContext);
+  // 0 only scores an echoed prompt.
+  FUZZ_CHECK(s.max_tokens() >= (parsed->echo ? 0 : 1) && s.max_tokens() < kContext);
+  FUZZ_CHECK(s.max_tokens() > 0 || s.has_prompt_logprobs());
+  FUZZ_CHECK(parsed->n >= 1 && parsed->n <= parsed->best_of &&
+             parsed->best_of <= tandem::gateway::kMaxChoices);
+  FUZZ_CHECK(!parsed->stream || parsed->best_of == parsed->n);
+  FUZZ_CHECK(parsed->logprobs >= -1 && parsed->logprobs <= tandem::gateway::kMaxLogprobs);
+  FUZZ_CHECK(!s.has_logprobs() || (s.logprobs() >= 0 && s.logprobs() <= 20));
+  FUZZ_CHECK(s.presence_penalty() >= -2 && s.presence_penalty() <= 2);
+  FUZZ_CHECK(s.frequency_penalty() >= -2 && s.frequency_penalty() <= 2);
+  FUZZ_CHECK(s.repetition_penalty() >= 0 && s.repetition_penalty() <= 2);
   FUZZ_CHECK(s.temperature() >= 0 && s.temperature() <= 2);
   FUZZ_CHECK(s.top_p() >= 0 && s.top_p() <= 1);
   FUZZ_CHECK(s.top_k() >= 0);

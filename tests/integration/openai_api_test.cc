@@ -13,6 +13,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -20,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/http/client.h"
 #include "common/http/http_server.h"
+#include "common/model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "services/router-gateway/chat_template.h"
 #include "tandem/client.h"
@@ -144,6 +148,231 @@ TEST_F(OpenAiApiTest, OfficialClientGetsWhatTheGrpcSdkGets) {
                                 "temperature"));
 }
 
+// Token ids repeated within `tokens` (each repeat counted).
+int Repeats(const json& tokens) {
+  std::set<std::string> seen;
+  int repeats = 0;
+  for (const json& t : tokens) repeats += !seen.insert(t.get<std::string>()).second;
+  return repeats;
+}
+
+// Runs tests/openai/features.mjs against the gateway at `http_port` (its gRPC SDK at
+// `grpc_port`) and checks every answer: log-probabilities against the gRPC SDK's and against
+// echo scoring of the same tokens, echo, n with a seed, best_of, penalties, bias, errors.
+void CheckFeatures(int http_port, int grpc_port, const std::string& log) {
+  const std::string dir = testing::SourceDir() + "/tests/openai";
+  ASSERT_TRUE(std::filesystem::exists(dir + "/node_modules/openai"))
+      << "the openai npm package is missing: run scripts/setup.sh";
+  auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", grpc_port));
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::GenerateRequest request;
+  request.set_prompt(kPrompt);
+  request.mutable_sampling()->set_max_tokens(kMaxTokens);
+  request.mutable_sampling()->set_logprobs(3);
+  request.mutable_sampling()->set_prompt_logprobs(1);
+  auto sdk = (*client)->Generate(request);
+  ASSERT_TRUE(sdk.ok()) << sdk.status();
+  ASSERT_EQ(sdk->token_ids_size(), kMaxTokens);
+  ASSERT_EQ(sdk->logprobs_size(), kMaxTokens);
+  const int prompt_tokens = sdk->usage().prompt_tokens();
+  ASSERT_EQ(sdk->prompt_logprobs_size(), prompt_tokens - 1);
+  v1::TokenizeRequest tokenize;
+  tokenize.set_text(kPrompt);
+  auto tokens = (*client)->Tokenize(tokenize);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  json scored = json::array();
+  for (int32_t id : tokens->token_ids()) scored.push_back(id);
+  for (int32_t id : sdk->token_ids()) scored.push_back(id);
+  ASSERT_EQ(scored.size(), static_cast<size_t>(prompt_tokens + kMaxTokens));
+
+  const auto [out, status] = RunCommand(
+      absl::StrCat("node ", dir, "/features.mjs http://127.0.0.1:", http_port, "/v1 '", kPrompt,
+                   "' ", kMaxTokens, " '", kChatMessage, "' '", scored.dump(), "'"));
+  ASSERT_EQ(status, 0) << out << log;
+  const json got = json::parse(out, nullptr, false);
+  ASSERT_TRUE(got.is_object()) << out;
+
+  // Completions: as many entries as tokens, the greedy token the likeliest of its top 3 (and
+  // listed among them), offsets rising, the same as the gRPC SDK's, streamed or not.
+  const json& lp = got["completion"]["logprobs"];
+  EXPECT_EQ(got["completion"]["text"], sdk->text());
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(kMaxTokens)) << lp.dump();
+  int last_offset = -1;
+  for (int k = 0; k < kMaxTokens; ++k) {
+    const double logprob = lp["token_logprobs"][k].get<double>();
+    EXPECT_LE(logprob, 0.0);
+    EXPECT_NEAR(logprob, sdk->logprobs(k).logprob(), 1e-4) << "token " << k;
+    const json& top = lp["top_logprobs"][k];
+    EXPECT_GE(top.size(), 3u);
+    EXPECT_LE(top.size(), 4u);
+    double best = -1e9;
+    for (const auto& [text, value] : top.items()) best = std::max(best, value.get<double>());
+    EXPECT_NEAR(best, logprob, 1e-6) << top.dump();
+    EXPECT_TRUE(top.contains(lp["tokens"][k].get<std::string>()));
+    EXPECT_GT(lp["text_offset"][k].get<int>(), last_offset);
+    last_offset = lp["text_offset"][k].get<int>();
+  }
+  const json& streamed = got["completion_stream"];
+  EXPECT_EQ(streamed["text"], got["completion"]["text"]);
+  EXPECT_EQ(streamed["tokens"], lp["tokens"]);
+  EXPECT_EQ(streamed["text_offset"], lp["text_offset"]);
+  ASSERT_EQ(streamed["token_logprobs"].size(), lp["token_logprobs"].size());
+  for (size_t k = 0; k < lp["token_logprobs"].size(); ++k) {
+    EXPECT_NEAR(streamed["token_logprobs"][k].get<double>(), lp["token_logprobs"][k].get<double>(),
+                1e-4);
+  }
+
+  // Echo scoring of the prompt and its continuation: the prompt's first token has none; the
+  // rest are the prefill's log-softmax, which for the continuation equals what generation
+  // reported (decode's, or the colocated engine's) within the engines' batch invariance.
+  const json& echo = got["echo_scored"]["logprobs"];
+  ASSERT_EQ(echo["tokens"].size(), scored.size()) << got["echo_scored"].dump();
+  EXPECT_TRUE(echo["token_logprobs"][0].is_null());
+  EXPECT_TRUE(echo["top_logprobs"][0].is_null());
+  EXPECT_EQ(got["echo_scored"]["usage"]["prompt_tokens"], scored.size());
+  EXPECT_EQ(got["echo_scored"]["usage"]["completion_tokens"], 0);
+  for (int i = 1; i < prompt_tokens; ++i) {
+    EXPECT_NEAR(echo["token_logprobs"][i].get<double>(), sdk->prompt_logprobs(i - 1).logprob(),
+                1e-4)
+        << "prompt token " << i;
+  }
+  for (int k = 0; k < kMaxTokens; ++k) {
+    EXPECT_NEAR(echo["token_logprobs"][prompt_tokens + k].get<double>(),
+                lp["token_logprobs"][k].get<double>(), 2e-3)
+        << "continuation token " << k;
+  }
+  // Echo before a generation: the prompt, its tokens, then the new ones; streamed the same.
+  const json& echo_gen = got["echo_generate"];
+  EXPECT_TRUE(absl::StartsWith(echo_gen["text"].get<std::string>(), kPrompt)) << echo_gen.dump();
+  EXPECT_EQ(echo_gen["logprobs"]["tokens"].size(), static_cast<size_t>(prompt_tokens + 4));
+  EXPECT_TRUE(echo_gen["logprobs"]["token_logprobs"][0].is_null());
+  EXPECT_EQ(echo_gen["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(got["echo_stream"]["text"], echo_gen["text"]);
+  EXPECT_EQ(got["echo_stream"]["tokens"], echo_gen["logprobs"]["tokens"]);
+
+  // Chat: an entry per token with its bytes and two alternatives, the likeliest first.
+  const json& chat = got["chat"]["logprobs"];
+  ASSERT_EQ(chat.size(), got["chat"]["completion_tokens"].get<size_t>());
+  ASSERT_FALSE(chat.empty());
+  for (const json& entry : chat) {
+    EXPECT_LE(entry["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(entry["top_logprobs"].size(), 2u) << entry.dump();
+    EXPECT_NEAR(entry["top_logprobs"][0]["logprob"].get<double>(), entry["logprob"].get<double>(),
+                1e-6);
+    EXPECT_EQ(entry["bytes"].size(), entry["token"].get<std::string>().size());
+  }
+  EXPECT_EQ(got["chat_stream"]["content"], got["chat"]["content"]);
+  ASSERT_EQ(got["chat_stream"]["logprobs"].size(), chat.size());
+  for (size_t k = 0; k < chat.size(); ++k) {
+    EXPECT_EQ(got["chat_stream"]["logprobs"][k]["token"], chat[k]["token"]);
+  }
+
+  // n = 3 with a seed: three choices, the same on every run and streamed, not all alike.
+  const json& n = got["n"];
+  ASSERT_EQ(n["first"].size(), 3u);
+  EXPECT_EQ(n["first"], n["second"]);
+  EXPECT_EQ(n["first"][0][0], 0);
+  EXPECT_EQ(n["first"][2][0], 2);
+  EXPECT_FALSE(n["first"][0][1] == n["first"][1][1] && n["first"][1][1] == n["first"][2][1])
+      << n.dump();
+  EXPECT_EQ(n["usage"]["completion_tokens"], 3 * kMaxTokens);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(got["n_stream"][i], n["first"][i][1]);
+  EXPECT_EQ(got["chat_n"].size(), 3u);
+  // The SDK's n: the same seeds, so the same three texts as the OpenAI front's.
+  v1::GenerateRequest sampled;
+  sampled.set_prompt(kPrompt);
+  sampled.mutable_sampling()->set_max_tokens(kMaxTokens);
+  sampled.mutable_sampling()->set_temperature(1.0f);
+  sampled.mutable_sampling()->set_seed(1234);
+  auto choices = (*client)->GenerateChoices(sampled, 3);
+  ASSERT_TRUE(choices.ok()) << choices.status();
+  ASSERT_EQ(choices->size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ((*choices)[i].text(), n["first"][i][1]) << i;
+  EXPECT_EQ((*client)->GenerateChoices(sampled, 17).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // best_of 3: the one of highest cumulative log-probability of the three that n = 3 with the
+  // same seed generates.
+  ASSERT_EQ(got["best_of"]["choices"], 1);
+  auto sum = [](const json& values) {
+    double total = 0;
+    for (const json& v : values) total += v.get<double>();
+    return total;
+  };
+  double best = -1e9;
+  for (const json& candidate : got["best_of_candidates"]) best = std::max(best, sum(candidate));
+  EXPECT_NEAR(sum(got["best_of"]["logprobs"]["token_logprobs"]), best, 1e-3);
+
+  // Penalties: greedy output changes, and repeats no more than without them; a banned token
+  // is never chosen.
+  const json& pen = got["penalties"];
+  EXPECT_EQ(pen["none"]["text"], got["completion"]["text"]);
+  for (const char* name : {"presence", "frequency", "repetition"}) {
+    EXPECT_NE(pen[name]["text"], pen["none"]["text"]) << name;
+    EXPECT_LE(Repeats(pen[name]["tokens"]), Repeats(pen["none"]["tokens"])) << name;
+  }
+  EXPECT_NE(pen["banned"]["tokens"][0], pen["none"]["tokens"][0]);
+
+  for (const auto& [name, error] : got["errors"].items()) {
+    EXPECT_EQ(error["status"], 400) << name << ": " << error.dump();
+  }
+}
+
+TEST_F(OpenAiApiTest, LogprobsEchoNAndPenaltiesThroughTheOfficialClient) {
+  CheckFeatures(gateway_.http_port, gateway_.grpc_port, set_->Log("tandem-gateway"));
+}
+
+TEST(OpenAiApiServeTest, LogprobsEchoNAndPenaltiesColocated) {
+  testing::ServiceSet set;
+  auto serve = set.Start("tandem-serve", {});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  CheckFeatures(serve->http_port, serve->grpc_port, set.Log("tandem-serve"));
+}
+
+// lm-evaluation-harness's loglikelihood request (token ids, echo, logprobs, max_tokens 0) sums
+// to what `tandem perplexity` scores for the same text: [BOS] + the line's tokens + EOS.
+TEST_F(OpenAiApiTest, LoglikelihoodRequestEqualsTandemPerplexity) {
+  const std::string text = "The jury said it did find that the city had been run well .";
+  const std::string file = ::testing::TempDir() + "/loglikelihood.txt";
+  const std::string result_file = ::testing::TempDir() + "/loglikelihood.json";
+  {
+    std::ofstream out(file);
+    out << text << "\n";
+  }
+  const auto [printed, status] = RunCommand(
+      absl::StrCat(testing::BinDir(), "/tandem perplexity --model ", testing::SourceDir(),
+                   "/models/tiny-moe --text ", file, " --out ", result_file, " 2>&1"));
+  ASSERT_EQ(status, 0) << printed;
+  std::ifstream in(result_file);
+  const json perplexity = json::parse(in, nullptr, false);
+  ASSERT_TRUE(perplexity.is_object()) << printed;
+
+  auto tokenizer =
+      model::Tokenizer::Load(testing::SourceDir() + "/models/tiny-moe/tokenizer.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto ids = (*tokenizer)->Encode(text);
+  ASSERT_TRUE(ids.ok());
+  json prompt = json::array({(*tokenizer)->bos_id()});
+  for (int32_t id : *ids) prompt.push_back(id);
+  prompt.push_back((*tokenizer)->eos_id());
+  ASSERT_EQ(perplexity["tokens"].get<size_t>(), prompt.size() - 1);
+
+  const json request = {
+      {"prompt", prompt}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 0}, {"temperature", 0}};
+  auto got = Call("POST", "/v1/completions", request.dump());
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->status, 200) << got->body;
+  const json body = json::parse(got->body);
+  const json& logprobs = body["choices"][0]["logprobs"]["token_logprobs"];
+  ASSERT_EQ(logprobs.size(), prompt.size());
+  double sum = 0;
+  for (size_t i = 1; i < logprobs.size(); ++i) sum += logprobs[i].get<double>();
+  const double want = perplexity["logprob_sum"].get<double>();
+  // Float32 log-probabilities, summed: rounding of ~1e-7 relative per term.
+  EXPECT_NEAR(sum, want, 1e-4 * std::abs(want)) << "echo " << sum << ", perplexity " << want;
+  std::cout << "loglikelihood: echo " << std::setprecision(9) << sum << ", tandem perplexity "
+            << want << ", difference " << sum - want << "\n";
+}
+
 TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
   struct Case {
     std::string method, path, body;
@@ -168,10 +397,16 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
       {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 512})", 400, "max_tokens"},
       {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": "9"})", 400,
        "max_tokens must be an integer"},
-      {"POST", "/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n must be 1"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "n": 17})", 400, "n is 17"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "n": 3, "best_of": 2})", 400,
+       "best_of (2) must be at least n (3)"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "best_of": 2, "stream": true})", 400,
+       "cannot be streamed"},
       {"POST", "/v1/completions", R"({"prompt": "x", "top_p": 0})", 400, "top_p"},
       {"POST", "/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "stop"},
-      {"POST", "/v1/completions", R"({"prompt": "x", "logprobs": 3})", 400, "logprobs"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400, "logprobs"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "logit_bias": {"99999": 1}})", 400,
+       "outside the vocabulary"},
       {"POST", "/v1/completions", R"({"prompt": "x", "stream_options": {"include_usage": true}})",
        400, "stream_options"},
       {"POST", "/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "gpt-4"},
@@ -213,18 +448,19 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
       {"top_p", {"\"x\"", "[]", "{}", "false", "2"}},
       {"top_k", {"\"x\"", "1.5", "[]", "{}"}},
       {"seed", {"\"x\"", "1.5", "[]", "{}", "true"}},
-      {"n", {"\"1\"", "[]", "{}", "2"}},
-      {"best_of", {"\"1\"", "{}"}},
+      {"n", {"\"1\"", "[]", "{}", "0", "17"}},
+      {"best_of", {"\"1\"", "{}", "0", "17"}},
       {"stop", {"1", "{}", "[1]", "[[]]", "true"}},
       {"stop_token_ids", {"1", "\"x\"", "{}", "[\"x\"]", "[1.5]"}},
       {"ignore_eos", {"1", "\"true\"", "[]"}},
       {"stream", {"1", "\"yes\"", "[]", "{}"}},
-      {"logprobs", {"\"x\"", "[]", "{}", "true", "5"}},
-      {"top_logprobs", {"\"x\"", "[]", "3"}},
-      {"logit_bias", {"1", "\"x\"", "[1]", "{\"1\": 5}"}},
-      {"presence_penalty", {"\"x\"", "[]", "1"}},
-      {"frequency_penalty", {"{}", "0.5"}},
-      {"echo", {"1", "\"x\"", "true"}},
+      {"logprobs", {"\"x\"", "[]", "{}", "true", "21", "-1"}},
+      {"logit_bias",
+       {"1", "\"x\"", "[1]", "{\"x\": 5}", "{\"-1\": 5}", "{\"1\": \"a\"}", "{\"1\": 101}"}},
+      {"presence_penalty", {"\"x\"", "[]", "3"}},
+      {"frequency_penalty", {"{}", "-2.5"}},
+      {"repetition_penalty", {"\"x\"", "0", "2.5"}},
+      {"echo", {"1", "\"x\""}},
       {"suffix", {"1", "\"x\""}},
   };
   int refused = 0;
@@ -252,6 +488,8 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
       {"functions", {"1", "[{}]"}},
       {"response_format", {"1", "\"text\"", "[]", "{\"type\": 1}", "{\"type\": \"json\"}"}},
       {"stream_options", {"1", "[]", "{\"include_usage\": 1}"}},
+      {"logprobs", {"1", "\"x\""}},
+      {"top_logprobs", {"\"x\"", "21", "2"}},  // 2: without "logprobs": true
   };
   for (const auto& [field, values] : wrong_chat) {
     for (const std::string& value : values) {

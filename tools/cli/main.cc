@@ -290,6 +290,18 @@ int Perplexity() {
                             " s; ", result->documents, " documents in ", result->windows,
                             " windows; mean nll ", absl::SixDigits(result->nll), " nats/token; ",
                             absl::SixDigits(seconds), " s\n");
+  if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
+    double logprob_sum = 0;
+    for (float lp : result->logprobs) logprob_sum += lp;
+    const nlohmann::json json = {{"perplexity", result->perplexity},
+                                 {"nll", result->nll},
+                                 {"tokens", result->tokens},
+                                 {"documents", result->documents},
+                                 {"logprob_sum", logprob_sum}};
+    std::ofstream file(out);
+    file << json.dump(2) << "\n";
+    if (!file) return Report(absl::UnavailableError(absl::StrCat("cannot write ", out)));
+  }
   return 0;
 }
 

@@ -63,11 +63,14 @@ std::vector<Subcommand> MakeSubcommands() {
   all.push_back(
       {"perplexity",
        "score a text file with a model, one document a line",
-       "tandem perplexity --model DIR --text FILE [--plan PLAN]",
+       "tandem perplexity --model DIR --text FILE [--plan PLAN] [--out RESULT.json]",
        "Windows and scoring follow tools/train/data.py, so the number equals the trainer's.",
        {{"model", "The model directory to score with."},
         {"text", "The text file to score: each non-blank line is a document."},
         {"plan", "Mask the experts this pruning plan drops (conventional pruning)."},
+        {"out",
+         "Also write the result as JSON (perplexity, mean nll, tokens, and the summed "
+         "log-probability of the scored tokens), at full precision."},
         {"load_format", ""},
         {"routing", ""}}});
   all.push_back({"calibrate",
