@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "common/engine/sampling.h"
 #include "common/kernels/cpu/kernels.h"
 
 namespace tandem::kernels::cpu {
@@ -95,7 +97,49 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * words * sizeof(uint64_t)));
 }
 
+// The log-softmax normaliser over a vocabulary-sized row of logits (once per generated token
+// with log-probabilities, and per prompt token when scoring), and the whole of one token's
+// log-probabilities with k alternatives.
+std::vector<float> Logits(int64_t n) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(n);
+  for (float& x : logits) x = normal(rng);
+  return logits;
+}
+
+void BM_LogSumExp(benchmark::State& state, bool fast) {
+  const std::vector<float> logits = Logits(state.range(0));
+  const int n = static_cast<int>(logits.size());
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(fast ? LogSumExp(logits.data(), n)
+                                  : reference::LogSumExp(logits.data(), n));
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * sizeof(float)));
+}
+
+void BM_ComputeLogprobs(benchmark::State& state) {
+  const std::vector<float> logits = Logits(state.range(0));
+  const int top = static_cast<int>(state.range(1));
+  for (auto _ : state) benchmark::DoNotOptimize(engine::ComputeLogprobs(logits, 7, top));
+}
+
 void RegisterBenchmarks() {
+  for (int64_t vocab : {8192, 32000, 151936}) {
+    for (bool fast : {true, false}) {
+      benchmark::RegisterBenchmark(fast ? "LogSumExp/fast" : "LogSumExp/reference", BM_LogSumExp,
+                                   fast)
+          ->Arg(vocab)
+          ->ArgName("vocab")
+          ->Unit(benchmark::kMicrosecond);
+    }
+    for (int64_t top : {0, 5, 20}) {
+      benchmark::RegisterBenchmark("ComputeLogprobs", BM_ComputeLogprobs)
+          ->Args({vocab, top})
+          ->ArgNames({"vocab", "top"})
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
   // (d, n): attention and expert projections of the tiny model, its vocabulary projection,
   // and a Mixtral-sized square matrix.
   const int64_t shapes[][2] = {{384, 192},   {192, 384},   {8192, 192},

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine/kv_cache.h"
+#include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
 #include "common/util/status.h"
 
@@ -37,13 +38,11 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return text;
 }
 
-// log softmax(row)[target] for a (vocab,) row of float32 logits. The exponentials are float (to
-// within an ulp) and summed in double, so the result is good to ~1e-7 whatever the vocabulary.
+// log softmax(row)[target] for a (vocab,) row of float32 logits: the kernel's normaliser
+// (float exponentials summed in double), the one ComputeLogprobs uses too, so a served request's
+// log-probabilities add up to this protocol's.
 double LogProb(const float* row, int vocab, int32_t target) {
-  const float max = *std::max_element(row, row + vocab);
-  double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(row[i] - max);
-  return (static_cast<double>(row[target]) - max) - std::log(sum);
+  return static_cast<double>(row[target]) - kernels::cpu::LogSumExp(row, vocab);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/kernels/cpu/kernels.h"
 #include "common/util/logging.h"
 
 namespace tandem::engine {
@@ -107,39 +108,61 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
 
 TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t token, int top) {
   TANDEM_CHECK(!logits.empty()) << "ComputeLogprobs needs at least one logit";
-  float max_logit = -std::numeric_limits<float>::infinity();
-  for (float x : logits) max_logit = std::max(max_logit, x);  // NaN never wins
-  // log Z = max + log(sum exp(x - max)); with no finite logit every log-probability is -inf.
-  double sum = 0.0;
-  if (std::isfinite(max_logit)) {
-    for (float x : logits) {
-      if (x == x) sum += std::exp(static_cast<double>(x) - max_logit);
+  constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+  const int n = static_cast<int>(logits.size());
+  // The normaliser, vectorised; on logits that are not all finite (a NaN, an infinity) the
+  // slow path, where NaN counts as -inf and nothing finite leaves every token at -inf.
+  double log_z = kernels::cpu::LogSumExp(logits.data(), n);
+  bool degenerate = false;
+  if (!std::isfinite(log_z)) {
+    float max_logit = kMinusInf;
+    for (float x : logits) max_logit = std::max(max_logit, x);  // NaN never wins
+    double sum = 0.0;
+    if (std::isfinite(max_logit)) {
+      for (float x : logits) {
+        if (x == x) sum += std::exp(static_cast<double>(x) - max_logit);
+      }
+      log_z = max_logit + std::log(sum);
+    } else {
+      degenerate = true;
     }
   }
-  const double log_z = std::isfinite(max_logit) ? max_logit + std::log(sum) : 0.0;
   auto logprob = [&](int32_t t) -> float {
     const float x = logits[t];
-    if (!std::isfinite(max_logit) || !(x == x)) return -std::numeric_limits<float>::infinity();
+    if (degenerate || !(x == x)) return kMinusInf;
     return static_cast<float>(static_cast<double>(x) - log_z);
   };
   TokenLogprobs out;
   out.token = token;
-  out.logprob = token >= 0 && static_cast<size_t>(token) < logits.size()
-                    ? logprob(token)
-                    : -std::numeric_limits<float>::infinity();
-  const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
+  out.logprob = token >= 0 && token < n ? logprob(token) : kMinusInf;
+  const int k = std::min(std::max(top, 0), n);
   if (k == 0) return out;
-  std::vector<int32_t> ids(logits.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  // The k largest in one pass, most likely first and the lower id first on ties: a token
+  // enters only when strictly above the k-th so far, after every entry at least its value.
   auto value = [&](int32_t t) {
     const float x = logits[t];
-    return x == x ? x : -std::numeric_limits<float>::infinity();
+    return x == x ? x : kMinusInf;
   };
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-    return value(a) > value(b) || (value(a) == value(b) && a < b);
-  });
+  std::vector<int32_t> best;
+  best.reserve(k + 1);
+  float floor = kMinusInf;  // the k-th value so far, once there are k
+  const float* x = logits.data();
+  for (int32_t t = 0; t < n; ++t) {
+    if (!(x[t] > floor) && static_cast<int>(best.size()) == k) continue;  // NaN never enters
+    if (!(x[t] == x[t])) continue;
+    const float v = x[t];
+    auto at = std::upper_bound(best.begin(), best.end(), v,
+                               [&](float a, int32_t b) { return a > value(b); });
+    best.insert(at, t);
+    if (static_cast<int>(best.size()) > k) best.pop_back();
+    if (static_cast<int>(best.size()) == k) floor = value(best.back());
+  }
+  // Fewer than k finite (or -inf) values: NaN tokens fill the rest, lowest id first.
+  for (int32_t t = 0; t < n && static_cast<int>(best.size()) < k; ++t) {
+    if (!(x[t] == x[t])) best.push_back(t);
+  }
   out.top.reserve(k);
-  for (size_t i = 0; i < k; ++i) out.top.push_back({ids[i], logprob(ids[i])});
+  for (int32_t t : best) out.top.push_back({t, logprob(t)});
   return out;
 }
 

@@ -70,6 +70,7 @@ constexpr IsaKernels kReferenceKernels = {
     .rms_norm = reference::RmsNorm,
     .rope = reference::Rope,
     .softmax = reference::Softmax,
+    .log_sum_exp = reference::LogSumExp,
     .silu_mul = reference::SiluMul,
     .axpy = reference::Axpy,
     .paged_attention = reference::PagedAttentionHeads,
@@ -155,6 +156,8 @@ void Rope(float* x, int heads, int head_dim, int pos, float theta) {
 }
 
 void Softmax(float* x, int n) { internal::Kernels().softmax(x, n); }
+
+double LogSumExp(const float* x, int n) { return internal::Kernels().log_sum_exp(x, n); }
 
 void SiluMul(const float* gate, const float* up, int n, float* out) {
   internal::Kernels().silu_mul(gate, up, n, out);

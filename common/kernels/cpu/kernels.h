@@ -43,6 +43,10 @@ void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float
 void Rope(float* x, int heads, int head_dim, int pos, float theta);
 // x (n,) <- softmax(x), numerically stable.
 void Softmax(float* x, int n);
+// log(sum(exp(x))) over x (n,), n >= 1, numerically stable: the log-softmax's normaliser
+// (x[i] - LogSumExp(x) is log softmax(x)[i]). Exponentials in float, summed in double. With
+// every x -inf the result is -inf; with a +inf or a NaN in x it is not finite.
+double LogSumExp(const float* x, int n);
 // out (n,) = silu(gate) * up
 void SiluMul(const float* gate, const float* up, int n, float* out);
 // y (n,) += alpha * x (n,)
@@ -72,6 +76,7 @@ void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y);
 void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out);
 void Rope(float* x, int heads, int head_dim, int pos, float theta);
 void Softmax(float* x, int n);
+double LogSumExp(const float* x, int n);
 void SiluMul(const float* gate, const float* up, int n, float* out);
 void Axpy(float alpha, const float* x, int n, float* y);
 void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,

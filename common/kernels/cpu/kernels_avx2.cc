@@ -229,6 +229,25 @@ void Axpy(float alpha, const float* x, int n, float* y) {
   }
 }
 
+double LogSumExp(const float* x, int n) {
+  __m256 max_v = _mm256_set1_ps(-INFINITY);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) max_v = _mm256_max_ps(max_v, _mm256_loadu_ps(x + i));
+  float max_value = HorizontalMax(max_v);
+  for (; i < n; ++i) max_value = std::max(max_value, x[i]);
+  if (!std::isfinite(max_value)) return max_value;  // all -inf (or a +inf)
+  const __m256 max_b = _mm256_set1_ps(max_value);
+  __m256d sum = _mm256_setzero_pd();
+  for (i = 0; i < n; i += 8) {
+    const __m256i lanes = LowLanes8(std::min(8, n - i));
+    // Masked-off lanes load 0 and are cleared after Exp, so they add nothing.
+    AddToDouble(_mm256_and_ps(_mm256_castsi256_ps(lanes),
+                              Exp(_mm256_sub_ps(_mm256_maskload_ps(x + i, lanes), max_b))),
+                sum);
+  }
+  return max_value + std::log(HorizontalSum(sum));
+}
+
 void Softmax(float* x, int n) {
   if (n <= 0) return;
   __m256 max_v = _mm256_set1_ps(-INFINITY);
@@ -326,6 +345,7 @@ const IsaKernels kAvx2Kernels = {
     .rms_norm = RmsNorm,
     .rope = RopeSharedAngles,
     .softmax = Softmax,
+    .log_sum_exp = LogSumExp,
     .silu_mul = SiluMul,
     .axpy = Axpy,
     .paged_attention = PagedAttention,

@@ -5,10 +5,12 @@
 // for code that runs on older CPUs.
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
-// reports once inlined (GCC bug 105593); the warning points into the header, so silence it there.
+// (and, for _mm512_reduce_max_ps, -Wuninitialized) reports once inlined (GCC bug 105593); the
+// warning points into the header, so silence it there.
 #if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 #if !defined(__clang__)
@@ -335,6 +337,26 @@ void Axpy(float alpha, const float* x, int n, float* y) {
   }
 }
 
+double LogSumExp(const float* x, int n) {
+  __m512 max_v = _mm512_set1_ps(-INFINITY);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = LowLanes16(std::min(16, n - i));
+    max_v = _mm512_max_ps(max_v, _mm512_mask_loadu_ps(max_v, lanes, x + i));
+  }
+  const float max_scalar = _mm512_reduce_max_ps(max_v);
+  if (!std::isfinite(max_scalar)) return max_scalar;  // all -inf (or a +inf)
+  const __m512 max_value = _mm512_set1_ps(max_scalar);
+  __m512d sum_lo = _mm512_setzero_pd();
+  __m512d sum_hi = _mm512_setzero_pd();
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = LowLanes16(std::min(16, n - i));
+    AddToDouble(_mm512_maskz_mov_ps(
+                    lanes, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + i), max_value))),
+                sum_lo, sum_hi);
+  }
+  return max_scalar + std::log(_mm512_reduce_add_pd(_mm512_add_pd(sum_lo, sum_hi)));
+}
+
 void Softmax(float* x, int n) {
   if (n <= 0) return;
   __m512 max_v = _mm512_set1_ps(-INFINITY);
@@ -438,6 +460,7 @@ const IsaKernels kAvx512Kernels = {
     .rms_norm = RmsNorm,
     .rope = RopeSharedAngles,
     .softmax = Softmax,
+    .log_sum_exp = LogSumExp,
     .silu_mul = SiluMul,
     .axpy = Axpy,
     .paged_attention = PagedAttention,
@@ -450,6 +473,7 @@ const IsaKernels kAvx512Bf16Kernels = {
     .rms_norm = RmsNorm,
     .rope = RopeSharedAngles,
     .softmax = Softmax,
+    .log_sum_exp = LogSumExp,
     .silu_mul = SiluMul,
     .axpy = Axpy,
     .paged_attention = PagedAttention,

@@ -16,6 +16,7 @@ struct IsaKernels {
   void (*rms_norm)(const float* x, int b, int n, const float* weight, float eps, float* out);
   void (*rope)(float* x, int heads, int head_dim, int pos, float theta);
   void (*softmax)(float* x, int n);
+  double (*log_sum_exp)(const float* x, int n);
   void (*silu_mul)(const float* gate, const float* up, int n, float* out);
   void (*axpy)(float alpha, const float* x, int n, float* y);
   void (*paged_attention)(const float* q, int num_heads, int num_kv_heads, int head_dim,

@@ -78,6 +78,15 @@ void Softmax(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] *= inv_sum;
 }
 
+double LogSumExp(const float* x, int n) {
+  float max_value = x[0];
+  for (int i = 1; i < n; ++i) max_value = std::max(max_value, x[i]);
+  if (!std::isfinite(max_value)) return max_value;  // all -inf (or a +inf)
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::exp(x[i] - max_value);
+  return max_value + std::log(sum);
+}
+
 // gate (n,), up (n,) -> out (n,) = gate / (1 + exp(-gate)) * up
 void SiluMul(const float* gate, const float* up, int n, float* out) {
   for (int i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];

@@ -355,6 +355,31 @@ TEST_P(IsaTest, SoftmaxSumsToOneAndMatchesReference) {
   }
 }
 
+TEST_P(IsaTest, LogSumExpMatchesADoubleReference) {
+  for (int n : {1, 3, 7, 15, 16, 17, 31, 33, 127, 192, 1000, 8192, 32000, 151936}) {
+    const std::vector<float> x = RandomFloats(n, rng_, 8.0f);
+    double max = x[0];
+    for (float v : x) max = std::max<double>(max, v);
+    double sum = 0;
+    for (float v : x) sum += std::exp(static_cast<double>(v) - max);
+    const double want = max + std::log(sum);
+    EXPECT_NEAR(LogSumExp(x.data(), n), want, 2e-6 * std::max(1.0, std::abs(want))) << "n=" << n;
+    EXPECT_NEAR(reference::LogSumExp(x.data(), n), want, 2e-6 * std::max(1.0, std::abs(want)));
+  }
+}
+
+TEST_P(IsaTest, LogSumExpIsStableAndSaysWhenNothingIsFinite) {
+  const std::vector<float> large = {1e4f, 1e4f - 1, -1e4f, 1e4f, -INFINITY};
+  EXPECT_NEAR(LogSumExp(large.data(), 5), 1e4 + std::log(2 + std::exp(-1.0)), 1e-3);
+  const std::vector<float> none(19, -INFINITY);
+  EXPECT_EQ(LogSumExp(none.data(), 19), -INFINITY);
+  std::vector<float> bad(40, 1.0f);
+  bad[33] = NAN;
+  EXPECT_FALSE(std::isfinite(LogSumExp(bad.data(), 40)));
+  bad[33] = INFINITY;
+  EXPECT_FALSE(std::isfinite(LogSumExp(bad.data(), 40)));
+}
+
 TEST_P(IsaTest, SoftmaxIsStableForLargeInputs) {
   std::vector<float> x = {1e4f, 1e4f - 1, -1e4f, 1e4f, -INFINITY};
   Softmax(x.data(), static_cast<int>(x.size()));
