@@ -508,9 +508,9 @@ void OpenAiApi::Completions(const http::Request& http_request,
     return fail(ErrorResponse(405, absl::StrCat(http_request.method, " ", path, ": use POST"), ""));
   }
   const GatewayConfig& config = gateway_->config();
-  absl::StatusOr<CompletionRequest> parsed =
-      ParseCompletionRequest(http_request.body, chat, chat_,
-                             static_cast<int>(config.model_config.max_position_embeddings));
+  absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(
+      http_request.body, chat, chat_, static_cast<int>(config.model_config.max_position_embeddings),
+      static_cast<int>(config.model_config.vocab_size));
   if (!parsed.ok()) return fail(ErrorResponse(parsed.status()));
   absl::StatusOr<GatewayService::Prepared> prepared = gateway_->Prepare(parsed->request);
   if (!prepared.ok()) return fail(ErrorResponse(prepared.status()));

@@ -170,7 +170,7 @@ absl::Status RefuseUnsupported(const json& body, bool chat) {
 }
 
 // logit_bias: {"token id": bias}; the ids and values are checked by the gateway.
-absl::Status ReadLogitBias(const json& body, tandem::v1::SamplingParams* sampling) {
+absl::Status ReadLogitBias(const json& body, int vocab_size, tandem::v1::SamplingParams* sampling) {
   const json* f = Field(body, "logit_bias");
   if (f == nullptr) return absl::OkStatus();
   if (!f->is_object()) {
@@ -186,6 +186,11 @@ absl::Status ReadLogitBias(const json& body, tandem::v1::SamplingParams* samplin
       return Invalid("logit_bias",
                      absl::StrCat("logit_bias key \"", absl::CEscape(key.substr(0, 32)),
                                   "\" is not a token id"));
+    }
+    if (id >= vocab_size) {
+      return Invalid("logit_bias",
+                     absl::StrCat("logit_bias token id ", id, " is outside the vocabulary [0, ",
+                                  vocab_size, ")"));
     }
     if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
       return Invalid("logit_bias",
@@ -244,7 +249,7 @@ int JsonDepth(absl::string_view text, int limit) {
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(
     absl::string_view text, bool chat, const absl::StatusOr<ChatTemplate>& chat_template,
-    int context) {
+    int context, int vocab_size) {
   // nlohmann's parser copes with any depth, but copying or printing a value recurses.
   if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
     return absl::InvalidArgumentError(
@@ -349,7 +354,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
     }
     if (value) (sampling.*set)(static_cast<float>(*value));
   }
-  if (absl::Status s = ReadLogitBias(body, &sampling); !s.ok()) return s;
+  if (absl::Status s = ReadLogitBias(body, vocab_size, &sampling); !s.ok()) return s;
   std::optional<double> temperature, top_p;
   if (absl::Status s = ReadNumber(body, "temperature", &temperature); !s.ok()) return s;
   if (absl::Status s = ReadNumber(body, "top_p", &top_p); !s.ok()) return s;

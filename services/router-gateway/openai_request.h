@@ -37,11 +37,12 @@ struct CompletionRequest {
 };
 
 // `chat`: /v1/chat/completions (messages through `chat_template`, or the reason there is
-// none), else /v1/completions. `context`: the model's context length. An error names the
-// request field it concerns in its message and in ParamOf.
+// none), else /v1/completions. `context`: the model's context length; `vocab_size`: its
+// vocabulary's (logit_bias keys are token ids). An error names the request field it concerns
+// in its message and in ParamOf.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(
     absl::string_view body, bool chat, const absl::StatusOr<ChatTemplate>& chat_template,
-    int context);
+    int context, int vocab_size);
 
 // The request field an error concerns (OpenAI's `param`), or empty.
 std::string ParamOf(const absl::Status& status);

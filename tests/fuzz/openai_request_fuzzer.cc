@@ -13,6 +13,7 @@
 namespace {
 
 constexpr int kContext = 512;
+constexpr int kVocab = 8192;
 
 const absl::StatusOr<tandem::gateway::ChatTemplate>& Template() {
   static const auto* chat = new absl::StatusOr<tandem::gateway::ChatTemplate>(
@@ -28,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   absl::StatusOr<tandem::gateway::CompletionRequest> parsed;
   try {
-    parsed = tandem::gateway::ParseCompletionRequest(body, chat, Template(), kContext);
+    parsed = tandem::gateway::ParseCompletionRequest(body, chat, Template(), kContext, kVocab);
   } catch (...) {
     std::abort();  // the reader must not throw, whatever the body
   }
@@ -48,6 +49,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(s.presence_penalty() >= -2 && s.presence_penalty() <= 2);
   FUZZ_CHECK(s.frequency_penalty() >= -2 && s.frequency_penalty() <= 2);
   FUZZ_CHECK(s.repetition_penalty() >= 0 && s.repetition_penalty() <= 2);
+  for (const auto& [id, bias] : s.logit_bias()) {
+    FUZZ_CHECK(id >= 0 && id < kVocab && bias >= -100 && bias <= 100);
+  }
   FUZZ_CHECK(s.temperature() >= 0 && s.temperature() <= 2);
   FUZZ_CHECK(s.top_p() >= 0 && s.top_p() <= 1);
   FUZZ_CHECK(s.top_k() >= 0);
