@@ -35,6 +35,9 @@ ABSL_FLAG(int, input_len, 128, "bench serve: prompt tokens of each random prompt
 ABSL_FLAG(int, output_len, 64,
           "bench serve: tokens every request generates (EOS ignored, so all are this long).");
 ABSL_FLAG(int, num_prompts, 100, "bench serve: requests to send.");
+ABSL_FLAG(int, logprobs, -1,
+          "bench serve: ask for each token's log-probability and this many alternatives "
+          "(0 to 20; -1: none), to measure what log-probabilities cost.");
 ABSL_FLAG(std::string, request_rate, "inf",
           "bench serve: requests per second, arriving as a Poisson process drawn from --seed; "
           "inf sends them all at once.");
@@ -131,6 +134,10 @@ int BenchServe() {
   bench::RequestOptions options;
   options.model = absl::GetFlag(FLAGS_model_name);
   options.output_len = output_len;
+  options.logprobs = absl::GetFlag(FLAGS_logprobs);
+  if (options.logprobs < -1 || options.logprobs > 20) {
+    return Report(absl::InvalidArgumentError("--logprobs must be in [0, 20], or -1 for none"));
+  }
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   const std::string endpoint = absl::GetFlag(FLAGS_endpoint);
   std::function<bench::RequestResult(const bench::Prompt&)> run;
@@ -170,6 +177,7 @@ int BenchServe() {
   info.num_prompts = num_prompts;
   info.input_len = info.dataset == "random" ? absl::GetFlag(FLAGS_input_len) : 0;
   info.output_len = output_len;
+  info.logprobs = options.logprobs;
   info.seed = seed;
   std::cerr << absl::StrCat(
       "bench serve: ", num_prompts, " requests to ", endpoint, " (", backend, ") at ",

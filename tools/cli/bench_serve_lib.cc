@@ -158,6 +158,7 @@ RequestResult RunGrpcRequest(sdk::Client& client, const Prompt& prompt,
   sampling->set_max_tokens(options.output_len);
   sampling->set_temperature(0);
   sampling->set_ignore_eos(true);
+  if (options.logprobs >= 0) sampling->set_logprobs(options.logprobs);
 
   StreamTimer timer;
   std::optional<int64_t> prompt_tokens, completion_tokens;
@@ -187,6 +188,7 @@ std::string CompletionRequestBody(const Prompt& prompt, const RequestOptions& op
       {"ignore_eos", true},
   };
   if (!options.model.empty()) body["model"] = options.model;
+  if (options.logprobs >= 0) body["logprobs"] = options.logprobs;
   if (!prompt.token_ids.empty()) {
     body["prompt"] = prompt.token_ids;
   } else {
@@ -430,6 +432,7 @@ nlohmann::json ResultJson(const RunInfo& info, const Summary& summary, const Slo
   j["num_prompts"] = info.num_prompts;
   j["input_len"] = info.input_len;
   j["output_len"] = info.output_len;
+  j["logprobs"] = info.logprobs >= 0 ? nlohmann::json(info.logprobs) : nlohmann::json(nullptr);
   j["seed"] = info.seed;
   j["duration"] = summary.duration;
   j["completed"] = summary.completed;

@@ -96,6 +96,7 @@ struct Prompt {
 struct RequestOptions {
   std::string model;   // the model name sent with each request; empty = the server's only one
   int output_len = 0;  // max_tokens, with EOS ignored
+  int logprobs = -1;   // each token's log-probability and this many alternatives; -1: none
   absl::Duration timeout = absl::Seconds(120);
 };
 
@@ -181,6 +182,7 @@ struct RunInfo {
   int num_prompts = 0;
   int input_len = 0;
   int output_len = 0;
+  int logprobs = -1;
   uint64_t seed = 0;
 };
 

@@ -147,6 +147,7 @@ std::vector<Subcommand> MakeSubcommands() {
         {"dataset_path", ""},
         {"input_len", ""},
         {"output_len", ""},
+        {"logprobs", ""},
         {"num_prompts", ""},
         {"request_rate", ""},
         {"max_concurrency", ""},

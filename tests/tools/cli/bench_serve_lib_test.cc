@@ -255,6 +255,10 @@ TEST(CompletionTest, RequestBodyFollowsTheOpenAiContract) {
   EXPECT_EQ(body["stream_options"]["include_usage"], true);
   EXPECT_EQ(body["ignore_eos"], true);
   EXPECT_FALSE(body.contains("model"));
+  EXPECT_FALSE(body.contains("logprobs"));
+  options.logprobs = 5;
+  EXPECT_EQ(nlohmann::json::parse(CompletionRequestBody(ids, options))["logprobs"], 5);
+  options.logprobs = -1;
   Prompt text;
   text.text = "Hello";
   options.model = "tiny-moe";
