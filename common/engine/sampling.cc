@@ -113,8 +113,9 @@ TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t token, int
   // The normaliser, vectorised; on logits that are not all finite (a NaN, an infinity) the
   // slow path, where NaN counts as -inf and nothing finite leaves every token at -inf.
   double log_z = kernels::cpu::LogSumExp(logits.data(), n);
+  const bool finite = std::isfinite(log_z);  // then no logit is NaN or +inf
   bool degenerate = false;
-  if (!std::isfinite(log_z)) {
+  if (!finite) {
     float max_logit = kMinusInf;
     for (float x : logits) max_logit = std::max(max_logit, x);  // NaN never wins
     double sum = 0.0;
@@ -137,29 +138,16 @@ TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t token, int
   out.logprob = token >= 0 && token < n ? logprob(token) : kMinusInf;
   const int k = std::min(std::max(top, 0), n);
   if (k == 0) return out;
-  // The k largest in one pass, most likely first and the lower id first on ties: a token
-  // enters only when strictly above the k-th so far, after every entry at least its value.
-  auto value = [&](int32_t t) {
-    const float x = logits[t];
-    return x == x ? x : kMinusInf;
-  };
-  std::vector<int32_t> best;
-  best.reserve(k + 1);
-  float floor = kMinusInf;  // the k-th value so far, once there are k
-  const float* x = logits.data();
-  for (int32_t t = 0; t < n; ++t) {
-    if (!(x[t] > floor) && static_cast<int>(best.size()) == k) continue;  // NaN never enters
-    if (!(x[t] == x[t])) continue;
-    const float v = x[t];
-    auto at = std::upper_bound(best.begin(), best.end(), v,
-                               [&](float a, int32_t b) { return a > value(b); });
-    best.insert(at, t);
-    if (static_cast<int>(best.size()) > k) best.pop_back();
-    if (static_cast<int>(best.size()) == k) floor = value(best.back());
-  }
-  // Fewer than k finite (or -inf) values: NaN tokens fill the rest, lowest id first.
-  for (int32_t t = 0; t < n && static_cast<int>(best.size()) < k; ++t) {
-    if (!(x[t] == x[t])) best.push_back(t);
+  std::vector<int32_t> best(k);
+  if (finite) {
+    kernels::cpu::TopK(logits.data(), n, k, best.data());
+  } else {
+    // NaN counts as -inf (and so, among equals, the lower id first).
+    std::vector<float> cleaned(logits.begin(), logits.end());
+    for (float& x : cleaned) {
+      if (!(x == x)) x = kMinusInf;
+    }
+    kernels::cpu::reference::TopK(cleaned.data(), n, k, best.data());
   }
   out.top.reserve(k);
   for (int32_t t : best) out.top.push_back({t, logprob(t)});

@@ -71,6 +71,7 @@ constexpr IsaKernels kReferenceKernels = {
     .rope = reference::Rope,
     .softmax = reference::Softmax,
     .log_sum_exp = reference::LogSumExp,
+    .top_k = reference::TopK,
     .silu_mul = reference::SiluMul,
     .axpy = reference::Axpy,
     .paged_attention = reference::PagedAttentionHeads,
@@ -158,6 +159,8 @@ void Rope(float* x, int heads, int head_dim, int pos, float theta) {
 void Softmax(float* x, int n) { internal::Kernels().softmax(x, n); }
 
 double LogSumExp(const float* x, int n) { return internal::Kernels().log_sum_exp(x, n); }
+
+void TopK(const float* x, int n, int k, int32_t* out) { internal::Kernels().top_k(x, n, k, out); }
 
 void SiluMul(const float* gate, const float* up, int n, float* out) {
   internal::Kernels().silu_mul(gate, up, n, out);

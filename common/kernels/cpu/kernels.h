@@ -47,6 +47,9 @@ void Softmax(float* x, int n);
 // (x[i] - LogSumExp(x) is log softmax(x)[i]). Exponentials in float, summed in double. With
 // every x -inf the result is -inf; with a +inf or a NaN in x it is not finite.
 double LogSumExp(const float* x, int n);
+// out (k,) = the indices of the k largest of x (n,), 1 <= k <= n: largest first, the lower index
+// first among equal values. x must hold no NaN.
+void TopK(const float* x, int n, int k, int32_t* out);
 // out (n,) = silu(gate) * up
 void SiluMul(const float* gate, const float* up, int n, float* out);
 // y (n,) += alpha * x (n,)
@@ -77,6 +80,7 @@ void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float
 void Rope(float* x, int heads, int head_dim, int pos, float theta);
 void Softmax(float* x, int n);
 double LogSumExp(const float* x, int n);
+void TopK(const float* x, int n, int k, int32_t* out);
 void SiluMul(const float* gate, const float* up, int n, float* out);
 void Axpy(float alpha, const float* x, int n, float* y);
 void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,

@@ -248,6 +248,33 @@ double LogSumExp(const float* x, int n) {
   return max_value + std::log(HorizontalSum(sum));
 }
 
+// Eight values at a time against the k-th so far; the few that beat it go through the scalar
+// bookkeeping (the threshold only rises, so most blocks have none).
+void TopK(const float* x, int n, int k, int32_t* out) {
+  StartTopK(x, k, out);
+  float floor = x[out[k - 1]];
+  __m256 floor_v = _mm256_set1_ps(floor);
+  int i = k;
+  for (; i + 8 <= n; i += 8) {
+    uint32_t above = static_cast<uint32_t>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), floor_v, _CMP_GT_OQ)));
+    while (above != 0) {
+      const int32_t t = i + __builtin_ctz(above);
+      above &= above - 1;
+      if (!(x[t] > floor)) continue;  // the threshold rose within this block
+      InsertTopK(x, out, k, t);
+      floor = x[out[k - 1]];
+      floor_v = _mm256_set1_ps(floor);
+    }
+  }
+  for (; i < n; ++i) {
+    if (x[i] > floor) {
+      InsertTopK(x, out, k, i);
+      floor = x[out[k - 1]];
+    }
+  }
+}
+
 void Softmax(float* x, int n) {
   if (n <= 0) return;
   __m256 max_v = _mm256_set1_ps(-INFINITY);
@@ -346,6 +373,7 @@ const IsaKernels kAvx2Kernels = {
     .rope = RopeSharedAngles,
     .softmax = Softmax,
     .log_sum_exp = LogSumExp,
+    .top_k = TopK,
     .silu_mul = SiluMul,
     .axpy = Axpy,
     .paged_attention = PagedAttention,

@@ -357,6 +357,27 @@ double LogSumExp(const float* x, int n) {
   return max_scalar + std::log(_mm512_reduce_add_pd(_mm512_add_pd(sum_lo, sum_hi)));
 }
 
+// Sixteen values at a time against the k-th so far; the few that beat it go through the
+// scalar bookkeeping (the threshold only rises, so most blocks have none).
+void TopK(const float* x, int n, int k, int32_t* out) {
+  StartTopK(x, k, out);
+  float floor = x[out[k - 1]];
+  __m512 floor_v = _mm512_set1_ps(floor);
+  for (int i = k; i < n; i += 16) {
+    const __mmask16 lanes = LowLanes16(std::min(16, n - i));
+    uint32_t above =
+        _mm512_mask_cmp_ps_mask(lanes, _mm512_maskz_loadu_ps(lanes, x + i), floor_v, _CMP_GT_OQ);
+    while (above != 0) {
+      const int32_t t = i + __builtin_ctz(above);
+      above &= above - 1;
+      if (!(x[t] > floor)) continue;  // the threshold rose within this block
+      InsertTopK(x, out, k, t);
+      floor = x[out[k - 1]];
+      floor_v = _mm512_set1_ps(floor);
+    }
+  }
+}
+
 void Softmax(float* x, int n) {
   if (n <= 0) return;
   __m512 max_v = _mm512_set1_ps(-INFINITY);
@@ -461,6 +482,7 @@ const IsaKernels kAvx512Kernels = {
     .rope = RopeSharedAngles,
     .softmax = Softmax,
     .log_sum_exp = LogSumExp,
+    .top_k = TopK,
     .silu_mul = SiluMul,
     .axpy = Axpy,
     .paged_attention = PagedAttention,
@@ -474,6 +496,7 @@ const IsaKernels kAvx512Bf16Kernels = {
     .rope = RopeSharedAngles,
     .softmax = Softmax,
     .log_sum_exp = LogSumExp,
+    .top_k = TopK,
     .silu_mul = SiluMul,
     .axpy = Axpy,
     .paged_attention = PagedAttention,

@@ -17,6 +17,7 @@ struct IsaKernels {
   void (*rope)(float* x, int heads, int head_dim, int pos, float theta);
   void (*softmax)(float* x, int n);
   double (*log_sum_exp)(const float* x, int n);
+  void (*top_k)(const float* x, int n, int k, int32_t* out);
   void (*silu_mul)(const float* gate, const float* up, int n, float* out);
   void (*axpy)(float alpha, const float* x, int n, float* y);
   void (*paged_attention)(const float* q, int num_heads, int num_kv_heads, int head_dim,
@@ -37,6 +38,31 @@ void ParallelRows(int b, int n, int d, int row_align, const std::function<void(i
 // Rope for the fast paths: the reference's arithmetic, with each angle's sine and cosine
 // computed once for all heads rather than once per head. Results equal the reference's.
 void RopeSharedAngles(float* x, int heads, int head_dim, int pos, float theta);
+
+// TopK's bookkeeping, shared by every ISA: `best` (k,) holds indices of x, largest first and
+// the lower index first among equal values; index t (after every index in best) enters when
+// it beats the last, behind every entry at least its value, and the last drops out.
+inline void InsertTopK(const float* x, int32_t* best, int k, int32_t t) {
+  const float v = x[t];
+  int j = k - 1;
+  while (j > 0 && x[best[j - 1]] < v) {
+    best[j] = best[j - 1];
+    --j;
+  }
+  best[j] = t;
+}
+
+// Fills best (k,) with 0..k-1 in TopK's order: the start of every ISA's scan.
+inline void StartTopK(const float* x, int k, int32_t* best) {
+  for (int32_t t = 0; t < k; ++t) {
+    int j = t;
+    while (j > 0 && x[best[j - 1]] < x[t]) {
+      best[j] = best[j - 1];
+      --j;
+    }
+    best[j] = t;
+  }
+}
 
 inline float Bf16BitsToF32(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);

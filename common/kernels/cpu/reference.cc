@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/kernels/cpu/kernels.h"
+#include "common/kernels/cpu/kernels_internal.h"
 
 namespace tandem::kernels::cpu::reference {
 
@@ -85,6 +86,13 @@ double LogSumExp(const float* x, int n) {
   double sum = 0;
   for (int i = 0; i < n; ++i) sum += std::exp(x[i] - max_value);
   return max_value + std::log(sum);
+}
+
+void TopK(const float* x, int n, int k, int32_t* out) {
+  internal::StartTopK(x, k, out);
+  for (int32_t t = k; t < n; ++t) {
+    if (x[t] > x[out[k - 1]]) internal::InsertTopK(x, out, k, t);
+  }
 }
 
 // gate (n,), up (n,) -> out (n,) = gate / (1 + exp(-gate)) * up

@@ -368,6 +368,33 @@ TEST_P(IsaTest, LogSumExpMatchesADoubleReference) {
   }
 }
 
+TEST_P(IsaTest, TopKMatchesASortAtEveryLengthWithTies) {
+  for (int n : {1, 2, 7, 8, 9, 15, 16, 17, 33, 100, 8192, 32000}) {
+    for (int k : {1, 3, 5, 20}) {
+      if (k > n) continue;
+      std::vector<float> x = RandomFloats(n, rng_, 4.0f);
+      // Ties and -inf: every value rounded to a quarter, a few -inf.
+      for (float& v : x) v = std::round(v * 4) / 4;
+      for (int i = 0; i < n; i += 7) x[i] = -INFINITY;
+      std::vector<int32_t> want(n);
+      for (int i = 0; i < n; ++i) want[i] = i;
+      std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+      want.resize(k);
+      std::vector<int32_t> got(k, -1), ref(k, -1);
+      TopK(x.data(), n, k, got.data());
+      reference::TopK(x.data(), n, k, ref.data());
+      EXPECT_EQ(got, want) << "n=" << n << " k=" << k;
+      EXPECT_EQ(ref, want) << "n=" << n << " k=" << k;
+    }
+  }
+  // A rising sequence: every value beats the threshold.
+  std::vector<float> rising(100);
+  for (int i = 0; i < 100; ++i) rising[i] = static_cast<float>(i);
+  std::vector<int32_t> top(4);
+  TopK(rising.data(), 100, 4, top.data());
+  EXPECT_EQ(top, (std::vector<int32_t>{99, 98, 97, 96}));
+}
+
 TEST_P(IsaTest, LogSumExpIsStableAndSaysWhenNothingIsFinite) {
   const std::vector<float> large = {1e4f, 1e4f - 1, -1e4f, 1e4f, -INFINITY};
   EXPECT_NEAR(LogSumExp(large.data(), 5), 1e4 + std::log(2 + std::exp(-1.0)), 1e-3);
