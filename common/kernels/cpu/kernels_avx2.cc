@@ -256,23 +256,13 @@ void TopK(const float* x, int n, int k, int32_t* out) {
   __m256 floor_v = _mm256_set1_ps(floor);
   int i = k;
   for (; i + 8 <= n; i += 8) {
-    uint32_t above = static_cast<uint32_t>(
+    const uint32_t above = static_cast<uint32_t>(
         _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), floor_v, _CMP_GT_OQ)));
-    while (above != 0) {
-      const int32_t t = i + __builtin_ctz(above);
-      above &= above - 1;
-      if (!(x[t] > floor)) continue;  // the threshold rose within this block
-      InsertTopK(x, out, k, t);
-      floor = x[out[k - 1]];
-      floor_v = _mm256_set1_ps(floor);
-    }
+    if (above == 0) continue;
+    floor = InsertAbove(x, out, k, i, above, floor);
+    floor_v = _mm256_set1_ps(floor);
   }
-  for (; i < n; ++i) {
-    if (x[i] > floor) {
-      InsertTopK(x, out, k, i);
-      floor = x[out[k - 1]];
-    }
-  }
+  for (; i < n; ++i) floor = InsertAbove(x, out, k, i, 1u, floor);
 }
 
 void Softmax(float* x, int n) {

@@ -365,16 +365,11 @@ void TopK(const float* x, int n, int k, int32_t* out) {
   __m512 floor_v = _mm512_set1_ps(floor);
   for (int i = k; i < n; i += 16) {
     const __mmask16 lanes = LowLanes16(std::min(16, n - i));
-    uint32_t above =
+    const uint32_t above =
         _mm512_mask_cmp_ps_mask(lanes, _mm512_maskz_loadu_ps(lanes, x + i), floor_v, _CMP_GT_OQ);
-    while (above != 0) {
-      const int32_t t = i + __builtin_ctz(above);
-      above &= above - 1;
-      if (!(x[t] > floor)) continue;  // the threshold rose within this block
-      InsertTopK(x, out, k, t);
-      floor = x[out[k - 1]];
-      floor_v = _mm512_set1_ps(floor);
-    }
+    if (above == 0) continue;
+    floor = InsertAbove(x, out, k, i, above, floor);
+    floor_v = _mm512_set1_ps(floor);
   }
 }
 

@@ -52,6 +52,21 @@ inline void InsertTopK(const float* x, int32_t* best, int k, int32_t t) {
   best[j] = t;
 }
 
+// The indices base + (set bits of `above`) that beat `floor`, the k-th so far, go into best in
+// index order; returns the k-th after them. (A vector scan finds the lanes above the threshold
+// it had; the threshold may rise within them.)
+inline float InsertAbove(const float* x, int32_t* best, int k, int32_t base, uint32_t above,
+                         float floor) {
+  while (above != 0) {
+    const int32_t t = base + std::countr_zero(above);
+    above &= above - 1;
+    if (!(x[t] > floor)) continue;
+    InsertTopK(x, best, k, t);
+    floor = x[best[k - 1]];
+  }
+  return floor;
+}
+
 // Fills best (k,) with 0..k-1 in TopK's order: the start of every ISA's scan.
 inline void StartTopK(const float* x, int k, int32_t* best) {
   for (int32_t t = 0; t < k; ++t) {
