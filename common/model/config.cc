@@ -1,7 +1,7 @@
 #include "common/model/config.h"
 
+#include <algorithm>
 #include <filesystem>
-
 #include <fstream>
 #include <initializer_list>
 #include <limits>
@@ -37,6 +37,14 @@ constexpr ArchitectureSpec kMixtral{
     .norm_topk_prob_from_config = false,
     .num_experts_key = "num_local_experts",
     .intermediate_size_key = "intermediate_size",
+    .default_rope_theta = 1e6,
+    .default_rms_norm_eps = 1e-5,
+    .default_use_sliding_window = true,
+    .attention_bias_key = "",
+    .attention_bias_default = false,
+    .attention_bias_covers_output = false,
+    .dense_intermediate_size_key = "",
+    .shared_expert_size_key = "",
     .tensor_names = MakeNames({
         {TensorKind::kTokenEmbedding, "model.embed_tokens.weight"},
         {TensorKind::kOutputNorm, "model.norm.weight"},
@@ -56,13 +64,22 @@ constexpr ArchitectureSpec kMixtral{
     }),
 };
 
-// Qwen3-MoE: per-head q/k RMSNorm, explicit head_dim, top-k renormalisation set by config.
+// Qwen3-MoE: per-head q/k RMSNorm, explicit head_dim, top-k renormalisation set by config,
+// dense MLP layers by decoder_sparse_step / mlp_only_layers, optional attention bias.
 constexpr ArchitectureSpec kQwen3Moe{
     .model_type = "qwen3_moe",
     .norm_topk_prob = false,  // the Hugging Face default when the key is absent
     .norm_topk_prob_from_config = true,
     .num_experts_key = "num_experts",
     .intermediate_size_key = "moe_intermediate_size",
+    .default_rope_theta = 10000.0,
+    .default_rms_norm_eps = 1e-6,
+    .default_use_sliding_window = false,
+    .attention_bias_key = "attention_bias",
+    .attention_bias_default = false,
+    .attention_bias_covers_output = true,
+    .dense_intermediate_size_key = "intermediate_size",
+    .shared_expert_size_key = "",
     .tensor_names = MakeNames({
         {TensorKind::kTokenEmbedding, "model.embed_tokens.weight"},
         {TensorKind::kOutputNorm, "model.norm.weight"},
@@ -74,11 +91,62 @@ constexpr ArchitectureSpec kQwen3Moe{
         {TensorKind::kAttnOut, "model.layers.{layer}.self_attn.o_proj.weight"},
         {TensorKind::kAttnQNorm, "model.layers.{layer}.self_attn.q_norm.weight"},
         {TensorKind::kAttnKNorm, "model.layers.{layer}.self_attn.k_norm.weight"},
+        {TensorKind::kAttnQBias, "model.layers.{layer}.self_attn.q_proj.bias"},
+        {TensorKind::kAttnKBias, "model.layers.{layer}.self_attn.k_proj.bias"},
+        {TensorKind::kAttnVBias, "model.layers.{layer}.self_attn.v_proj.bias"},
+        {TensorKind::kAttnOutBias, "model.layers.{layer}.self_attn.o_proj.bias"},
         {TensorKind::kFfnNorm, "model.layers.{layer}.post_attention_layernorm.weight"},
         {TensorKind::kRouter, "model.layers.{layer}.mlp.gate.weight"},
         {TensorKind::kExpertGate, "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"},
         {TensorKind::kExpertUp, "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"},
         {TensorKind::kExpertDown, "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
+        {TensorKind::kDenseGate, "model.layers.{layer}.mlp.gate_proj.weight"},
+        {TensorKind::kDenseUp, "model.layers.{layer}.mlp.up_proj.weight"},
+        {TensorKind::kDenseDown, "model.layers.{layer}.mlp.down_proj.weight"},
+    }),
+};
+
+// Qwen2-MoE (Qwen1.5-MoE): q/k/v bias, an always-on shared expert scaled by
+// sigmoid(shared_expert_gate . x), top-k renormalisation set by config (default off), dense MLP
+// layers by decoder_sparse_step / mlp_only_layers.
+constexpr ArchitectureSpec kQwen2Moe{
+    .model_type = "qwen2_moe",
+    .norm_topk_prob = false,
+    .norm_topk_prob_from_config = true,
+    .num_experts_key = "num_experts",
+    .intermediate_size_key = "moe_intermediate_size",
+    .default_rope_theta = 10000.0,
+    .default_rms_norm_eps = 1e-6,
+    .default_use_sliding_window = false,
+    .attention_bias_key = "qkv_bias",
+    .attention_bias_default = true,
+    .attention_bias_covers_output = false,
+    .dense_intermediate_size_key = "intermediate_size",
+    .shared_expert_size_key = "shared_expert_intermediate_size",
+    .tensor_names = MakeNames({
+        {TensorKind::kTokenEmbedding, "model.embed_tokens.weight"},
+        {TensorKind::kOutputNorm, "model.norm.weight"},
+        {TensorKind::kOutput, "lm_head.weight"},
+        {TensorKind::kAttnNorm, "model.layers.{layer}.input_layernorm.weight"},
+        {TensorKind::kAttnQ, "model.layers.{layer}.self_attn.q_proj.weight"},
+        {TensorKind::kAttnK, "model.layers.{layer}.self_attn.k_proj.weight"},
+        {TensorKind::kAttnV, "model.layers.{layer}.self_attn.v_proj.weight"},
+        {TensorKind::kAttnOut, "model.layers.{layer}.self_attn.o_proj.weight"},
+        {TensorKind::kAttnQBias, "model.layers.{layer}.self_attn.q_proj.bias"},
+        {TensorKind::kAttnKBias, "model.layers.{layer}.self_attn.k_proj.bias"},
+        {TensorKind::kAttnVBias, "model.layers.{layer}.self_attn.v_proj.bias"},
+        {TensorKind::kFfnNorm, "model.layers.{layer}.post_attention_layernorm.weight"},
+        {TensorKind::kRouter, "model.layers.{layer}.mlp.gate.weight"},
+        {TensorKind::kExpertGate, "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"},
+        {TensorKind::kExpertUp, "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"},
+        {TensorKind::kExpertDown, "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
+        {TensorKind::kSharedGate, "model.layers.{layer}.mlp.shared_expert.gate_proj.weight"},
+        {TensorKind::kSharedUp, "model.layers.{layer}.mlp.shared_expert.up_proj.weight"},
+        {TensorKind::kSharedDown, "model.layers.{layer}.mlp.shared_expert.down_proj.weight"},
+        {TensorKind::kSharedExpertGate, "model.layers.{layer}.mlp.shared_expert_gate.weight"},
+        {TensorKind::kDenseGate, "model.layers.{layer}.mlp.gate_proj.weight"},
+        {TensorKind::kDenseUp, "model.layers.{layer}.mlp.up_proj.weight"},
+        {TensorKind::kDenseDown, "model.layers.{layer}.mlp.down_proj.weight"},
     }),
 };
 
@@ -159,7 +227,7 @@ absl::StatusOr<int32_t> CheckTokenId(std::string_view key, int64_t id, int64_t v
 }  // namespace
 
 const std::vector<const ArchitectureSpec*>& Architectures() {
-  static const std::vector<const ArchitectureSpec*> kAll = {&kMixtral, &kQwen3Moe};
+  static const std::vector<const ArchitectureSpec*> kAll = {&kMixtral, &kQwen2Moe, &kQwen3Moe};
   return kAll;
 }
 
@@ -246,9 +314,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
                                    Sv(arch.num_experts_key), " (", c.num_local_experts, ")"));
   }
 
-  ASSIGN_OR_RETURN(c.rope_theta, OptionalDouble(root, "rope_theta", 1e6));
+  ASSIGN_OR_RETURN(c.rope_theta, OptionalDouble(root, "rope_theta", arch.default_rope_theta));
   if (!(c.rope_theta > 0)) return FieldError("rope_theta", "must be positive");
-  ASSIGN_OR_RETURN(c.rms_norm_eps, OptionalDouble(root, "rms_norm_eps", 1e-5));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, OptionalDouble(root, "rms_norm_eps", arch.default_rms_norm_eps));
   if (!(c.rms_norm_eps > 0)) return FieldError("rms_norm_eps", "must be positive");
   ASSIGN_OR_RETURN(c.tie_word_embeddings, OptionalBool(root, "tie_word_embeddings", false));
   c.norm_topk_prob = arch.norm_topk_prob;
@@ -256,10 +324,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     ASSIGN_OR_RETURN(c.norm_topk_prob, OptionalBool(root, "norm_topk_prob", arch.norm_topk_prob));
   }
 
-  ASSIGN_OR_RETURN(bool use_sliding_window, OptionalBool(root, "use_sliding_window", true));
+  ASSIGN_OR_RETURN(bool use_sliding_window,
+                   OptionalBool(root, "use_sliding_window", arch.default_use_sliding_window));
   ASSIGN_OR_RETURN(int64_t window, OptionalInt(root, "sliding_window", 0));
   if (window < 0) return FieldError("sliding_window", "must not be negative");
   c.sliding_window = use_sliding_window ? window : 0;
+  // The engine attends over the whole context; a window shorter than the context would change
+  // what the model computes.
+  if (c.sliding_window > 0 && c.sliding_window < c.max_position_embeddings) {
+    return FieldError("sliding_window",
+                      absl::StrCat("(", c.sliding_window, ", shorter than the context of ",
+                                   c.max_position_embeddings,
+                                   ") is not supported: Tandem attends over the whole context"));
+  }
 
   if (const Json* v = Find(root, "bos_token_id"); v != nullptr) {
     ASSIGN_OR_RETURN(int64_t id, ToInt(*v, "bos_token_id"));
@@ -296,18 +373,79 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
   if (const Json* v = Find(root, "rope_scaling"); v != nullptr) {
     return FieldError("rope_scaling", "is not supported (must be null or absent)");
   }
-  ASSIGN_OR_RETURN(bool attention_bias, OptionalBool(root, "attention_bias", false));
-  if (attention_bias) return FieldError("attention_bias", "is not supported (must be false)");
-  ASSIGN_OR_RETURN(int64_t sparse_step, OptionalInt(root, "decoder_sparse_step", 1));
-  if (sparse_step != 1) {
-    return FieldError("decoder_sparse_step", "other than 1 (dense MLP layers) is not supported");
+  if (const Json* v = Find(root, "hidden_act"); v != nullptr && *v != "silu") {
+    return FieldError("hidden_act", "other than \"silu\" is not supported");
   }
+  if (!arch.attention_bias_key.empty()) {
+    ASSIGN_OR_RETURN(bool bias,
+                     OptionalBool(root, arch.attention_bias_key, arch.attention_bias_default));
+    c.attention_qkv_bias = bias;
+    c.attention_out_bias = bias && arch.attention_bias_covers_output;
+  }
+  if (arch.attention_bias_key != "attention_bias") {
+    ASSIGN_OR_RETURN(bool attention_bias, OptionalBool(root, "attention_bias", false));
+    if (attention_bias) {
+      return FieldError("attention_bias", absl::StrCat("is not supported for ", Sv(arch.model_type),
+                                                       " (must be false)"));
+    }
+  }
+  if (arch.shared_expert_size_key.empty()) {
+    for (std::string_view key : {"shared_expert_intermediate_size", "n_shared_experts"}) {
+      ASSIGN_OR_RETURN(int64_t shared, OptionalInt(root, key, 0));
+      if (shared != 0) {
+        return FieldError(key,
+                          absl::StrCat("(shared experts) is not part of ", Sv(arch.model_type)));
+      }
+    }
+  } else {
+    ASSIGN_OR_RETURN(int64_t shared, OptionalInt(root, arch.shared_expert_size_key, 0));
+    if (shared < 0) return FieldError(arch.shared_expert_size_key, "must not be negative");
+    if (shared > 0) {
+      ASSIGN_OR_RETURN(c.shared_expert_intermediate_size,
+                       CheckSize(arch.shared_expert_size_key, shared));
+    }
+  }
+
+  // Dense MLP layers: layer l is sparse iff it is not in mlp_only_layers and
+  // (l + 1) % decoder_sparse_step == 0, as Hugging Face's Qwen MoE decoder layers decide.
+  ASSIGN_OR_RETURN(int64_t sparse_step, OptionalInt(root, "decoder_sparse_step", 1));
+  if (sparse_step < 1) return FieldError("decoder_sparse_step", "must be at least 1");
+  std::vector<bool> sparse(c.num_hidden_layers, true);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) sparse[l] = (l + 1) % sparse_step == 0;
   if (const Json* v = Find(root, "mlp_only_layers"); v != nullptr) {
-    if (!v->is_array()) return FieldError("mlp_only_layers", "must be an array");
-    if (!v->empty()) return FieldError("mlp_only_layers", "(dense MLP layers) is not supported");
+    if (!v->is_array()) return FieldError("mlp_only_layers", "must be an array of layer indices");
+    for (const Json& e : *v) {
+      ASSIGN_OR_RETURN(int64_t l, ToInt(e, "mlp_only_layers"));
+      if (l < 0 || l >= c.num_hidden_layers) {
+        return FieldError("mlp_only_layers", absl::StrCat("names layer ", l, ", outside [0, ",
+                                                          c.num_hidden_layers, ")"));
+      }
+      sparse[l] = false;
+    }
+  }
+  const bool any_dense = std::find(sparse.begin(), sparse.end(), false) != sparse.end();
+  if (any_dense) {
+    if (arch.dense_intermediate_size_key.empty()) {
+      return FieldError(
+          sparse_step != 1 ? "decoder_sparse_step" : "mlp_only_layers",
+          absl::StrCat("makes dense MLP layers, which ", Sv(arch.model_type), " does not have"));
+    }
+    if (std::find(sparse.begin(), sparse.end(), true) == sparse.end()) {
+      return FieldError("decoder_sparse_step",
+                        "and mlp_only_layers leave no MoE layer: a dense model is not supported");
+    }
+    ASSIGN_OR_RETURN(int64_t dense, RequiredInt(root, arch.dense_intermediate_size_key));
+    ASSIGN_OR_RETURN(c.dense_intermediate_size, CheckSize(arch.dense_intermediate_size_key, dense));
+    c.sparse_layers = std::move(sparse);
   }
   return c;
 }
+
+bool ModelConfig::HasDenseLayers() const {
+  return std::find(sparse_layers.begin(), sparse_layers.end(), false) != sparse_layers.end();
+}
+
+bool ModelConfig::HasQkNorm() const { return !TensorName(*arch, TensorKind::kAttnQNorm).empty(); }
 
 std::string ModelNameFromDir(const std::string& model_dir) {
   std::filesystem::path dir = std::filesystem::absolute(model_dir).lexically_normal();
@@ -356,6 +494,25 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
     case TensorKind::kAttnQNorm:
     case TensorKind::kAttnKNorm:
       return {c.head_dim};
+    case TensorKind::kAttnQBias:
+      return {q_dim};
+    case TensorKind::kAttnKBias:
+    case TensorKind::kAttnVBias:
+      return {kv_dim};
+    case TensorKind::kAttnOutBias:
+      return {c.hidden_size};
+    case TensorKind::kSharedGate:
+    case TensorKind::kSharedUp:
+      return {c.shared_expert_intermediate_size, c.hidden_size};
+    case TensorKind::kSharedDown:
+      return {c.hidden_size, c.shared_expert_intermediate_size};
+    case TensorKind::kSharedExpertGate:
+      return {1, c.hidden_size};
+    case TensorKind::kDenseGate:
+    case TensorKind::kDenseUp:
+      return {c.dense_intermediate_size, c.hidden_size};
+    case TensorKind::kDenseDown:
+      return {c.hidden_size, c.dense_intermediate_size};
     case TensorKind::kRouter:
       return {c.num_local_experts, c.hidden_size};
     case TensorKind::kExpertGate:
@@ -377,15 +534,37 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   };
   add(TensorKind::kTokenEmbedding, -1, -1);
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
-    for (TensorKind kind : {TensorKind::kAttnNorm, TensorKind::kAttnQ, TensorKind::kAttnK,
-                            TensorKind::kAttnV, TensorKind::kAttnOut, TensorKind::kAttnQNorm,
-                            TensorKind::kAttnKNorm, TensorKind::kFfnNorm, TensorKind::kRouter}) {
+    for (TensorKind kind :
+         {TensorKind::kAttnNorm, TensorKind::kAttnQ, TensorKind::kAttnK, TensorKind::kAttnV,
+          TensorKind::kAttnOut, TensorKind::kAttnQNorm, TensorKind::kAttnKNorm}) {
       add(kind, layer, -1);
     }
+    if (c.attention_qkv_bias) {
+      for (TensorKind kind :
+           {TensorKind::kAttnQBias, TensorKind::kAttnKBias, TensorKind::kAttnVBias}) {
+        add(kind, layer, -1);
+      }
+    }
+    if (c.attention_out_bias) add(TensorKind::kAttnOutBias, layer, -1);
+    add(TensorKind::kFfnNorm, layer, -1);
+    if (!c.IsSparseLayer(layer)) {
+      for (TensorKind kind :
+           {TensorKind::kDenseGate, TensorKind::kDenseUp, TensorKind::kDenseDown}) {
+        add(kind, layer, -1);
+      }
+      continue;
+    }
+    add(TensorKind::kRouter, layer, -1);
     for (int expert = 0; expert < c.num_local_experts; ++expert) {
       for (TensorKind kind :
            {TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown}) {
         add(kind, layer, expert);
+      }
+    }
+    if (c.HasSharedExpert()) {
+      for (TensorKind kind : {TensorKind::kSharedGate, TensorKind::kSharedUp,
+                              TensorKind::kSharedDown, TensorKind::kSharedExpertGate}) {
+        add(kind, layer, -1);
       }
     }
   }

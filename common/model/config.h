@@ -17,23 +17,34 @@ namespace tandem::model {
 // The weights of a decoder-only MoE transformer, by role. Per-layer kinds take a layer index;
 // expert kinds take a layer and an expert index.
 enum class TensorKind {
-  kTokenEmbedding,  // (vocab, hidden)
-  kOutputNorm,      // (hidden)
-  kOutput,          // (vocab, hidden); absent when tie_word_embeddings
-  kAttnNorm,        // (hidden)
-  kAttnQ,           // (heads*head_dim, hidden)
-  kAttnK,           // (kv_heads*head_dim, hidden)
-  kAttnV,           // (kv_heads*head_dim, hidden)
-  kAttnOut,         // (hidden, heads*head_dim)
-  kAttnQNorm,       // (head_dim); per-head RMSNorm of q, only where the architecture has it
-  kAttnKNorm,       // (head_dim)
-  kFfnNorm,         // (hidden)
-  kRouter,          // (experts, hidden)
-  kExpertGate,      // (intermediate, hidden)   w1 / gate_proj
-  kExpertUp,        // (intermediate, hidden)   w3 / up_proj
-  kExpertDown,      // (hidden, intermediate)   w2 / down_proj
+  kTokenEmbedding,    // (vocab, hidden)
+  kOutputNorm,        // (hidden)
+  kOutput,            // (vocab, hidden); absent when tie_word_embeddings
+  kAttnNorm,          // (hidden)
+  kAttnQ,             // (heads*head_dim, hidden)
+  kAttnK,             // (kv_heads*head_dim, hidden)
+  kAttnV,             // (kv_heads*head_dim, hidden)
+  kAttnOut,           // (hidden, heads*head_dim)
+  kAttnQNorm,         // (head_dim); per-head RMSNorm of q, only where the architecture has it
+  kAttnKNorm,         // (head_dim)
+  kAttnQBias,         // (heads*head_dim); only when the config says the projections have bias
+  kAttnKBias,         // (kv_heads*head_dim)
+  kAttnVBias,         // (kv_heads*head_dim)
+  kAttnOutBias,       // (hidden)
+  kFfnNorm,           // (hidden)
+  kRouter,            // (experts, hidden); sparse layers only
+  kExpertGate,        // (intermediate, hidden)   w1 / gate_proj
+  kExpertUp,          // (intermediate, hidden)   w3 / up_proj
+  kExpertDown,        // (hidden, intermediate)   w2 / down_proj
+  kSharedGate,        // (shared_intermediate, hidden); the always-on shared expert (Qwen2-MoE)
+  kSharedUp,          // (shared_intermediate, hidden)
+  kSharedDown,        // (hidden, shared_intermediate)
+  kSharedExpertGate,  // (1, hidden): the shared expert's output scales by sigmoid(gate . x)
+  kDenseGate,         // (dense_intermediate, hidden); dense MLP layers only
+  kDenseUp,           // (dense_intermediate, hidden)
+  kDenseDown,         // (hidden, dense_intermediate)
 };
-inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kExpertDown) + 1;
+inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kDenseDown) + 1;
 
 // One MoE family, declared as data. Name patterns use "{layer}" and "{expert}"; an empty
 // pattern means the architecture has no such tensor.
@@ -46,6 +57,21 @@ struct ArchitectureSpec {
   bool norm_topk_prob_from_config;
   std::string_view num_experts_key;        // "num_local_experts" (Mixtral), "num_experts"
   std::string_view intermediate_size_key;  // the expert FFN width's key
+  // Hugging Face's defaults where config.json has no such key.
+  double default_rope_theta;
+  double default_rms_norm_eps;
+  bool default_use_sliding_window;
+  // The key saying whether the attention projections have bias ("" : never), its default,
+  // and whether it covers o_proj too (Qwen3-MoE's attention_bias) or q/k/v only (Qwen2-MoE).
+  std::string_view attention_bias_key;
+  bool attention_bias_default;
+  bool attention_bias_covers_output;
+  // The width of dense MLP layers, where decoder_sparse_step / mlp_only_layers make some
+  // layers dense ("" : every layer is sparse and those keys are refused when they say
+  // otherwise).
+  std::string_view dense_intermediate_size_key;
+  // The always-on shared expert's width ("" : the architecture has none).
+  std::string_view shared_expert_size_key;
   std::array<std::string_view, kNumTensorKinds> tensor_names;  // indexed by TensorKind
 };
 
@@ -63,7 +89,9 @@ struct ModelConfig {
   std::vector<std::string> architectures;  // config.json "architectures" (informational)
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;  // per-expert FFN width
+  int64_t intermediate_size = 0;        // per-expert FFN width (Qwen: moe_intermediate_size)
+  int64_t dense_intermediate_size = 0;  // dense MLP layers' width; 0 when there are none
+  int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
@@ -79,9 +107,20 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;  // all of them
   bool tie_word_embeddings = false;
   bool norm_topk_prob = true;
+  bool attention_qkv_bias = false;  // q, k and v projections have bias
+  bool attention_out_bias = false;  // o_proj has bias
+  // Per layer: true when the layer is a routed MoE block, false for a dense MLP
+  // (Hugging Face: not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0).
+  std::vector<bool> sparse_layers;
   std::string torch_dtype;  // "bfloat16", "float16", "float32", or empty when absent
 
   std::string_view model_type() const { return arch->model_type; }
+  bool IsSparseLayer(int layer) const {
+    return sparse_layers.empty() || sparse_layers[static_cast<size_t>(layer)];
+  }
+  bool HasDenseLayers() const;
+  bool HasSharedExpert() const { return shared_expert_intermediate_size > 0; }
+  bool HasQkNorm() const;
 };
 
 // Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that
@@ -109,7 +148,9 @@ std::string TensorName(const ArchitectureSpec& arch, TensorKind kind, int layer 
 // The shape a tensor of `kind` has under `config`.
 std::vector<int64_t> TensorShape(const ModelConfig& config, TensorKind kind);
 // Every tensor a checkpoint of `config` must hold, in a stable order: embedding, then per
-// layer (norms, attention, router, experts in index order), then final norm and lm_head.
+// layer (norms, attention and its biases, then the router, experts in index order and shared
+// expert of a sparse layer, or the dense MLP), then final norm and lm_head. Only the tensors
+// the config implies: biases when it has them, a shared expert when its width is set.
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
 
 }  // namespace tandem::model

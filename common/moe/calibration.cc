@@ -50,7 +50,7 @@ absl::Status Calibrator::AddStep(const engine::RouterTrace& trace) {
     const std::vector<int32_t>& chosen = trace.experts[l];
     const std::vector<float>& probs = trace.probs[l];
     const int64_t n = static_cast<int64_t>(chosen.size()) / top_k_;
-    tokens = n;
+    if (n > 0) tokens = n;  // a dense layer routes nothing
     for (int64_t t = 0; t < n; ++t) {
       for (int j = 0; j < top_k_; ++j) {
         const int e = chosen[t * top_k_ + j];

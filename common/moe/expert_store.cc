@@ -186,6 +186,11 @@ int64_t PackLayout::file_bytes() const { return offset(layers, 0); }
 
 absl::Status WriteExpertPack(const engine::ModelWeights& weights, const std::string& path) {
   const model::ModelConfig& c = weights.config;
+  if (c.HasDenseLayers()) {
+    return absl::UnimplementedError(
+        "expert packs of a model with dense MLP layers (decoder_sparse_step / mlp_only_layers) "
+        "are not supported");
+  }
   PackLayout layout{.layers = static_cast<int>(c.num_hidden_layers),
                     .experts = static_cast<int>(c.num_local_experts),
                     .hidden = static_cast<int>(c.hidden_size),

@@ -1,26 +1,43 @@
-"""Mixtral, exactly as Hugging Face's MixtralForCausalLM defines it, in plain PyTorch.
+"""Mixtral, Qwen2-MoE and Qwen3-MoE, exactly as Hugging Face's MixtralForCausalLM,
+Qwen2MoeForCausalLM and Qwen3MoeForCausalLM define them, in plain PyTorch.
 
-Parameter names follow the Hugging Face checkpoint (model.layers.N.block_sparse_moe...),
-so the state dict exports without renaming. Experts are run per expert on the tokens
-routed to them (no dense all-expert compute).
+One Config carries every architecture's fields; `model_type` picks the layout. Parameter
+names follow the Hugging Face checkpoints (Mixtral: model.layers.N.block_sparse_moe.experts.E.w1;
+Qwen: model.layers.N.mlp.experts.E.gate_proj, mlp.shared_expert, mlp.shared_expert_gate), so
+a state dict exports without renaming. Experts are run per expert on the tokens routed to
+them (no dense all-expert compute).
+
+What the Qwen layouts add to Mixtral (Hugging Face's modeling_qwen2_moe.py / modeling_qwen3_moe.py):
+  qwen2_moe  q/k/v projections with bias (qkv_bias); a shared expert of width
+             shared_expert_intermediate_size added to every token's routed output, scaled by
+             sigmoid(shared_expert_gate(x)); norm_topk_prob (default false).
+  qwen3_moe  per-head RMSNorm of q and k (q_norm, k_norm, over head_dim) before RoPE;
+             explicit head_dim; attention_bias (default false); norm_topk_prob (default false).
+  both       routed experts of width moe_intermediate_size; layer i is sparse iff i is not in
+             mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a dense SwiGLU MLP of
+             width intermediate_size; tie_word_embeddings.
 """
 import math
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+
 
 @dataclass
 class Config:
+    model_type: str = "mixtral"
     vocab_size: int = 8192
     hidden_size: int = 192
-    intermediate_size: int = 384
+    intermediate_size: int = 384  # Mixtral: the experts' width; Qwen: the dense MLP layers'
     num_hidden_layers: int = 6
     num_attention_heads: int = 6
     num_key_value_heads: int = 2
-    num_local_experts: int = 16
+    num_local_experts: int = 16  # Mixtral's key; Qwen's is num_experts (see hf_dict)
     num_experts_per_tok: int = 2
     max_position_embeddings: int = 512
     rope_theta: float = 10000.0
@@ -28,22 +45,100 @@ class Config:
     router_aux_loss_coef: float = 0.02
     bos_token_id: int = 1
     eos_token_id: int = 2
+    # Qwen layouts only
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # qwen2_moe; 0: no shared expert
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list = field(default_factory=list)
+    norm_topk_prob: bool = True  # Mixtral always renormalises
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = True  # qwen2_moe
+    attention_bias: bool = False  # qwen3_moe (q, k, v and o)
+    head_dim_override: int = 0  # qwen3_moe's explicit head_dim; 0: hidden / heads
     dropout: float = 0.0  # training-only residual dropout; not part of the exported architecture
 
     @property
     def head_dim(self):
-        return self.hidden_size // self.num_attention_heads
+        return self.head_dim_override or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qwen(self):
+        return self.model_type in ("qwen2_moe", "qwen3_moe")
+
+    @property
+    def expert_size(self):
+        return self.moe_intermediate_size if self.qwen else self.intermediate_size
+
+    def is_sparse(self, layer):
+        if not self.qwen:
+            return True
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
     def hf_dict(self):
-        d = asdict(self)
-        d.pop("dropout")
-        d.update({
-            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+        """config.json as Hugging Face writes it for this architecture."""
+        d = {
+            "architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_norm_eps,
+            "router_aux_loss_coef": self.router_aux_loss_coef,
+            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
             "hidden_act": "silu", "attention_dropout": 0.0, "initializer_range": 0.02,
-            "output_router_logits": False, "sliding_window": None, "tie_word_embeddings": False,
-            "torch_dtype": "bfloat16", "use_cache": True, "head_dim": self.head_dim,
-        })
+            "output_router_logits": False, "sliding_window": None,
+            "tie_word_embeddings": self.tie_word_embeddings, "torch_dtype": "bfloat16",
+            "use_cache": True, "head_dim": self.head_dim,
+        }
+        if self.model_type == "mixtral":
+            d["num_local_experts"] = self.num_local_experts
+        else:
+            d.update({"num_experts": self.num_local_experts,
+                      "moe_intermediate_size": self.moe_intermediate_size,
+                      "decoder_sparse_step": self.decoder_sparse_step,
+                      "mlp_only_layers": list(self.mlp_only_layers),
+                      "norm_topk_prob": self.norm_topk_prob, "use_sliding_window": False,
+                      "max_window_layers": self.num_hidden_layers})
+        if self.model_type == "qwen2_moe":
+            d["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
+            d["qkv_bias"] = self.qkv_bias
+        if self.model_type == "qwen3_moe":
+            d["attention_bias"] = self.attention_bias
         return d
+
+    @staticmethod
+    def from_hf(d):
+        """The inverse of hf_dict, with Hugging Face's defaults for absent keys."""
+        mt = d["model_type"]
+        if mt not in ARCHITECTURES:
+            raise ValueError(f"unsupported model_type {mt}")
+        qwen = mt != "mixtral"
+        heads = d["num_attention_heads"]
+        head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        return Config(
+            model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            num_local_experts=d["num_experts" if qwen else "num_local_experts"],
+            num_experts_per_tok=d["num_experts_per_tok"],
+            max_position_embeddings=d.get("max_position_embeddings", 4096),
+            rope_theta=d.get("rope_theta", 10000.0 if qwen else 1e6),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6 if qwen else 1e-5),
+            router_aux_loss_coef=d.get("router_aux_loss_coef", 0.001 if qwen else 0.02),
+            bos_token_id=d.get("bos_token_id", 1), eos_token_id=d.get("eos_token_id", 2),
+            moe_intermediate_size=d.get("moe_intermediate_size", 0) if qwen else 0,
+            shared_expert_intermediate_size=(d.get("shared_expert_intermediate_size", 0)
+                                             if mt == "qwen2_moe" else 0),
+            decoder_sparse_step=d.get("decoder_sparse_step", 1),
+            mlp_only_layers=list(d.get("mlp_only_layers") or []),
+            norm_topk_prob=d.get("norm_topk_prob", False) if qwen else True,
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            qkv_bias=d.get("qkv_bias", True), attention_bias=d.get("attention_bias", False),
+            head_dim_override=head_dim if head_dim != d["hidden_size"] // heads else 0)
 
 
 class RMSNorm(nn.Module):
@@ -76,16 +171,25 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * hd, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=False)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
+        qkv_bias = (cfg.model_type == "qwen2_moe" and cfg.qkv_bias) or (
+            cfg.model_type == "qwen3_moe" and cfg.attention_bias)
+        o_bias = cfg.model_type == "qwen3_moe" and cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * hd, bias=qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=o_bias)
+        if cfg.model_type == "qwen3_moe":
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
         c = self.cfg
-        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim)
+        if c.model_type == "qwen3_moe":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -100,14 +204,29 @@ class Attention(nn.Module):
 
 
 class Expert(nn.Module):
-    def __init__(self, cfg):
+    """Mixtral's expert: w1 (gate), w3 (up), w2 (down)."""
+
+    def __init__(self, hidden, width):
         super().__init__()
-        self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # gate
-        self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # up
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)  # down
+        self.w1 = nn.Linear(hidden, width, bias=False)
+        self.w3 = nn.Linear(hidden, width, bias=False)
+        self.w2 = nn.Linear(width, hidden, bias=False)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Mlp(nn.Module):
+    """Qwen's SwiGLU MLP (routed expert, shared expert or dense layer)."""
+
+    def __init__(self, hidden, width):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.up_proj = nn.Linear(hidden, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class SparseMoe(nn.Module):
@@ -115,7 +234,12 @@ class SparseMoe(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=False)
-        self.experts = nn.ModuleList([Expert(cfg) for _ in range(cfg.num_local_experts)])
+        make = Mlp if cfg.qwen else Expert
+        self.experts = nn.ModuleList([make(cfg.hidden_size, cfg.expert_size)
+                                      for _ in range(cfg.num_local_experts)])
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = Mlp(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x, trace=None):
         b, t, d = x.shape
@@ -123,32 +247,53 @@ class SparseMoe(nn.Module):
         logits = self.gate(flat)
         probs = F.softmax(logits, dim=-1, dtype=torch.float)
         weights, chosen = torch.topk(probs, self.cfg.num_experts_per_tok, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.cfg.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
         if trace is not None:
             trace.append((chosen.detach(), weights.detach().float(), probs.detach()))
         out = torch.zeros_like(flat)
-        for e in range(self.cfg.num_local_experts):
-            tok, slot = torch.where(chosen == e)
-            if tok.numel() == 0:
+        # Group the (token, slot) pairs by expert once instead of scanning per expert.
+        flat_chosen = chosen.reshape(-1)
+        order = torch.argsort(flat_chosen, stable=True)
+        counts = torch.bincount(flat_chosen, minlength=self.cfg.num_local_experts).tolist()
+        k = self.cfg.num_experts_per_tok
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
                 continue
-            y = self.experts[e](flat[tok]) * weights[tok, slot, None]
+            idx = order[start:start + n]
+            start += n
+            tok = idx // k
+            y = self.experts[e](flat[tok]) * weights.reshape(-1)[idx, None]
             out.index_add_(0, tok, y.to(out.dtype))
+        if self.cfg.shared_expert_intermediate_size:
+            out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return out.view(b, t, d), logits
 
 
 class Block(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.block_sparse_moe = SparseMoe(cfg)
+        self.sparse = cfg.is_sparse(layer)
+        if not cfg.qwen:
+            self.block_sparse_moe = SparseMoe(cfg)
+        elif self.sparse:
+            self.mlp = SparseMoe(cfg)
+        else:
+            self.mlp = Mlp(cfg.hidden_size, cfg.intermediate_size)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, cos, sin, trace=None):
         x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin))
-        h, logits = self.block_sparse_moe(self.post_attention_layernorm(x), trace)
+        h = self.post_attention_layernorm(x)
+        if not self.sparse:
+            return x + self.drop(self.mlp(h)), None
+        moe = self.mlp if hasattr(self, "mlp") else self.block_sparse_moe
+        h, logits = moe(h, trace)
         return x + self.drop(h), logits
 
 
@@ -156,33 +301,56 @@ class Inner(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([Block(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class MixtralForCausalLM(nn.Module):
+class MoeForCausalLM(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
         self.model = Inner(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.apply(self._init)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     @staticmethod
     def _init(m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def export_state_dict(self):
+        """The checkpoint's tensors: the state dict without lm_head when it is tied."""
+        sd = self.state_dict()
+        if self.cfg.tie_word_embeddings:
+            sd.pop("lm_head.weight")
+        return sd
+
+    def load_export(self, tensors):
+        tensors = dict(tensors)
+        if self.cfg.tie_word_embeddings:
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+        self.load_state_dict(tensors, strict=True)
 
     def forward(self, ids, trace=None):
-        """ids (b,t) -> logits (b,t,vocab), list of router logits (b*t, experts) per layer."""
+        """ids (b,t) -> logits (b,t,vocab), router logits (b*t, experts) of each sparse layer.
+
+        trace, when given, gets (chosen, weights, probs) of each sparse layer, in order."""
         t = ids.shape[1]
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.cfg, torch.arange(t), x.dtype)
         router_logits = []
         for layer in self.model.layers:
             x, rl = layer(x, cos, sin, trace)
-            router_logits.append(rl)
+            if rl is not None:
+                router_logits.append(rl)
         return self.lm_head(self.model.norm(x)), router_logits
+
+
+MixtralForCausalLM = MoeForCausalLM  # the name tiny-moe's scripts were written against
 
 
 def load_balancing_loss(router_logits, num_experts, top_k):
@@ -197,11 +365,26 @@ def load_balancing_loss(router_logits, num_experts, top_k):
 
 
 def param_counts(cfg):
-    d, h, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    hd = cfg.head_dim
-    attn = d * hd * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
-    expert = 3 * d * h
-    per_layer_shared = attn + 2 * d + d * cfg.num_local_experts
-    total = 2 * v * d + d + cfg.num_hidden_layers * (per_layer_shared + cfg.num_local_experts * expert)
-    active = 2 * v * d + d + cfg.num_hidden_layers * (per_layer_shared + cfg.num_experts_per_tok * expert)
+    """(total, active per token) parameters, as the checkpoint stores them."""
+    d, v, hd = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    attn = d * (2 * q + 2 * kv)
+    if cfg.model_type == "qwen2_moe" and cfg.qkv_bias:
+        attn += q + 2 * kv
+    if cfg.model_type == "qwen3_moe":
+        attn += 2 * hd + ((q + 2 * kv + d) if cfg.attention_bias else 0)
+    total = v * d * (1 if cfg.tie_word_embeddings else 2) + d
+    active = total
+    expert = 3 * d * cfg.expert_size
+    for layer in range(cfg.num_hidden_layers):
+        base = attn + 2 * d
+        if not cfg.is_sparse(layer):
+            total += base + 3 * d * cfg.intermediate_size
+            active += base + 3 * d * cfg.intermediate_size
+            continue
+        base += d * cfg.num_local_experts
+        if cfg.shared_expert_intermediate_size:
+            base += 3 * d * cfg.shared_expert_intermediate_size + d
+        total += base + cfg.num_local_experts * expert
+        active += base + cfg.num_experts_per_tok * expert
     return total, active

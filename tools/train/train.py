@@ -18,13 +18,15 @@ import torch
 import torch.nn.functional as F
 
 import data
-from model import Config, MixtralForCausalLM, load_balancing_loss, param_counts
+from model import Config, MoeForCausalLM, load_balancing_loss, param_counts
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", required=True)
     ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--max-minutes", type=float, default=0,
+                    help="stop (after a last evaluation) once training has run this long")
     ap.add_argument("--batch", type=int, default=4, help="sequences per micro-batch")
     ap.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
     ap.add_argument("--autocast", type=int, default=0, help="bf16 autocast (slower on Debian's torch 1.13)")
@@ -43,6 +45,9 @@ def main():
     ap.add_argument("--aux-coef", type=float, default=None,
                     help="load-balancing loss coefficient (default: the config's)")
     ap.add_argument("--tag", default="", help="suffix of this run's log and checkpoint names")
+    ap.add_argument("--model-config", default="",
+                    help="a Hugging Face config.json of the model to train (default: tiny-moe's "
+                         "Mixtral shape)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -53,13 +58,18 @@ def main():
     train_stream = torch.tensor(train_stream)
     valid_docs = data.encode_docs(sp, os.path.join(args.work, "valid.txt"))
 
-    cfg = Config(dropout=args.dropout)
-    model = MixtralForCausalLM(cfg)
+    if args.model_config:
+        with open(args.model_config) as f:
+            cfg = Config.from_hf(json.load(f))
+        cfg.dropout = args.dropout
+    else:
+        cfg = Config(dropout=args.dropout)
+    model = MoeForCausalLM(cfg)
     if args.init:
-        model.load_state_dict(torch.load(args.init)["state_dict"])
+        model.load_export(torch.load(args.init)["state_dict"])
     aux_coef = cfg.router_aux_loss_coef if args.aux_coef is None else args.aux_coef
     total, active = param_counts(cfg)
-    assert total == sum(p.numel() for p in model.parameters())
+    assert total == sum(p.numel() for p in model.export_state_dict().values())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -108,14 +118,19 @@ def main():
             el = time.time() - t0
             say(f"step {step} loss {ce.item():.4f} aux {aux.item():.3f} lr {lr:.2e} "
                 f"tok/s {step * args.accum * args.batch * args.seq / el:.0f} elapsed {el:.0f}s")
-        if step % args.eval_every == 0 or step == args.steps:
+        out_of_time = args.max_minutes and time.time() - t0 > args.max_minutes * 60
+        if step % args.eval_every == 0 or step == args.steps or out_of_time:
             nll, count = data.evaluate(model, valid_docs, autocast=bool(args.autocast))
             say(f"eval step {step} valid_nll {nll:.4f} valid_ppl {math.exp(nll):.2f} tokens {count}")
             if nll < best:
                 best = nll
-                torch.save({"config": cfg.hf_dict(), "state_dict": model.state_dict(), "step": step,
+                torch.save({"config": cfg.hf_dict(), "state_dict": model.export_state_dict(),
+                            "step": step,
                             "valid_nll": nll, "elapsed_s": time.time() - t0, "args": vars(args)},
                            os.path.join(args.work, f"best{args.tag}.pt"))
+        if out_of_time:
+            say(f"stopping at step {step}: past --max-minutes {args.max_minutes}")
+            break
     say(json.dumps({"done": True, "best_valid_nll": best, "elapsed_s": time.time() - t0}))
 
 

@@ -131,14 +131,48 @@ TEST(RandomWeightsTest, RetainedOnlyExpertsAreTheFullModelsAndTheRestAbsent) {
   EXPECT_EQ((*slim)->layers[2].q.data, (*full)->layers[2].q.data);
 }
 
-TEST(RandomWeightsTest, ArchitecturesTheEngineLacksAreUnimplemented) {
-  auto qwen = model::ParseModelConfig(R"({"model_type": "qwen3_moe", "vocab_size": 100,
+// Random weights of the Qwen layouts: q/k norms, biases, a shared expert and its gate on sparse
+// layers, a dense MLP and no router on dense ones.
+TEST(RandomWeightsTest, QwenLayoutsHaveTheirExtraTensors) {
+  auto qwen3 = model::ParseModelConfig(R"({"model_type": "qwen3_moe", "vocab_size": 100,
       "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 12,
-      "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
       "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 4, "norm_topk_prob": true,
-      "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": true})");
-  ASSERT_TRUE(qwen.ok()) << qwen.status();
-  EXPECT_EQ(ModelWeights::Random(*qwen, 1).status().code(), absl::StatusCode::kUnimplemented);
+      "mlp_only_layers": [1], "attention_bias": true, "tie_word_embeddings": true})");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  auto w = ModelWeights::Random(*qwen3, 1);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const LayerWeights& sparse = (*w)->layers[0];
+  const LayerWeights& dense = (*w)->layers[1];
+  EXPECT_EQ(sparse.q_norm.size(), 16u);
+  EXPECT_EQ(sparse.k_norm.size(), 16u);
+  EXPECT_EQ(sparse.q_bias.size(), 64u);
+  EXPECT_EQ(sparse.o_bias.size(), 32u);
+  EXPECT_EQ(sparse.experts.size(), 8u);
+  EXPECT_EQ(sparse.router.rows, 8);
+  EXPECT_TRUE(sparse.dense.gate.data.empty());
+  EXPECT_TRUE(dense.experts.empty());
+  EXPECT_TRUE(dense.router.data.empty());
+  EXPECT_EQ(dense.dense.gate.rows, 64);
+  EXPECT_EQ(dense.dense.down.cols, 64);
+  EXPECT_EQ((*w)->lm_head.data, (*w)->embed.data);  // tied
+
+  auto qwen2 = model::ParseModelConfig(R"({"model_type": "qwen2_moe", "vocab_size": 100,
+      "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 12,
+      "shared_expert_intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_experts": 8, "num_experts_per_tok": 4})");
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status();
+  w = ModelWeights::Random(*qwen2, 1);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const LayerWeights& layer = (*w)->layers[0];
+  EXPECT_EQ(layer.shared.gate.rows, 48);
+  EXPECT_EQ(layer.shared.down.cols, 48);
+  EXPECT_EQ(layer.shared_gate.rows, 1);
+  EXPECT_EQ(layer.shared_gate.cols, 32);
+  EXPECT_EQ(layer.q_bias.size(), 32u);
+  EXPECT_EQ(layer.v_bias.size(), 32u);
+  EXPECT_TRUE(layer.o_bias.empty());
+  EXPECT_TRUE(layer.q_norm.empty());
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+
 #include "nlohmann/json.hpp"
 
 namespace tandem::model {
@@ -233,16 +235,47 @@ TEST(ModelConfigTest, RejectsMalformedJson) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("must be an object"));
 }
 
-TEST(ModelConfigTest, SlidingWindow) {
+TEST(ModelConfigTest, SlidingWindowShorterThanTheContextIsRefused) {
   Json j = TinyMixtral();
-  j["sliding_window"] = 4096;
+  j["max_position_embeddings"] = 8192;
+  j["sliding_window"] = 4096;  // the engine attends over the whole context: refused
+  ExpectInvalid(j, {"sliding_window", "not supported"});
+  j["sliding_window"] = j["max_position_embeddings"];  // a window as long as the context
   absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_EQ(c->sliding_window, 8192);
+  j["sliding_window"] = 4096;
   j["use_sliding_window"] = false;  // Qwen-style switch
   c = ParseModelConfig(j.dump());
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->sliding_window, 0);
+}
+
+TEST(ModelConfigTest, MixtralRefusesWhatItsLayoutLacks) {
+  Json j = TinyMixtral();
+  for (auto [key, value] :
+       std::vector<std::pair<std::string, Json>>{{"attention_bias", true},
+                                                 {"shared_expert_intermediate_size", 64},
+                                                 {"n_shared_experts", 2},
+                                                 {"decoder_sparse_step", 2},
+                                                 {"mlp_only_layers", Json::array({0})},
+                                                 {"hidden_act", "gelu"}}) {
+    SCOPED_TRACE(key);
+    Json bad = j;
+    bad[key] = value;
+    ExpectInvalid(bad, {key});
+  }
+  // The same keys saying what Mixtral is anyway are accepted.
+  j["attention_bias"] = false;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = Json::array();
+  j["hidden_act"] = "silu";
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->HasDenseLayers());
+  EXPECT_FALSE(c->HasSharedExpert());
+  EXPECT_FALSE(c->attention_qkv_bias);
+  EXPECT_TRUE(c->norm_topk_prob);
 }
 
 TEST(ModelConfigTest, LoadsFromFile) {
@@ -385,14 +418,159 @@ TEST(ModelConfigTest, Qwen3MoeEntry) {
   ASSERT_TRUE(c.ok());
   EXPECT_FALSE(c->norm_topk_prob);  // Hugging Face's default for qwen3_moe
 
-  j["mlp_only_layers"] = {0};
-  ExpectInvalid(j, {"mlp_only_layers", "not supported"});
+  EXPECT_EQ(c->rope_theta, 10000.0);  // Hugging Face's Qwen defaults
+  EXPECT_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_FALSE(c->attention_qkv_bias);
+  EXPECT_FALSE(c->HasSharedExpert());
+
+  j["mlp_only_layers"] = {0};  // the only layer dense: no MoE left
+  ExpectInvalid(j, {"no MoE layer"});
   j["mlp_only_layers"] = Json::array();
   j["decoder_sparse_step"] = 2;
   ExpectInvalid(j, {"decoder_sparse_step"});
+  j["decoder_sparse_step"] = 0;
+  ExpectInvalid(j, {"decoder_sparse_step", "at least 1"});
   j["decoder_sparse_step"] = 1;
+  j["shared_expert_intermediate_size"] = 16;  // Qwen3-MoE has no shared expert
+  ExpectInvalid(j, {"shared_expert_intermediate_size"});
+  j.erase("shared_expert_intermediate_size");
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 8;
+  ExpectInvalid(j, {"sliding_window"});
+  j.erase("use_sliding_window");
+  j.erase("sliding_window");
   j.erase("moe_intermediate_size");
   ExpectInvalid(j, {"moe_intermediate_size", "missing"});
+}
+
+// Four Qwen3-MoE layers: which are dense follows Hugging Face's rule, and their tensors are a
+// dense MLP's, without router or experts.
+TEST(ModelConfigTest, Qwen3MoeSparseStepAndMlpOnlyLayers) {
+  Json j = {{"model_type", "qwen3_moe"},
+            {"vocab_size", 100},
+            {"hidden_size", 32},
+            {"intermediate_size", 64},
+            {"moe_intermediate_size", 12},
+            {"num_hidden_layers", 4},
+            {"num_attention_heads", 4},
+            {"head_dim", 8},
+            {"num_experts", 8},
+            {"num_experts_per_tok", 2},
+            {"decoder_sparse_step", 2}};
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->sparse_layers, ElementsAre(false, true, false, true));
+  EXPECT_EQ(c->dense_intermediate_size, 64);
+  j["mlp_only_layers"] = {3};
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->sparse_layers, ElementsAre(false, true, false, false));
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = {0, 2};
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->sparse_layers, ElementsAre(false, true, false, true));
+  int routers = 0;
+  for (const TensorSpec& t : ExpectedTensors(*c)) {
+    if (t.kind == TensorKind::kRouter) {
+      ++routers;
+      EXPECT_TRUE(t.layer == 1 || t.layer == 3) << t.name;
+    }
+    if (t.kind == TensorKind::kExpertGate) {
+      EXPECT_TRUE(t.layer == 1 || t.layer == 3) << t.name;
+    }
+    if (t.name == "model.layers.0.mlp.gate_proj.weight") {
+      EXPECT_THAT(t.shape, ElementsAre(64, 32));
+    }
+    if (t.name == "model.layers.2.mlp.down_proj.weight") {
+      EXPECT_THAT(t.shape, ElementsAre(32, 64));
+    }
+    if (t.kind == TensorKind::kDenseGate) {
+      EXPECT_TRUE(t.layer == 0 || t.layer == 2) << t.name;
+    }
+  }
+  EXPECT_EQ(routers, 2);
+  j["mlp_only_layers"] = {4};
+  ExpectInvalid(j, {"mlp_only_layers", "layer 4"});
+  j["mlp_only_layers"] = {"0"};
+  ExpectInvalid(j, {"mlp_only_layers", "integer"});
+  j["mlp_only_layers"] = {0};
+  j.erase("intermediate_size");  // dense layers need their width
+  ExpectInvalid(j, {"intermediate_size", "missing"});
+
+  // attention_bias: q, k, v and o have bias.
+  j["intermediate_size"] = 64;
+  j["attention_bias"] = true;
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->attention_qkv_bias);
+  EXPECT_TRUE(c->attention_out_bias);
+  int biases = 0;
+  for (const TensorSpec& t : ExpectedTensors(*c)) {
+    if (t.layer == 0 && absl::EndsWith(t.name, ".bias")) ++biases;
+    if (t.name == "model.layers.0.self_attn.k_proj.bias") {
+      EXPECT_THAT(t.shape, ElementsAre(32));
+    }
+    if (t.name == "model.layers.0.self_attn.o_proj.bias") {
+      EXPECT_THAT(t.shape, ElementsAre(32));
+    }
+  }
+  EXPECT_EQ(biases, 4);
+}
+
+TEST(ModelConfigTest, Qwen2MoeEntry) {
+  Json j = {{"model_type", "qwen2_moe"},   {"vocab_size", 100},
+            {"hidden_size", 32},           {"intermediate_size", 64},
+            {"moe_intermediate_size", 12}, {"shared_expert_intermediate_size", 48},
+            {"num_hidden_layers", 2},      {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},    {"num_experts", 8},
+            {"num_experts_per_tok", 4}};
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "qwen2_moe");
+  EXPECT_FALSE(c->norm_topk_prob);     // Hugging Face's default for qwen2_moe
+  EXPECT_TRUE(c->attention_qkv_bias);  // Qwen2's q/k/v projections have bias
+  EXPECT_FALSE(c->attention_out_bias);
+  EXPECT_FALSE(c->HasQkNorm());
+  EXPECT_EQ(c->shared_expert_intermediate_size, 48);
+  EXPECT_EQ(c->head_dim, 8);
+  const std::vector<TensorSpec> tensors = ExpectedTensors(*c);
+  // embed + per layer (2 norms + 4 attention + 3 biases + router + 8 experts * 3 + shared
+  // expert 3 + its gate) + norm + lm_head.
+  EXPECT_EQ(tensors.size(), 1u + 2 * (2 + 4 + 3 + 1 + 8 * 3 + 3 + 1) + 2u);
+  bool saw_gate = false, saw_shared = false, saw_bias = false;
+  for (const TensorSpec& t : tensors) {
+    if (t.name == "model.layers.1.mlp.shared_expert_gate.weight") {
+      saw_gate = true;
+      EXPECT_THAT(t.shape, ElementsAre(1, 32));
+    }
+    if (t.name == "model.layers.1.mlp.shared_expert.down_proj.weight") {
+      saw_shared = true;
+      EXPECT_THAT(t.shape, ElementsAre(32, 48));
+    }
+    if (t.name == "model.layers.0.self_attn.q_proj.bias") {
+      saw_bias = true;
+      EXPECT_THAT(t.shape, ElementsAre(32));
+    }
+  }
+  EXPECT_TRUE(saw_gate);
+  EXPECT_TRUE(saw_shared);
+  EXPECT_TRUE(saw_bias);
+
+  j["qkv_bias"] = false;
+  j["norm_topk_prob"] = true;
+  j["shared_expert_intermediate_size"] = 0;  // no shared expert
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_FALSE(c->attention_qkv_bias);
+  EXPECT_FALSE(c->HasSharedExpert());
+  EXPECT_EQ(ExpectedTensors(*c).size(), 1u + 2 * (2 + 4 + 1 + 8 * 3) + 2u);
+  j["shared_expert_intermediate_size"] = -1;
+  ExpectInvalid(j, {"shared_expert_intermediate_size", "negative"});
+  j["shared_expert_intermediate_size"] = 48;
+  j["attention_bias"] = true;  // Qwen2-MoE's switch is qkv_bias
+  ExpectInvalid(j, {"attention_bias", "qwen2_moe"});
 }
 
 TEST(ModelNameFromDirTest, LastComponentWithOrWithoutTrailingSlash) {

@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""Writes small random-weight checkpoints of every architecture option Tandem runs, with the
+PyTorch reference's logits, to tests/golden/arch/NAME/ (the engine must match them as it
+matches the shipped model's golden references).
+
+Each directory: config.json, model.safetensors (bf16), golden.json (token ids, the sparse
+layers, the smallest router gap) and, as .npy (little-endian f4 / i4):
+  logits.npy   (tokens, vocab): float32 logits of the whole sequence, computed from the bf16
+               weights in float32
+  experts.npy  (sparse layers, tokens, top_k): the chosen experts, by weight
+  weights.npy  (sparse layers, tokens, top_k): their weights (renormalised or not, as the
+               config says)
+Deterministic: the weights come from a seeded generator, so the files reproduce exactly.
+Run from the repository root: /usr/bin/python3 tools/train/arch_goldens.py
+"""
+import os
+os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+
+import json
+import shutil
+
+import numpy as np
+import torch
+
+import safetensors_io
+from model import Config, MoeForCausalLM
+
+BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
+            num_experts_per_tok=3, max_position_embeddings=64, moe_intermediate_size=32,
+            rope_theta=10000.0, rms_norm_eps=1e-6)
+
+# name -> (config overrides, what it covers)
+CASES = {
+    "qwen3_moe_norm_dense_tied": (
+        dict(model_type="qwen3_moe", norm_topk_prob=True, mlp_only_layers=[1],
+             tie_word_embeddings=True, head_dim_override=24),
+        "q/k norm, norm_topk_prob true, a dense layer (mlp_only_layers) among sparse ones, "
+        "tied embeddings, head_dim not hidden/heads"),
+    "qwen3_moe_step2_bias": (
+        dict(model_type="qwen3_moe", norm_topk_prob=False, decoder_sparse_step=2,
+             num_hidden_layers=4, attention_bias=True),
+        "q/k norm, norm_topk_prob false, decoder_sparse_step 2 (layers 1 and 3 sparse), "
+        "attention bias on q, k, v and o"),
+    "qwen2_moe_shared": (
+        dict(model_type="qwen2_moe", norm_topk_prob=False, shared_expert_intermediate_size=48,
+             mlp_only_layers=[0]),
+        "shared expert with its sigmoid gate, q/k/v bias, norm_topk_prob false (the "
+        "default), a dense first layer"),
+    "qwen2_moe_norm_tied": (
+        dict(model_type="qwen2_moe", norm_topk_prob=True, shared_expert_intermediate_size=48,
+             tie_word_embeddings=True, num_experts_per_tok=2),
+        "shared expert, norm_topk_prob true, tied embeddings, every layer sparse"),
+    "mixtral": (dict(model_type="mixtral", intermediate_size=32), "Mixtral layout"),
+}
+TOKENS = 24
+SEED = 20261201
+
+
+def randomise(model, gen):
+    """Weights large enough that attention, routing and logits are far from uniform."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            p.copy_(p.to(torch.bfloat16).float())  # the reference computes on the bf16 values
+
+
+@torch.no_grad()
+def main():
+    torch.set_num_threads(2)
+    root = os.path.join("tests", "golden", "arch")
+    for name, (overrides, covers) in CASES.items():
+        cfg = Config(**{**BASE, **overrides})
+        model = MoeForCausalLM(cfg)
+        gen = torch.Generator().manual_seed(SEED)
+        randomise(model, gen)
+        model.eval()
+        ids = torch.randint(0, cfg.vocab_size, (1, TOKENS), generator=gen)
+        trace = []
+        logits, _ = model(ids, trace)
+        out = os.path.join(root, name)
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        tensors = {k: v.to(torch.bfloat16) for k, v in model.export_state_dict().items()}
+        safetensors_io.write(os.path.join(out, "model.safetensors"), tensors, {"format": "pt"})
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(cfg.hf_dict(), f, indent=2, sort_keys=True)
+        np.save(os.path.join(out, "logits.npy"), logits[0].float().numpy().astype("<f4"))
+        experts = torch.stack([c for c, _, _ in trace]).to(torch.int32)
+        weights = torch.stack([w for _, w, _ in trace]).float()
+        probs = torch.stack([p for _, _, p in trace]).float()
+        np.save(os.path.join(out, "experts.npy"), experts.numpy().astype("<i4"))
+        np.save(os.path.join(out, "weights.npy"), weights.numpy().astype("<f4"))
+        top = torch.topk(probs, cfg.num_experts_per_tok + 1, dim=-1).values
+        gap = (top[..., -2] - top[..., -1]).min().item()
+        sparse = [l for l in range(cfg.num_hidden_layers) if cfg.is_sparse(l)]
+        with open(os.path.join(out, "golden.json"), "w") as f:
+            json.dump({"covers": covers, "token_ids": ids[0].tolist(), "sparse_layers": sparse,
+                       "min_router_gap": gap, "seed": SEED, "torch_version": torch.__version__,
+                       "compute_dtype": "float32", "weights_dtype": "bfloat16"}, f, indent=1)
+        print(name, "sparse layers", sparse, "router gap", f"{gap:.2e}",
+              "logit std", f"{logits.std().item():.3f}")
+
+
+if __name__ == "__main__":
+    main()
