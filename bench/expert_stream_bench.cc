@@ -314,7 +314,8 @@ int Run() {
       "neurons run %.0f%% of full width\n",
       100.0 * counts.hot / counts.total(), 100.0 * counts.warm / counts.total(),
       100.0 * counts.cold / counts.total(),
-      100.0 * counts.neurons / (2.0 * counts.total() * c.intermediate_size));
+      100.0 * counts.neurons /
+          (static_cast<double>(c.num_experts_per_tok) * counts.total() * c.intermediate_size));
   std::filesystem::remove(pack);
   return 0;
 }

@@ -2,17 +2,27 @@
 # The main job: set up, build (Release, build/bin/), start a local cluster on loopback
 # (gateway, one prefill, one decode) on the shipped tiny model, send prompts through the
 # client, print what came back, say where the metrics are, and stop everything cleanly.
-#   scripts/run.sh          run and stop
-#   scripts/run.sh --keep   stay up until Ctrl-C
+#   scripts/run.sh                            run and stop
+#   scripts/run.sh --keep                     stay up until Ctrl-C
+#   scripts/run.sh --model models/tiny-fg-moe another model (here the fine-grained one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 keep=0
-[[ "${1:-}" == "--keep" ]] && keep=1
+model=models/tiny-moe
+while (($#)); do
+  case "$1" in
+    --keep) keep=1 ;;
+    --model) model=${2:?--model needs a directory}; shift ;;
+    --model=*) model=${1#--model=} ;;
+    *) echo "usage: scripts/run.sh [--keep] [--model DIR]" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -f "$model/config.json" ]] || { echo "no model in $model (no config.json)" >&2; exit 2; }
 
 scripts/setup.sh
 scripts/build.sh
 bin=build/bin
-model=models/tiny-moe
 run_dir=$(mktemp -d /tmp/tandem-run.XXXXXX)
 source scripts/lib.sh  # start, port, stop_all
 trap 'stop_all; rm -rf "$run_dir"' EXIT

@@ -64,8 +64,10 @@ absl::Status Calibrator::AddStep(const engine::RouterTrace& trace) {
         layer.mass[e] += g;
         layer.ean[e] += norm->second;
         reap_sum_[l * experts_ + e] += g * norm->second;
-        for (int k = j + 1; k < top_k_; ++k) {
-          const int other = chosen[t * top_k_ + k];
+        // The token's leading pair: its two experts of highest router weight (all of them
+        // under top-2).
+        if (j == 0 && top_k_ >= 2) {
+          const int other = chosen[t * top_k_ + 1];
           ++layer.pairs[{std::min(e, other), std::max(e, other)}];
           if (e < other) ++layer.pair_a_first[{e, other}];  // e ranks above `other`
         }

@@ -6,7 +6,8 @@
 //   mass[e]        sum over X_e of g_e(x)
 //   ean[e]         sum over X_e of ||E_e(x)||_2
 //   reap[e]        mean over X_e of g_e(x) * ||E_e(x)||_2 (0 when X_e is empty)
-//   pairs          for every token, each unordered pair of its top-k experts: (a < b) -> count
+//   pairs          for every token, the unordered pair of its two leading experts (highest
+//                  router weights; with top-2 its only pair): (a < b) -> count
 //   pair_a_first   of those, how often a had the higher router weight (the router-weight
 //                  heuristic for a pair's dominant expert)
 //   neuron_importance[e][i]  sum over X_e of |silu(gate_i) * up_i| (neuron i's activation)

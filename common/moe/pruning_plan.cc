@@ -87,8 +87,9 @@ absl::Status ValidateTiers(const PruningPlan& plan, const tandem::v1::LayerPlan&
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", l, " lists pairs but the plan has no tiers"));
   }
-  if (config.num_experts_per_tok != 2) {
-    return absl::InvalidArgumentError("tiers are for models that route each token to 2 experts");
+  if (config.num_experts_per_tok < 2) {
+    return absl::InvalidArgumentError(
+        "tiers are for models that route each token to 2 experts or more");
   }
   const int width = plan.tiers().warm_width();
   if (width < 1 || width >= config.intermediate_size) {

@@ -66,6 +66,7 @@ absl::Status ReorderCheckpoint(const std::string& model_dir, const CalibrationSt
   }
   owned.reserve(static_cast<size_t>(layers) * experts * 3);
   for (int l = 0; l < layers; ++l) {
+    if (!config.IsSparseLayer(l)) continue;  // a dense MLP layer has no experts to reorder
     for (int e = 0; e < experts; ++e) {
       const std::vector<int> order = NeuronOrder(stats.layers[l].neuron_importance[e]);
       for (TensorKind kind :

@@ -43,9 +43,9 @@ absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& optio
                          const model::ModelConfig& config, tandem::v1::PruningPlan* plan) {
   const int inter = static_cast<int>(config.intermediate_size);
   const int experts = static_cast<int>(config.num_local_experts);
-  if (config.num_experts_per_tok != 2) {
+  if (config.num_experts_per_tok < 2) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tiers are for top-2 routing; the model routes each token to ",
+        absl::StrCat("tiers are for top-k routing with k >= 2; the model routes each token to ",
                      config.num_experts_per_tok));
   }
   if (options.hot_share < 0 || options.warm_share < 0 ||
@@ -159,8 +159,9 @@ absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierWidthPolicy::Create(
   RETURN_IF_ERROR(ValidatePlan(plan, config));
   if (!plan.has_tiers()) return absl::InvalidArgumentError("the plan has no tiers");
   const int experts = static_cast<int>(config.num_local_experts);
-  std::unique_ptr<TierWidthPolicy> policy(new TierWidthPolicy(
-      experts, static_cast<int>(config.intermediate_size), plan.tiers().warm_width()));
+  std::unique_ptr<TierWidthPolicy> policy(
+      new TierWidthPolicy(experts, static_cast<int>(config.intermediate_size),
+                          plan.tiers().warm_width(), config.norm_topk_prob));
   policy->rules_.assign(plan.num_layers(), std::vector<PairRule>(experts * experts));
   for (const tandem::v1::LayerPlan& layer : plan.layers()) {
     for (const tandem::v1::ExpertPair& pair : layer.pairs()) {
@@ -172,30 +173,42 @@ absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierWidthPolicy::Create(
 
 void TierWidthPolicy::Widths(int layer, absl::Span<const int32_t> experts,
                              absl::Span<float> weights, absl::Span<int> widths) const {
+  // The tier belongs to the token's two leading experts (the forward pass gives them in
+  // descending router weight); any after them run at full width.
   const int a = std::min(experts[0], experts[1]), b = std::max(experts[0], experts[1]);
   const PairRule& rule = rules_[layer][a * experts_ + b];
   // A pair the plan does not list (it holds a pruned expert: the mask keeps it from being
   // routed) runs at full width, as Hot.
   const int dominant = rule.dominant == experts[1] ? 1 : 0;
   const int auxiliary = 1 - dominant;
-  widths[dominant] = intermediate_;
+  for (size_t j = 0; j < widths.size(); ++j) widths[j] = intermediate_;
   switch (rule.tier) {
     case tandem::v1::PAIR_TIER_WARM:
       widths[auxiliary] = warm_width_;
       ++counts_.warm;
       break;
-    case tandem::v1::PAIR_TIER_COLD:
+    case tandem::v1::PAIR_TIER_COLD: {
       widths[auxiliary] = 0;
-      weights[dominant] = 1.0f;
+      if (weights.size() == 2 && normalised_) {
+        weights[dominant] = 1.0f;  // exactly: renormalised over the one that runs
+      } else {
+        // Scale what runs back to the routed total (1 when renormalised, the top-k mass
+        // otherwise).
+        double total = 0;
+        for (float w : weights) total += w;
+        const double running = total - weights[auxiliary];
+        const float scale = running > 0 ? static_cast<float>(total / running) : 1.0f;
+        for (size_t j = 0; j < weights.size(); ++j) weights[j] *= scale;
+      }
       weights[auxiliary] = 0.0f;
       ++counts_.cold;
       break;
+    }
     default:
-      widths[auxiliary] = intermediate_;
       ++counts_.hot;
       break;
   }
-  counts_.neurons += widths[0] + widths[1];
+  for (int w : widths) counts_.neurons += w;
 }
 
 }  // namespace tandem::moe

@@ -1,9 +1,11 @@
 // Combination-aware mixed width (docs/design.md): every routed pair of retained experts
 // of a layer gets a tier from its calibration frequency, and one of its two experts is its
-// dominant.
+// dominant. With top-k routing for k > 2 the pair is the token's two leading experts by router
+// weight (the calibration counts those pairs); the experts ranked after them run at full width.
 //   Hot   both experts at full width
 //   Warm  the dominant at full width, the auxiliary at the plan's warm width
-//   Cold  the dominant only; its router weight becomes 1 (renormalised over what runs)
+//   Cold  the dominant only; the weights of what runs are scaled to the routed total (1 for
+//         renormalised top-k: with top-2 the dominant's weight becomes 1)
 // Tiers are cut by cumulative share of routed tokens: pairs by descending count, the most
 // frequent carrying hot_share of the tokens are Hot, the next warm_share Warm, the rest Cold
 // (pairs never seen in calibration included). The checkpoint must hold its neurons in
@@ -62,7 +64,8 @@ absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierPolicyFor(const tandem::v1:
                                                                const std::string& model_dir,
                                                                const model::ModelConfig& config);
 
-// The width policy of a plan with tiers (top-2 models only). Counts the pairs it sees per tier.
+// The width policy of a plan with tiers (top-k models, k >= 2). Counts the pairs it sees per
+// tier.
 class TierWidthPolicy : public engine::ExpertWidthPolicy {
  public:
   // INVALID_ARGUMENT when the plan has no tiers or does not fit the model.
@@ -83,14 +86,18 @@ class TierWidthPolicy : public engine::ExpertWidthPolicy {
   int warm_width() const { return warm_width_; }
 
  private:
-  TierWidthPolicy(int experts, int intermediate, int warm_width)
-      : experts_(experts), intermediate_(intermediate), warm_width_(warm_width) {}
+  TierWidthPolicy(int experts, int intermediate, int warm_width, bool normalised)
+      : experts_(experts),
+        intermediate_(intermediate),
+        warm_width_(warm_width),
+        normalised_(normalised) {}
 
   struct PairRule {
     tandem::v1::PairTier tier = tandem::v1::PAIR_TIER_HOT;
     int32_t dominant = -1;
   };
   const int experts_, intermediate_, warm_width_;
+  const bool normalised_;                     // norm_topk_prob: the routed weights sum to one
   std::vector<std::vector<PairRule>> rules_;  // (layers) x (a * experts + b), a < b
   mutable Counts counts_;
 };

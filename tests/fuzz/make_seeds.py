@@ -83,6 +83,13 @@ def main():
         "norm_topk_prob": True, "use_sliding_window": False, "sliding_window": 32,
         "eos_token_id": [1, 2], "bos_token_id": 0, "rope_scaling": None,
         "mlp_only_layers": [], "decoder_sparse_step": 1, "tie_word_embeddings": True}, indent=1))
+    write("config", "qwen2-moe.json", json.dumps({
+        "model_type": "qwen2_moe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+        "moe_intermediate_size": 8, "shared_expert_intermediate_size": 24,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_experts": 8,
+        "num_experts_per_tok": 4, "norm_topk_prob": False, "qkv_bias": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [0], "use_sliding_window": False}, indent=1))
+    copy("config", "tiny-fg-moe.json", "tools/train/configs/tiny-fg-moe.json")
     write("config", "minimal-mixtral.json",
           '{"model_type":"mixtral","vocab_size":8,"hidden_size":4,"intermediate_size":2,'
           '"num_hidden_layers":1,"num_attention_heads":1,"num_local_experts":2,'

@@ -23,9 +23,11 @@ MixedWidthModel::MixedWidthModel(MixedWidthModel&& other) noexcept
   other.pack.clear();
 }
 
-absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir) {
+absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir,
+                                                    const std::string& model,
+                                                    const std::string& plan) {
   const std::string tandem = BinDir() + "/tandem";
-  const std::string source = SourceDir() + "/models/tiny-moe";
+  const std::string source = SourceDir() + "/models/" + model;
   const std::string stats = source + "/pruning/calibration-valid.json";
   MixedWidthModel out;
   out.model_dir = work_dir + "/reordered";
@@ -34,8 +36,8 @@ absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir)
   const std::string log = work_dir + "/cli.log";
   for (const std::string& command :
        {tandem + " reorder --model " + source + " --stats " + stats + " --out " + out.model_dir,
-        tandem + " tier --plan " + source + "/pruning/reap-keep8.json --stats " + stats +
-            " --model " + out.model_dir + " --hot_share 0.3 --warm_share 0.4 --out " + out.plan,
+        tandem + " tier --plan " + source + "/pruning/" + plan + " --stats " + stats + " --model " +
+            out.model_dir + " --hot_share 0.3 --warm_share 0.4 --out " + out.plan,
         tandem + " pack --model " + out.model_dir + " --out " + pack}) {
     if (std::system((command + " >> " + log + " 2>&1").c_str()) != 0) {
       std::ifstream in(log);

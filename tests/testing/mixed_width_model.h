@@ -1,6 +1,7 @@
-// The shipped tiny model prepared for a streamed, mixed-width decoder with the `tandem` CLI, as
-// a user would: its neurons reordered (tandem reorder), the REAP keep-8 plan tiered at Hot 0.3
-// / Warm 0.4 (tandem tier), and the reordered experts packed (tandem pack).
+// A shipped model prepared for a streamed, mixed-width decoder with the `tandem` CLI, as a user
+// would: its neurons reordered (tandem reorder), a shipped plan (by default tiny-moe's REAP
+// keep-8) tiered at Hot 0.3 / Warm 0.4 (tandem tier), and the reordered experts packed
+// (tandem pack).
 #pragma once
 
 #include <string>
@@ -21,7 +22,10 @@ struct MixedWidthModel {
 };
 
 // Writes the checkpoint and the plan under `work_dir`, and the pack on the build tree's disk
-// (O_DIRECT needs a file system that supports it); errors carry the CLI's output.
-absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir);
+// (O_DIRECT needs a file system that supports it); errors carry the CLI's output. `model` is a
+// shipped model (models/MODEL) and `plan` one of its shipped plans (models/MODEL/pruning).
+absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir,
+                                                    const std::string& model = "tiny-moe",
+                                                    const std::string& plan = "reap-keep8.json");
 
 }  // namespace tandem::testing

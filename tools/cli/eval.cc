@@ -144,7 +144,8 @@ int Eval() {
       const double pairs = static_cast<double>(counts.total());
       const double width_share =
           static_cast<double>(counts.neurons) /
-          (2.0 * pairs * static_cast<double>(model->weights->config.intermediate_size));
+          (static_cast<double>(model->weights->config.num_experts_per_tok) * pairs *
+           static_cast<double>(model->weights->config.intermediate_size));
       tier_json = {{"pairs", counts.total()},
                    {"hot_share", counts.hot / pairs},
                    {"warm_share", counts.warm / pairs},

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Exports the best checkpoint to models/tiny-moe in the Hugging Face layout (bf16
+"""Exports the best checkpoint to a model directory (models/tiny-moe, models/tiny-fg-moe) in
+the Hugging Face layout (bf16
 safetensors), verifies it by reading it back, measures validation/test perplexity and the
 routing statistics of the shipped bf16 weights, and writes them to eval/metrics.json."""
 import os
@@ -16,46 +17,63 @@ import torch
 
 import data
 import safetensors_io
-from model import Config, MixtralForCausalLM, param_counts
-
-
-def config_from_hf(d):
-    names = Config.__dataclass_fields__.keys()
-    return Config(**{k: v for k, v in d.items() if k in names})
+from model import Config, MoeForCausalLM, param_counts
 
 
 def load_shipped(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = config_from_hf(json.load(f))
-    model = MixtralForCausalLM(cfg)
+        cfg = Config.from_hf(json.load(f))
+    model = MoeForCausalLM(cfg)
     tensors = safetensors_io.read(os.path.join(model_dir, "model.safetensors"))
-    model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+    model.load_export({k: v.float() for k, v in tensors.items()})
     model.eval()
     return cfg, model
 
 
 @torch.no_grad()
 def routing_stats(cfg, model, docs):
-    e = cfg.num_local_experts
-    freq = torch.zeros(cfg.num_hidden_layers, e)
-    pairs = torch.zeros(cfg.num_hidden_layers, e, e)
+    """Per sparse layer: each expert's share of activations; the token's leading pair (its two
+    highest-weighted experts: with top-2 its only pair) and how concentrated those pairs are;
+    with top-k for k > 2 also how concentrated the whole top-k sets are and how much of the
+    routed weight the leading pair carries."""
+    e, k = cfg.num_local_experts, cfg.num_experts_per_tok
+    layers = [l for l in range(cfg.num_hidden_layers) if cfg.is_sparse(l)]
+    freq = torch.zeros(len(layers), e)
+    pairs = torch.zeros(len(layers), e, e)
+    sets = [dict() for _ in layers]
+    lead_weight = [0.0 for _ in layers]
+    tokens = 0
     for inp, _ in data.eval_windows(docs):
         trace = []
         model(torch.tensor([inp]), trace)
-        for layer, (chosen, _, _) in enumerate(trace):
-            for row in chosen.tolist():
-                a, b = sorted(row)
-                freq[layer, a] += 1
-                freq[layer, b] += 1
-                pairs[layer, a, b] += 1
+        tokens += len(inp)
+        for i, (chosen, weights, _) in enumerate(trace):
+            for row, w in zip(chosen.tolist(), weights.tolist()):
+                for x in row:
+                    freq[i, x] += 1
+                a, b = sorted(row[:2])
+                pairs[i, a, b] += 1
+                key = tuple(sorted(row))
+                sets[i][key] = sets[i].get(key, 0) + 1
+                lead_weight[i] += (w[0] + w[1]) / sum(w)
     out = []
-    for layer in range(cfg.num_hidden_layers):
-        counts = sorted((pairs[layer, a, b].item() for a, b in itertools.combinations(range(e), 2)),
+    for i, layer in enumerate(layers):
+        counts = sorted((pairs[i, a, b].item() for a, b in itertools.combinations(range(e), 2)),
                         reverse=True)
         top = sum(counts[: len(counts) // 4]) / sum(counts)
-        f = freq[layer] / freq[layer].sum()
-        out.append({"layer": layer, "expert_share": [round(x, 4) for x in f.tolist()],
-                    "top25_pairs_share": round(top, 4), "pairs_never_used": sum(c == 0 for c in counts)})
+        f = freq[i] / freq[i].sum()
+        row = {"layer": layer, "expert_share": [round(x, 4) for x in f.tolist()],
+               "top25_pairs_share": round(top, 4), "pairs_never_used": sum(c == 0 for c in counts)}
+        if k > 2:
+            by_count = sorted(sets[i].values(), reverse=True)
+            row.update({
+                "distinct_sets": len(by_count),
+                "tokens": tokens,
+                "top100_sets_share": round(sum(by_count[:100]) / tokens, 4),
+                "tokens_in_repeated_sets_share": round(sum(c for c in by_count if c > 1) / tokens, 4),
+                "leading_pair_weight_share": round(lead_weight[i] / tokens, 4),
+            })
+        out.append(row)
     return out
 
 
@@ -69,6 +87,8 @@ def main():
     ckpt = torch.load(os.path.join(args.work, args.checkpoint))
     os.makedirs(args.model_dir, exist_ok=True)
     tensors = {k: v.to(torch.bfloat16) for k, v in ckpt["state_dict"].items()}
+    if ckpt["config"].get("tie_word_embeddings"):
+        tensors.pop("lm_head.weight", None)
     path = os.path.join(args.model_dir, "model.safetensors")
     safetensors_io.write(path, tensors, {"format": "pt"})
     back = safetensors_io.read(path)

@@ -1,14 +1,15 @@
 #!/usr/bin/python3
-"""Writes the golden references in tests/golden/tiny-moe/ from the shipped bf16 weights,
-computed by the PyTorch model in float32 (no autocast).
+"""Writes the golden references in tests/golden/MODEL/ (tiny-moe, tiny-fg-moe) from the
+shipped bf16 weights, computed by the PyTorch model in float32 (no autocast).
 
 Files (numpy .npy, little-endian, C order; read in C++ by common/model/npy.h):
   manifest.json               prompts, token ids, stored positions, greedy continuations,
                               test-split perplexity, and provenance
   prompt_K_logits.npy         f4 (positions, vocab): full logits at the stored positions
-  prompt_K_router_probs.npy   f4 (layers, tokens, experts): softmax router probabilities
-  prompt_K_experts.npy        i4 (layers, tokens, top_k): chosen experts, by weight
-  prompt_K_expert_weights.npy f4 (layers, tokens, top_k): renormalised top-k weights
+  prompt_K_router_probs.npy   f4 (sparse layers, tokens, experts): softmax router probabilities
+  prompt_K_experts.npy        i4 (sparse layers, tokens, top_k): chosen experts, by weight
+  prompt_K_expert_weights.npy f4 (sparse layers, tokens, top_k): their weights (renormalised
+                              where the config's norm_topk_prob says)
   test_logprobs.npy           f4 (tokens,): log-probability of every scored token of the
                               test split under the evaluation protocol of data.py
 """
@@ -53,7 +54,8 @@ def main():
     test_path = os.path.join(args.model_dir, "eval", "test.txt")
     test_docs = data.encode_docs(sp, test_path)
 
-    manifest = {"model": "tiny-moe", "compute_dtype": "float32", "weights_dtype": "bfloat16",
+    name = os.path.basename(os.path.normpath(args.model_dir))
+    manifest = {"model": name, "compute_dtype": "float32", "weights_dtype": "bfloat16",
                 "torch_version": torch.__version__, "greedy_tokens": GREEDY_TOKENS,
                 "greedy_rule": "argmax of float32 logits; stops after EOS (included) or "
                                f"{GREEDY_TOKENS} tokens; full recompute, no KV cache",
@@ -110,7 +112,7 @@ def main():
     logprobs = torch.cat(logprobs).numpy().astype("<f4")
     np.save(os.path.join(args.out, "test_logprobs.npy"), logprobs)
     nll = -float(np.mean(logprobs.astype(np.float64)))
-    manifest["test_split"] = {"file": "models/tiny-moe/eval/test.txt", "tokens": int(len(logprobs)),
+    manifest["test_split"] = {"file": f"models/{name}/eval/test.txt", "tokens": int(len(logprobs)),
                               "nll": nll, "perplexity": math.exp(nll),
                               "protocol": "tools/train/data.py (eval_windows)"}
     with open(os.path.join(args.out, "manifest.json"), "w") as f:

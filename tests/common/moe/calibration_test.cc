@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "common/engine/generator.h"
 #include "tests/testing/subprocess.h"
@@ -82,6 +83,53 @@ TEST(CalibratorTest, ToyCountsMassAndPairsAreExact) {
     }
     EXPECT_EQ(layer.pairs, pairs);
     EXPECT_EQ(layer.pair_a_first, a_first);
+  }
+  table.ReleaseAll(pool->get());
+}
+
+// Top-3 on a Qwen2-MoE layout with a shared expert and a dense first layer: every routed
+// expert counts, but only the leading pair (the two highest weights) is a pair; the dense layer
+// routes nothing and the token count is still the step's.
+TEST(CalibratorTest, TopKCountsTheLeadingPairAndSkipsDenseLayers) {
+  auto config = model::ParseModelConfig(R"({"model_type": "qwen2_moe", "hidden_size": 32,
+      "intermediate_size": 40, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 16,
+      "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "num_experts": 4, "num_experts_per_tok": 3, "mlp_only_layers": [0], "vocab_size": 50,
+      "max_position_embeddings": 64})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto weights = engine::ModelWeights::Random(*config, 3);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto pool = engine::KvBlockPool::Create({3, 2, 8, 16, 8});
+  ASSERT_TRUE(pool.ok());
+  auto forward = engine::ForwardPass::Create(weights->get(), pool->get());
+  ASSERT_TRUE(forward.ok());
+  (*forward)->SetRouterOverride(std::make_unique<RotatingRouter>());
+  Calibrator calibrator(*config);
+  (*forward)->SetExpertObserver(&calibrator);
+  const std::vector<int32_t> ids = {1, 7, 9, 11, 13, 17, 19, 23};
+  engine::BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool->get(), static_cast<int>(ids.size())).ok());
+  engine::StepInput in{ids, 0, &table, engine::LogitRows::kNone};
+  std::vector<std::vector<float>> logits;
+  engine::RouterTrace trace;
+  ASSERT_EQ((*forward)->Step({&in, 1}, {}, &logits, &trace), absl::OkStatus());
+  ASSERT_EQ(calibrator.AddStep(trace), absl::OkStatus());
+  const CalibrationStats stats = calibrator.Finish();
+  EXPECT_EQ(stats.tokens, 8);
+  const LayerStats& dense = stats.layers[0];
+  EXPECT_TRUE(dense.pairs.empty());
+  for (int64_t f : dense.frequency) EXPECT_EQ(f, 0);
+  for (int l = 1; l < 3; ++l) {
+    const LayerStats& layer = stats.layers[l];
+    std::map<std::pair<int, int>, int64_t> pairs;
+    int64_t routed = 0;
+    for (int p = 0; p < 8; ++p) {
+      const int a = (p + l) % kExperts, b = (p + l + 1) % kExperts;
+      ++pairs[{std::min(a, b), std::max(a, b)}];  // the third expert (logit 0) is no pair
+    }
+    for (int64_t f : layer.frequency) routed += f;
+    EXPECT_EQ(routed, 8 * 3) << "layer " << l;  // all three routed experts count
+    EXPECT_EQ(layer.pairs, pairs) << "layer " << l;
   }
   table.ReleaseAll(pool->get());
 }

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/moe/pruning_plan.h"
 
 namespace tandem::moe {
@@ -20,6 +21,19 @@ model::ModelConfig Config() {
       "intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 4,
       "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
       "vocab_size": 50, "max_position_embeddings": 64})");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+// The same four experts routed top-3 (Qwen2-MoE layout), top-k weights renormalised or not.
+model::ModelConfig TopThreeConfig(bool norm_topk_prob) {
+  auto config = model::ParseModelConfig(absl::StrCat(
+      R"({"model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 64,
+      "moe_intermediate_size": 24, "shared_expert_intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "num_experts": 4, "num_experts_per_tok": 3, "vocab_size": 50,
+      "max_position_embeddings": 64, "norm_topk_prob": )",
+      norm_topk_prob ? "true" : "false", "}"));
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
 }
@@ -145,6 +159,50 @@ TEST(TierWidthPolicyTest, WidthsAndWeightsOfEachTier) {
   EXPECT_EQ(counts.neurons, 48 + 30 + 24);
   EXPECT_EQ(TierWidthPolicy::Create(Plan({0, 1, 2, 3}), Config()).status().code(),
             absl::StatusCode::kInvalidArgument);  // no tiers
+}
+
+// Top-k with k > 2: the tier is the two leading experts' (by router weight), whatever the
+// third is; the third runs at full width; a Cold pair's auxiliary is dropped and what runs is
+// scaled back to the routed total (1 when renormalised, the top-k mass otherwise).
+TEST(TierWidthPolicyTest, TopKTiersTheLeadingPairAndRunsTheRestAtFullWidth) {
+  for (bool normalised : {true, false}) {
+    SCOPED_TRACE(normalised ? "norm_topk_prob" : "raw top-k probabilities");
+    const model::ModelConfig config = TopThreeConfig(normalised);
+    tandem::v1::PruningPlan plan = Plan({0, 1, 2, 3});
+    ASSERT_EQ(AssignTiers(Stats(), {.hot_share = 0.5, .warm_share = 0.3, .warm_width = 6}, nullptr,
+                          config, &plan),
+              absl::OkStatus());
+    auto policy = TierWidthPolicy::Create(plan, config);
+    ASSERT_TRUE(policy.ok()) << policy.status();
+    std::vector<int32_t> experts = {0, 1, 3};  // leading pair (0, 1): Hot
+    // Renormalised weights sum to one; raw top-k probabilities to less.
+    const std::vector<float> routed = normalised ? std::vector<float>{0.5f, 0.375f, 0.125f}
+                                                 : std::vector<float>{0.4f, 0.3f, 0.1f};
+    std::vector<float> weights = routed;
+    std::vector<int> widths = {24, 24, 24};
+    (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+    EXPECT_THAT(widths, ElementsAre(24, 24, 24));
+    EXPECT_EQ(weights, routed);
+    experts = {0, 2, 1};  // (0, 2): Warm, dominant 0; expert 1 third, at full width
+    (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+    EXPECT_THAT(widths, ElementsAre(24, 6, 24));
+    EXPECT_EQ(weights, routed);
+    experts = {2, 1, 0};  // (1, 2): Cold, dominant 2; the auxiliary 1 is dropped
+    const float total = normalised ? 1.0f : 0.8f;
+    (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+    EXPECT_THAT(widths, ElementsAre(24, 0, 24));
+    EXPECT_FLOAT_EQ(weights[1], 0.0f);
+    EXPECT_FLOAT_EQ(weights[0] + weights[2], total);
+    EXPECT_FLOAT_EQ(weights[0] / weights[2], 4.0f);  // their ratio is kept
+    EXPECT_EQ((*policy)->counts().neurons, 72 + 54 + 48);
+  }
+  // Top-1 routing has no pairs to tier.
+  auto top1 = model::ParseModelConfig(R"({"model_type": "mixtral", "hidden_size": 32,
+      "intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_local_experts": 4, "num_experts_per_tok": 1, "vocab_size": 50})");
+  ASSERT_TRUE(top1.ok());
+  tandem::v1::PruningPlan plan = Plan({0, 1, 2, 3});
+  EXPECT_THAT(AssignTiers(Stats(), {}, nullptr, *top1, &plan).message(), HasSubstr("k >= 2"));
 }
 
 }  // namespace
