@@ -35,14 +35,10 @@ int Threads(pid_t pid) {
 
 TEST(BurstTest, ConcurrentStreamsAllCompleteOnFewGatewayThreads) {
   testing::ServiceSet set;
-  auto prefill = set.Start("tandem-prefill", {});
-  ASSERT_TRUE(prefill.ok()) << prefill.status();
-  auto decode = set.Start("tandem-decode", {});
-  ASSERT_TRUE(decode.ok()) << decode.status();
-  auto gateway =
-      set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
-                                   absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
-  ASSERT_TRUE(gateway.ok()) << gateway.status();
+  auto cluster = set.StartCluster({}, {});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const testing::Ports* gateway = &cluster->gateway;
+  const testing::Ports* decode = &cluster->decode;
   const pid_t gateway_pid = set.processes().back().pid();
   const int threads_before = Threads(gateway_pid);
 

@@ -60,16 +60,10 @@ class OpenAiApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     set_ = new testing::ServiceSet();
-    auto prefill = set_->Start("tandem-prefill", {});
-    ASSERT_TRUE(prefill.ok()) << prefill.status();
-    auto decode = set_->Start("tandem-decode", {"--kv_blocks=160"});
-    ASSERT_TRUE(decode.ok()) << decode.status();
-    decode_ = *decode;
-    auto gateway =
-        set_->Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
-                                       absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
-    ASSERT_TRUE(gateway.ok()) << gateway.status();
-    gateway_ = *gateway;
+    auto cluster = set_->StartCluster({}, {"--kv_blocks=160"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    decode_ = cluster->decode;
+    gateway_ = cluster->gateway;
   }
   static void TearDownTestSuite() {
     delete set_;

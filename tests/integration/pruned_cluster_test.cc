@@ -44,22 +44,11 @@ class PrunedClusterTest : public ::testing::Test {
     return client.ok() ? *std::move(client) : nullptr;
   }
 
-  // Starts prefill (full), decode with `decode_flags` and a gateway over them in `set`.
-  struct Cluster {
-    testing::Ports decode, gateway;
-  };
-  static absl::StatusOr<Cluster> StartCluster(testing::ServiceSet& set,
-                                              std::vector<std::string> decode_flags) {
-    absl::StatusOr<testing::Ports> prefill = set.Start("tandem-prefill", {});
-    if (!prefill.ok()) return prefill.status();
+  // A full prefill, a decode with `decode_flags` and a gateway over them in `set`.
+  static absl::StatusOr<testing::ServiceSet::Cluster> StartCluster(
+      testing::ServiceSet& set, std::vector<std::string> decode_flags) {
     decode_flags.push_back("--kv_blocks=160");
-    absl::StatusOr<testing::Ports> decode = set.Start("tandem-decode", decode_flags);
-    if (!decode.ok()) return decode.status();
-    absl::StatusOr<testing::Ports> gateway =
-        set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
-                                     absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
-    if (!gateway.ok()) return gateway.status();
-    return Cluster{*decode, *gateway};
+    return set.StartCluster({}, decode_flags);
   }
 
   struct Generation {

@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "common/http/client.h"
 #include "common/http/http_server.h"
+#include "common/util/status.h"
 #include "nlohmann/json.hpp"
 
 extern char** environ;
@@ -200,6 +201,19 @@ int TimeScale() {
 
 ServiceSet::ServiceSet(std::string model_dir)
     : model_dir_(model_dir.empty() ? SourceDir() + "/models/tiny-moe" : std::move(model_dir)) {}
+
+absl::StatusOr<ServiceSet::Cluster> ServiceSet::StartCluster(
+    const std::vector<std::string>& prefill_flags, const std::vector<std::string>& decode_flags,
+    const std::vector<std::string>& gateway_flags) {
+  Cluster cluster;
+  ASSIGN_OR_RETURN(cluster.prefill, Start("tandem-prefill", prefill_flags));
+  ASSIGN_OR_RETURN(cluster.decode, Start("tandem-decode", decode_flags));
+  std::vector<std::string> flags = {absl::StrCat("--prefill=127.0.0.1:", cluster.prefill.grpc_port),
+                                    absl::StrCat("--decode=127.0.0.1:", cluster.decode.grpc_port)};
+  flags.insert(flags.end(), gateway_flags.begin(), gateway_flags.end());
+  ASSIGN_OR_RETURN(cluster.gateway, Start("tandem-gateway", flags));
+  return cluster;
+}
 
 absl::StatusOr<Ports> ServiceSet::Start(const std::string& binary,
                                         const std::vector<std::string>& extra,

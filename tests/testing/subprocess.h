@@ -74,6 +74,14 @@ class ServiceSet {
   // {"env", "VAR=value"}: programs that exec the binary, so it keeps their pid).
   absl::StatusOr<Ports> Start(const std::string& binary, const std::vector<std::string>& extra,
                               const std::vector<std::string>& launcher = {});
+  // A disaggregated cluster: tandem-prefill, tandem-decode and a tandem-gateway over the two,
+  // each with its own extra flags (the gateway gets --prefill and --decode).
+  struct Cluster {
+    Ports prefill, decode, gateway;
+  };
+  absl::StatusOr<Cluster> StartCluster(const std::vector<std::string>& prefill_flags,
+                                       const std::vector<std::string>& decode_flags,
+                                       const std::vector<std::string>& gateway_flags = {});
   // What `binary` has logged so far.
   std::string Log(const std::string& binary) const;
   const std::string& dir() const { return dir_.path(); }

@@ -16,25 +16,17 @@
 #include "common/engine/forward.h"
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/golden.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
 namespace {
 
-// The shipped model's tolerance (forward_test.cc): normalised max error vs float32 PyTorch.
-constexpr double kLogitTolerance = 2e-5;
+using testing::kLogitTolerance;
+using testing::NormalisedRowError;
 
 std::string CaseDir(const std::string& name) {
   return testing::SourceDir() + "/tests/golden/arch/" + name;
-}
-
-double RowError(const float* a, const float* b, int n) {
-  double err = 0, scale = 1e-6;
-  for (int i = 0; i < n; ++i) {
-    err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return err / scale;
 }
 
 class ArchitectureGoldenTest : public ::testing::TestWithParam<std::string> {
@@ -90,8 +82,8 @@ TEST_P(ArchitectureGoldenTest, WholeSequenceLogitsAndRoutingMatchPyTorch) {
   table.ReleaseAll(pool_.get());
   double worst = 0;
   for (int t = 0; t < n; ++t) {
-    const double error = RowError(&logits[0][static_cast<size_t>(t) * vocab],
-                                  &logits_[static_cast<size_t>(t) * vocab], vocab);
+    const double error = NormalisedRowError(&logits[0][static_cast<size_t>(t) * vocab],
+                                            &logits_[static_cast<size_t>(t) * vocab], vocab);
     worst = std::max(worst, error);
     EXPECT_LT(error, kLogitTolerance) << "position " << t;
   }
@@ -141,8 +133,8 @@ TEST_P(ArchitectureGoldenTest, ChunkedPrefillThenCachedDecodeMatchPyTorch) {
     StepInput in{absl::MakeConstSpan(ids_).subspan(start, chunk), start, &table, LogitRows::kAll};
     ASSERT_TRUE(forward_->Step({&in, 1}, {}, &logits).ok());
     for (int i = 0; i < chunk; ++i) {
-      EXPECT_LT(RowError(&logits[0][static_cast<size_t>(i) * vocab],
-                         &logits_[static_cast<size_t>(start + i) * vocab], vocab),
+      EXPECT_LT(NormalisedRowError(&logits[0][static_cast<size_t>(i) * vocab],
+                                   &logits_[static_cast<size_t>(start + i) * vocab], vocab),
                 kLogitTolerance)
           << "position " << start + i;
     }
@@ -151,8 +143,9 @@ TEST_P(ArchitectureGoldenTest, ChunkedPrefillThenCachedDecodeMatchPyTorch) {
   for (; start < n; ++start) {
     StepInput in{absl::MakeConstSpan(ids_).subspan(start, 1), start, &table};
     ASSERT_TRUE(forward_->Step({&in, 1}, {}, &logits).ok());
-    EXPECT_LT(RowError(logits[0].data(), &logits_[static_cast<size_t>(start) * vocab], vocab),
-              kLogitTolerance)
+    EXPECT_LT(
+        NormalisedRowError(logits[0].data(), &logits_[static_cast<size_t>(start) * vocab], vocab),
+        kLogitTolerance)
         << "position " << start;
   }
   table.ReleaseAll(pool_.get());

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/golden.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -55,14 +56,8 @@ class ForwardGoldenTest : public ::testing::Test {
     return *array->AsFloat32();
   }
 
-  // max |a - b| / max |b| over one row of logits.
   static double RowError(const float* a, const float* b, int n) {
-    double err = 0, scale = 1e-6;
-    for (int i = 0; i < n; ++i) {
-      err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
-      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-    }
-    return err / scale;
+    return testing::NormalisedRowError(a, b, n);
   }
 
   // Runs `ids` as one prefill on `forward` (the fixture's by default); logits of the last token.
@@ -89,8 +84,7 @@ class ForwardGoldenTest : public ::testing::Test {
 ModelWeights* ForwardGoldenTest::weights_ = nullptr;
 nlohmann::json* ForwardGoldenTest::manifest_ = nullptr;
 
-constexpr double kLogitTolerance =
-    2e-5;  // normalised max error vs float32 PyTorch (measured ~1e-6)
+using testing::kLogitTolerance;
 
 TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
   const int vocab = static_cast<int>(weights_->config.vocab_size);
