@@ -67,6 +67,61 @@ void ExpectInvalid(const Json& config, const std::vector<std::string>& needles) 
   }
 }
 
+// The config.json files of Qwen/Qwen3-30B-A3B and Qwen/Qwen1.5-MoE-A2.7B as published.
+constexpr char kQwen3_30B_A3B[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+  "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+  "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+  "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null,
+  "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+constexpr char kQwen15MoeA27B[] = R"({
+  "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+  "model_type": "qwen2_moe", "num_attention_heads": 16, "num_hidden_layers": 24,
+  "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.39.0.dev0", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+  "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+  "norm_topk_prob": false, "output_router_logits": false, "router_aux_loss_coef": 0.001})";
+
+TEST(ModelConfigTest, ParsesPublishedQwenMoeConfigs) {
+  absl::StatusOr<ModelConfig> q3 = ParseModelConfig(kQwen3_30B_A3B);
+  ASSERT_TRUE(q3.ok()) << q3.status();
+  EXPECT_EQ(q3->intermediate_size, 768);
+  EXPECT_EQ(q3->num_local_experts, 128);
+  EXPECT_EQ(q3->num_experts_per_tok, 8);
+  EXPECT_EQ(q3->head_dim, 128);  // not hidden / heads (64)
+  EXPECT_TRUE(q3->norm_topk_prob);
+  EXPECT_TRUE(q3->HasQkNorm());
+  EXPECT_FALSE(q3->attention_qkv_bias);
+  EXPECT_FALSE(q3->HasSharedExpert());
+  EXPECT_FALSE(q3->HasDenseLayers());
+  EXPECT_EQ(q3->sliding_window, 0);
+  // embed + 48 x (2 norms + 4 attention + 2 q/k norms + router + 128 x 3) + norm + lm_head
+  EXPECT_EQ(ExpectedTensors(*q3).size(), 1u + 48 * (2 + 4 + 2 + 1 + 128 * 3) + 2u);
+
+  absl::StatusOr<ModelConfig> q15 = ParseModelConfig(kQwen15MoeA27B);
+  ASSERT_TRUE(q15.ok()) << q15.status();
+  EXPECT_EQ(q15->intermediate_size, 1408);
+  EXPECT_EQ(q15->shared_expert_intermediate_size, 5632);
+  EXPECT_EQ(q15->num_local_experts, 60);
+  EXPECT_FALSE(q15->norm_topk_prob);
+  EXPECT_TRUE(q15->attention_qkv_bias);
+  EXPECT_FALSE(q15->HasQkNorm());
+  EXPECT_EQ(q15->sliding_window, 0);  // use_sliding_window: false
+  // embed + 24 x (2 norms + 4 attention + 3 biases + router + 60 x 3 + shared 3 + its gate)
+  // + norm + lm_head
+  EXPECT_EQ(ExpectedTensors(*q15).size(), 1u + 24 * (2 + 4 + 3 + 1 + 60 * 3 + 3 + 1) + 2u);
+}
+
 TEST(ModelConfigTest, ParsesMixtral8x7B) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig(kMixtral8x7B);
   ASSERT_TRUE(c.ok()) << c.status();
