@@ -5,6 +5,7 @@ models/tiny-moe (Mixtral layout) and models/tiny-fg-moe (Qwen2-MoE layout, fine-
 have their card; the config's model_type picks which."""
 import argparse
 import json
+import math
 import os
 import re
 
@@ -27,6 +28,10 @@ DATA_SECTION = """## Data
 def fine_grained_card(args, m, split, cfg, log):
     """The card of the fine-grained Qwen2-MoE-layout model (one training stage)."""
     a, start = log["args"], log["start"]
+    tokens_per_step = a["accum"] * a["batch"] * a["seq"]
+    step = m["step"]
+    lr_at_ckpt = max(a["lr"] * min(1.0, step / a["warmup"]) * 0.5 *
+                     (1 + math.cos(math.pi * step / a["steps"])), a["lr"] * 0.02)
     name = os.path.basename(os.path.normpath(args.model_dir))
     data = DATA_SECTION.format(package=split["corpus"].split(":", 1)[1], seed=split["seed"],
                                train=len(split["documents"]["train"]),
@@ -84,19 +89,23 @@ shared expert of 384 on every token.
 
 - Command (from the repository root): `tools/train/train_fine_grained.sh` (set-up, data, the
   shared tokenizer, training, export, model card, golden references).
-- {log['steps_run']} steps of AdamW (betas 0.9/0.95, weight decay {a['weight_decay']}), peak
-  learning rate {a['lr']}, {a['warmup']} warm-up steps then cosine decay over {a['steps']} steps to
-  2% of peak{log['stopped_text']}; {a['accum']} micro-batches of {a['batch']} x {a['seq']} tokens per step
-  ({a['accum'] * a['batch'] * a['seq']:,} tokens), {log['tokens']:,} training tokens
-  ({log['tokens'] / start['train_tokens']:.1f} epochs of {start['train_tokens']:,}); residual dropout
-  {a['dropout']} (training only); float32; seed {a['seed']}.
+- AdamW (betas 0.9/0.95, weight decay {a['weight_decay']}), peak learning rate {a['lr']},
+  {a['warmup']} warm-up steps then a cosine schedule over {a['steps']} steps down to 2% of peak;
+  {a['accum']} micro-batches of {a['batch']} x {a['seq']} tokens per step ({tokens_per_step:,} tokens);
+  residual dropout {a['dropout']} (training only); float32; seed {a['seed']}.
+- **The shipped checkpoint is step {m['step']}'s** ({m['step'] * tokens_per_step:,} training
+  tokens, {m['step'] * tokens_per_step / start['train_tokens']:.1f} epochs of {start['train_tokens']:,}),
+  with the learning rate still at {lr_at_ckpt:.1e} ({100 * lr_at_ckpt / a['lr']:.0f}% of peak): the
+  run was stopped at step {log['last_step']} to fit the session it was trained in, once its validation
+  perplexity had passed `tiny-moe`'s. `train_fine_grained.sh` stops at the same step
+  (`--stop-at-step {m['step']}`); the full schedule would do better.
 - Load balancing **per layer** from the start (Hugging Face's `load_balancing_loss_func`
   applied to each layer's router logits and averaged, coefficient {a['aux_coef']}): `tiny-moe`
   showed that the usual loss over all layers' logits concatenated lets each layer collapse onto
   a few experts.
 - Hardware and time: 2 CPU cores (Intel Xeon, KVM), PyTorch {m.get('torch_version', '1.13')} from
-  Debian; {log['elapsed'] / 60:.0f} minutes ({log['tok_s']} tokens/s on average, shared with other work
-  on the machine), started {start['start']} UTC. Tokens are grouped per expert (no dense
+  Debian; {m['train_elapsed_s'] / 60:.0f} minutes to step {m['step']} ({log['tok_s']} tokens/s on average,
+  shared with other work on the machine), started {start['start']} UTC. Tokens are grouped per expert (no dense
   all-expert compute).
 - Validation during training (float32, full validation split):
 {chr(10).join('  - ' + x for x in log['evals'])}
@@ -114,7 +123,7 @@ chunks of at most 511 tokens, and each chunk is scored as input `[BOS] + chunk`;
 and every document's EOS is predicted exactly once. The golden references in
 `tests/golden/{name}/` store the per-token log-probabilities behind the test number.
 
-## Routing statistics (test split, {tokens:,} tokens, top-{k} choices of the shipped weights)
+## Routing statistics (test split: {tokens:,} routed tokens, every window's input with its BOS; top-{k} choices of the shipped weights)
 
 Per layer: the least- and most-used expert's share of the {k} x {tokens:,} activations and how
 many experts were never used; the token's leading pair (its two highest-weighted experts, the
@@ -128,12 +137,19 @@ and the share of a token's routed weight its leading pair carries (mean).
 |---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-A uniform router would give every expert 1/{e} = {1 / e:.4f} of the activations.
+A uniform router would give every expert 1/{e} = {1 / e:.4f} of the activations. Per-layer
+balancing kept every layer near it. The leading pairs are far more concentrated than the
+experts ({min(r['top25_pairs_share'] for r in m['routing_test_split']):.0%} or more of the tokens lead
+with a pair from the most frequent quarter), which is what the mixed-width tiers use; whole
+top-{k} sets are not: in some layers only {min(r['tokens_in_repeated_sets_share'] for r in m['routing_test_split']):.0%}
+of the tokens share their exact set with another test token.
 
 ## Files
 
 `config.json`, `model.safetensors`, `tokenizer.model`, `tokenizer_config.json`,
-`generation_config.json`, `eval/` (split, validation and test text, measured metrics).
+`generation_config.json`, `chat_template.json` (`tiny-moe`'s quoted-dialogue template), `eval/`
+(split, validation and test text, the 96 generation prompts, measured metrics), `pruning/`
+(calibration statistics on the validation split and the shipped plans, `docs/pruning.md`).
 """
 
 
@@ -155,11 +171,12 @@ def main():
         last_step = [l for l in lines if l.startswith("step ")][-1]
         stopped = [l for l in lines if l.startswith("stopping at step ")]
         steps_run = int(stopped[-1].split()[3].rstrip(":")) if stopped else start["args"]["steps"]
+        last = int(last_step.split()[1])
         return {"start": start, "args": start["args"],
                 "evals": [l for l in lines if l.startswith("eval ")],
                 "tok_s": re.search(r"tok/s (\d+)", last_step).group(1),
                 "elapsed": int(re.search(r"elapsed (\d+)s", last_step).group(1)),
-                "steps_run": steps_run,
+                "steps_run": steps_run, "last_step": last,
                 "stopped_text": (f" (stopped at step {steps_run} by --max-minutes "
                                  f"{start['args'].get('max_minutes')})" if stopped else ""),
                 "tokens": steps_run * start["args"]["accum"] * start["args"]["batch"]

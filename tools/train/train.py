@@ -27,6 +27,8 @@ def main():
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--max-minutes", type=float, default=0,
                     help="stop (after a last evaluation) once training has run this long")
+    ap.add_argument("--stop-at-step", type=int, default=0,
+                    help="stop after this step's evaluation; the schedule still spans --steps")
     ap.add_argument("--batch", type=int, default=4, help="sequences per micro-batch")
     ap.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
     ap.add_argument("--autocast", type=int, default=0, help="bf16 autocast (slower on Debian's torch 1.13)")
@@ -118,7 +120,8 @@ def main():
             el = time.time() - t0
             say(f"step {step} loss {ce.item():.4f} aux {aux.item():.3f} lr {lr:.2e} "
                 f"tok/s {step * args.accum * args.batch * args.seq / el:.0f} elapsed {el:.0f}s")
-        out_of_time = args.max_minutes and time.time() - t0 > args.max_minutes * 60
+        out_of_time = bool(args.max_minutes and time.time() - t0 > args.max_minutes * 60)
+        out_of_time = out_of_time or step == args.stop_at_step
         if step % args.eval_every == 0 or step == args.steps or out_of_time:
             nll, count = data.evaluate(model, valid_docs, autocast=bool(args.autocast))
             say(f"eval step {step} valid_nll {nll:.4f} valid_ppl {math.exp(nll):.2f} tokens {count}")
@@ -129,7 +132,9 @@ def main():
                             "valid_nll": nll, "elapsed_s": time.time() - t0, "args": vars(args)},
                            os.path.join(args.work, f"best{args.tag}.pt"))
         if out_of_time:
-            say(f"stopping at step {step}: past --max-minutes {args.max_minutes}")
+            why = (f"--stop-at-step {args.stop_at_step}" if step == args.stop_at_step
+                   else f"past --max-minutes {args.max_minutes}")
+            say(f"stopping at step {step}: {why}")
             break
     say(json.dumps({"done": True, "best_valid_nll": best, "elapsed_s": time.time() - t0}))
 

@@ -1,0 +1,167 @@
+// The fine-grained shipped model (models/tiny-fg-moe: Qwen2-MoE layout, 64 routed experts
+// top-8 and a shared expert) through real processes, as tiny-moe is served: a full
+// disaggregated cluster gives the PyTorch reference's greedy tokens; a pruned decoder (REAP
+// keep 32 of 64, the shared expert always kept) fed by a full prefill equals colocated
+// tandem-serve --plan token for token and holds half the routed experts; a streamed,
+// mixed-width decoder (tiers over each token's leading pair, the other six at full width, read
+// from an O_DIRECT pack into a cache of a quarter of the experts) equals colocated resident
+// serving with the same plan.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tandem/client.h"
+#include "tests/testing/mixed_width_model.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kTokens = 24;
+constexpr char kModel[] = "tiny-fg-moe";
+
+using testing::MetricValue;
+
+class FineGrainedClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_dir_ = absl::StrCat(testing::SourceDir(), "/models/", kModel);
+    std::ifstream in(
+        absl::StrCat(testing::SourceDir(), "/tests/golden/", kModel, "/manifest.json"));
+    manifest_ = nlohmann::json::parse(in);
+  }
+
+  std::unique_ptr<sdk::Client> Connect(const testing::Ports& ports) {
+    auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", ports.grpc_port));
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // A full prefill, a decode with `decode_flags` and a gateway over them in `set`.
+  static absl::StatusOr<testing::ServiceSet::Cluster> StartCluster(
+      testing::ServiceSet& set, std::vector<std::string> decode_flags) {
+    decode_flags.push_back("--kv_blocks=160");
+    return set.StartCluster({}, decode_flags);
+  }
+
+  // Greedy continuations of every golden prompt.
+  std::vector<std::vector<int32_t>> GenerateAll(sdk::Client* client) {
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& prompt : manifest_["prompts"]) {
+      const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
+      v1::GenerateRequest request;
+      request.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+      request.mutable_sampling()->set_max_tokens(kTokens);
+      auto response = client->Generate(request);
+      EXPECT_TRUE(response.ok()) << response.status();
+      out.emplace_back();
+      if (response.ok())
+        out.back().assign(response->token_ids().begin(), response->token_ids().end());
+    }
+    return out;
+  }
+
+  std::vector<int32_t> Reference(size_t k) const {
+    auto ids = manifest_["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
+    if (ids.size() > kTokens) ids.resize(kTokens);
+    return ids;
+  }
+
+  std::string model_dir_;
+  nlohmann::json manifest_;
+};
+
+TEST_F(FineGrainedClusterTest, FullDisaggregatedClusterGivesTheReferencesGreedyTokens) {
+  testing::ServiceSet set(model_dir_);
+  auto cluster = StartCluster(set, {});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = Connect(cluster->gateway);
+  ASSERT_NE(client, nullptr);
+  const auto generated = GenerateAll(client.get());
+  for (size_t k = 0; k < generated.size(); ++k) {
+    EXPECT_EQ(generated[k], Reference(k)) << "prompt " << k;
+  }
+  auto models = client->ListModels();
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->models_size(), 1);
+  EXPECT_EQ(models->models(0).name(), kModel);
+}
+
+TEST_F(FineGrainedClusterTest, PrunedDecoderEqualsColocatedPhaseAwareServing) {
+  const std::string plan = "--plan=" + model_dir_ + "/pruning/reap-keep32.json";
+  std::vector<std::vector<int32_t>> disaggregated, colocated;
+  double decode_experts = -1, decode_bytes = -1, serve_bytes = -1;
+  {
+    testing::ServiceSet set(model_dir_);
+    auto cluster = StartCluster(set, {plan});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto client = Connect(cluster->gateway);
+    ASSERT_NE(client, nullptr);
+    disaggregated = GenerateAll(client.get());
+    decode_experts = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
+    decode_bytes = MetricValue(cluster->decode.http_port, "tandem_expert_weight_bytes");
+  }
+  {
+    testing::ServiceSet set(model_dir_);
+    auto serve = set.Start("tandem-serve", {plan});
+    ASSERT_TRUE(serve.ok()) << serve.status();
+    auto client = Connect(*serve);
+    ASSERT_NE(client, nullptr);
+    colocated = GenerateAll(client.get());
+    serve_bytes = MetricValue(serve->http_port, "tandem_expert_weight_bytes");
+  }
+  int differ_from_full = 0;
+  for (size_t k = 0; k < colocated.size(); ++k) {
+    ASSERT_EQ(colocated[k].size(), static_cast<size_t>(kTokens)) << "prompt " << k;
+    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
+    EXPECT_EQ(colocated[k][0], Reference(k)[0]) << "prompt " << k;  // from the full prefill
+    differ_from_full += colocated[k] != Reference(k);
+  }
+  EXPECT_GT(differ_from_full, 0) << "the plan changed no continuation";
+  EXPECT_EQ(decode_experts, 6 * 32);  // 32 of 64 routed experts in each of 6 layers
+  EXPECT_GT(decode_bytes, 0);
+  EXPECT_EQ(decode_bytes * 2, serve_bytes);  // the shared experts are not routed experts
+}
+
+TEST_F(FineGrainedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedWidth) {
+  testing::TempDir work;
+  auto prepared = testing::MakeMixedWidthModel(work.path(), kModel, "reap-keep32.json");
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  const std::string plan = "--plan=" + prepared->plan;
+  // 6 layers x 64 experts x 3 x 96 x 192 x 2 bytes, a quarter of it.
+  const std::string cache = absl::StrCat("--expert_cache_bytes=", 6 * 64 * 3 * 96 * 192 * 2 / 4);
+  std::vector<std::vector<int32_t>> disaggregated, colocated;
+  double misses = -1, warm = -1, resident = -1;
+  {
+    testing::ServiceSet set(prepared->model_dir);
+    auto cluster = StartCluster(set, {plan, "--expert_pack=" + prepared->pack, cache});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto client = Connect(cluster->gateway);
+    ASSERT_NE(client, nullptr);
+    disaggregated = GenerateAll(client.get());
+    misses = MetricValue(cluster->decode.http_port, "tandem_expert_cache_requests_total",
+                         "result=\"miss\"");
+    warm = MetricValue(cluster->decode.http_port, "tandem_expert_pairs_total", "tier=\"warm\"");
+    resident = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
+  }
+  {
+    testing::ServiceSet set(prepared->model_dir);
+    auto serve = set.Start("tandem-serve", {plan});
+    ASSERT_TRUE(serve.ok()) << serve.status();
+    auto client = Connect(*serve);
+    ASSERT_NE(client, nullptr);
+    colocated = GenerateAll(client.get());
+  }
+  ASSERT_EQ(disaggregated.size(), colocated.size());
+  for (size_t k = 0; k < colocated.size(); ++k) {
+    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
+  }
+  EXPECT_GT(misses, 0);
+  EXPECT_GT(warm, 0);
+  EXPECT_EQ(resident, 0);  // every routed expert streams; the shared experts stay with the model
+}
+
+}  // namespace
+}  // namespace tandem
