@@ -64,13 +64,13 @@ absl::Status Calibrator::AddStep(const engine::RouterTrace& trace) {
         layer.mass[e] += g;
         layer.ean[e] += norm->second;
         reap_sum_[l * experts_ + e] += g * norm->second;
-        // The token's leading pair: its two experts of highest router weight (all of them
-        // under top-2).
-        if (j == 0 && top_k_ >= 2) {
-          const int other = chosen[t * top_k_ + 1];
-          ++layer.pairs[{std::min(e, other), std::max(e, other)}];
-          if (e < other) ++layer.pair_a_first[{e, other}];  // e ranks above `other`
-        }
+      }
+      // The token's leading pair: its two experts of highest router weight (its only pair under
+      // top-2).
+      if (top_k_ >= 2) {
+        const int first = chosen[t * top_k_], second = chosen[t * top_k_ + 1];
+        ++layer.pairs[{std::min(first, second), std::max(first, second)}];
+        if (first < second) ++layer.pair_a_first[{first, second}];  // the lower index ranks first
       }
     }
     step_norms_[l].clear();
