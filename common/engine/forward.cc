@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/engine/overlay.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
 #include "common/util/status.h"
@@ -125,6 +126,12 @@ absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch, const MoeO
             absl::StrCat("sequence ", s, ": token id ", token, " outside the vocabulary"));
       }
     }
+    const DecoderOverlay* overlay = in.moe != nullptr ? in.moe->overlay : moe.overlay;
+    if (overlay != nullptr && static_cast<int64_t>(overlay->layers.size()) != c.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": the decoder overlay has ",
+                                                     overlay->layers.size(), " layers, the model ",
+                                                     c.num_hidden_layers));
+    }
     if (in.moe != nullptr && (in.moe->mask != checked || checked == nullptr)) {
       if (absl::Status status = ValidateMask(in.moe->mask); !status.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", status.message()));
@@ -161,6 +168,19 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     }
   }
   const int T = static_cast<int>(refs.size());
+  // Rows by always-on weights: usually one run; in colocated mode with an overlay, prompts run
+  // the model's and generated tokens the overlay's.
+  runs_.clear();
+  for (size_t s = 0, row = 0; s < batch.size(); ++s) {
+    const DecoderOverlay* overlay = (batch[s].moe != nullptr ? *batch[s].moe : moe).overlay;
+    const int end = static_cast<int>(row + batch[s].tokens.size());
+    if (!runs_.empty() && runs_.back().overlay == overlay) {
+      runs_.back().end = end;
+    } else {
+      runs_.push_back({static_cast<int>(row), end, overlay});
+    }
+    row = end;
+  }
   stats_ = StepStats();
   stats_.tokens = T;
   auto matmul = [&](const float* in, int rows, int n, const Bf16Matrix& w, int d, float* out) {
@@ -195,8 +215,15 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = w_->layers[l];
+    // The always-on tensors (norms, router, shared expert, dense MLP) of a run of rows.
+    auto always_on = [&](const RowRun& run) -> const LayerWeights& {
+      return run.overlay != nullptr ? run.overlay->layers[l] : L;
+    };
     // Attention.
-    k::RmsNorm(x_.data(), T, hidden, L.attn_norm.data(), eps, h_.data());
+    for (const RowRun& run : runs_) {
+      k::RmsNorm(Row(x_, run.begin, hidden), run.end - run.begin, hidden,
+                 always_on(run).attn_norm.data(), eps, Row(h_, run.begin, hidden));
+    }
     matmul(h_.data(), T, hidden, L.q, q_dim, q_.data());
     matmul(h_.data(), T, hidden, L.k, kv_dim, k_.data());
     matmul(h_.data(), T, hidden, L.v, kv_dim, v_.data());
@@ -240,9 +267,14 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     AddBias(L.o_bias, T, proj_.data());
     for (size_t i = 0; i < x_.size(); ++i) x_[i] += proj_[i];
 
-    k::RmsNorm(x_.data(), T, hidden, L.ffn_norm.data(), eps, h_.data());
+    for (const RowRun& run : runs_) {
+      k::RmsNorm(Row(x_, run.begin, hidden), run.end - run.begin, hidden,
+                 always_on(run).ffn_norm.data(), eps, Row(h_, run.begin, hidden));
+    }
     if (!c.IsSparseLayer(l)) {  // a dense MLP layer: every token, no routing
-      Mlp(L.dense, T, moe_.data());
+      for (const RowRun& run : runs_) {
+        Mlp(always_on(run).dense, run.begin, run.end - run.begin, Row(moe_, run.begin, hidden));
+      }
       for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
       if (trace != nullptr) {  // the trace keeps one (empty) entry per layer
         trace->probs.emplace_back();
@@ -254,7 +286,10 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     }
     // MoE: route, then group tokens per (expert, width).
     if (router_ == nullptr) {
-      matmul(h_.data(), T, hidden, L.router, num_experts, router_logits_.data());
+      for (const RowRun& run : runs_) {
+        matmul(Row(h_, run.begin, hidden), run.end - run.begin, hidden, always_on(run).router,
+               num_experts, Row(router_logits_, run.begin, num_experts));
+      }
     } else {
       for (int t = 0; t < T; ++t) {
         router_->Logits(l, refs[t].token, refs[t].position,
@@ -313,9 +348,13 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     if (c.HasSharedExpert()) {
       // Qwen2-MoE's shared expert: every token, scaled by sigmoid(shared_expert_gate . h).
       Resize(shared_out_, T, hidden);
-      Mlp(L.shared, T, shared_out_.data());
       shared_scale_.resize(T);
-      matmul(h_.data(), T, hidden, L.shared_gate, 1, shared_scale_.data());
+      for (const RowRun& run : runs_) {
+        const LayerWeights& A = always_on(run);
+        Mlp(A.shared, run.begin, run.end - run.begin, Row(shared_out_, run.begin, hidden));
+        matmul(Row(h_, run.begin, hidden), run.end - run.begin, hidden, A.shared_gate, 1,
+               shared_scale_.data() + run.begin);
+      }
       for (int t = 0; t < T; ++t) {
         const float scale = 1.0f / (1.0f + std::exp(-shared_scale_[t]));
         k::Axpy(scale, Row(shared_out_, t, hidden), hidden, Row(moe_, t, hidden));
@@ -347,7 +386,14 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     first += n;
   }
   if (total > 0) {
-    k::RmsNorm(proj_.data(), total, hidden, w_->final_norm.data(), eps, h_.data());
+    for (size_t s = 0, row = 0; s < batch.size(); ++s) {  // each with its final norm
+      if (wanted[s] == 0) continue;
+      const DecoderOverlay* overlay = (batch[s].moe != nullptr ? *batch[s].moe : moe).overlay;
+      const std::vector<float>& norm = overlay != nullptr ? overlay->final_norm : w_->final_norm;
+      k::RmsNorm(Row(proj_, static_cast<int>(row), hidden), wanted[s], hidden, norm.data(), eps,
+                 Row(h_, static_cast<int>(row), hidden));
+      row += wanted[s];
+    }
     if (only >= 0) {  // one sequence wants logits: straight into its output
       matmul(h_.data(), total, hidden, w_->lm_head, vocab, (*logits)[only].data());
     } else {
@@ -364,14 +410,15 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   return absl::OkStatus();
 }
 
-void ForwardPass::Mlp(const ExpertWeights& w, int rows, float* out) {
+void ForwardPass::Mlp(const ExpertWeights& w, int row0, int rows, float* out) {
   const int hidden = static_cast<int>(w_->config.hidden_size);
   const int width = w.gate.rows;
   Resize(gate_, rows, width);
   Resize(up_, rows, width);
   Resize(act_, rows, width);
-  k::MatMulBf16(h_.data(), rows, hidden, w.gate.data.data(), width, gate_.data());
-  k::MatMulBf16(h_.data(), rows, hidden, w.up.data.data(), width, up_.data());
+  const float* in = Row(h_, row0, hidden);
+  k::MatMulBf16(in, rows, hidden, w.gate.data.data(), width, gate_.data());
+  k::MatMulBf16(in, rows, hidden, w.up.data.data(), width, up_.data());
   k::SiluMul(gate_.data(), up_.data(), rows * width, act_.data());
   k::MatMulBf16(act_.data(), rows, width, w.down.data.data(), hidden, out);
   stats_.weight_bytes += int64_t{3} * width * hidden * 2;

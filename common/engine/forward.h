@@ -98,10 +98,15 @@ class ExpertProvider {
   virtual void EndLayer(int layer) = 0;
 };
 
-// Per-step MoE controls; the defaults run every expert at full width.
+struct DecoderOverlay;  // common/engine/overlay.h
+
+// Per-step MoE controls; the defaults run every expert at full width with the model's weights.
 struct MoeOptions {
   const ExpertMask* mask = nullptr;
   const ExpertWidthPolicy* widths = nullptr;
+  // A distilled decoder's always-on tensors (norms, routers, shared experts, dense MLPs) in
+  // place of the model's; attention and routed experts stay the model's. Not owned.
+  const DecoderOverlay* overlay = nullptr;
 };
 
 struct StepInput {
@@ -162,8 +167,9 @@ class ForwardPass {
   // Expert FFNs of layer l over the routed tokens, widest expert first; adds their weighted
   // outputs to moe_.
   absl::Status RunExperts(int l);
-  // out (rows, hidden) = the SwiGLU MLP `w` (shared expert or dense layer) over h_'s first rows.
-  void Mlp(const ExpertWeights& w, int rows, float* out);
+  // out (rows, hidden) = the SwiGLU MLP `w` (shared expert or dense layer) over rows
+  // [row0, row0 + rows) of h_.
+  void Mlp(const ExpertWeights& w, int row0, int rows, float* out);
 
   const ModelWeights* w_;
   KvBlockPool* pool_;
@@ -187,6 +193,13 @@ class ForwardPass {
   std::vector<float> chosen_w_;
   std::vector<int> chosen_width_;
   std::vector<int> observer_tokens_;
+  // Consecutive rows of the step that share always-on weights (the model's or an overlay's).
+  struct RowRun {
+    int begin;
+    int end;
+    const DecoderOverlay* overlay;
+  };
+  std::vector<RowRun> runs_;
 };
 
 }  // namespace tandem::engine

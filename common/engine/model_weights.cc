@@ -65,28 +65,14 @@ absl::StatusOr<Bf16Matrix> LoadMatrix(const model::SafetensorsModel& checkpoint,
                                       const model::ModelConfig& config, TensorKind kind,
                                       int layer = -1, int expert = -1) {
   ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer, expert));
-  if (view.shape.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(view.name, " is not a matrix"));
-  }
-  Bf16Matrix m;
-  m.rows = static_cast<int>(view.shape[0]);
-  m.cols = static_cast<int>(view.shape[1]);
-  m.data.resize(static_cast<size_t>(m.rows) * m.cols);
-  if (view.dtype == DType::kBF16) {
-    std::memcpy(m.data.data(), view.data, view.size_bytes);
-  } else {
-    for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = F32ToBf16(ElementAsF32(view, i));
-  }
-  return m;
+  return MatrixFromTensor(view);
 }
 
 absl::StatusOr<std::vector<float>> LoadVector(const model::SafetensorsModel& checkpoint,
                                               const model::ModelConfig& config, TensorKind kind,
                                               int layer = -1) {
   ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer));
-  std::vector<float> out(view.num_elements());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = ElementAsF32(view, i);
-  return out;
+  return VectorFromTensor(view);
 }
 
 using util::SplitMix64;
@@ -138,6 +124,28 @@ absl::Status ValidateOnly(const ExpertMask& only, const model::ModelConfig& conf
 }
 
 }  // namespace
+
+absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view) {
+  if (view.shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(view.name, " is not a matrix"));
+  }
+  Bf16Matrix m;
+  m.rows = static_cast<int>(view.shape[0]);
+  m.cols = static_cast<int>(view.shape[1]);
+  m.data.resize(static_cast<size_t>(m.rows) * m.cols);
+  if (view.dtype == DType::kBF16) {
+    std::memcpy(m.data.data(), view.data, view.size_bytes);
+  } else {
+    for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = F32ToBf16(ElementAsF32(view, i));
+  }
+  return m;
+}
+
+std::vector<float> VectorFromTensor(const model::TensorView& view) {
+  std::vector<float> out(view.num_elements());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ElementAsF32(view, i);
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     const model::ModelConfig& config, const model::SafetensorsModel& checkpoint,

@@ -80,6 +80,11 @@ struct ModelWeights {
                                                               const ExpertMask& only = {});
 };
 
+// A checkpoint tensor as the engine holds it, from any supported dtype: a matrix as bf16
+// (INVALID_ARGUMENT if it is not 2-D), a vector (any shape, flattened) as float32.
+absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view);
+std::vector<float> VectorFromTensor(const model::TensorView& view);
+
 // How a model directory's weights are obtained: from its safetensors, or random at the shape
 // its config.json gives (`--load-format dummy`, for throughput work).
 enum class LoadFormat { kSafetensors, kDummy };

@@ -46,9 +46,10 @@ std::string_view EvalModeName(EvalMode mode) {
 }
 
 PhaseOptions PhaseOptionsFor(EvalMode mode, const engine::ExpertMask* plan,
-                             const engine::ExpertWidthPolicy* widths) {
+                             const engine::ExpertWidthPolicy* widths,
+                             const engine::DecoderOverlay* overlay) {
   PhaseOptions phases;
-  const engine::MoeOptions pruned{.mask = plan, .widths = widths};
+  const engine::MoeOptions pruned{.mask = plan, .widths = widths, .overlay = overlay};
   if (mode == EvalMode::kConventional) phases.prefill = pruned;
   if (mode != EvalMode::kFull) phases.decode = pruned;
   return phases;

@@ -31,13 +31,15 @@ absl::StatusOr<EvalMode> ParseEvalMode(const std::string& name);
 std::string_view EvalModeName(EvalMode mode);
 
 // What prompts and continuations run in `mode`: the pruned model is `plan`'s mask and, for a
-// plan with tiers, `widths` (mixed width); both unused for kFull and outliving the result.
+// plan with tiers, `widths` (mixed width), and with a distilled decoder `overlay`'s always-on
+// tensors; all unused for kFull and outliving the result.
 struct PhaseOptions {
   engine::MoeOptions prefill;
   engine::MoeOptions decode;
 };
 PhaseOptions PhaseOptionsFor(EvalMode mode, const engine::ExpertMask* plan,
-                             const engine::ExpertWidthPolicy* widths = nullptr);
+                             const engine::ExpertWidthPolicy* widths = nullptr,
+                             const engine::DecoderOverlay* overlay = nullptr);
 
 // Perplexity and top-1 accuracy over the scored tokens of `result` whose offset in their
 // continuation is below `max_offset` (the tokens nearest the prompt, where a full prefill's

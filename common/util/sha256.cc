@@ -36,4 +36,13 @@ absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
       absl::string_view(reinterpret_cast<const char*>(digest), static_cast<size_t>(size)));
 }
 
+std::string Sha256Hex(absl::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  // One-shot EVP_Digest cannot fail for SHA-256 short of an allocation failure.
+  EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), static_cast<size_t>(size)));
+}
+
 }  // namespace tandem::util

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/moe/pruning_plan.h"
+#include "common/util/logging.h"
 #include "common/util/status.h"
 
 namespace tandem::serving {
@@ -40,6 +41,15 @@ absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size
     load = d.mask;
   }
   ASSIGN_OR_RETURN(d.engine, LoadServingEngine(model_dir, block_size, num_blocks, load));
+  if (!options.overlay.empty()) {
+    absl::StatusOr<std::unique_ptr<engine::DecoderOverlay>> overlay =
+        engine::LoadDecoderOverlay(options.overlay, model_dir, *d.engine.model.weights, d.mask);
+    if (!overlay.ok()) return Flag("--overlay", overlay.status());
+    d.overlay = *std::move(overlay);
+    TANDEM_LOG(INFO) << "decoding with overlay " << d.overlay->name << " (" << d.overlay->path
+                     << ", sha256 " << d.overlay->sha256 << ": " << d.overlay->tensors.size()
+                     << " tensors for plan sha256 " << d.overlay->plan_sha256 << ")";
+  }
   if (!options.expert_pack.empty()) {
     absl::StatusOr<std::unique_ptr<moe::ExpertBacking>> backing =
         options.expert_direct_io ? moe::DirectFileBacking(options.expert_pack)

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/engine/engine_loop.h"
 #include "common/engine/forward.h"
+#include "common/engine/overlay.h"
 #include "common/moe/expert_stream.h"
 #include "common/moe/tiers.h"
 #include "services/common/serving.h"
@@ -21,6 +22,8 @@ namespace tandem::serving {
 
 struct DecoderOptions {
   std::string plan = {};         // pruning plan, maybe with tiers; empty: every expert, full width
+  std::string overlay = {};      // a distilled decoder's always-on tensors (tandem distill), for
+                                 // generated tokens; made for this model and plan
   std::string expert_pack = {};  // stream experts from this pack (tandem pack), not loaded
   int64_t expert_cache_bytes = 0;  // the resident cache's bound, with expert_pack
   bool expert_direct_io = true;    // read the pack with O_DIRECT; else hold it in host memory
@@ -35,16 +38,20 @@ struct Decoder {
   std::unique_ptr<moe::TierWidthPolicy> tiers;  // the plan's tiers, if any
   std::unique_ptr<moe::ExpertBacking> backing;  // with an expert pack
   std::unique_ptr<moe::ExpertStream> stream;    // with an expert pack; the forward pass's provider
+  std::unique_ptr<engine::DecoderOverlay> overlay;  // with --overlay
 
-  // What decode steps run: the plan's mask and widths.
+  // What decode steps run: the plan's mask and widths, and the overlay's always-on tensors.
   engine::MoeOptions decode_moe() const {
-    return {.mask = mask.retained.empty() ? nullptr : &mask, .widths = tiers.get()};
+    return {.mask = mask.retained.empty() ? nullptr : &mask,
+            .widths = tiers.get(),
+            .overlay = overlay.get()};
   }
 };
 
 // Loads `model_dir` with a pool of `num_blocks` blocks of `block_size` tokens, set up as
 // `options` says. INVALID_ARGUMENT naming the flag for a plan that does not fit, tiers on a
-// checkpoint that was not reordered, a pack of another model, or a pack without a cache bound.
+// checkpoint that was not reordered, a pack of another model, a pack without a cache bound, or an
+// overlay made for another checkpoint or plan; logs which overlay it decodes with.
 absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size, int num_blocks,
                                     const DecoderOptions& options);
 

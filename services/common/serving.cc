@@ -53,6 +53,18 @@ void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* m
   metrics->expert_weight_bytes->Set(static_cast<double>(bytes));
 }
 
+void ReportOverlay(const engine::DecoderOverlay* overlay, DecodeMetrics* metrics) {
+  if (overlay == nullptr) {
+    metrics->overlay_info->Add(metrics::Labels{{"overlay", "none"}}).Set(1);
+    return;
+  }
+  metrics->overlay_info
+      ->Add(metrics::Labels{{"overlay", overlay->name},
+                            {"sha256", overlay->sha256},
+                            {"plan_sha256", overlay->plan_sha256}})
+      .Set(1);
+}
+
 absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,
                                                          int vocab_size) {
   engine::SamplingParams p;

@@ -11,6 +11,7 @@
 #include "common/engine/forward.h"
 #include "common/engine/generator.h"
 #include "common/engine/kv_cache.h"
+#include "common/engine/overlay.h"
 #include "common/engine/sampling.h"
 #include "common/engine/scheduler.h"
 #include "common/kv/transfer.h"
@@ -42,6 +43,8 @@ engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int 
 
 // Sets the resident-expert gauges of `metrics` from `weights`.
 void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* metrics);
+// Sets tandem_decoder_overlay_info for `overlay` (null: none).
+void ReportOverlay(const engine::DecoderOverlay* overlay, DecodeMetrics* metrics);
 
 // INVALID_ARGUMENT naming the field (the engine's checks).
 absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::SamplingParams& proto,

@@ -52,6 +52,9 @@ DecodeMetrics::DecodeMetrics(metrics::Registry* r) {
                           "KV bytes that arrived for no open reservation (late: after it ended) "
                           "or outside it, and were dropped."))
            ->Add({});
+  overlay_info = Must(r->AddGauge("tandem_decoder_overlay_info",
+                                  "1, labelled with the decoder overlay (tandem distill) generated "
+                                  "tokens run with; overlay=\"none\" without one."));
 }
 
 ExpertMetrics::ExpertMetrics(metrics::Registry* r) {

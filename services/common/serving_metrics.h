@@ -26,6 +26,9 @@ struct DecodeMetrics {
   metrics::Gauge* expert_weight_bytes;  // tandem_expert_weight_bytes
   metrics::Counter* leases_expired;     // tandem_reservations_expired_total
   metrics::Counter* kv_dropped_bytes;   // tandem_kv_receive_dropped_bytes_total
+  // tandem_decoder_overlay_info{overlay, sha256, plan_sha256} 1: the decoder overlay generated
+  // tokens run with; overlay="none" without one.
+  metrics::Family<metrics::Gauge>* overlay_info;
 };
 
 // A decoder's experts when they stream from an expert pack, and its mixed-width tiers.

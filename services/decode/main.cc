@@ -17,6 +17,10 @@ ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face 
 ABSL_FLAG(std::string, plan, "",
           "Pruning plan (tandem prune): decode only its retained experts, loading no others; "
           "with tiers (tandem tier), at mixed width (--model must then be reordered).");
+ABSL_FLAG(std::string, overlay, "",
+          "Decoder overlay (tools/train/distill.py): the distilled always-on tensors (norms, "
+          "routers, shared experts) of --plan's decoder, applied on load; refused unless made "
+          "for this --model and --plan.");
 ABSL_FLAG(std::string, expert_pack, "",
           "Stream expert weights from this expert pack (tandem pack) instead of loading them.");
 ABSL_FLAG(int64_t, expert_cache_bytes, 0,
@@ -66,6 +70,7 @@ int main(int argc, char** argv) {
       tandem::serving::LoadDecoder(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size),
                                    absl::GetFlag(FLAGS_kv_blocks),
                                    {.plan = absl::GetFlag(FLAGS_plan),
+                                    .overlay = absl::GetFlag(FLAGS_overlay),
                                     .expert_pack = absl::GetFlag(FLAGS_expert_pack),
                                     .expert_cache_bytes = absl::GetFlag(FLAGS_expert_cache_bytes),
                                     .expert_direct_io = absl::GetFlag(FLAGS_expert_direct_io),
@@ -100,6 +105,7 @@ int main(int argc, char** argv) {
   }
   tandem::serving::ExpertMetrics expert_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &serving_metrics);
+  tandem::serving::ReportOverlay(decoder->overlay.get(), &serving_metrics);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
       tandem::serving::WithExpertMetrics(

@@ -20,6 +20,9 @@ ABSL_FLAG(std::string, plan, "",
           "Pruning plan (tandem prune): generated tokens run only its retained experts (at mixed "
           "width if it has tiers), while prompts run the full pool (phase-aware, the "
           "disaggregated cluster's split).");
+ABSL_FLAG(std::string, overlay, "",
+          "Decoder overlay (tools/train/distill.py) of --plan: generated tokens run its "
+          "distilled norms, routers and shared experts, prompts the base model's.");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block.");
 ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
 ABSL_FLAG(int, max_running, 64, "Sequences in the batch at most.");
@@ -37,9 +40,11 @@ int main(int argc, char** argv) {
     return 2;
   };
   const std::string model_dir = absl::GetFlag(FLAGS_model);
-  auto decoder = tandem::serving::LoadDecoder(
-      model_dir, absl::GetFlag(FLAGS_kv_block_size), absl::GetFlag(FLAGS_kv_blocks),
-      {.plan = absl::GetFlag(FLAGS_plan), .decode_only = false});
+  auto decoder = tandem::serving::LoadDecoder(model_dir, absl::GetFlag(FLAGS_kv_block_size),
+                                              absl::GetFlag(FLAGS_kv_blocks),
+                                              {.plan = absl::GetFlag(FLAGS_plan),
+                                               .overlay = absl::GetFlag(FLAGS_overlay),
+                                               .decode_only = false});
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
   tandem::serving::ServingEngine* engine = &decoder->engine;
   auto scheduler = tandem::engine::Scheduler::Create(
@@ -58,6 +63,7 @@ int main(int argc, char** argv) {
   tandem::serving::DecodeMetrics engine_metrics(&registry);
   tandem::serving::ExpertMetrics expert_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &engine_metrics);
+  tandem::serving::ReportOverlay(decoder->overlay.get(), &engine_metrics);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
       tandem::serving::WithExpertMetrics(

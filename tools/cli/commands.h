@@ -10,6 +10,7 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, text);
 ABSL_DECLARE_FLAG(std::string, plan);
+ABSL_DECLARE_FLAG(std::string, overlay);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(int, max_tokens);
 ABSL_DECLARE_FLAG(std::string, stats);

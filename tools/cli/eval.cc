@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/engine/generator.h"
+#include "common/engine/overlay.h"
 #include "common/engine/perplexity.h"
 #include "common/moe/evaluation.h"
 #include "common/moe/pruning_plan.h"
@@ -81,6 +82,18 @@ int Eval() {
   }
   absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
   if (!model.ok()) return Report(model.status());
+  // A distilled decoder: the pruned phases run its always-on tensors.
+  std::unique_ptr<engine::DecoderOverlay> overlay;
+  const std::string overlay_path = absl::GetFlag(FLAGS_overlay);
+  if (!overlay_path.empty()) {
+    if (plan_path.empty()) {
+      return Report(absl::InvalidArgumentError("--overlay needs the --plan it was distilled for"));
+    }
+    absl::StatusOr<std::unique_ptr<engine::DecoderOverlay>> loaded =
+        engine::LoadDecoderOverlay(overlay_path, model_dir, *model->weights, plan);
+    if (!loaded.ok()) return Report(loaded.status());
+    overlay = *std::move(loaded);
+  }
   absl::StatusOr<std::vector<std::vector<int32_t>>> prompts =
       moe::ReadPrompts(*model->tokenizer, prompts_path, model->add_bos);
   if (!prompts.ok()) return Report(prompts.status());
@@ -97,6 +110,7 @@ int Eval() {
 
   nlohmann::json doc = {{"model", model_dir},
                         {"plan", plan_path},
+                        {"overlay", overlay_path},
                         {"text", text},
                         {"prompts", prompts_path},
                         {"context", absl::GetFlag(FLAGS_context)},
@@ -108,7 +122,7 @@ int Eval() {
                             near_tokens,
                             "  | length mean   p50   p90  hit-max  never-ended  exact  prefix\n");
   for (moe::EvalMode mode : modes) {
-    const moe::PhaseOptions phases = moe::PhaseOptionsFor(mode, &plan, tiers.get());
+    const moe::PhaseOptions phases = moe::PhaseOptionsFor(mode, &plan, tiers.get(), overlay.get());
     if (tiers != nullptr) tiers->ResetCounts();
     engine::PerplexityOptions scoring;
     scoring.context = absl::GetFlag(FLAGS_context);

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/config/config.h"
 #include "common/engine/generator.h"
+#include "common/engine/overlay.h"
 #include "common/engine/perplexity.h"
 #include "common/model/config.h"
 #include "common/moe/calibration.h"
@@ -62,6 +63,9 @@ ABSL_FLAG(int, keep, 0, "prune: experts retained per layer.");
 ABSL_FLAG(std::string, plan, "",
           "perplexity: mask the experts this pruning plan drops (conventional pruning); eval: "
           "the pruned model.");
+ABSL_FLAG(std::string, overlay, "",
+          "perplexity, eval: a decoder overlay of --plan (tools/train/distill.py): the pruned "
+          "model's distilled norms, routers and shared experts.");
 ABSL_FLAG(std::string, tls_root_certs, "",
           "PEM file of root certificates: talk to the gateway over TLS, trusting these.");
 ABSL_FLAG(double, timeout_s, 120.0,
@@ -278,6 +282,14 @@ int Perplexity() {
   const absl::Time load_start = absl::Now();
   auto model = tandem::engine::LoadModelDir(absl::GetFlag(FLAGS_model));
   if (!model.ok()) return Report(model.status());
+  std::unique_ptr<tandem::engine::DecoderOverlay> overlay;
+  if (const std::string path = absl::GetFlag(FLAGS_overlay); !path.empty()) {
+    auto loaded =
+        tandem::engine::LoadDecoderOverlay(path, absl::GetFlag(FLAGS_model), *model->weights, mask);
+    if (!loaded.ok()) return Report(loaded.status());
+    overlay = *std::move(loaded);
+    ppl_options.moe.overlay = overlay.get();
+  }
   const absl::Time start = absl::Now();
   auto result = tandem::engine::EvaluatePerplexity(*model->weights, *model->tokenizer,
                                                    absl::GetFlag(FLAGS_text), ppl_options);

@@ -63,11 +63,13 @@ std::vector<Subcommand> MakeSubcommands() {
   all.push_back(
       {"perplexity",
        "score a text file with a model, one document a line",
-       "tandem perplexity --model DIR --text FILE [--plan PLAN] [--out RESULT.json]",
+       "tandem perplexity --model DIR --text FILE [--plan PLAN [--overlay FILE]] [--out "
+       "RESULT.json]",
        "Windows and scoring follow tools/train/data.py, so the number equals the trainer's.",
        {{"model", "The model directory to score with."},
         {"text", "The text file to score: each non-blank line is a document."},
         {"plan", "Mask the experts this pruning plan drops (conventional pruning)."},
+        {"overlay", "With --plan: every token runs this decoder overlay's distilled tensors."},
         {"out",
          "Also write the result as JSON (perplexity, mean nll, tokens, and the summed "
          "log-probability of the scored tokens), at full precision."},
@@ -93,11 +95,15 @@ std::vector<Subcommand> MakeSubcommands() {
   all.push_back(
       {"eval",
        "the full model against a pruning plan: full, conventional and handoff",
-       "tandem eval --model DIR --plan PLAN --text FILE --prompts FILE [--mode M,...]",
+       "tandem eval --model DIR --plan PLAN [--overlay FILE] --text FILE --prompts FILE [--mode "
+       "M,...]",
        "Continuation perplexity and accuracy on --text, greedy continuations of --prompts\n"
        "(lengths, budget hits, agreement with the full model); results in docs/pruning.md.",
        {{"model", "The full model's directory."},
         {"plan", "The pruning plan to evaluate."},
+        {"overlay",
+         "A decoder overlay of the plan (docs/distillation.md): the pruned phases run its "
+         "distilled tensors (conventional: prompt and continuation; handoff: continuation)."},
         {"text", "The text file scored, one document a line."},
         {"prompts", ""},
         {"mode", ""},

@@ -241,10 +241,14 @@ class SparseMoe(nn.Module):
             self.shared_expert = Mlp(cfg.hidden_size, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
-    def forward(self, x, trace=None):
+    def forward(self, x, trace=None, retained=None):
+        """retained (experts,) bool, when given: the experts a pruning plan keeps; the others'
+        router logits are -inf before the softmax (top-k stays k), as the engine masks them."""
         b, t, d = x.shape
         flat = x.reshape(-1, d)
         logits = self.gate(flat)
+        if retained is not None:
+            logits = logits.masked_fill(~retained, float("-inf"))
         probs = F.softmax(logits, dim=-1, dtype=torch.float)
         weights, chosen = torch.topk(probs, self.cfg.num_experts_per_tok, dim=-1)
         if self.cfg.norm_topk_prob:
@@ -287,13 +291,22 @@ class Block(nn.Module):
             self.mlp = Mlp(cfg.hidden_size, cfg.intermediate_size)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cos, sin, trace=None):
-        x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin))
+    def forward(self, x, cos, sin, trace=None, retained=None, prefix=None, record=None):
+        """prefix, when given, is (keep (b,t,1) bool, a (b,t,hidden)): where keep is true the
+        attention input is a instead of this block's normalised x (a student continuing from
+        a teacher's KV cache reads the teacher's keys and values there). record, when given,
+        gets this block's attention input."""
+        a = self.input_layernorm(x)
+        if prefix is not None:
+            a = torch.where(prefix[0], prefix[1], a)
+        if record is not None:
+            record.append(a.detach())
+        x = x + self.drop(self.self_attn(a, cos, sin))
         h = self.post_attention_layernorm(x)
         if not self.sparse:
             return x + self.drop(self.mlp(h)), None
         moe = self.mlp if hasattr(self, "mlp") else self.block_sparse_moe
-        h, logits = moe(h, trace)
+        h, logits = moe(h, trace, retained)
         return x + self.drop(h), logits
 
 
@@ -335,16 +348,25 @@ class MoeForCausalLM(nn.Module):
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
         self.load_state_dict(tensors, strict=True)
 
-    def forward(self, ids, trace=None):
+    def forward(self, ids, trace=None, retained=None, prefix=None, record=None):
         """ids (b,t) -> logits (b,t,vocab), router logits (b*t, experts) of each sparse layer.
 
-        trace, when given, gets (chosen, weights, probs) of each sparse layer, in order."""
+        trace, when given, gets (chosen, weights, probs) of each sparse layer, in order.
+        retained, when given: per layer, the (experts,) bool mask of a pruning plan (None for
+        a dense layer). prefix, when given: (split (b,) positions, per-layer attention inputs
+        (b,t,hidden) of a teacher, as `record` collects them): positions before a row's split
+        attend with the teacher's keys and values, as a decoder continuing from a full
+        prefill's KV cache does (tools/train/distill.py)."""
         t = ids.shape[1]
         x = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.cfg, torch.arange(t), x.dtype)
+        keep = None
+        if prefix is not None:
+            keep = (torch.arange(t)[None, :] < prefix[0][:, None])[:, :, None]
         router_logits = []
-        for layer in self.model.layers:
-            x, rl = layer(x, cos, sin, trace)
+        for i, layer in enumerate(self.model.layers):
+            x, rl = layer(x, cos, sin, trace, None if retained is None else retained[i],
+                          None if prefix is None else (keep, prefix[1][i]), record)
             if rl is not None:
                 router_logits.append(rl)
         return self.lm_head(self.model.norm(x)), router_logits

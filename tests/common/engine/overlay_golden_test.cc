@@ -1,0 +1,106 @@
+// The engine's distilled decoder against the PyTorch student (tools/train/distill.py), on the
+// shipped overlays (tests/golden/distill, made by tools/train/overlay_golden.py): a full
+// prefill of the first `split` tokens (the model's weights), then the rest as the plan's
+// decoder with the overlay, reading that KV cache (handoff); and the student alone over every
+// position (conventional).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+
+#include "common/engine/forward.h"
+#include "common/engine/overlay.h"
+#include "common/model/npy.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/golden.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem::engine {
+namespace {
+
+using testing::kLogitTolerance;
+using testing::NormalisedRowError;
+
+std::string CaseDir(const std::string& name) {
+  return testing::SourceDir() + "/tests/golden/distill/" + name;
+}
+
+class OverlayGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
+  std::ifstream in(CaseDir(GetParam()) + "/golden.json");
+  ASSERT_TRUE(in) << "no " << CaseDir(GetParam()) << "/golden.json (tools/train/overlay_golden.py)";
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const std::string root = testing::SourceDir() + "/";
+  const std::string model_dir = root + golden["model"].get<std::string>();
+  auto weights = LoadModelWeights(model_dir, LoadFormat::kSafetensors);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const auto& c = (*weights)->config;
+  // The plan as the golden file gives it: its hash is the one the overlay names.
+  ExpertMask plan;
+  {
+    std::ifstream plan_in(root + golden["plan"].get<std::string>());
+    const nlohmann::json p = nlohmann::json::parse(plan_in);
+    plan.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
+    for (const auto& layer : p["layers"]) {
+      for (int e : layer["retainedExperts"]) plan.retained[layer.value("layer", 0)][e] = true;
+    }
+  }
+  ASSERT_EQ(PlanSha256(plan, c), golden["plan_sha256"].get<std::string>());
+  auto overlay =
+      LoadDecoderOverlay(root + golden["overlay"].get<std::string>(), model_dir, **weights, plan);
+  ASSERT_TRUE(overlay.ok()) << overlay.status();
+  KvCacheConfig kv{static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
+                   static_cast<int>(c.head_dim), /*block_size=*/8, /*num_blocks=*/16};
+  auto pool = KvBlockPool::Create(kv);
+  ASSERT_TRUE(pool.ok());
+  auto forward = ForwardPass::Create(weights->get(), pool->get());
+  ASSERT_TRUE(forward.ok());
+  const auto ids = golden["token_ids"].get<std::vector<int32_t>>();
+  const int n = static_cast<int>(ids.size());
+  const int split = golden["split"].get<int>();
+  const int vocab = static_cast<int>(c.vocab_size);
+  const MoeOptions full{};
+  const MoeOptions distilled{.mask = &plan, .overlay = overlay->get()};
+  auto compare = [&](const std::vector<float>& got, const std::string& file, int rows) {
+    auto want = model::ReadNpy(CaseDir(GetParam()) + "/" + file);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const std::vector<float> expected = *want->AsFloat32();
+    ASSERT_EQ(expected.size(), static_cast<size_t>(rows) * vocab);
+    ASSERT_EQ(got.size(), expected.size());
+    double worst = 0;
+    for (int r = 0; r < rows; ++r) {
+      const double error = NormalisedRowError(&got[static_cast<size_t>(r) * vocab],
+                                              &expected[static_cast<size_t>(r) * vocab], vocab);
+      worst = std::max(worst, error);
+      EXPECT_LT(error, kLogitTolerance) << file << " row " << r;
+    }
+    std::cout << GetParam() << " " << file << ": worst normalised logit error " << worst << "\n";
+  };
+
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(pool->get(), n).ok());
+  std::vector<std::vector<float>> logits;
+  // Handoff: the full prefill's KV, then the distilled decoder over the rest in one chunk.
+  StepInput prefill{absl::MakeConstSpan(ids).subspan(0, split), 0, &table, LogitRows::kNone};
+  ASSERT_TRUE((*forward)->Step({&prefill, 1}, full, &logits).ok());
+  StepInput decode{absl::MakeConstSpan(ids).subspan(split), split, &table, LogitRows::kAll};
+  ASSERT_TRUE((*forward)->Step({&decode, 1}, distilled, &logits).ok());
+  compare(logits[0], "handoff_logits.npy", n - split);
+  // Conventional: the distilled decoder over every position.
+  StepInput all{ids, 0, &table, LogitRows::kAll};
+  ASSERT_TRUE((*forward)->Step({&all, 1}, distilled, &logits).ok());
+  compare(logits[0], "conventional_logits.npy", n);
+  table.ReleaseAll(pool->get());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shipped, OverlayGoldenTest, ::testing::Values("tiny-moe-reap-keep8"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace tandem::engine
