@@ -9,7 +9,10 @@
 // -> weighted sum, plus the always-on shared expert scaled by its sigmoid gate (Qwen2-MoE). A
 // dense layer (Qwen's decoder_sparse_step / mlp_only_layers) runs its MLP on every token, and
 // masks, width policies and providers do not apply to it. Attention adds the projections'
-// biases and the per-head q/k RMSNorm (Qwen3-MoE) where the model has them. Callers may assume
+// biases and the per-head q/k RMSNorm (Qwen3-MoE) where the model has them. A sequence whose
+// options carry a decoder overlay (a distilled pruned decoder, common/engine/overlay.h) runs
+// its norms, router, shared expert and dense MLPs instead of the model's; attention and routed
+// experts are always the model's. Callers may assume
 // Step is deterministic for the same batch, and that a sequence's result does not depend on
 // which other sequences share its batch. A ForwardPass runs one Step at a time (it reuses its
 // buffers); use one per thread.

@@ -280,6 +280,13 @@ def main():
         if step % args.eval_every == 0 or step == args.steps:
             history.append(report(step))
 
+    # Frozen means frozen: every tensor outside the overlay is still the checkpoint's, bit for bit.
+    shipped = safetensors_io.read(os.path.join(args.model_dir, "model.safetensors"))
+    own = student.state_dict()
+    for name, t in shipped.items():
+        if name not in params:
+            assert torch.equal(own[name], t.float()), f"frozen tensor {name} changed"
+
     # The overlay: the trained tensors as the engine holds them (norms F32, matrices BF16).
     out = {}
     for name, p in params.items():

@@ -52,7 +52,7 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
       LoadDecoderOverlay(root + golden["overlay"].get<std::string>(), model_dir, **weights, plan);
   ASSERT_TRUE(overlay.ok()) << overlay.status();
   KvCacheConfig kv{static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
-                   static_cast<int>(c.head_dim), /*block_size=*/8, /*num_blocks=*/16};
+                   static_cast<int>(c.head_dim), /*block_size=*/8, /*num_blocks=*/24};
   auto pool = KvBlockPool::Create(kv);
   ASSERT_TRUE(pool.ok());
   auto forward = ForwardPass::Create(weights->get(), pool->get());
@@ -88,6 +88,21 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
   StepInput decode{absl::MakeConstSpan(ids).subspan(split), split, &table, LogitRows::kAll};
   ASSERT_TRUE((*forward)->Step({&decode, 1}, distilled, &logits).ok());
   compare(logits[0], "handoff_logits.npy", n - split);
+  // Again in one step with another sequence's prompt on the base weights before and after it
+  // (colocated serving's mixed batches): the same logits.
+  BlockTable other_before, other_after;
+  ASSERT_TRUE(other_before.Reserve(pool->get(), split).ok());
+  ASSERT_TRUE(other_after.Reserve(pool->get(), split).ok());
+  const auto prompt = absl::MakeConstSpan(ids).subspan(0, split);
+  StepInput mixed[] = {
+      {prompt, 0, &other_before, LogitRows::kLast, &full},
+      {absl::MakeConstSpan(ids).subspan(split), split, &table, LogitRows::kAll, &distilled},
+      {prompt, 0, &other_after, LogitRows::kLast, &full}};
+  ASSERT_TRUE((*forward)->Step(mixed, full, &logits).ok());
+  compare(logits[1], "handoff_logits.npy", n - split);
+  EXPECT_EQ(logits[0], logits[2]);
+  other_before.ReleaseAll(pool->get());
+  other_after.ReleaseAll(pool->get());
   // Conventional: the distilled decoder over every position.
   StepInput all{ids, 0, &table, LogitRows::kAll};
   ASSERT_TRUE((*forward)->Step({&all, 1}, distilled, &logits).ok());
@@ -95,7 +110,8 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
   table.ReleaseAll(pool->get());
 }
 
-INSTANTIATE_TEST_SUITE_P(Shipped, OverlayGoldenTest, ::testing::Values("tiny-moe-reap-keep8"),
+INSTANTIATE_TEST_SUITE_P(Shipped, OverlayGoldenTest,
+                         ::testing::Values("tiny-moe-reap-keep8", "tiny-fg-moe-reap-keep32"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');

@@ -8,12 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine/forward.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/model/safetensors.h"
 #include "common/util/sha256.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -187,7 +191,8 @@ TEST_F(OverlayTest, RefusesFilesThatAreNotOverlays) {
   EXPECT_NE(checkpoint.status().message().find("not a decoder overlay"), std::string::npos)
       << checkpoint.status();
   auto metadata = Metadata();
-  metadata["version"] = "2";
+  metadata.erase("version");  // (assigning a literal trips a GCC 12 -Wrestrict false positive)
+  metadata.emplace("version", "2");
   auto later = Load(Write(Valid(), metadata));
   EXPECT_NE(later.status().message().find("overlay version \"2\""), std::string::npos)
       << later.status();
@@ -265,6 +270,52 @@ TEST_F(OverlayTest, ForwardPassUsesTheOverlayPerSequenceAndLeavesTheModelUnchang
 
   EXPECT_EQ(weights_->final_norm, norm_before);
   EXPECT_EQ(weights_->layers[0].router.data, router_before);
+}
+
+// Every overlay shipped in models/*/distill loads for the plan its name gives
+// (CRITERION-keepK-{handoff,split0}), holds only always-on tensors, and says in its recipe how
+// it was made; one made for another plan of the same model is refused.
+TEST(ShippedOverlays, EachLoadsForItsPlanAndOnlyForIt) {
+  int checked = 0;
+  for (const char* name : {"tiny-moe", "tiny-fg-moe"}) {
+    const std::string model_dir = testing::SourceDir() + "/models/" + name;
+    const std::filesystem::path dir = model_dir + "/distill";
+    if (!std::filesystem::exists(dir)) continue;
+    auto weights = LoadModelWeights(model_dir, LoadFormat::kSafetensors);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const auto& c = (*weights)->config;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      const std::string file = entry.path().filename().string();
+      const absl::string_view kHandoff = "-handoff.safetensors", kSplit0 = "-split0.safetensors";
+      const bool handoff = absl::EndsWith(file, kHandoff);
+      ASSERT_TRUE(handoff || absl::EndsWith(file, kSplit0)) << file;
+      const std::string plan_name(  // e.g. reap-keep8
+          absl::string_view(file).substr(0, file.size() - (handoff ? kHandoff : kSplit0).size()));
+      std::ifstream plan_in(model_dir + "/pruning/" + plan_name + ".json");
+      ASSERT_TRUE(plan_in) << file << ": no plan " << plan_name;
+      const nlohmann::json plan_json = nlohmann::json::parse(plan_in);
+      ExpertMask plan;
+      plan.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
+      for (const auto& layer : plan_json["layers"]) {
+        for (int e : layer["retainedExperts"]) plan.retained[layer.value("layer", 0)][e] = true;
+      }
+      auto overlay = LoadDecoderOverlay(entry.path().string(), model_dir, **weights, plan);
+      ASSERT_TRUE(overlay.ok()) << overlay.status();
+      const nlohmann::json recipe = nlohmann::json::parse((*overlay)->recipe);
+      EXPECT_EQ(recipe["split"], handoff ? "uniform" : "zero") << file;
+      EXPECT_EQ(recipe["alpha"], 0.1) << file;
+      EXPECT_EQ(recipe["teacher_topk"], 64) << file;
+      EXPECT_GT(recipe["tokens"].get<int64_t>(), 0) << file;
+      // Another plan of the same model: refused.
+      plan.retained[0].flip();
+      EXPECT_EQ(
+          LoadDecoderOverlay(entry.path().string(), model_dir, **weights, plan).status().code(),
+          absl::StatusCode::kInvalidArgument)
+          << file;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 8);
 }
 
 }  // namespace
