@@ -44,20 +44,11 @@ import torch.nn.functional as F
 
 import data
 import safetensors_io
-from model import Config, MoeForCausalLM
+from export import load_shipped as load_model  # the shipped bf16 weights, in float32
+from model import MoeForCausalLM
 
 OVERLAY_FORMAT = "tandem-decoder-overlay"
 OVERLAY_VERSION = "1"
-
-
-def load_model(model_dir):
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = Config.from_hf(json.load(f))
-    model = MoeForCausalLM(cfg)
-    tensors = safetensors_io.read(os.path.join(model_dir, "model.safetensors"))
-    model.load_export({k: v.float() for k, v in tensors.items()})
-    model.eval()
-    return cfg, model
 
 
 def router_name(cfg, layer):
