@@ -12,6 +12,7 @@
 #include "common/engine/forward.h"
 #include "common/engine/overlay.h"
 #include "common/model/npy.h"
+#include "common/moe/pruning_plan.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
 #include "tests/testing/subprocess.h"
@@ -38,15 +39,9 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
   ASSERT_TRUE(weights.ok()) << weights.status();
   const auto& c = (*weights)->config;
   // The plan as the golden file gives it: its hash is the one the overlay names.
-  ExpertMask plan;
-  {
-    std::ifstream plan_in(root + golden["plan"].get<std::string>());
-    const nlohmann::json p = nlohmann::json::parse(plan_in);
-    plan.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
-    for (const auto& layer : p["layers"]) {
-      for (int e : layer["retainedExperts"]) plan.retained[layer.value("layer", 0)][e] = true;
-    }
-  }
+  auto loaded = moe::LoadPlanMask(root + golden["plan"].get<std::string>(), model_dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const ExpertMask plan = *std::move(loaded);
   ASSERT_EQ(PlanSha256(plan, c), golden["plan_sha256"].get<std::string>());
   auto overlay =
       LoadDecoderOverlay(root + golden["overlay"].get<std::string>(), model_dir, **weights, plan);

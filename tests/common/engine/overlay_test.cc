@@ -16,6 +16,7 @@
 #include "common/engine/forward.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/model/safetensors.h"
+#include "common/moe/pruning_plan.h"
 #include "common/util/sha256.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
@@ -283,7 +284,6 @@ TEST(ShippedOverlays, EachLoadsForItsPlanAndOnlyForIt) {
     if (!std::filesystem::exists(dir)) continue;
     auto weights = LoadModelWeights(model_dir, LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
-    const auto& c = (*weights)->config;
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
       const std::string file = entry.path().filename().string();
       const absl::string_view kHandoff = "-handoff.safetensors", kSplit0 = "-split0.safetensors";
@@ -291,14 +291,9 @@ TEST(ShippedOverlays, EachLoadsForItsPlanAndOnlyForIt) {
       ASSERT_TRUE(handoff || absl::EndsWith(file, kSplit0)) << file;
       const std::string plan_name(  // e.g. reap-keep8
           absl::string_view(file).substr(0, file.size() - (handoff ? kHandoff : kSplit0).size()));
-      std::ifstream plan_in(model_dir + "/pruning/" + plan_name + ".json");
-      ASSERT_TRUE(plan_in) << file << ": no plan " << plan_name;
-      const nlohmann::json plan_json = nlohmann::json::parse(plan_in);
-      ExpertMask plan;
-      plan.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
-      for (const auto& layer : plan_json["layers"]) {
-        for (int e : layer["retainedExperts"]) plan.retained[layer.value("layer", 0)][e] = true;
-      }
+      auto loaded = moe::LoadPlanMask(model_dir + "/pruning/" + plan_name + ".json", model_dir);
+      ASSERT_TRUE(loaded.ok()) << file << ": " << loaded.status();
+      ExpertMask plan = *std::move(loaded);
       auto overlay = LoadDecoderOverlay(entry.path().string(), model_dir, **weights, plan);
       ASSERT_TRUE(overlay.ok()) << overlay.status();
       const nlohmann::json recipe = nlohmann::json::parse((*overlay)->recipe);
