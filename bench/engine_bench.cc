@@ -49,6 +49,9 @@ ABSL_FLAG(int, steps, 16, "Timed decode steps per batch size (after 2 untimed)."
 ABSL_FLAG(int, prefill_tokens, 512, "Prompt length of the prefill measurement.");
 ABSL_FLAG(int, stream_mib, 1024, "Buffer size of the bandwidth measurement.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of dummy weights, routing and token ids.");
+ABSL_FLAG(std::string, kernels, "auto",
+          "Kernel level: auto (the fastest this CPU has), exact (float32 activations), or a "
+          "level's name (reference, avx2, avx512, avx512vnni, avx512bf16).");
 ABSL_FLAG(std::string, keep, "",
           "Pruned decoders to compare, as experts retained per layer, e.g. 4,2 (of 8).");
 
@@ -118,6 +121,11 @@ int Run() {
     std::cerr << "tandem_engine_bench: " << format.status().message() << "\n";
     return 2;
   }
+  if (!k::SetKernelIsa(absl::GetFlag(FLAGS_kernels))) {
+    std::cerr << "tandem_engine_bench: --kernels=" << absl::GetFlag(FLAGS_kernels)
+              << " is not a kernel level this CPU can run (" << k::KernelIsaNames() << ")\n";
+    return 2;
+  }
   const std::string routing = absl::GetFlag(FLAGS_routing);
   if (*format == LoadFormat::kDummy && routing.empty()) {
     std::cerr << "tandem_engine_bench: dummy weights need --routing (uniform or zipf:S): their "
@@ -170,22 +178,33 @@ int Run() {
   }
   ForwardPass& fwd = **forward;
 
-  int64_t params = 0;
-  auto count = [&](const Bf16Matrix& m) { params += int64_t{m.rows} * m.cols; };
-  count((*weights)->embed);
+  // Bytes of the weights as held: the embedding (bf16) and every packed matrix.
+  int64_t weight_bytes = static_cast<int64_t>((*weights)->embed.data.size()) * 2;
+  auto count = [&](const WeightMatrix& m) { weight_bytes += static_cast<int64_t>(m.data.size()); };
   count((*weights)->lm_head);
   for (const auto& l : (*weights)->layers) {
-    for (const auto* m : {&l.q, &l.k, &l.v, &l.o, &l.router}) count(*m);
+    for (const auto* m : {&l.q, &l.k, &l.v, &l.o, &l.router, &l.shared_gate}) count(*m);
+    for (const auto* e : {&l.shared, &l.dense}) {
+      count(e->gate);
+      count(e->up);
+      count(e->down);
+    }
     for (const auto& e : l.experts) {
       count(e.gate);
       count(e.up);
       count(e.down);
     }
   }
+  const model::QuantizationConfig& quant = c.quantization;
+  const std::string weight_format =
+      quant.bits == 0 ? "bf16"
+                      : absl::StrCat("int", quant.bits, " (group ", quant.group_size,
+                                     quant.experts ? ", experts" : "",
+                                     quant.attention ? ", attention" : "", ")");
   const Bandwidth bw_before = MeasureBandwidth(absl::GetFlag(FLAGS_stream_mib));
-  std::printf("model %s (%s), %.2f GB of bf16 weights, loaded in %.1f s; kernels %s, %d threads\n",
-              dir.c_str(), absl::GetFlag(FLAGS_load_format).c_str(), params * 2 / 1e9, load_s,
-              k::KernelIsa(), k::DefaultThreadPool().num_threads());
+  std::printf("model %s (%s), %.2f GB of weights, %s, loaded in %.1f s; kernels %s, %d threads\n",
+              dir.c_str(), absl::GetFlag(FLAGS_load_format).c_str(), weight_bytes / 1e9,
+              weight_format.c_str(), load_s, k::KernelIsa(), k::DefaultThreadPool().num_threads());
   std::printf("routing: %s\n", routing.empty() ? "the checkpoint's router" : routing.c_str());
   std::printf("bandwidth (all threads, %d MiB): read %.1f GB/s, triad %.1f GB/s\n",
               absl::GetFlag(FLAGS_stream_mib), bw_before.read_gbs, bw_before.triad_gbs);

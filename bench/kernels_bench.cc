@@ -1,17 +1,19 @@
-// CPU kernel microbenchmarks. MatMulBf16 reports the weight traffic (2 bytes per weight per
+// CPU kernel microbenchmarks. Linear reports the weight traffic (the packed matrix's bytes per
 // call) as bytes/s, to compare with the machine's memory bandwidth: for small b the product is
 // memory-bound, so the dispatched kernel should come close to it. Each call reads a different
 // copy of the weights from a 256 MiB pool, so they come from DRAM, as in decoding. Rates are
 // per wall-clock second; ReadBandwidth gives the memory roofline under the same conditions.
 //
-//   build/bin/tandem_kernels_bench --benchmark_min_time=0.1 --benchmark_filter=MatMulBf16
+//   build/bin/tandem_kernels_bench --benchmark_min_time=0.1 --benchmark_filter=Linear/bf16
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/engine/sampling.h"
@@ -22,58 +24,108 @@ namespace {
 
 constexpr size_t kWeightPoolElements = (size_t{256} << 20) / sizeof(uint16_t);
 
+uint64_t XorShift(uint64_t& state) {
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return state;
+}
+
 // Random bf16 weights of magnitude around 0.01-1, shared by all benchmarks.
 const std::vector<uint16_t>& WeightPool() {
   static const std::vector<uint16_t>* const pool = [] {
     auto* weights = new std::vector<uint16_t>(kWeightPoolElements);
     uint64_t state = 0x9e3779b97f4a7c15u;
     for (uint16_t& w : *weights) {
-      state ^= state << 13;
-      state ^= state >> 7;
-      state ^= state << 17;
+      const uint64_t r = XorShift(state);
       // Sign and mantissa random, exponent in [2^-7, 2^0).
-      w = static_cast<uint16_t>((state & 0x807f) | ((120 + (state >> 8) % 7) << 7));
+      w = static_cast<uint16_t>((r & 0x807f) | ((120 + (r >> 8) % 7) << 7));
     }
     return weights;
   }();
   return *pool;
 }
 
-// `impl`: "fast" (the dispatched kernels, as chosen for this CPU), "reference", or an ISA
-// name forced with SetKernelIsaForTesting.
-void BM_MatMulBf16(benchmark::State& state, const std::string& impl) {
+// Copies of one packed matrix shape filling about 256 MiB, so that successive calls read
+// different copies from DRAM, as decoding does: bf16 from the pool above; int8 / int4 with
+// random levels and scales of 0.01.
+struct PackedPool {
+  PanelLayout layout;
+  size_t copies = 0;
+  std::vector<std::byte> bytes;
+  PackedMatrix view(size_t call) const {
+    return View(layout, bytes.data() + (call % copies) * layout.bytes());
+  }
+};
+
+PackedPool MakePackedPool(WeightFormat format, int d, int n) {
+  PackedPool pool;
+  pool.layout = {format, d, n, format == WeightFormat::kBf16 ? 0 : 32};
+  pool.copies = std::max<size_t>(1, (size_t{256} << 20) / pool.layout.bytes());
+  pool.bytes.resize(pool.copies * pool.layout.bytes());
+  if (format == WeightFormat::kBf16) {
+    const std::vector<uint16_t>& weights = WeightPool();
+    for (size_t c = 0; c < pool.copies; ++c) {
+      PackBf16(weights.data() + (c * size_t{1} * d * n) % (weights.size() - size_t{1} * d * n), n,
+               pool.layout, pool.bytes.data() + c * pool.layout.bytes());
+    }
+    return pool;
+  }
+  uint64_t state = 0x2545f4914f6cdd1du;
+  for (std::byte& b : pool.bytes) b = static_cast<std::byte>(XorShift(state));
+  const uint16_t scale = F32ToF16(0.01f);
+  for (size_t c = 0; c < pool.copies; ++c) {
+    for (int p = 0; p < pool.layout.panels(); ++p) {
+      std::byte* scales = pool.bytes.data() + c * pool.layout.bytes() +
+                          p * pool.layout.panel_bytes() + pool.layout.scale_offset();
+      for (int i = 0; i < pool.layout.groups() * kPanelRows; ++i) {
+        std::memcpy(scales + 2 * i, &scale, 2);
+      }
+    }
+  }
+  return pool;
+}
+
+// Y (b, d) = X (b, n) @ W^T, W (d, n) packed in `format`. `impl`: "fast" (the level chosen for
+// this CPU), or a level's name. Bytes are the packed weights' (scales included).
+void BM_Linear(benchmark::State& state, const std::string& impl, WeightFormat format) {
   const int d = static_cast<int>(state.range(0));
   const int n = static_cast<int>(state.range(1));
   const int b = static_cast<int>(state.range(2));
-  const bool reference = impl == "reference";
-  if (!reference && !SetKernelIsaForTesting(impl == "fast" ? nullptr : impl.c_str())) {
+  const std::string previous = KernelIsa();
+  if (!SetKernelIsa(impl == "fast" ? "auto" : impl)) {
     state.SkipWithError("this CPU cannot run these kernels");
     return;
   }
-  const std::vector<uint16_t>& pool = WeightPool();
-  const size_t matrix = size_t{1} * d * n;
-  const size_t copies = std::max<size_t>(1, pool.size() / matrix);
+  static std::map<std::tuple<WeightFormat, int, int>, PackedPool>* pools =
+      new std::map<std::tuple<WeightFormat, int, int>, PackedPool>();
+  auto it = pools->find({format, d, n});
+  if (it == pools->end()) {
+    pools->clear();  // one shape at a time: 256 MiB each
+    it = pools->emplace(std::make_tuple(format, d, n), MakePackedPool(format, d, n)).first;
+  }
+  const PackedPool& pool = it->second;
   std::vector<float> x(size_t{1} * b * n);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) * 0.125f - 1.0f;
   std::vector<float> y(size_t{1} * b * d);
 
   size_t call = 0;
   for (auto _ : state) {
-    const uint16_t* w = pool.data() + (call++ % copies) * matrix;
-    if (reference) {
-      reference::MatMulBf16(x.data(), b, n, w, d, y.data());
+    const PackedMatrix w = pool.view(call++);
+    if (impl == "reference") {
+      reference::Linear(x.data(), b, w, y.data());
     } else {
-      MatMulBf16(x.data(), b, n, w, d, y.data());
+      Linear(x.data(), b, w, y.data());
     }
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * matrix * sizeof(uint16_t)));
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      2.0 * static_cast<double>(matrix) * b * static_cast<double>(state.iterations()) * 1e-9,
-      benchmark::Counter::kIsRate);
-  state.SetLabel(reference ? "reference" : KernelIsa());
-  SetKernelIsaForTesting(nullptr);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * pool.layout.bytes()));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * d * n * b * static_cast<double>(state.iterations()) * 1e-9,
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(KernelIsa());
+  SetKernelIsa(previous);
 }
 
 // The roofline under the machine's current load: summing the same amount of weight memory,
@@ -151,16 +203,18 @@ void RegisterBenchmarks() {
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
   }
-  for (const char* impl : {"fast", "reference", "avx2", "avx512bf16"}) {
-    for (const auto& shape : shapes) {
-      for (int64_t b : {1, 4, 16}) {
-        benchmark::RegisterBenchmark((std::string("MatMulBf16/") + impl).c_str(), BM_MatMulBf16,
-                                     std::string(impl))
-            ->Args({shape[0], shape[1], b})
-            ->ArgNames({"d", "n", "b"})
-            // Wall time: the kernels use several threads.
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
+  for (const char* impl : {"fast", "reference", "avx2", "avx512", "avx512vnni", "avx512bf16"}) {
+    for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8, WeightFormat::kInt4}) {
+      for (const auto& shape : shapes) {
+        for (int64_t b : {1, 4, 16, 64}) {
+          const std::string name = std::string("Linear/") + WeightFormatName(format) + "/" + impl;
+          benchmark::RegisterBenchmark(name.c_str(), BM_Linear, std::string(impl), format)
+              ->Args({shape[0], shape[1], b})
+              ->ArgNames({"d", "n", "b"})
+              // Wall time: the kernels use several threads.
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
   }

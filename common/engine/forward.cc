@@ -16,13 +16,6 @@ namespace {
 
 namespace k = kernels::cpu;
 
-// Where a token of the batch comes from.
-struct TokenRef {
-  int seq;        // index into the batch
-  int position;   // absolute position in its sequence
-  int32_t token;  // token id
-};
-
 constexpr int64_t kMinAttentionWork = int64_t{1} << 16;
 
 // Sizes a (rows, cols) buffer; its capacity only grows, so steady-state steps do not allocate.
@@ -48,8 +41,16 @@ void AddBias(const std::vector<float>& bias, int rows, float* x) {
 
 }  // namespace
 
+int ExpertRunWidth(const model::ModelConfig& config, int width) {
+  const model::QuantizationConfig& q = config.quantization;
+  if (!q.experts || width <= 0) return width;
+  const int group = q.group_size;
+  return std::min(static_cast<int>(config.intermediate_size), (width + group - 1) / group * group);
+}
+
 absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeights* weights,
-                                                                 KvBlockPool* pool) {
+                                                                 KvBlockPool* pool,
+                                                                 const kernels::Backend* backend) {
   const model::ModelConfig& c = weights->config;
   const KvCacheConfig& kv = pool->config();
   if (kv.num_layers != c.num_hidden_layers || kv.num_kv_heads != c.num_key_value_heads ||
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
                      ", head dim ", kv.head_dim, ") does not match the model (",
                      c.num_hidden_layers, ", ", c.num_key_value_heads, ", ", c.head_dim, ")"));
   }
-  return std::unique_ptr<ForwardPass>(new ForwardPass(weights, pool));
+  return std::unique_ptr<ForwardPass>(new ForwardPass(weights, pool, backend));
 }
 
 absl::Status ForwardPass::ValidateMask(const ExpertMask* mask) const {
@@ -145,29 +146,59 @@ absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch, const MoeO
 absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptions& moe,
                                std::vector<std::vector<float>>* logits, RouterTrace* trace) {
   if (absl::Status s = Validate(batch, moe); !s.ok()) return s;
+  ops_ = backend_ != nullptr ? backend_ : &k::ActiveBackend();
+  if (trace != nullptr) *trace = RouterTrace();
+  Prepare(batch, moe);
+  Embed();
   const model::ModelConfig& c = w_->config;
   const int hidden = static_cast<int>(c.hidden_size);
-  const int heads = static_cast<int>(c.num_attention_heads);
-  const int kv_heads = static_cast<int>(c.num_key_value_heads);
-  const int head_dim = static_cast<int>(c.head_dim);
-  const int q_dim = heads * head_dim;
-  const int kv_dim = kv_heads * head_dim;
-  const int inter = static_cast<int>(c.intermediate_size);
-  const int num_experts = static_cast<int>(c.num_local_experts);
-  const int top_k = static_cast<int>(c.num_experts_per_tok);
-  const int block_size = pool_->config().block_size;
-  const float theta = static_cast<float>(c.rope_theta);
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    Attention(l, batch);
+    for (const RowRun& run : runs_) {
+      ops_->rms_norm(Row(x_, run.begin, hidden), run.end - run.begin, hidden,
+                     AlwaysOn(run, l).ffn_norm.data(), static_cast<float>(c.rms_norm_eps),
+                     Row(h_, run.begin, hidden));
+    }
+    if (!c.IsSparseLayer(l)) {  // a dense MLP layer: every token, no routing
+      DenseMlp(l);
+      if (trace != nullptr) {  // the trace keeps one (empty) entry per layer
+        trace->probs.emplace_back();
+        trace->experts.emplace_back();
+        trace->weights.emplace_back();
+        trace->widths.emplace_back();
+      }
+    } else {
+      RETURN_IF_ERROR(Route(l, batch, moe, trace));
+      RETURN_IF_ERROR(RunExperts(l));
+      if (c.HasSharedExpert()) SharedExpert(l);
+    }
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
+  }
+  Logits(batch, moe, logits);
+  return absl::OkStatus();
+}
 
-  std::vector<TokenRef> refs;
+const LayerWeights& ForwardPass::AlwaysOn(const RowRun& run, int l) const {
+  return run.overlay != nullptr ? run.overlay->layers[l] : w_->layers[l];
+}
+
+void ForwardPass::Linear(const float* in, int rows, const kernels::PackedMatrix& w, float* out,
+                         bool exact) {
+  (exact ? ops_->linear_f32 : ops_->linear)(in, rows, w, out);
+  stats_.weight_bytes += w.bytes_read();
+  stats_.matmul_flops += int64_t{2} * rows * w.rows * w.cols;
+}
+
+void ForwardPass::Prepare(absl::Span<const StepInput> batch, const MoeOptions& moe) {
+  const model::ModelConfig& c = w_->config;
+  refs_.clear();
   for (size_t s = 0; s < batch.size(); ++s) {
     for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
-      refs.push_back(
+      refs_.push_back(
           {static_cast<int>(s), batch[s].start_position + static_cast<int>(i), batch[s].tokens[i]});
     }
   }
-  const int T = static_cast<int>(refs.size());
+  const int T = static_cast<int>(refs_.size());
   // Rows by always-on weights: usually one run; in colocated mode with an overlay, prompts run
   // the model's and generated tokens the overlay's.
   runs_.clear();
@@ -183,16 +214,12 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   }
   stats_ = StepStats();
   stats_.tokens = T;
-  auto matmul = [&](const float* in, int rows, int n, const Bf16Matrix& w, int d, float* out) {
-    k::MatMulBf16(in, rows, n, w.data.data(), d, out);
-    stats_.weight_bytes += int64_t{n} * d * 2;
-    stats_.matmul_flops += int64_t{2} * rows * n * d;
-  };
-
-  // x (T, hidden): the residual stream.
+  const int hidden = static_cast<int>(c.hidden_size);
+  const int q_dim = static_cast<int>(c.num_attention_heads * c.head_dim);
+  const int kv_dim = static_cast<int>(c.num_key_value_heads * c.head_dim);
+  const int num_experts = static_cast<int>(c.num_local_experts);
+  const int top_k = static_cast<int>(c.num_experts_per_tok);
   Resize(x_, T, hidden);
-  for (int t = 0; t < T; ++t)
-    Bf16RowToF32(w_->embed.row(refs[t].token), hidden, Row(x_, t, hidden));
   Resize(h_, T, hidden);
   Resize(q_, T, q_dim);
   Resize(k_, T, kv_dim);
@@ -205,171 +232,189 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   chosen_w_.resize(chosen_.size());
   chosen_width_.resize(chosen_.size());
   routed_.resize(num_experts);
-  if (trace != nullptr) *trace = RouterTrace();
-  std::vector<int> order(num_experts);
+  order_.resize(num_experts);
+}
 
-  int64_t attention_work = 0;  // multiply-adds of one layer's attention
-  for (const TokenRef& r : refs) attention_work += int64_t{2} * (r.position + 1) * q_dim;
-  const int64_t attention_grain =
-      std::max<int64_t>(1, kMinAttentionWork * T * kv_heads / std::max<int64_t>(1, attention_work));
-
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& L = w_->layers[l];
-    // The always-on tensors (norms, router, shared expert, dense MLP) of a run of rows.
-    auto always_on = [&](const RowRun& run) -> const LayerWeights& {
-      return run.overlay != nullptr ? run.overlay->layers[l] : L;
-    };
-    // Attention.
-    for (const RowRun& run : runs_) {
-      k::RmsNorm(Row(x_, run.begin, hidden), run.end - run.begin, hidden,
-                 always_on(run).attn_norm.data(), eps, Row(h_, run.begin, hidden));
-    }
-    matmul(h_.data(), T, hidden, L.q, q_dim, q_.data());
-    matmul(h_.data(), T, hidden, L.k, kv_dim, k_.data());
-    matmul(h_.data(), T, hidden, L.v, kv_dim, v_.data());
-    AddBias(L.q_bias, T, q_.data());
-    AddBias(L.k_bias, T, k_.data());
-    AddBias(L.v_bias, T, v_.data());
-    if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
-      k::RmsNorm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
-      k::RmsNorm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
-    }
-    float* k_pool = pool_->k_pool(l);
-    float* v_pool = pool_->v_pool(l);
-    for (int t = 0; t < T; ++t) {
-      const TokenRef& r = refs[t];
-      k::Rope(Row(q_, t, q_dim), heads, head_dim, r.position, theta);
-      k::Rope(Row(k_, t, kv_dim), kv_heads, head_dim, r.position, theta);
-      const auto& blocks = batch[r.seq].block_table->blocks();
-      const size_t slot = (static_cast<size_t>(blocks[r.position / block_size]) * block_size +
-                           r.position % block_size) *
-                          kv_dim;
-      std::memcpy(k_pool + slot, Row(k_, t, kv_dim), kv_dim * sizeof(float));
-      std::memcpy(v_pool + slot, Row(v_, t, kv_dim), kv_dim * sizeof(float));
-    }
-    // Every token's K/V is in the cache before any query reads it (causal within a chunk);
-    // (token, KV head) pairs are independent, so they spread over the kernel threads, in
-    // shares of at least kMinAttentionWork multiply-adds (smaller ones are not worth a
-    // hand-off).
-    k::DefaultThreadPool().ParallelFor(
-        int64_t{T} * kv_heads, attention_grain, [&](int64_t begin, int64_t end) {
-          for (int64_t item = begin; item < end; ++item) {
-            const int64_t t = item / kv_heads;
-            const int kv_head = static_cast<int>(item % kv_heads);
-            const TokenRef& r = refs[t];
-            k::PagedAttentionHeads(Row(q_, t, q_dim), heads, kv_heads, head_dim, k_pool, v_pool,
-                                   batch[r.seq].block_table->blocks().data(), block_size,
-                                   r.position + 1, scale, kv_head, kv_head + 1,
-                                   Row(attn_, t, q_dim));
-          }
-        });
-    matmul(attn_.data(), T, q_dim, L.o, hidden, proj_.data());
-    AddBias(L.o_bias, T, proj_.data());
-    for (size_t i = 0; i < x_.size(); ++i) x_[i] += proj_[i];
-
-    for (const RowRun& run : runs_) {
-      k::RmsNorm(Row(x_, run.begin, hidden), run.end - run.begin, hidden,
-                 always_on(run).ffn_norm.data(), eps, Row(h_, run.begin, hidden));
-    }
-    if (!c.IsSparseLayer(l)) {  // a dense MLP layer: every token, no routing
-      for (const RowRun& run : runs_) {
-        Mlp(always_on(run).dense, run.begin, run.end - run.begin, Row(moe_, run.begin, hidden));
-      }
-      for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
-      if (trace != nullptr) {  // the trace keeps one (empty) entry per layer
-        trace->probs.emplace_back();
-        trace->experts.emplace_back();
-        trace->weights.emplace_back();
-        trace->widths.emplace_back();
-      }
-      continue;
-    }
-    // MoE: route, then group tokens per (expert, width).
-    if (router_ == nullptr) {
-      for (const RowRun& run : runs_) {
-        matmul(Row(h_, run.begin, hidden), run.end - run.begin, hidden, always_on(run).router,
-               num_experts, Row(router_logits_, run.begin, num_experts));
-      }
-    } else {
-      for (int t = 0; t < T; ++t) {
-        router_->Logits(l, refs[t].token, refs[t].position,
-                        absl::MakeSpan(Row(router_logits_, t, num_experts), num_experts));
-      }
-    }
-    for (auto& pairs : routed_) pairs.clear();
-    for (int t = 0; t < T; ++t) {
-      float* p = Row(router_logits_, t, num_experts);
-      const MoeOptions& options = batch[refs[t].seq].moe != nullptr ? *batch[refs[t].seq].moe : moe;
-      if (options.mask != nullptr && !options.mask->retained.empty()) {
-        for (int e = 0; e < num_experts; ++e) {
-          if (!options.mask->retained[l][e]) p[e] = -std::numeric_limits<float>::infinity();
-        }
-      }
-      k::Softmax(p, num_experts);
-      // Top-k by probability; on equal probabilities the lower expert index wins.
-      for (int e = 0; e < num_experts; ++e) order[e] = e;
-      std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                        [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-      // norm_topk_prob: the chosen probabilities renormalised to sum to one (Mixtral always;
-      // Qwen where the config says so), else the softmax probabilities as they are.
-      float mass = 1.0f;
-      if (c.norm_topk_prob) {
-        mass = 0;
-        for (int j = 0; j < top_k; ++j) mass += p[order[j]];
-      }
-      int32_t* experts = &chosen_[static_cast<size_t>(t) * top_k];
-      float* weights = &chosen_w_[static_cast<size_t>(t) * top_k];
-      int* widths = &chosen_width_[static_cast<size_t>(t) * top_k];
-      for (int j = 0; j < top_k; ++j) {
-        experts[j] = order[j];
-        weights[j] = p[order[j]] / mass;
-        widths[j] = inter;
-      }
-      if (options.widths != nullptr) {
-        options.widths->Widths(l, absl::MakeConstSpan(experts, top_k),
-                               absl::MakeSpan(weights, top_k), absl::MakeSpan(widths, top_k));
-      }
-      for (int j = 0; j < top_k; ++j) {
-        if (widths[j] < 0 || widths[j] > inter) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("width policy gave width ", widths[j], " for expert ", experts[j],
-                           " of layer ", l, "; widths must lie in [0, ", inter, "]"));
-        }
-        if (widths[j] > 0) routed_[experts[j]].push_back({t, widths[j], weights[j]});
-      }
-    }
-    if (trace != nullptr) {
-      trace->probs.push_back(router_logits_);
-      trace->experts.push_back(chosen_);
-      trace->weights.push_back(chosen_w_);
-      trace->widths.emplace_back(chosen_width_.begin(), chosen_width_.end());
-    }
-    RETURN_IF_ERROR(RunExperts(l));
-    if (c.HasSharedExpert()) {
-      // Qwen2-MoE's shared expert: every token, scaled by sigmoid(shared_expert_gate . h).
-      Resize(shared_out_, T, hidden);
-      shared_scale_.resize(T);
-      for (const RowRun& run : runs_) {
-        const LayerWeights& A = always_on(run);
-        Mlp(A.shared, run.begin, run.end - run.begin, Row(shared_out_, run.begin, hidden));
-        matmul(Row(h_, run.begin, hidden), run.end - run.begin, hidden, A.shared_gate, 1,
-               shared_scale_.data() + run.begin);
-      }
-      for (int t = 0; t < T; ++t) {
-        const float scale = 1.0f / (1.0f + std::exp(-shared_scale_[t]));
-        k::Axpy(scale, Row(shared_out_, t, hidden), hidden, Row(moe_, t, hidden));
-      }
-    }
-    for (size_t i = 0; i < x_.size(); ++i) x_[i] += moe_[i];
+void ForwardPass::Embed() {
+  const int hidden = static_cast<int>(w_->config.hidden_size);
+  for (size_t t = 0; t < refs_.size(); ++t) {
+    Bf16RowToF32(w_->embed.row(refs_[t].token), hidden, Row(x_, static_cast<int64_t>(t), hidden));
   }
+}
 
+void ForwardPass::Attention(int l, absl::Span<const StepInput> batch) {
+  const model::ModelConfig& c = w_->config;
+  const LayerWeights& L = w_->layers[l];
+  const int T = static_cast<int>(refs_.size());
+  const int hidden = static_cast<int>(c.hidden_size);
+  const int heads = static_cast<int>(c.num_attention_heads);
+  const int kv_heads = static_cast<int>(c.num_key_value_heads);
+  const int head_dim = static_cast<int>(c.head_dim);
+  const int q_dim = heads * head_dim;
+  const int kv_dim = kv_heads * head_dim;
+  const int block_size = pool_->config().block_size;
+  const float theta = static_cast<float>(c.rope_theta);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+
+  for (const RowRun& run : runs_) {
+    ops_->rms_norm(Row(x_, run.begin, hidden), run.end - run.begin, hidden,
+                   AlwaysOn(run, l).attn_norm.data(), eps, Row(h_, run.begin, hidden));
+  }
+  Linear(h_.data(), T, L.q.view(), q_.data());
+  Linear(h_.data(), T, L.k.view(), k_.data());
+  Linear(h_.data(), T, L.v.view(), v_.data());
+  AddBias(L.q_bias, T, q_.data());
+  AddBias(L.k_bias, T, k_.data());
+  AddBias(L.v_bias, T, v_.data());
+  if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
+    ops_->rms_norm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
+    ops_->rms_norm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
+  }
+  float* k_pool = pool_->k_pool(l);
+  float* v_pool = pool_->v_pool(l);
+  for (int t = 0; t < T; ++t) {
+    const TokenRef& r = refs_[t];
+    ops_->rope(Row(q_, t, q_dim), heads, head_dim, r.position, theta);
+    ops_->rope(Row(k_, t, kv_dim), kv_heads, head_dim, r.position, theta);
+    const auto& blocks = batch[r.seq].block_table->blocks();
+    const size_t slot = (static_cast<size_t>(blocks[r.position / block_size]) * block_size +
+                         r.position % block_size) *
+                        kv_dim;
+    std::memcpy(k_pool + slot, Row(k_, t, kv_dim), kv_dim * sizeof(float));
+    std::memcpy(v_pool + slot, Row(v_, t, kv_dim), kv_dim * sizeof(float));
+  }
+  // Every token's K/V is in the cache before any query reads it (causal within a chunk);
+  // (token, KV head) pairs are independent, so they spread over the kernel threads, in shares
+  // of at least kMinAttentionWork multiply-adds (smaller ones are not worth a hand-off).
+  int64_t attention_work = 0;  // multiply-adds of the layer's attention
+  for (const TokenRef& r : refs_) attention_work += int64_t{2} * (r.position + 1) * q_dim;
+  const int64_t grain =
+      std::max<int64_t>(1, kMinAttentionWork * T * kv_heads / std::max<int64_t>(1, attention_work));
+  k::DefaultThreadPool().ParallelFor(int64_t{T} * kv_heads, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / kv_heads;
+      const int kv_head = static_cast<int>(item % kv_heads);
+      const TokenRef& r = refs_[t];
+      ops_->paged_attention(Row(q_, t, q_dim), heads, kv_heads, head_dim, k_pool, v_pool,
+                            batch[r.seq].block_table->blocks().data(), block_size, r.position + 1,
+                            scale, kv_head, kv_head + 1, Row(attn_, t, q_dim));
+    }
+  });
+  Linear(attn_.data(), T, L.o.view(), proj_.data());
+  AddBias(L.o_bias, T, proj_.data());
+  for (size_t i = 0; i < x_.size(); ++i) x_[i] += proj_[i];
+}
+
+absl::Status ForwardPass::Route(int l, absl::Span<const StepInput> batch, const MoeOptions& moe,
+                                RouterTrace* trace) {
+  const model::ModelConfig& c = w_->config;
+  const int T = static_cast<int>(refs_.size());
+  const int hidden = static_cast<int>(c.hidden_size);
+  const int inter = static_cast<int>(c.intermediate_size);
+  const int num_experts = static_cast<int>(c.num_local_experts);
+  const int top_k = static_cast<int>(c.num_experts_per_tok);
+  if (router_ == nullptr) {
+    // Float32 activations at every level: the logits pick experts.
+    for (const RowRun& run : runs_) {
+      Linear(Row(h_, run.begin, hidden), run.end - run.begin, AlwaysOn(run, l).router.view(),
+             Row(router_logits_, run.begin, num_experts), /*exact=*/true);
+    }
+  } else {
+    for (int t = 0; t < T; ++t) {
+      router_->Logits(l, refs_[t].token, refs_[t].position,
+                      absl::MakeSpan(Row(router_logits_, t, num_experts), num_experts));
+    }
+  }
+  for (auto& pairs : routed_) pairs.clear();
+  for (int t = 0; t < T; ++t) {
+    float* p = Row(router_logits_, t, num_experts);
+    const MoeOptions& options = batch[refs_[t].seq].moe != nullptr ? *batch[refs_[t].seq].moe : moe;
+    if (options.mask != nullptr && !options.mask->retained.empty()) {
+      for (int e = 0; e < num_experts; ++e) {
+        if (!options.mask->retained[l][e]) p[e] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    ops_->softmax(p, num_experts);
+    // Top-k by probability; on equal probabilities the lower expert index wins.
+    for (int e = 0; e < num_experts; ++e) order_[e] = e;
+    std::partial_sort(order_.begin(), order_.begin() + top_k, order_.end(),
+                      [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    // norm_topk_prob: the chosen probabilities renormalised to sum to one (Mixtral always;
+    // Qwen where the config says so), else the softmax probabilities as they are.
+    float mass = 1.0f;
+    if (c.norm_topk_prob) {
+      mass = 0;
+      for (int j = 0; j < top_k; ++j) mass += p[order_[j]];
+    }
+    int32_t* experts = &chosen_[static_cast<size_t>(t) * top_k];
+    float* weights = &chosen_w_[static_cast<size_t>(t) * top_k];
+    int* widths = &chosen_width_[static_cast<size_t>(t) * top_k];
+    for (int j = 0; j < top_k; ++j) {
+      experts[j] = order_[j];
+      weights[j] = p[order_[j]] / mass;
+      widths[j] = inter;
+    }
+    if (options.widths != nullptr) {
+      options.widths->Widths(l, absl::MakeConstSpan(experts, top_k), absl::MakeSpan(weights, top_k),
+                             absl::MakeSpan(widths, top_k));
+    }
+    for (int j = 0; j < top_k; ++j) {
+      if (widths[j] < 0 || widths[j] > inter) {
+        return absl::InvalidArgumentError(absl::StrCat("width policy gave width ", widths[j],
+                                                       " for expert ", experts[j], " of layer ", l,
+                                                       "; widths must lie in [0, ", inter, "]"));
+      }
+      widths[j] = ExpertRunWidth(c, widths[j]);
+      if (widths[j] > 0) routed_[experts[j]].push_back({t, widths[j], weights[j]});
+    }
+  }
+  if (trace != nullptr) {
+    trace->probs.push_back(router_logits_);
+    trace->experts.push_back(chosen_);
+    trace->weights.push_back(chosen_w_);
+    trace->widths.emplace_back(chosen_width_.begin(), chosen_width_.end());
+  }
+  return absl::OkStatus();
+}
+
+void ForwardPass::SharedExpert(int l) {
+  // Qwen2-MoE's shared expert: every token, scaled by sigmoid(shared_expert_gate . h).
+  const int T = static_cast<int>(refs_.size());
+  const int hidden = static_cast<int>(w_->config.hidden_size);
+  Resize(shared_out_, T, hidden);
+  shared_scale_.resize(T);
+  for (const RowRun& run : runs_) {
+    const LayerWeights& A = AlwaysOn(run, l);
+    Mlp(A.shared, run.begin, run.end - run.begin, Row(shared_out_, run.begin, hidden));
+    Linear(Row(h_, run.begin, hidden), run.end - run.begin, A.shared_gate.view(),
+           shared_scale_.data() + run.begin, /*exact=*/true);
+  }
+  for (int t = 0; t < T; ++t) {
+    const float scale = 1.0f / (1.0f + std::exp(-shared_scale_[t]));
+    ops_->axpy(scale, Row(shared_out_, t, hidden), hidden, Row(moe_, t, hidden));
+  }
+}
+
+void ForwardPass::DenseMlp(int l) {
+  const int hidden = static_cast<int>(w_->config.hidden_size);
+  for (const RowRun& run : runs_) {
+    Mlp(AlwaysOn(run, l).dense, run.begin, run.end - run.begin, Row(moe_, run.begin, hidden));
+  }
+}
+
+void ForwardPass::Logits(absl::Span<const StepInput> batch, const MoeOptions& moe,
+                         std::vector<std::vector<float>>* logits) {
   // Final norm and lm_head, only for the rows whose logits are wanted, gathered into one
   // product: the lm_head is read once per step, not once per sequence.
-  logits->resize(batch.size());
+  const model::ModelConfig& c = w_->config;
+  const int hidden = static_cast<int>(c.hidden_size);
   const int vocab = static_cast<int>(c.vocab_size);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  logits->resize(batch.size());
   std::vector<int> wanted(batch.size());  // rows of logits per sequence
   int total = 0, only = -1;
-  Resize(proj_, T, hidden);
+  Resize(proj_, static_cast<int>(refs_.size()), hidden);
   for (size_t s = 0, first = 0; s < batch.size(); ++s) {
     const int n = static_cast<int>(batch[s].tokens.size());
     wanted[s] = batch[s].logits == LogitRows::kAll    ? n
@@ -385,50 +430,45 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
     }
     first += n;
   }
-  if (total > 0) {
-    for (size_t s = 0, row = 0; s < batch.size(); ++s) {  // each with its final norm
-      if (wanted[s] == 0) continue;
-      const DecoderOverlay* overlay = (batch[s].moe != nullptr ? *batch[s].moe : moe).overlay;
-      const std::vector<float>& norm = overlay != nullptr ? overlay->final_norm : w_->final_norm;
-      k::RmsNorm(Row(proj_, static_cast<int>(row), hidden), wanted[s], hidden, norm.data(), eps,
-                 Row(h_, static_cast<int>(row), hidden));
-      row += wanted[s];
-    }
-    if (only >= 0) {  // one sequence wants logits: straight into its output
-      matmul(h_.data(), total, hidden, w_->lm_head, vocab, (*logits)[only].data());
-    } else {
-      Resize(logits_, total, vocab);
-      matmul(h_.data(), total, hidden, w_->lm_head, vocab, logits_.data());
-      for (size_t s = 0, row = 0; s < batch.size(); ++s) {
-        if (wanted[s] == 0) continue;  // an empty vector's data() may be null, even for memcpy
-        std::memcpy((*logits)[s].data(), Row(logits_, static_cast<int>(row), vocab),
-                    (*logits)[s].size() * sizeof(float));
-        row += wanted[s];
-      }
-    }
+  if (total == 0) return;
+  for (size_t s = 0, row = 0; s < batch.size(); ++s) {  // each with its final norm
+    if (wanted[s] == 0) continue;
+    const DecoderOverlay* overlay = (batch[s].moe != nullptr ? *batch[s].moe : moe).overlay;
+    const std::vector<float>& norm = overlay != nullptr ? overlay->final_norm : w_->final_norm;
+    ops_->rms_norm(Row(proj_, static_cast<int>(row), hidden), wanted[s], hidden, norm.data(), eps,
+                   Row(h_, static_cast<int>(row), hidden));
+    row += wanted[s];
   }
-  return absl::OkStatus();
+  if (only >= 0) {  // one sequence wants logits: straight into its output
+    Linear(h_.data(), total, w_->lm_head.view(), (*logits)[only].data());
+    return;
+  }
+  Resize(logits_, total, vocab);
+  Linear(h_.data(), total, w_->lm_head.view(), logits_.data());
+  for (size_t s = 0, row = 0; s < batch.size(); ++s) {
+    if (wanted[s] == 0) continue;  // an empty vector's data() may be null, even for memcpy
+    std::memcpy((*logits)[s].data(), Row(logits_, static_cast<int>(row), vocab),
+                (*logits)[s].size() * sizeof(float));
+    row += wanted[s];
+  }
 }
 
 void ForwardPass::Mlp(const ExpertWeights& w, int row0, int rows, float* out) {
   const int hidden = static_cast<int>(w_->config.hidden_size);
-  const int width = w.gate.rows;
+  const int width = w.gate.rows();
   Resize(gate_, rows, width);
   Resize(up_, rows, width);
   Resize(act_, rows, width);
   const float* in = Row(h_, row0, hidden);
-  k::MatMulBf16(in, rows, hidden, w.gate.data.data(), width, gate_.data());
-  k::MatMulBf16(in, rows, hidden, w.up.data.data(), width, up_.data());
-  k::SiluMul(gate_.data(), up_.data(), rows * width, act_.data());
-  k::MatMulBf16(act_.data(), rows, width, w.down.data.data(), hidden, out);
-  stats_.weight_bytes += int64_t{3} * width * hidden * 2;
-  stats_.matmul_flops += int64_t{6} * rows * width * hidden;
+  Linear(in, rows, w.gate.view(), gate_.data());
+  Linear(in, rows, w.up.view(), up_.data());
+  ops_->silu_mul(gate_.data(), up_.data(), rows * width, act_.data());
+  Linear(act_.data(), rows, w.down.view(), out);
 }
 
 absl::Status ForwardPass::RunExperts(int l) {
   const model::ModelConfig& c = w_->config;
   const int hidden = static_cast<int>(c.hidden_size);
-  const int inter = static_cast<int>(c.intermediate_size);
   std::fill(moe_.begin(), moe_.end(), 0.0f);
   // The experts the step runs, widest first (ties by index). A token's two outputs (top-2) add
   // to the same float in either order, so the order does not change results; with more experts
@@ -459,7 +499,7 @@ absl::Status ForwardPass::RunExperts(int l) {
       E = *view;
     } else {
       const ExpertWeights& W = w_->layers[l].experts[e];
-      E = {W.gate.data.data(), W.up.data.data(), W.down.data.data(), inter};
+      E = {W.gate.view(), W.up.view(), W.down.view()};
     }
     for (size_t begin = 0; begin < pairs.size();) {
       const int width = pairs[begin].width;
@@ -476,15 +516,14 @@ absl::Status ForwardPass::RunExperts(int l) {
                     hidden * sizeof(float));
       }
       // gate and up: the first `width` rows; down: the first `width` columns of each row.
-      k::MatMulBf16(expert_in_.data(), m, hidden, E.gate, width, gate_.data());
-      k::MatMulBf16(expert_in_.data(), m, hidden, E.up, width, up_.data());
-      k::SiluMul(gate_.data(), up_.data(), m * width, act_.data());
-      k::MatMulBf16Strided(act_.data(), m, width, E.down, E.down_stride, hidden,
-                           expert_out_.data());
-      const int64_t bytes = int64_t{3} * width * hidden * 2;
-      stats_.weight_bytes += bytes;
-      stats_.expert_weight_bytes += bytes;
-      stats_.matmul_flops += int64_t{6} * m * width * hidden;
+      kernels::PackedMatrix gate = E.gate, up = E.up, down = E.down;
+      gate.rows = up.rows = down.cols = width;
+      const int64_t before = stats_.weight_bytes;
+      Linear(expert_in_.data(), m, gate, gate_.data());
+      Linear(expert_in_.data(), m, up, up_.data());
+      ops_->silu_mul(gate_.data(), up_.data(), m * width, act_.data());
+      Linear(act_.data(), m, down, expert_out_.data());
+      stats_.expert_weight_bytes += stats_.weight_bytes - before;
       ++stats_.expert_runs;
       if (observer_ != nullptr) {
         observer_tokens_.resize(m);
@@ -492,8 +531,8 @@ absl::Status ForwardPass::RunExperts(int l) {
         observer_->OnExpert(l, e, width, observer_tokens_, act_.data(), expert_out_.data());
       }
       for (int i = 0; i < m; ++i) {
-        k::Axpy(pairs[begin + i].weight, Row(expert_out_, i, hidden), hidden,
-                Row(moe_, pairs[begin + i].token, hidden));
+        ops_->axpy(pairs[begin + i].weight, Row(expert_out_, i, hidden), hidden,
+                   Row(moe_, pairs[begin + i].token, hidden));
       }
       begin = end;
     }

@@ -1,7 +1,9 @@
-// The batched forward pass of a Mixtral-style MoE transformer on the CPU kernels. One Step
-// runs a batch of sequences, each contributing a span of tokens (a prefill chunk or one decode
-// token) at known positions, writes their keys and values into the paged KV cache through
-// their block tables, and returns logits.
+// The batched forward pass of a Mixtral-style MoE transformer. One Step runs a batch of
+// sequences, each contributing a span of tokens (a prefill chunk or one decode token) at known
+// positions, writes their keys and values into the paged KV cache through their block tables,
+// and returns logits. A step is a short sequence of ops — embed, then per layer attention,
+// route, experts (or a dense MLP), then logits — each calling a backend's op table
+// (common/kernels/backend.h): the CPU backend's level in use, or one given at creation.
 //
 // MoE layer, per the design: router logits -> retained-expert mask (pruned experts get -inf)
 // -> softmax -> top-k -> weights renormalised where norm_topk_prob says (Mixtral always) ->
@@ -27,6 +29,7 @@
 #include "absl/types/span.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/model_weights.h"
+#include "common/kernels/backend.h"
 
 namespace tandem::engine {
 
@@ -75,20 +78,17 @@ class ExpertObserver {
                         const float* act, const float* out) = 0;
 };
 
-// Expert weights that are not all resident (mixed width with host-offloaded experts, issue #7):
-// the forward pass asks for each layer's experts, widest first, and computes each as soon as
-// it is in, so that wide experts' compute hides narrow experts' loads.
+// Expert weights that are not all resident (mixed width with host-offloaded experts): the
+// forward pass asks for each layer's experts, widest first, and computes each as soon as it
+// is in, so that wide experts' compute hides narrow experts' loads.
 struct ExpertLoad {
   int expert = 0;
   int width = 0;  // the widest the step runs it at
 };
-// One expert's first `width` neurons or more: gate and up rows of hidden, down rows of
-// `down_stride` (>= the width asked for) with the neurons in the first columns.
+// One expert's first `width` neurons or more, packed as the model's experts are: gate and up
+// (>= width, hidden), down (hidden, >= width) with the neurons in the first columns.
 struct ExpertView {
-  const uint16_t* gate = nullptr;
-  const uint16_t* up = nullptr;
-  const uint16_t* down = nullptr;
-  int down_stride = 0;
+  kernels::PackedMatrix gate, up, down;
 };
 class ExpertProvider {
  public:
@@ -133,17 +133,24 @@ struct RouterTrace {
 // What the last Step did, for benchmarks and metrics.
 struct StepStats {
   int64_t tokens = 0;               // tokens run
-  int64_t weight_bytes = 0;         // bytes of weight matrices the step read (each product once)
+  int64_t weight_bytes = 0;         // bytes of (packed) weight matrices the step read, once each
   int64_t expert_weight_bytes = 0;  // the part of weight_bytes that is expert FFNs
   int64_t expert_runs = 0;          // (expert, width) groups run, over all layers
   int64_t matmul_flops = 0;         // 2 * rows * n * d summed over the weight products
 };
 
+// The width an expert of `config` runs at when asked for `width` neurons: quantized experts
+// run whole quantization groups (a multiple of the group size, at most the expert's width);
+// bf16 experts exactly `width`.
+int ExpertRunWidth(const model::ModelConfig& config, int width);
+
 class ForwardPass {
  public:
   // `weights` and `pool` must outlive this object; the pool's geometry must match the model.
-  static absl::StatusOr<std::unique_ptr<ForwardPass>> Create(const ModelWeights* weights,
-                                                             KvBlockPool* pool);
+  // `backend`: the op table to run on (static storage); null runs each step on the CPU
+  // backend's level in use then (kernels::cpu::ActiveBackend()).
+  static absl::StatusOr<std::unique_ptr<ForwardPass>> Create(
+      const ModelWeights* weights, KvBlockPool* pool, const kernels::Backend* backend = nullptr);
 
   // Uses `router` instead of the model's router weights from now on (null restores them).
   void SetRouterOverride(std::unique_ptr<RouterOverride> router) { router_ = std::move(router); }
@@ -164,18 +171,57 @@ class ForwardPass {
   KvBlockPool* pool() const { return pool_; }
 
  private:
-  ForwardPass(const ModelWeights* weights, KvBlockPool* pool) : w_(weights), pool_(pool) {}
+  // Where a token of the batch comes from.
+  struct TokenRef {
+    int seq;        // index into the batch
+    int position;   // absolute position in its sequence
+    int32_t token;  // token id
+  };
+
+  ForwardPass(const ModelWeights* weights, KvBlockPool* pool, const kernels::Backend* backend)
+      : w_(weights), pool_(pool), backend_(backend) {}
   absl::Status Validate(absl::Span<const StepInput> batch, const MoeOptions& moe) const;
   absl::Status ValidateMask(const ExpertMask* mask) const;
-  // Expert FFNs of layer l over the routed tokens, widest expert first; adds their weighted
-  // outputs to moe_.
+
+  // The ops of a step, in order. Each reads and writes the step's buffers.
+  // Lays out the step's tokens (refs_), runs of rows sharing always-on weights, and buffers.
+  void Prepare(absl::Span<const StepInput> batch, const MoeOptions& moe);
+  // x_ (T, hidden) = the tokens' embeddings.
+  void Embed();
+  // x_ += attention of layer l (RMSNorm, projections, q/k norm, RoPE, K/V into the cache,
+  // paged attention, output projection).
+  void Attention(int l, absl::Span<const StepInput> batch);
+  // The routed pairs of layer l into routed_ (masked softmax, top-k, renormalising, widths),
+  // over h_ (the normalised residual).
+  absl::Status Route(int l, absl::Span<const StepInput> batch, const MoeOptions& moe,
+                     RouterTrace* trace);
+  // Expert FFNs of layer l over the routed tokens, widest expert first; their weighted outputs
+  // into moe_ (overwritten).
   absl::Status RunExperts(int l);
+  // moe_ += the gated shared expert of layer l.
+  void SharedExpert(int l);
+  // moe_ = the dense MLP of layer l.
+  void DenseMlp(int l);
+  // The rows of logits each sequence asked for (final norm, lm_head).
+  void Logits(absl::Span<const StepInput> batch, const MoeOptions& moe,
+              std::vector<std::vector<float>>* logits);
+
+  // out (rows, w.rows) = in (rows, w.cols) @ W^T on the backend, counted in stats_; `exact`
+  // keeps activations float32 (the router).
+  void Linear(const float* in, int rows, const kernels::PackedMatrix& w, float* out,
+              bool exact = false);
   // out (rows, hidden) = the SwiGLU MLP `w` (shared expert or dense layer) over rows
   // [row0, row0 + rows) of h_.
   void Mlp(const ExpertWeights& w, int row0, int rows, float* out);
+  // The always-on tensors (norms, router, shared expert, dense MLP) of layer l for a run.
+  struct RowRun;
+  const LayerWeights& AlwaysOn(const RowRun& run, int l) const;
 
   const ModelWeights* w_;
   KvBlockPool* pool_;
+  const kernels::Backend* const backend_;  // null: the CPU backend's active level
+  const kernels::Backend* ops_ = nullptr;  // this step's
+  std::vector<TokenRef> refs_;             // this step's tokens, in batch order
   std::unique_ptr<RouterOverride> router_;
   ExpertObserver* observer_ = nullptr;
   ExpertProvider* provider_ = nullptr;
@@ -202,6 +248,7 @@ class ForwardPass {
     int end;
     const DecoderOverlay* overlay;
   };
+  std::vector<int> order_;  // expert indices, for top-k
   std::vector<RowRun> runs_;
 };
 

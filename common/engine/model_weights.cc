@@ -51,6 +51,9 @@ float ElementAsF32(const model::TensorView& view, int64_t i) {
       std::memcpy(&v, view.data + i * 4, 4);
       return v;
     }
+    case DType::kI8:
+    case DType::kU8:
+      break;  // levels of quantized weights: never read as floats
   }
   return 0.0f;
 }
@@ -59,6 +62,19 @@ absl::StatusOr<model::TensorView> Get(const model::SafetensorsModel& checkpoint,
                                       const model::ModelConfig& config, TensorKind kind,
                                       int layer = -1, int expert = -1) {
   return checkpoint.Get(model::TensorName(*config.arch, kind, layer, expert));
+}
+
+// A linear layer's weight of `kind`: quantized where the config says so (levels and scales),
+// else packed bf16.
+absl::StatusOr<WeightMatrix> LoadWeight(const model::SafetensorsModel& checkpoint,
+                                        const model::ModelConfig& config, TensorKind kind,
+                                        int layer = -1, int expert = -1) {
+  const std::string name = model::TensorName(*config.arch, kind, layer, expert);
+  ASSIGN_OR_RETURN(model::TensorView view, checkpoint.Get(name));
+  if (!config.quantization.Quantizes(kind)) return WeightFromTensor(view);
+  ASSIGN_OR_RETURN(model::TensorView scales, checkpoint.Get(model::ScaleTensorName(name)));
+  return WeightFromQuantized(view, scales, config.quantization.bits,
+                             config.quantization.group_size);
 }
 
 absl::StatusOr<Bf16Matrix> LoadMatrix(const model::SafetensorsModel& checkpoint,
@@ -101,6 +117,40 @@ class RandomFill {
         });
     return m;
   }
+  // A linear layer's weight: bf16, or (when `q` quantizes `kind`) random levels with scales
+  // that give the same standard deviation.
+  WeightMatrix Weight(int rows, int cols, const model::QuantizationConfig& q, TensorKind kind) {
+    if (!q.Quantizes(kind)) {
+      const Bf16Matrix m = Matrix(rows, cols);
+      return PackBf16Matrix(m.data.data(), rows, cols);
+    }
+    const kernels::WeightFormat format =
+        q.bits == 8 ? kernels::WeightFormat::kInt8 : kernels::WeightFormat::kInt4;
+    kernels::QuantizedRows levels;
+    levels.format = format;
+    levels.rows = rows;
+    levels.cols = cols;
+    levels.group = q.group_size;
+    levels.q.resize(static_cast<size_t>(rows) * cols);
+    // Levels uniform over [-range, range]: standard deviation range / sqrt(3) levels.
+    const int range = q.bits == 8 ? 127 : 7;
+    const float scale = 0.02f * 1.7320508f / static_cast<float>(range);
+    levels.scales.assign(static_cast<size_t>(rows) * (cols / q.group_size),
+                         kernels::F32ToF16(scale));
+    const uint64_t key = SplitMix64(seed_ ^ SplitMix64(++matrices_));
+    kernels::cpu::DefaultThreadPool().ParallelFor(
+        static_cast<int64_t>(levels.q.size()), 1 << 16, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const uint64_t bits = SplitMix64(key + static_cast<uint64_t>(i));
+            levels.q[i] = static_cast<int8_t>(static_cast<int>(bits % (2 * range + 1)) - range);
+          }
+        });
+    WeightMatrix w;
+    w.layout = {format, rows, cols, q.group_size};
+    w.data.resize(w.layout.bytes());
+    kernels::PackQuantized(levels, w.layout, w.data.data());
+    return w;
+  }
   // Passes over one matrix, so those after it come out as if it had been made.
   void Skip() { ++matrices_; }
 
@@ -129,6 +179,9 @@ absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view) {
   if (view.shape.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat(view.name, " is not a matrix"));
   }
+  if (view.dtype != DType::kBF16 && view.dtype != DType::kF16 && view.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(view.name, " is not a float tensor"));
+  }
   Bf16Matrix m;
   m.rows = static_cast<int>(view.shape[0]);
   m.cols = static_cast<int>(view.shape[1]);
@@ -138,6 +191,80 @@ absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view) {
   } else {
     for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = F32ToBf16(ElementAsF32(view, i));
   }
+  return m;
+}
+
+WeightMatrix PackBf16Matrix(const uint16_t* w, int rows, int cols) {
+  WeightMatrix m;
+  m.layout = {kernels::WeightFormat::kBf16, rows, cols, 0};
+  m.data.resize(m.layout.bytes());
+  kernels::PackBf16(w, cols, m.layout, m.data.data());
+  return m;
+}
+
+WeightMatrix QuantizeMatrix(const float* w, int rows, int cols, kernels::WeightFormat format,
+                            int group) {
+  if (format == kernels::WeightFormat::kBf16) {
+    std::vector<uint16_t> bits(static_cast<size_t>(rows) * cols);
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = F32ToBf16(w[i]);
+    return PackBf16Matrix(bits.data(), rows, cols);
+  }
+  const kernels::QuantizedRows q = kernels::QuantizeRows(w, cols, rows, cols, format, group);
+  WeightMatrix m;
+  m.layout = {format, rows, cols, group};
+  m.data.resize(m.layout.bytes());
+  kernels::PackQuantized(q, m.layout, m.data.data());
+  return m;
+}
+
+absl::StatusOr<WeightMatrix> WeightFromTensor(const model::TensorView& view) {
+  ASSIGN_OR_RETURN(Bf16Matrix m, MatrixFromTensor(view));
+  return PackBf16Matrix(m.data.data(), m.rows, m.cols);
+}
+
+absl::StatusOr<WeightMatrix> WeightFromQuantized(const model::TensorView& levels,
+                                                 const model::TensorView& scales, int bits,
+                                                 int group) {
+  const bool int4 = bits == 4;
+  if ((bits != 4 && bits != 8) || !kernels::ValidGroup(group)) {
+    return absl::InvalidArgumentError(
+        "quantized weights need 8 or 4 bits and a group of 32, 64 or 128");
+  }
+  if (levels.shape.size() != 2 || levels.dtype != (int4 ? DType::kU8 : DType::kI8)) {
+    return absl::InvalidArgumentError(absl::StrCat(levels.name, " must be a matrix of ",
+                                                   int4 ? "U8 (two int4 levels a byte)" : "I8"));
+  }
+  const int64_t rows = levels.shape[0];
+  const int64_t cols = int4 ? 2 * levels.shape[1] : levels.shape[1];
+  if (scales.dtype != DType::kF16 || scales.shape != std::vector<int64_t>{rows, cols / group} ||
+      cols % group != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(scales.name, " must be F16 of shape (", rows,
+                                                   ", ", cols / group, ") for ", levels.name,
+                                                   " in groups of ", group));
+  }
+  kernels::QuantizedRows q;
+  q.format = int4 ? kernels::WeightFormat::kInt4 : kernels::WeightFormat::kInt8;
+  q.rows = static_cast<int>(rows);
+  q.cols = static_cast<int>(cols);
+  q.group = group;
+  q.q.resize(static_cast<size_t>(rows * cols));
+  if (int4) {
+    kernels::UnpackNibbles(reinterpret_cast<const uint8_t*>(levels.data), rows * cols, q.q.data());
+  } else {
+    std::memcpy(q.q.data(), levels.data, q.q.size());
+    for (int8_t v : q.q) {
+      if (v == -128) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(levels.name, " holds the level -128; int8 levels lie in [-127, 127]"));
+      }
+    }
+  }
+  q.scales.resize(scales.num_elements());
+  std::memcpy(q.scales.data(), scales.data, scales.size_bytes);
+  WeightMatrix m;
+  m.layout = {q.format, q.rows, q.cols, group};
+  m.data.resize(m.layout.bytes());
+  kernels::PackQuantized(q, m.layout, m.data.data());
   return m;
 }
 
@@ -159,10 +286,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights layer;
     ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(checkpoint, config, TensorKind::kAttnNorm, l));
-    ASSIGN_OR_RETURN(layer.q, LoadMatrix(checkpoint, config, TensorKind::kAttnQ, l));
-    ASSIGN_OR_RETURN(layer.k, LoadMatrix(checkpoint, config, TensorKind::kAttnK, l));
-    ASSIGN_OR_RETURN(layer.v, LoadMatrix(checkpoint, config, TensorKind::kAttnV, l));
-    ASSIGN_OR_RETURN(layer.o, LoadMatrix(checkpoint, config, TensorKind::kAttnOut, l));
+    ASSIGN_OR_RETURN(layer.q, LoadWeight(checkpoint, config, TensorKind::kAttnQ, l));
+    ASSIGN_OR_RETURN(layer.k, LoadWeight(checkpoint, config, TensorKind::kAttnK, l));
+    ASSIGN_OR_RETURN(layer.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
+    ASSIGN_OR_RETURN(layer.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
     if (config.HasQkNorm()) {
       ASSIGN_OR_RETURN(layer.q_norm, LoadVector(checkpoint, config, TensorKind::kAttnQNorm, l));
       ASSIGN_OR_RETURN(layer.k_norm, LoadVector(checkpoint, config, TensorKind::kAttnKNorm, l));
@@ -177,21 +304,21 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     }
     ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(checkpoint, config, TensorKind::kFfnNorm, l));
     if (!config.IsSparseLayer(l)) {
-      ASSIGN_OR_RETURN(layer.dense.gate, LoadMatrix(checkpoint, config, TensorKind::kDenseGate, l));
-      ASSIGN_OR_RETURN(layer.dense.up, LoadMatrix(checkpoint, config, TensorKind::kDenseUp, l));
-      ASSIGN_OR_RETURN(layer.dense.down, LoadMatrix(checkpoint, config, TensorKind::kDenseDown, l));
+      ASSIGN_OR_RETURN(layer.dense.gate, LoadWeight(checkpoint, config, TensorKind::kDenseGate, l));
+      ASSIGN_OR_RETURN(layer.dense.up, LoadWeight(checkpoint, config, TensorKind::kDenseUp, l));
+      ASSIGN_OR_RETURN(layer.dense.down, LoadWeight(checkpoint, config, TensorKind::kDenseDown, l));
       w->layers.push_back(std::move(layer));
       continue;
     }
-    ASSIGN_OR_RETURN(layer.router, LoadMatrix(checkpoint, config, TensorKind::kRouter, l));
+    ASSIGN_OR_RETURN(layer.router, LoadWeight(checkpoint, config, TensorKind::kRouter, l));
     if (config.HasSharedExpert()) {
       ASSIGN_OR_RETURN(layer.shared.gate,
-                       LoadMatrix(checkpoint, config, TensorKind::kSharedGate, l));
-      ASSIGN_OR_RETURN(layer.shared.up, LoadMatrix(checkpoint, config, TensorKind::kSharedUp, l));
+                       LoadWeight(checkpoint, config, TensorKind::kSharedGate, l));
+      ASSIGN_OR_RETURN(layer.shared.up, LoadWeight(checkpoint, config, TensorKind::kSharedUp, l));
       ASSIGN_OR_RETURN(layer.shared.down,
-                       LoadMatrix(checkpoint, config, TensorKind::kSharedDown, l));
+                       LoadWeight(checkpoint, config, TensorKind::kSharedDown, l));
       ASSIGN_OR_RETURN(layer.shared_gate,
-                       LoadMatrix(checkpoint, config, TensorKind::kSharedExpertGate, l));
+                       LoadWeight(checkpoint, config, TensorKind::kSharedExpertGate, l));
     }
     for (int e = 0; e < config.num_local_experts; ++e) {
       ExpertWeights expert;
@@ -199,18 +326,18 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
         layer.experts.push_back(std::move(expert));
         continue;
       }
-      ASSIGN_OR_RETURN(expert.gate, LoadMatrix(checkpoint, config, TensorKind::kExpertGate, l, e));
-      ASSIGN_OR_RETURN(expert.up, LoadMatrix(checkpoint, config, TensorKind::kExpertUp, l, e));
-      ASSIGN_OR_RETURN(expert.down, LoadMatrix(checkpoint, config, TensorKind::kExpertDown, l, e));
+      ASSIGN_OR_RETURN(expert.gate, LoadWeight(checkpoint, config, TensorKind::kExpertGate, l, e));
+      ASSIGN_OR_RETURN(expert.up, LoadWeight(checkpoint, config, TensorKind::kExpertUp, l, e));
+      ASSIGN_OR_RETURN(expert.down, LoadWeight(checkpoint, config, TensorKind::kExpertDown, l, e));
       layer.experts.push_back(std::move(expert));
     }
     w->layers.push_back(std::move(layer));
   }
   ASSIGN_OR_RETURN(w->final_norm, LoadVector(checkpoint, config, TensorKind::kOutputNorm));
   if (config.tie_word_embeddings) {
-    w->lm_head = w->embed;
+    w->lm_head = PackBf16Matrix(w->embed.data.data(), w->embed.rows, w->embed.cols);
   } else {
-    ASSIGN_OR_RETURN(w->lm_head, LoadMatrix(checkpoint, config, TensorKind::kOutput));
+    ASSIGN_OR_RETURN(w->lm_head, LoadWeight(checkpoint, config, TensorKind::kOutput));
   }
   return w;
 }
@@ -241,10 +368,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights layer;
     layer.attn_norm.assign(h, 1.0f);
-    layer.q = fill.Matrix(q_dim, h);
-    layer.k = fill.Matrix(kv_dim, h);
-    layer.v = fill.Matrix(kv_dim, h);
-    layer.o = fill.Matrix(h, q_dim);
+    const model::QuantizationConfig& qc = config.quantization;
+    layer.q = fill.Weight(q_dim, h, qc, TensorKind::kAttnQ);
+    layer.k = fill.Weight(kv_dim, h, qc, TensorKind::kAttnK);
+    layer.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
+    layer.o = fill.Weight(h, q_dim, qc, TensorKind::kAttnOut);
     if (config.HasQkNorm()) {
       layer.q_norm.assign(config.head_dim, 1.0f);
       layer.k_norm.assign(config.head_dim, 1.0f);
@@ -258,15 +386,20 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     layer.ffn_norm.assign(h, 1.0f);
     if (!config.IsSparseLayer(l)) {
       const int dense = static_cast<int>(config.dense_intermediate_size);
-      layer.dense = {fill.Matrix(dense, h), fill.Matrix(dense, h), fill.Matrix(h, dense)};
+      layer.dense = {fill.Weight(dense, h, qc, TensorKind::kDenseGate),
+                     fill.Weight(dense, h, qc, TensorKind::kDenseUp),
+                     fill.Weight(h, dense, qc, TensorKind::kDenseDown)};
       w->layers.push_back(std::move(layer));
       continue;
     }
-    layer.router = fill.Matrix(static_cast<int>(config.num_local_experts), h);
+    layer.router =
+        fill.Weight(static_cast<int>(config.num_local_experts), h, qc, TensorKind::kRouter);
     if (config.HasSharedExpert()) {
       const int shared = static_cast<int>(config.shared_expert_intermediate_size);
-      layer.shared = {fill.Matrix(shared, h), fill.Matrix(shared, h), fill.Matrix(h, shared)};
-      layer.shared_gate = fill.Matrix(1, h);
+      layer.shared = {fill.Weight(shared, h, qc, TensorKind::kSharedGate),
+                      fill.Weight(shared, h, qc, TensorKind::kSharedUp),
+                      fill.Weight(h, shared, qc, TensorKind::kSharedDown)};
+      layer.shared_gate = fill.Weight(1, h, qc, TensorKind::kSharedExpertGate);
     }
     for (int e = 0; e < config.num_local_experts; ++e) {
       if (!w->HasExpert(l, e)) {
@@ -274,14 +407,17 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
         layer.experts.emplace_back();
         continue;
       }
-      layer.experts.push_back(
-          {fill.Matrix(inter, h), fill.Matrix(inter, h), fill.Matrix(h, inter)});
+      layer.experts.push_back({fill.Weight(inter, h, qc, TensorKind::kExpertGate),
+                               fill.Weight(inter, h, qc, TensorKind::kExpertUp),
+                               fill.Weight(h, inter, qc, TensorKind::kExpertDown)});
     }
     w->layers.push_back(std::move(layer));
   }
   w->final_norm.assign(h, 1.0f);
-  w->lm_head =
-      config.tie_word_embeddings ? w->embed : fill.Matrix(static_cast<int>(config.vocab_size), h);
+  w->lm_head = config.tie_word_embeddings
+                   ? PackBf16Matrix(w->embed.data.data(), w->embed.rows, w->embed.cols)
+                   : fill.Weight(static_cast<int>(config.vocab_size), h, config.quantization,
+                                 TensorKind::kOutput);
   return w;
 }
 

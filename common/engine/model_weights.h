@@ -1,6 +1,9 @@
-// A model's weights in the layout the CPU kernels use: matrices as bfloat16 (raw bits,
-// row-major, one row per output feature), norm weights as float32. Loaded from a checkpoint
-// (converted from bf16/f16/f32) or made random for throughput work (`--load-format dummy`).
+// A model's weights in the layout the kernels use: every linear layer's matrix packed in panels
+// (common/kernels/packed_matrix.h) as bf16, or as int8 / int4 with group-wise scales where the
+// checkpoint is quantized (tandem quantize); the token embedding as row-major bf16 (rows are
+// gathered, not multiplied); norm weights and biases as float32. Loaded from a checkpoint
+// (converted from bf16/f16/f32, or quantized levels and scales) or made random for throughput
+// work (`--load-format dummy`, quantized as the config says).
 #pragma once
 
 #include <cstdint>
@@ -9,13 +12,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kernels/packed_matrix.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
 #include "common/util/huge_pages.h"
 
 namespace tandem::engine {
 
-// A bf16 matrix W (rows, cols), row-major.
+// A bf16 matrix W (rows, cols), row-major: the token embedding.
 struct Bf16Matrix {
   int rows = 0;
   int cols = 0;
@@ -24,33 +28,60 @@ struct Bf16Matrix {
   const uint16_t* row(int r) const { return data.data() + static_cast<size_t>(r) * cols; }
 };
 
+// A linear layer's weight W (rows, cols), one row per output feature, packed for the matrix
+// products in the format its layout says.
+struct WeightMatrix {
+  kernels::PanelLayout layout;
+  // layout.bytes(); in huge pages when large, since decode streams it from memory every step
+  std::vector<std::byte, util::HugePageAllocator<std::byte>> data;
+
+  int rows() const { return layout.rows; }
+  int cols() const { return layout.cols; }
+  bool empty() const { return data.empty(); }
+  kernels::WeightFormat format() const { return layout.format; }
+  kernels::PackedMatrix view() const { return kernels::View(layout, data.data()); }
+  // The first `rows` rows and `cols` columns: an expert at a narrower width.
+  kernels::PackedMatrix view(int rows, int cols) const {
+    return kernels::View(layout, data.data(), rows, cols);
+  }
+  // W[r][c], dequantized.
+  float at(int r, int c) const { return kernels::PackedElement(view(), r, c); }
+};
+
+// Packs a row-major bf16 matrix (rows, cols).
+WeightMatrix PackBf16Matrix(const uint16_t* w, int rows, int cols);
+// Quantizes a row-major float32 matrix (rows, cols) to `format` in groups of `group` columns
+// (kernels::QuantizeRows) and packs it; bf16 rounds and packs.
+WeightMatrix QuantizeMatrix(const float* w, int rows, int cols, kernels::WeightFormat format,
+                            int group);
+
 // Experts each layer keeps; an empty mask keeps every expert.
 struct ExpertMask {
   std::vector<std::vector<bool>> retained;  // (layers, experts)
 };
 
 struct ExpertWeights {
-  Bf16Matrix gate;  // w1 (intermediate, hidden)
-  Bf16Matrix up;    // w3 (intermediate, hidden)
-  Bf16Matrix down;  // w2 (hidden, intermediate)
+  WeightMatrix gate;  // w1 (intermediate, hidden)
+  WeightMatrix up;    // w3 (intermediate, hidden)
+  WeightMatrix down;  // w2 (hidden, intermediate)
 };
 
 struct LayerWeights {
   std::vector<float> attn_norm;  // (hidden,)
-  Bf16Matrix q;                  // (heads*head_dim, hidden)
-  Bf16Matrix k;                  // (kv_heads*head_dim, hidden)
-  Bf16Matrix v;                  // (kv_heads*head_dim, hidden)
-  Bf16Matrix o;                  // (hidden, heads*head_dim)
+  WeightMatrix q;                // (heads*head_dim, hidden)
+  WeightMatrix k;                // (kv_heads*head_dim, hidden)
+  WeightMatrix v;                // (kv_heads*head_dim, hidden)
+  WeightMatrix o;                // (hidden, heads*head_dim)
   // Empty where the architecture or config has none.
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // (q_dim,), (kv_dim,) x2, (hidden,)
   std::vector<float> q_norm, k_norm;                  // (head_dim,): per-head RMSNorm weights
   std::vector<float> ffn_norm;                        // (hidden,)
   // A sparse layer: the router, its routed experts and, where the model has one, the
   // always-on shared expert and its scalar gate (1, hidden).
-  Bf16Matrix router;                   // (experts, hidden)
+  WeightMatrix router;                 // (experts, hidden), bf16
   std::vector<ExpertWeights> experts;  // (experts,); empty matrices for experts not loaded
   ExpertWeights shared;                // (shared_intermediate) wide; empty when none
-  Bf16Matrix shared_gate;              // (1, hidden)
+  WeightMatrix shared_gate;            // (1, hidden), bf16
   // A dense layer (config.IsSparseLayer false): its MLP, and no router or experts.
   ExpertWeights dense;
 };
@@ -60,7 +91,7 @@ struct ModelWeights {
   Bf16Matrix embed;  // (vocab, hidden)
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // (hidden,)
-  Bf16Matrix lm_head;             // (vocab, hidden); the embedding when tied
+  WeightMatrix lm_head;           // (vocab, hidden), bf16; the embedding when tied
   // The experts whose weights are here (a pruned decoder loads only its plan's); empty: all.
   ExpertMask resident;
 
@@ -80,10 +111,18 @@ struct ModelWeights {
                                                               const ExpertMask& only = {});
 };
 
-// A checkpoint tensor as the engine holds it, from any supported dtype: a matrix as bf16
-// (INVALID_ARGUMENT if it is not 2-D), a vector (any shape, flattened) as float32.
+// A checkpoint tensor as the engine holds it, from any float dtype: a matrix as row-major bf16
+// or packed bf16 (INVALID_ARGUMENT if it is not 2-D), a vector (any shape, flattened) as
+// float32.
 absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view);
+absl::StatusOr<WeightMatrix> WeightFromTensor(const model::TensorView& view);
 std::vector<float> VectorFromTensor(const model::TensorView& view);
+// A quantized weight from its levels (I8, or U8 with two int4 levels a byte) and its float16
+// scales (rows, cols / group), as the checkpoint stores them; INVALID_ARGUMENT for shapes or
+// dtypes that do not fit.
+absl::StatusOr<WeightMatrix> WeightFromQuantized(const model::TensorView& levels,
+                                                 const model::TensorView& scales, int bits,
+                                                 int group);
 
 // How a model directory's weights are obtained: from its safetensors, or random at the shape
 // its config.json gives (`--load-format dummy`, for throughput work).

@@ -39,8 +39,8 @@ LayerWeights AlwaysOnCopy(const LayerWeights& from) {
 // The field of `layer` (or the final norm) that holds a tensor of `kind`.
 absl::Status Assign(const model::TensorSpec& spec, const model::TensorView& view,
                     LayerWeights* layer, std::vector<float>* final_norm) {
-  auto matrix = [&](Bf16Matrix* m) -> absl::Status {
-    ASSIGN_OR_RETURN(*m, MatrixFromTensor(view));
+  auto matrix = [&](WeightMatrix* m) -> absl::Status {
+    ASSIGN_OR_RETURN(*m, WeightFromTensor(view));
     return absl::OkStatus();
   };
   switch (spec.kind) {

@@ -224,7 +224,99 @@ absl::StatusOr<int32_t> CheckTokenId(std::string_view key, int64_t id, int64_t v
   return static_cast<int32_t>(id);
 }
 
+// config.json's "quantization_config" (docs/quantization.md), checked against the shapes of
+// the matrices it covers: each one's input width must be a multiple of the group size.
+absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelConfig& c) {
+  if (!v.is_object()) return FieldError("quantization_config", "must be an object");
+  const Json* method = Find(v, "quant_method");
+  if (method == nullptr || !method->is_string() || *method != "tandem") {
+    return FieldError("quantization_config.quant_method",
+                      absl::StrCat(method == nullptr ? "is missing" : "is " + method->dump(),
+                                   ": only \"tandem\" (written by tandem quantize) is supported"));
+  }
+  QuantizationConfig q;
+  const Json* bits = Find(v, "bits");
+  if (bits == nullptr || !bits->is_number_integer() || (*bits != 8 && *bits != 4)) {
+    return FieldError("quantization_config.bits", "must be 8 or 4");
+  }
+  q.bits = bits->get<int>();
+  const Json* group = Find(v, "group_size");
+  if (group == nullptr || !group->is_number_integer() ||
+      (*group != 32 && *group != 64 && *group != 128)) {
+    return FieldError("quantization_config.group_size", "must be 32, 64 or 128");
+  }
+  q.group_size = group->get<int>();
+  if (const Json* symmetric = Find(v, "symmetric");
+      symmetric != nullptr && *symmetric != Json(true)) {
+    return FieldError("quantization_config.symmetric", "must be true (no zero points)");
+  }
+  const Json* modules = Find(v, "modules");
+  if (modules == nullptr || !modules->is_array() || modules->empty()) {
+    return FieldError("quantization_config.modules",
+                      "must be a non-empty array of \"experts\", \"attention\", "
+                      "\"shared_expert\", \"dense_mlp\"");
+  }
+  for (const Json& m : *modules) {
+    if (m == "experts") {
+      q.experts = true;
+    } else if (m == "attention") {
+      q.attention = true;
+    } else if (m == "shared_expert") {
+      q.shared_expert = true;
+    } else if (m == "dense_mlp") {
+      q.dense_mlp = true;
+    } else {
+      return FieldError("quantization_config.modules",
+                        absl::StrCat("has unknown module ", m.dump(),
+                                     " (known: experts, attention, shared_expert, dense_mlp)"));
+    }
+  }
+  // Every quantized matrix's input width must be a multiple of the group size.
+  auto divisible = [&](bool on, std::string_view what, int64_t width) -> absl::Status {
+    if (!on || width <= 0 || width % q.group_size == 0) return absl::OkStatus();
+    return FieldError(
+        "quantization_config.group_size",
+        absl::StrCat("(", q.group_size, ") must divide the ", Sv(what), " (", width, ")"));
+  };
+  RETURN_IF_ERROR(divisible(true, "hidden size", c.hidden_size));
+  RETURN_IF_ERROR(divisible(q.experts, "expert width", c.intermediate_size));
+  RETURN_IF_ERROR(divisible(q.attention, "attention width (heads x head_dim)",
+                            c.num_attention_heads * c.head_dim));
+  RETURN_IF_ERROR(
+      divisible(q.shared_expert, "shared expert width", c.shared_expert_intermediate_size));
+  RETURN_IF_ERROR(divisible(q.dense_mlp && c.dense_intermediate_size > 0, "dense MLP width",
+                            c.dense_intermediate_size));
+  return q;
+}
+
 }  // namespace
+
+bool QuantizationConfig::Quantizes(TensorKind kind) const {
+  if (bits == 0) return false;
+  switch (kind) {
+    case TensorKind::kExpertGate:
+    case TensorKind::kExpertUp:
+    case TensorKind::kExpertDown:
+      return experts;
+    case TensorKind::kAttnQ:
+    case TensorKind::kAttnK:
+    case TensorKind::kAttnV:
+    case TensorKind::kAttnOut:
+      return attention;
+    case TensorKind::kSharedGate:
+    case TensorKind::kSharedUp:
+    case TensorKind::kSharedDown:
+      return shared_expert;
+    case TensorKind::kDenseGate:
+    case TensorKind::kDenseUp:
+    case TensorKind::kDenseDown:
+      return dense_mlp;
+    default:
+      return false;
+  }
+}
+
+std::string ScaleTensorName(const std::string& weight_name) { return weight_name + "_scale"; }
 
 const std::vector<const ArchitectureSpec*>& Architectures() {
   static const std::vector<const ArchitectureSpec*> kAll = {&kMixtral, &kQwen2Moe, &kQwen3Moe};
@@ -438,6 +530,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     ASSIGN_OR_RETURN(c.dense_intermediate_size, CheckSize(arch.dense_intermediate_size_key, dense));
     c.sparse_layers = std::move(sparse);
   }
+  // Last: it checks the widths of the matrices it covers.
+  if (const Json* v = Find(root, "quantization_config"); v != nullptr && !v->is_null()) {
+    ASSIGN_OR_RETURN(c.quantization, ParseQuantization(*v, c));
+  }
   return c;
 }
 
@@ -527,10 +623,29 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   const ArchitectureSpec& arch = *c.arch;
   std::vector<TensorSpec> out;
+  const QuantizationConfig& q = c.quantization;
   auto add = [&](TensorKind kind, int layer, int expert) {
     std::string name = TensorName(arch, kind, layer, expert);
     if (name.empty()) return;  // the architecture has no such tensor
-    out.push_back(TensorSpec{std::move(name), TensorShape(c, kind), kind, layer, expert});
+    std::vector<int64_t> shape = TensorShape(c, kind);
+    if (!q.Quantizes(kind)) {
+      out.push_back(TensorSpec{std::move(name), std::move(shape), kind, layer, expert});
+      return;
+    }
+    const int64_t rows = shape[0], cols = shape[1];
+    std::string scales = ScaleTensorName(name);
+    out.push_back(TensorSpec{std::move(name),
+                             {rows, q.bits == 4 ? cols / 2 : cols},
+                             kind,
+                             layer,
+                             expert,
+                             q.bits == 4 ? TensorStorage::kInt4 : TensorStorage::kInt8});
+    out.push_back(TensorSpec{std::move(scales),
+                             {rows, cols / q.group_size},
+                             kind,
+                             layer,
+                             expert,
+                             TensorStorage::kScale});
   };
   add(TensorKind::kTokenEmbedding, -1, -1);
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {

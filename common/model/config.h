@@ -81,6 +81,30 @@ const std::vector<const ArchitectureSpec*>& Architectures();
 absl::StatusOr<const ArchitectureSpec*> FindArchitecture(std::string_view model_type);
 const ArchitectureSpec& MixtralArchitecture();
 
+// Weights stored as integer levels with one float16 scale per group of input columns, as
+// `tandem quantize` writes them (docs/quantization.md); config.json's "quantization_config":
+//   {"quant_method": "tandem", "bits": 8 | 4, "group_size": 32 | 64 | 128,
+//    "modules": ["experts", "attention", "shared_expert", "dense_mlp"]}
+// (modules: which matrices are quantized; routers, embeddings, lm_head and norms never are).
+struct QuantizationConfig {
+  int bits = 0;  // 0: no quantized weights
+  int group_size = 0;
+  bool experts = false;        // routed experts' gate, up and down projections
+  bool attention = false;      // q, k, v and o projections
+  bool shared_expert = false;  // the shared expert's gate, up and down (not its scalar gate)
+  bool dense_mlp = false;      // dense MLP layers
+
+  bool Quantizes(TensorKind kind) const;
+};
+
+// How a checkpoint stores a tensor.
+enum class TensorStorage {
+  kFloat,  // BF16, F16 or F32, the shape as given
+  kInt8,   // I8 levels, the weight's shape (rows, cols)
+  kInt4,   // U8, two levels a byte (low nibble first, each + 8): (rows, cols / 2)
+  kScale,  // F16 scales of a quantized weight: (rows, cols / group_size)
+};
+
 // A parsed config.json. Sizes are validated by ParseModelConfig: all positive,
 // hidden_size == num_attention_heads * head_dim unless head_dim was given explicitly,
 // num_attention_heads % num_key_value_heads == 0, num_experts_per_tok <= num_local_experts.
@@ -113,6 +137,7 @@ struct ModelConfig {
   // (Hugging Face: not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0).
   std::vector<bool> sparse_layers;
   std::string torch_dtype;  // "bfloat16", "float16", "float32", or empty when absent
+  QuantizationConfig quantization;
 
   std::string_view model_type() const { return arch->model_type; }
   bool IsSparseLayer(int layer) const {
@@ -139,7 +164,11 @@ struct TensorSpec {
   TensorKind kind;
   int layer = -1;   // -1 for whole-model tensors
   int expert = -1;  // -1 for non-expert tensors
+  TensorStorage storage = TensorStorage::kFloat;
 };
+
+// The name of the scales of a quantized weight: its name + "_scale".
+std::string ScaleTensorName(const std::string& weight_name);
 
 // The Hugging Face name of a tensor; layer/expert are ignored where the kind has none.
 // Empty when the architecture has no tensor of that kind.
@@ -150,7 +179,8 @@ std::vector<int64_t> TensorShape(const ModelConfig& config, TensorKind kind);
 // Every tensor a checkpoint of `config` must hold, in a stable order: embedding, then per
 // layer (norms, attention and its biases, then the router, experts in index order and shared
 // expert of a sparse layer, or the dense MLP), then final norm and lm_head. Only the tensors
-// the config implies: biases when it has them, a shared expert when its width is set.
+// the config implies: biases when it has them, a shared expert when its width is set. A
+// quantized weight is followed by its scales (storage kScale).
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
 
 }  // namespace tandem::model

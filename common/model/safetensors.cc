@@ -108,6 +108,9 @@ absl::Status OpenError(int error, const std::string& path) {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
+    case DType::kI8:
+    case DType::kU8:
+      return 1;
     case DType::kBF16:
     case DType::kF16:
       return 2;
@@ -125,16 +128,20 @@ std::string_view DTypeName(DType dtype) {
       return "F16";
     case DType::kF32:
       return "F32";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
 
 absl::StatusOr<DType> ParseDType(std::string_view name) {
-  for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32, DType::kI8, DType::kU8}) {
     if (DTypeName(d) == name) return d;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype \"", Sv(name), "\" (supported: BF16, F16, F32)"));
+      absl::StrCat("unsupported dtype \"", Sv(name), "\" (supported: BF16, F16, F32, I8, U8)"));
 }
 
 int64_t TensorView::num_elements() const {
@@ -460,10 +467,19 @@ absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelCon
       problems.push_back(absl::StrCat("tensor '", spec.name, "' has shape ", ShapeString(t->shape),
                                       ", expected ", ShapeString(spec.shape)));
     }
-    // Every DType the loader accepts is usable; this guards against the enum growing.
-    if (t->dtype != DType::kBF16 && t->dtype != DType::kF16 && t->dtype != DType::kF32) {
-      problems.push_back(
-          absl::StrCat("tensor '", spec.name, "' has unsupported dtype ", Sv(DTypeName(t->dtype))));
+    const bool float_dtype =
+        t->dtype == DType::kBF16 || t->dtype == DType::kF16 || t->dtype == DType::kF32;
+    const bool dtype_ok = spec.storage == TensorStorage::kFloat  ? float_dtype
+                          : spec.storage == TensorStorage::kInt8 ? t->dtype == DType::kI8
+                          : spec.storage == TensorStorage::kInt4 ? t->dtype == DType::kU8
+                                                                 : t->dtype == DType::kF16;
+    if (!dtype_ok) {
+      const char* wanted = spec.storage == TensorStorage::kFloat  ? "BF16, F16 or F32"
+                           : spec.storage == TensorStorage::kInt8 ? "I8 (int8 levels)"
+                           : spec.storage == TensorStorage::kInt4 ? "U8 (int4 levels, two a byte)"
+                                                                  : "F16 (scales)";
+      problems.push_back(absl::StrCat("tensor '", spec.name, "' has dtype ",
+                                      Sv(DTypeName(t->dtype)), ", expected ", wanted));
     }
   }
   for (const std::string& name : model.Names()) {

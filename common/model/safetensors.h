@@ -20,11 +20,12 @@
 
 namespace tandem::model {
 
-// Element types Tandem reads from checkpoints.
-enum class DType { kBF16, kF16, kF32 };
+// Element types Tandem reads from checkpoints: floats, and the bytes of quantized weights
+// (int8 levels as I8, int4 levels two to a byte as U8; docs/quantization.md).
+enum class DType { kBF16, kF16, kF32, kI8, kU8 };
 
 size_t DTypeSize(DType dtype);            // bytes per element
-std::string_view DTypeName(DType dtype);  // the safetensors spelling: "BF16", "F16", "F32"
+std::string_view DTypeName(DType dtype);  // the safetensors spelling: "BF16", "F16", "I8", ...
 absl::StatusOr<DType> ParseDType(std::string_view name);
 
 // A tensor inside a mapped file. `data` stays valid while the file that produced it is open.

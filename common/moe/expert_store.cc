@@ -21,17 +21,23 @@
 namespace tandem::moe {
 namespace {
 
-constexpr char kMagic[] = "tandem-expert-pack v1";
+constexpr char kMagic[] = "tandem-expert-pack v2";
+constexpr char kMagicV1[] = "tandem-expert-pack v1";
 
 int64_t RoundUp(int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; }
 
 // Whether the offsets of `layout` fit in int64_t, so that a header with huge sizes is refused
-// instead of overflowing them.
+// instead of overflowing them. Sizes are at most 2^24 each (checked first), so the bundle
+// arithmetic below stays far from overflow.
 bool OffsetsFit(const PackLayout& layout) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max() - PackLayout::kAlignment;
+  constexpr int kMaxSize = 1 << 24;
+  if (layout.hidden > kMaxSize || layout.intermediate > kMaxSize || layout.layers > kMaxSize ||
+      layout.experts > kMaxSize) {
+    return false;
+  }
   int64_t expert_bytes, experts, experts_bytes;
-  return !__builtin_mul_overflow(int64_t{layout.intermediate}, layout.bundle_bytes(),
-                                 &expert_bytes) &&
+  return !__builtin_mul_overflow(int64_t{layout.bundles()}, layout.bundle_bytes(), &expert_bytes) &&
          expert_bytes <= kMax &&
          !__builtin_mul_overflow(int64_t{layout.layers}, int64_t{layout.experts}, &experts) &&
          !__builtin_mul_overflow(experts, RoundUp(expert_bytes, PackLayout::kAlignment),
@@ -42,28 +48,55 @@ bool OffsetsFit(const PackLayout& layout) {
 std::string Header(const PackLayout& layout) {
   std::string header =
       absl::StrCat(kMagic, " layers ", layout.layers, " experts ", layout.experts, " hidden ",
-                   layout.hidden, " intermediate ", layout.intermediate, "\n");
+                   layout.hidden, " intermediate ", layout.intermediate, " format ",
+                   kernels::WeightFormatName(layout.format), " group ", layout.group, "\n");
   header.resize(PackLayout::kAlignment, '\0');
   return header;
 }
 
 absl::StatusOr<PackLayout> ParseHeader(const char* header, const std::string& path) {
-  // "tandem-expert-pack v1 layers L experts E hidden H intermediate I\n", each size a positive
-  // int (absl::SimpleAtoi refuses what would overflow one, where sscanf's %d is undefined).
+  // "tandem-expert-pack v2 layers L experts E hidden H intermediate I format F group G\n", each
+  // size a positive int (absl::SimpleAtoi refuses what would overflow one, where sscanf's %d is
+  // undefined), F bf16 / int8 / int4, G 0 for bf16 and the quantization group otherwise.
   const std::vector<absl::string_view> words =
       absl::StrSplit(header, absl::ByAnyChar(" \n"), absl::SkipEmpty());
+  if (words.size() >= 2 && absl::StrCat(words[0], " ", words[1]) == kMagicV1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     " is an expert pack of format v1 (bf16 neuron by neuron); write it again with "
+                     "tandem pack"));
+  }
   PackLayout layout;
   const std::pair<const char*, int*> fields[] = {{"layers", &layout.layers},
                                                  {"experts", &layout.experts},
                                                  {"hidden", &layout.hidden},
-                                                 {"intermediate", &layout.intermediate}};
-  bool ok =
-      words.size() == 2 + 2 * std::size(fields) && absl::StrCat(words[0], " ", words[1]) == kMagic;
-  for (size_t i = 0; ok && i < std::size(fields); ++i) {
-    ok = words[2 + 2 * i] == fields[i].first &&
-         absl::SimpleAtoi(words[3 + 2 * i], fields[i].second) && *fields[i].second >= 1;
+                                                 {"intermediate", &layout.intermediate},
+                                                 {"group", &layout.group}};
+  // The format sits between intermediate and group.
+  bool ok = words.size() == 2 + 2 * std::size(fields) + 2 &&
+            absl::StrCat(words[0], " ", words[1]) == kMagic;
+  for (size_t i = 0, w = 2; ok && i < std::size(fields); ++i, w += 2) {
+    if (i == 4) {
+      ok = words[w] == "format";
+      if (words[w + 1] == "bf16") {
+        layout.format = kernels::WeightFormat::kBf16;
+      } else if (words[w + 1] == "int8") {
+        layout.format = kernels::WeightFormat::kInt8;
+      } else if (words[w + 1] == "int4") {
+        layout.format = kernels::WeightFormat::kInt4;
+      } else {
+        ok = false;
+      }
+      w += 2;
+      if (!ok) break;
+    }
+    ok = words[w] == fields[i].first && absl::SimpleAtoi(words[w + 1], fields[i].second) &&
+         *fields[i].second >= (i == 4 ? 0 : 1);
   }
   if (!ok) return absl::InvalidArgumentError(absl::StrCat(path, " is not a ", kMagic, " file"));
+  if (const std::string problem = layout.Check(); !problem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", problem));
+  }
   if (!OffsetsFit(layout)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": its header's sizes make a pack too large to address"));
@@ -73,7 +106,7 @@ absl::StatusOr<PackLayout> ParseHeader(const char* header, const std::string& pa
 
 absl::Status CheckRead(const PackLayout& layout, int layer, int expert, int first, int count) {
   if (layer < 0 || layer >= layout.layers || expert < 0 || expert >= layout.experts || first < 0 ||
-      count < 0 || count > layout.intermediate - first) {
+      count < 0 || count > layout.bundles() - first) {
     return absl::InvalidArgumentError(absl::StrCat("bundles [", first, ", ", int64_t{first} + count,
                                                    ") of expert ", expert, " of layer ", layer,
                                                    " are outside the pack"));
@@ -174,8 +207,65 @@ absl::StatusOr<PackLayout> ReadLayout(const std::string& path) {
 
 }  // namespace
 
+PackLayout PackLayout::For(const model::ModelConfig& c) {
+  PackLayout layout{.layers = static_cast<int>(c.num_hidden_layers),
+                    .experts = static_cast<int>(c.num_local_experts),
+                    .hidden = static_cast<int>(c.hidden_size),
+                    .intermediate = static_cast<int>(c.intermediate_size)};
+  if (c.quantization.experts) {
+    layout.format =
+        c.quantization.bits == 8 ? kernels::WeightFormat::kInt8 : kernels::WeightFormat::kInt4;
+    layout.group = c.quantization.group_size;
+  }
+  return layout;
+}
+
+int PackLayout::bundle_neurons() const {
+  return format == kernels::WeightFormat::kBf16 ? kernels::kPanelRows : group;
+}
+
+int PackLayout::BundlesFor(int width) const {
+  return (width + bundle_neurons() - 1) / bundle_neurons();
+}
+
+kernels::PanelLayout PackLayout::gate_layout(int width) const {
+  return {format, width, hidden, group};
+}
+
+kernels::PanelLayout PackLayout::down_layout(int width) const {
+  return {format, hidden, width, group};
+}
+
+int64_t PackLayout::gate_piece_bytes() const {
+  return gate_layout(intermediate).panel_bytes() * (bundle_neurons() / kernels::kPanelRows);
+}
+
+int64_t PackLayout::down_piece_bytes() const { return down_layout(bundle_neurons()).panel_bytes(); }
+
+int64_t PackLayout::bundle_bytes() const {
+  const int64_t down_panels = (hidden + kernels::kPanelRows - 1) / kernels::kPanelRows;
+  return 2 * gate_piece_bytes() + down_panels * down_piece_bytes();
+}
+
+std::string PackLayout::Check() const {
+  if (layers < 1 || experts < 1 || hidden < 1 || intermediate < 1) {
+    return "an expert pack needs positive sizes";
+  }
+  if (format == kernels::WeightFormat::kBf16 ? group != 0 : !kernels::ValidGroup(group)) {
+    return "the pack's group does not fit its format (0 for bf16; 32, 64 or 128 otherwise)";
+  }
+  if (intermediate % bundle_neurons() != 0) {
+    return absl::StrCat("the expert width ", intermediate, " is not a whole number of ",
+                        bundle_neurons(), "-neuron bundles");
+  }
+  if (format != kernels::WeightFormat::kBf16 && hidden % group != 0) {
+    return absl::StrCat("the hidden size ", hidden, " is not a multiple of the group ", group);
+  }
+  return "";
+}
+
 int64_t PackLayout::expert_stride() const {
-  return RoundUp(intermediate * bundle_bytes(), kAlignment);
+  return RoundUp(int64_t{bundles()} * bundle_bytes(), kAlignment);
 }
 
 int64_t PackLayout::offset(int layer, int expert) const {
@@ -184,6 +274,84 @@ int64_t PackLayout::offset(int layer, int expert) const {
 
 int64_t PackLayout::file_bytes() const { return offset(layers, 0); }
 
+namespace {
+
+// Bundles [first, first + count) of a resident expert (at least that wide) into `out`.
+void CopyBundles(const PackLayout& layout, const engine::WeightMatrix& gate,
+                 const engine::WeightMatrix& up, const engine::WeightMatrix& down, int first,
+                 int count, std::byte* out) {
+  const int64_t gate_piece = layout.gate_piece_bytes();
+  const int64_t down_piece = layout.down_piece_bytes();
+  const int down_panels = down.layout.panels();
+  const bool bf16 = layout.format == kernels::WeightFormat::kBf16;
+  // Bytes of one bundle's values within a panel of down (bf16: all of its piece).
+  const int64_t down_values = bf16 ? down_piece : down.layout.group_bytes();
+  for (int b = first; b < first + count; ++b) {
+    std::memcpy(out, gate.data.data() + b * gate_piece, gate_piece);
+    std::memcpy(out + gate_piece, up.data.data() + b * gate_piece, gate_piece);
+    std::byte* pieces = out + 2 * gate_piece;
+    for (int p = 0; p < down_panels; ++p) {
+      const std::byte* panel = down.data.data() + p * down.layout.panel_bytes();
+      std::memcpy(pieces, panel + b * down_values, down_values);
+      if (!bf16) {
+        std::memcpy(pieces + down_values, panel + down.layout.scale_offset() + b * 32,
+                    down_piece - down_values);
+      }
+      pieces += down_piece;
+    }
+    out += layout.bundle_bytes();
+  }
+}
+
+}  // namespace
+
+void AppendBundles(const PackLayout& layout, const std::byte* bundles, int from, int to,
+                   ResidentExpert* r) {
+  const int old_width = from * layout.bundle_neurons();
+  const int width = std::min(layout.intermediate, to * layout.bundle_neurons());
+  const int64_t gate_piece = layout.gate_piece_bytes();
+  const int64_t down_piece = layout.down_piece_bytes();
+  const bool bf16 = layout.format == kernels::WeightFormat::kBf16;
+  // gate and up grow by whole panels.
+  for (engine::WeightMatrix* m : {&r->gate, &r->up}) {
+    m->layout = layout.gate_layout(width);
+    m->data.resize(m->layout.bytes());
+  }
+  for (int b = from; b < to; ++b) {
+    const std::byte* bundle = bundles + (b - from) * layout.bundle_bytes();
+    std::memcpy(r->gate.data.data() + b * gate_piece, bundle, gate_piece);
+    std::memcpy(r->up.data.data() + b * gate_piece, bundle + gate_piece, gate_piece);
+  }
+  // down's panels grow by the bundles' columns: rebuilt, the old columns first.
+  engine::WeightMatrix down;
+  down.layout = layout.down_layout(width);
+  down.data.resize(down.layout.bytes());
+  const kernels::PanelLayout old = layout.down_layout(std::max(old_width, 1));
+  const int64_t down_values = bf16 ? down_piece : down.layout.group_bytes();
+  for (int p = 0; p < down.layout.panels(); ++p) {
+    std::byte* panel = down.data.data() + p * down.layout.panel_bytes();
+    if (from > 0) {
+      const std::byte* old_panel = r->down.data.data() + p * old.panel_bytes();
+      std::memcpy(panel, old_panel, from * down_values);
+      if (!bf16) {
+        std::memcpy(panel + down.layout.scale_offset(), old_panel + old.scale_offset(),
+                    from * (down_piece - down_values));
+      }
+    }
+    for (int b = from; b < to; ++b) {
+      const std::byte* piece =
+          bundles + (b - from) * layout.bundle_bytes() + 2 * gate_piece + p * down_piece;
+      std::memcpy(panel + b * down_values, piece, down_values);
+      if (!bf16) {
+        std::memcpy(panel + down.layout.scale_offset() + b * (down_piece - down_values),
+                    piece + down_values, down_piece - down_values);
+      }
+    }
+  }
+  r->down = std::move(down);
+  r->width = width;
+}
+
 absl::Status WriteExpertPack(const engine::ModelWeights& weights, const std::string& path) {
   const model::ModelConfig& c = weights.config;
   if (c.HasDenseLayers()) {
@@ -191,31 +359,26 @@ absl::Status WriteExpertPack(const engine::ModelWeights& weights, const std::str
         "expert packs of a model with dense MLP layers (decoder_sparse_step / mlp_only_layers) "
         "are not supported");
   }
-  PackLayout layout{.layers = static_cast<int>(c.num_hidden_layers),
-                    .experts = static_cast<int>(c.num_local_experts),
-                    .hidden = static_cast<int>(c.hidden_size),
-                    .intermediate = static_cast<int>(c.intermediate_size)};
+  const PackLayout layout = PackLayout::For(c);
+  if (const std::string problem = layout.Check(); !problem.empty()) {
+    return absl::UnimplementedError(
+        absl::StrCat("this model's experts cannot be packed: ", problem));
+  }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
   const std::string header = Header(layout);
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  std::vector<uint16_t> expert(layout.expert_stride() / 2);
-  const int h = layout.hidden;
+  std::vector<std::byte> expert(layout.expert_stride());
   for (int l = 0; l < layout.layers; ++l) {
     for (int e = 0; e < layout.experts; ++e) {
       if (!weights.HasExpert(l, e)) {
         return absl::InvalidArgumentError("an expert pack needs every expert's weights");
       }
       const engine::ExpertWeights& w = weights.layers[l].experts[e];
-      std::fill(expert.begin(), expert.end(), 0);
-      for (int i = 0; i < layout.intermediate; ++i) {
-        uint16_t* bundle = expert.data() + static_cast<size_t>(i) * 3 * h;
-        std::memcpy(bundle, w.gate.row(i), h * sizeof(uint16_t));
-        std::memcpy(bundle + h, w.up.row(i), h * sizeof(uint16_t));
-        for (int j = 0; j < h; ++j) bundle[2 * h + j] = w.down.row(j)[i];
-      }
+      std::fill(expert.begin(), expert.end(), std::byte{0});
+      CopyBundles(layout, w.gate, w.up, w.down, 0, layout.bundles(), expert.data());
       out.write(reinterpret_cast<const char*>(expert.data()),
-                static_cast<std::streamsize>(expert.size() * sizeof(uint16_t)));
+                static_cast<std::streamsize>(expert.size()));
     }
   }
   out.close();
@@ -251,7 +414,7 @@ absl::StatusOr<std::unique_ptr<ExpertBacking>> DirectFileBacking(const std::stri
 absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(ExpertBacking* backing,
                                                                  int64_t capacity_bytes) {
   const PackLayout& layout = backing->layout();
-  const int64_t full = int64_t{3} * layout.intermediate * layout.hidden * 2;
+  const int64_t full = int64_t{layout.bundles()} * layout.bundle_bytes();
   if (capacity_bytes < full) {
     return absl::InvalidArgumentError(absl::StrCat("an expert cache of ", capacity_bytes,
                                                    " bytes cannot hold one full expert (", full,
@@ -301,34 +464,11 @@ bool ExpertCache::MakeRoom(int64_t bytes) {
 absl::Status ExpertCache::Load(int layer, int expert, int from, int to, Entry* entry) {
   const absl::Time start = absl::Now();
   const PackLayout& layout = backing_->layout();
-  const int h = layout.hidden;
   staging_.resize(static_cast<size_t>(to - from) * layout.bundle_bytes());
   RETURN_IF_ERROR(backing_->Read(layer, expert, from, to - from, staging_.data()));
-  const auto* bundles = reinterpret_cast<const uint16_t*>(staging_.data());
-  ResidentExpert& r = entry->expert;
-  // gate and up grow by rows; down, (hidden, width), is rebuilt one row per hidden unit.
-  for (engine::Bf16Matrix* m : {&r.gate, &r.up}) {
-    m->rows = to;
-    m->cols = h;
-    m->data.resize(static_cast<size_t>(to) * h);
-  }
-  engine::Bf16Matrix down;
-  down.rows = h;
-  down.cols = to;
-  down.data.resize(static_cast<size_t>(h) * to);
-  for (int j = 0; j < h && from > 0; ++j) {
-    std::memcpy(down.data.data() + static_cast<size_t>(j) * to, r.down.row(j),
-                from * sizeof(uint16_t));
-  }
-  for (int i = from; i < to; ++i) {
-    const uint16_t* bundle = bundles + static_cast<size_t>(i - from) * 3 * h;
-    std::memcpy(r.gate.data.data() + static_cast<size_t>(i) * h, bundle, h * sizeof(uint16_t));
-    std::memcpy(r.up.data.data() + static_cast<size_t>(i) * h, bundle + h, h * sizeof(uint16_t));
-    for (int j = 0; j < h; ++j) down.data[static_cast<size_t>(j) * to + i] = bundle[2 * h + j];
-  }
-  r.down = std::move(down);
-  resident_bytes_ += int64_t{3} * (to - from) * h * 2;
-  r.width = to;
+  const int64_t before = entry->expert.bytes();
+  AppendBundles(layout, staging_.data(), from, to, &entry->expert);
+  resident_bytes_ += entry->expert.bytes() - before;
   stats_.bytes_loaded += (to - from) * layout.bundle_bytes();
   stats_.load_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
@@ -350,9 +490,10 @@ absl::StatusOr<const ResidentExpert*> ExpertCache::Acquire(int layer, int expert
     it->second.pinned = true;
     return &it->second.expert;
   }
-  const int from = it == entries_.end() ? 0 : it->second.expert.width;
+  const int from = it == entries_.end() ? 0 : layout.BundlesFor(it->second.expert.width);
+  const int to = layout.BundlesFor(width);
   if (it != entries_.end()) it->second.pinned = true;  // not evicted to make its own room
-  if (!MakeRoom(int64_t{3} * (width - from) * layout.hidden * 2)) {
+  if (!MakeRoom(int64_t{to - from} * layout.bundle_bytes())) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the expert cache (", capacity_, " bytes) is full of experts this step uses; expert ",
         expert, " of layer ", layer, " at width ", width, " does not fit"));
@@ -362,7 +503,7 @@ absl::StatusOr<const ResidentExpert*> ExpertCache::Acquire(int layer, int expert
   ++entry.uses;
   entry.last_use = ++tick_;
   entry.pinned = true;
-  RETURN_IF_ERROR(Load(layer, expert, from, width, &entry));
+  RETURN_IF_ERROR(Load(layer, expert, from, to, &entry));
   return &entry.expert;
 }
 

@@ -1,12 +1,20 @@
-// Expert weights outside the engine's memory (docs/design.md, "Combination-aware
-// mixed-width experts"; issue #7): a backing tier holding every expert in a packed layout, and
-// a resident cache bounded in bytes that holds experts at the widths decode asks for.
+// Expert weights outside the engine's memory (docs/design.md, "Combination-aware mixed-width
+// experts"): a backing tier holding every expert in a packed layout, and a resident cache bounded
+// in bytes that holds experts at the widths decode asks for.
 //
-// Packed layout (an "expert pack"): each expert is a run of `intermediate` neuron bundles,
-// bundle i = [gate row i (hidden)] [up row i (hidden)] [down column i (hidden)], bf16. With
-// neurons in importance order (tandem reorder), a width-k load is one contiguous read of the
-// first k bundles, and a cached width-k copy widens to k' by reading bundles [k, k') only.
-// On disk: a 4096-byte header, then experts (layer-major) each padded to 4096 bytes, so that
+// Packed layout (an "expert pack", format v2): each expert is a run of bundles of neurons, in
+// neuron order; a bundle is bundle_neurons() consecutive neurons (16 for bf16 experts, the
+// quantization group — 32, 64 or 128 — for int8 / int4 ones), and holds exactly the bytes the
+// engine's packed matrices (common/kernels/packed_matrix.h) keep for those neurons:
+//   [gate panels of the bundle's rows] [up panels of its rows]
+//   [for each 16-row panel of down (hidden rows): the bundle's columns of that panel — bf16
+//    column pairs, or one quantization group's levels and then its 16 float16 scales]
+// With neurons in importance order (tandem reorder), a width-k load is one contiguous read of the
+// first ceil(k / bundle_neurons) bundles, quantized or not, and loading is copying: gate and up
+// grow by whole panels, down's panels by the bundle's columns. A cached copy widens by reading
+// only the missing bundles.
+// On disk: a 4096-byte header ("tandem-expert-pack v2 layers L experts E hidden H intermediate I
+// format bf16|int8|int4 group G"), then experts (layer-major) each padded to 4096 bytes, so that
 // reads with O_DIRECT (which bypass the page cache) need no copy of the file's layout.
 #pragma once
 
@@ -18,6 +26,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/engine/model_weights.h"
+#include "common/kernels/packed_matrix.h"
 #include "common/util/huge_pages.h"
 
 namespace tandem::moe {
@@ -29,11 +38,28 @@ struct PackLayout {
   int experts = 0;
   int hidden = 0;
   int intermediate = 0;
+  kernels::WeightFormat format = kernels::WeightFormat::kBf16;
+  int group = 0;  // int8 / int4: the quantization group
 
-  int64_t bundle_bytes() const { return int64_t{3} * hidden * 2; }
+  // The pack of `config`'s experts: its format from its quantization config.
+  static PackLayout For(const model::ModelConfig& config);
+
+  int bundle_neurons() const;
+  int bundles() const { return intermediate / bundle_neurons(); }
+  // Bundles holding the first `width` neurons.
+  int BundlesFor(int width) const;
+  // The packed layouts of an expert's gate / up (width, hidden) and down (hidden, width).
+  kernels::PanelLayout gate_layout(int width) const;
+  kernels::PanelLayout down_layout(int width) const;
+  int64_t gate_piece_bytes() const;  // one bundle's rows of gate (or up)
+  int64_t down_piece_bytes() const;  // one bundle's columns of one panel of down
+  int64_t bundle_bytes() const;
   int64_t expert_stride() const;                // bytes between experts, a multiple of kAlignment
   int64_t offset(int layer, int expert) const;  // of the expert's first bundle in the file
   int64_t file_bytes() const;
+  // Empty when the sizes are positive, the group fits the format and the width is a whole
+  // number of bundles; otherwise what is wrong.
+  std::string Check() const;
 };
 
 // Writes every expert of `weights` (all resident) to `path` as a pack.
@@ -56,13 +82,21 @@ absl::StatusOr<std::unique_ptr<ExpertBacking>> HostBacking(const std::string& pa
 // FAILED_PRECONDITION when the file system refuses O_DIRECT (tmpfs does).
 absl::StatusOr<std::unique_ptr<ExpertBacking>> DirectFileBacking(const std::string& pack_path);
 
-// One resident expert at `width` neurons in the engine's layout: gate and up (width, hidden),
-// down (hidden, width) — the first `width` neurons of the full expert.
+// One resident expert at `width` neurons (whole bundles, or the whole expert) in the engine's
+// packed layout: gate and up (width, hidden), down (hidden, width) — the first `width` neurons
+// of the full expert.
 struct ResidentExpert {
   int width = 0;
-  engine::Bf16Matrix gate, up, down;
-  int64_t bytes() const { return int64_t{3} * width * gate.cols * 2; }
+  engine::WeightMatrix gate, up, down;
+  int64_t bytes() const {
+    return static_cast<int64_t>(gate.data.size() + up.data.size() + down.data.size());
+  }
 };
+
+// Appends bundles [from, to) (laid out as in a pack, `bundles` pointing at bundle `from`) to
+// `expert`, which holds the first `from` bundles: it then holds the first `to`.
+void AppendBundles(const PackLayout& layout, const std::byte* bundles, int from, int to,
+                   ResidentExpert* expert);
 
 struct CacheStats {
   int64_t hits = 0;       // the expert was resident at the width asked for or wider

@@ -98,7 +98,7 @@ absl::StatusOr<engine::ExpertView> ExpertStream::Wait(int layer, int expert, int
     for (const Job& j : jobs_) RETURN_IF_ERROR(j.status);
   }
   const ResidentExpert& r = *done.expert;
-  return engine::ExpertView{r.gate.data.data(), r.up.data.data(), r.down.data.data(), r.width};
+  return engine::ExpertView{r.gate.view(), r.up.view(), r.down.view()};
 }
 
 void ExpertStream::EndLayer(int) {

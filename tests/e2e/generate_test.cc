@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
 #include "tandem/v1/decode.grpc.pb.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -27,6 +28,7 @@ constexpr int kTokens = 24;
 class GenerateEndToEndTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    testing::UseExactKernels();  // compared with the PyTorch reference
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
     manifest_ = nlohmann::json::parse(in);
     prefill_ = Start("tandem-prefill", {});

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -20,6 +21,7 @@ constexpr int kTokens = 24;
 class ServeTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    testing::ExactKernelsInChildren();  // compared with the PyTorch reference
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
     manifest_ = nlohmann::json::parse(in);
     const std::string port_file = dir_.path() + "/serve.ports";

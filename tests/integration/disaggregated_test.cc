@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tandem/v1/prefill.grpc.pb.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -27,6 +28,7 @@ constexpr int kTokens = 24;
 class DisaggregatedTest : public ::testing::TestWithParam<std::vector<std::string>> {
  protected:
   void SetUp() override {
+    testing::ExactKernelsInChildren();  // compared with the PyTorch reference
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
     manifest_ = nlohmann::json::parse(in);
     prefill_ = Start("tandem-prefill", GetParam());

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/mixed_width_model.h"
 #include "tests/testing/subprocess.h"
 
@@ -27,6 +28,7 @@ using testing::MetricValue;
 class FineGrainedClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    testing::ExactKernelsInChildren();  // compared with the PyTorch reference
     model_dir_ = absl::StrCat(testing::SourceDir(), "/models/", kModel);
     std::ifstream in(
         absl::StrCat(testing::SourceDir(), "/tests/golden/", kModel, "/manifest.json"));

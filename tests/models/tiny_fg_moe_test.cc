@@ -21,6 +21,7 @@
 #include "common/model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -102,6 +103,7 @@ TEST(TinyFgMoeTest, ModelCardCarriesTheMeasuredNumbers) {
 class TinyFgMoeGoldenTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    testing::UseExactKernels();
     auto loaded = LoadModelDir(ModelDir());
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = new LoadedModel(*std::move(loaded));

@@ -1,11 +1,13 @@
-// Dispatch: picks the best kernel table for this CPU once, on first use, and forwards every
-// public kernel to it. Also holds what all tables share (bf16 conversion, Rope, the split of
-// matrix products across threads).
+// Dispatch: picks the kernel level for this CPU once, on first use (or as TANDEM_KERNELS says),
+// and forwards every public kernel to its table. Also holds what all levels share (bf16
+// conversion, Rope, the split of matrix products across threads, activation scratch).
 #include "common/kernels/cpu/kernels.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/kernels/cpu/kernels_internal.h"
@@ -27,20 +29,27 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 19;
 // Smallest share of a product handed to one thread.
 constexpr int64_t kMinChunkWork = int64_t{1} << 17;
 
-void ParallelRows(int b, int n, int d, int row_align, const std::function<void(int, int)>& fn) {
-  const int64_t work = int64_t{b} * n * d;
+void ParallelPanels(int b, const PackedMatrix& w, int panel_align,
+                    const std::function<void(int, int)>& fn) {
+  const int panels = (w.rows + kPanelRows - 1) / kPanelRows;
+  const int64_t work = int64_t{b} * w.cols * w.rows;
   ThreadPool& pool = DefaultThreadPool();
   if (work < kMinParallelWork || pool.num_threads() == 1) {
-    fn(0, d);
+    fn(0, panels);
     return;
   }
-  const int64_t groups = (d + row_align - 1) / row_align;
-  const int64_t group_work = std::max<int64_t>(1, int64_t{b} * n * row_align);
-  pool.ParallelFor(groups, std::max<int64_t>(1, kMinChunkWork / group_work),
+  const int64_t blocks = (panels + panel_align - 1) / panel_align;
+  const int64_t block_work = std::max<int64_t>(1, int64_t{b} * w.cols * kPanelRows * panel_align);
+  pool.ParallelFor(blocks, std::max<int64_t>(1, kMinChunkWork / block_work),
                    [&](int64_t begin, int64_t end) {
-                     fn(static_cast<int>(begin * row_align),
-                        static_cast<int>(std::min<int64_t>(d, end * row_align)));
+                     fn(static_cast<int>(begin * panel_align),
+                        static_cast<int>(std::min<int64_t>(panels, end * panel_align)));
                    });
+}
+
+ActivationScratch& ThreadScratch() {
+  thread_local ActivationScratch scratch;
+  return scratch;
 }
 
 void RopeSharedAngles(float* x, int heads, int head_dim, int pos, float theta) {
@@ -63,10 +72,11 @@ void RopeSharedAngles(float* x, int heads, int head_dim, int pos, float theta) {
 namespace {
 
 // For CPUs without AVX2 (and for testing the fast paths against it).
-constexpr IsaKernels kReferenceKernels = {
+constexpr Backend kReferenceBackend = {
     .name = "reference",
-    .matmul_bf16 = reference::MatMulBf16Strided,
-    .matmul_f32 = reference::MatMulF32,
+    .rounding = ActivationRounding::kNone,
+    .linear = reference::Linear,
+    .linear_f32 = reference::Linear,
     .rms_norm = reference::RmsNorm,
     .rope = reference::Rope,
     .softmax = reference::Softmax,
@@ -77,41 +87,91 @@ constexpr IsaKernels kReferenceKernels = {
     .paged_attention = reference::PagedAttentionHeads,
 };
 
+Backend WithLinear(const Backend& elementwise, const char* name, ActivationRounding rounding,
+                   LinearFn linear, LinearFn linear_f32) {
+  Backend backend = elementwise;
+  backend.name = name;
+  backend.rounding = rounding;
+  backend.linear = linear;
+  backend.linear_f32 = linear_f32;
+  return backend;
+}
+
 bool CpuHasAvx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-bool Supported(const IsaKernels& kernels) {
-  __builtin_cpu_init();
-  if (&kernels == &kAvx512Bf16Kernels) {
-    return CpuHasAvx512() && __builtin_cpu_supports("avx512bf16");
-  }
-  if (&kernels == &kAvx512Kernels) return CpuHasAvx512();
-  if (&kernels == &kAvx2Kernels) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }
-  return true;
+struct Level {
+  Backend backend;
+  bool supported;
+};
+
+// Every level, slowest first, built once (the tables of other files are complete by then:
+// they are constant-initialised).
+const std::vector<Level>& Levels() {
+  static const std::vector<Level>* levels = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("f16c");
+    const bool avx512 = CpuHasAvx512();
+    const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
+    const bool bf16 = vnni && __builtin_cpu_supports("avx512bf16");
+    return new std::vector<Level>{
+        {kReferenceBackend, true},
+        {WithLinear(kAvx2Elementwise, "avx2", ActivationRounding::kNone, kAvx2Linear, kAvx2Linear),
+         avx2},
+        {WithLinear(kAvx512Elementwise, "avx512", ActivationRounding::kNone, kAvx512Linear,
+                    kAvx512Linear),
+         avx512},
+        {WithLinear(kAvx512Elementwise, "avx512vnni", ActivationRounding::kInt8, kAvx512VnniLinear,
+                    kAvx512Linear),
+         vnni},
+        {WithLinear(kAvx512Elementwise, "avx512bf16", ActivationRounding::kBf16AndInt8,
+                    kAvx512Bf16Linear, kAvx512Linear),
+         bf16},
+    };
+  }();
+  return *levels;
 }
 
-// The bf16 dot-product table is not a default: it rounds activations to bf16.
-const IsaKernels* Detect() {
-  for (const IsaKernels* kernels : {&kAvx512Kernels, &kAvx2Kernels}) {
-    if (Supported(*kernels)) return kernels;
+const Backend* Find(const std::string& name) {
+  const std::vector<Level>& levels = Levels();
+  const Backend* found = nullptr;
+  for (const Level& level : levels) {
+    if (!level.supported) continue;
+    if (name == "auto" || name == level.backend.name ||
+        (name == "exact" && level.backend.rounding == ActivationRounding::kNone)) {
+      found = &level.backend;  // the last match is the fastest
+      if (name == level.backend.name) break;
+    }
   }
-  return &kReferenceKernels;
+  return found;
 }
 
-constinit std::atomic<const IsaKernels*> g_kernels{nullptr};
+// The level TANDEM_KERNELS names, else the fastest; an unknown or unsupported name in the
+// environment is reported once on stderr and ignored.
+const Backend* Detect() {
+  if (const char* forced = std::getenv("TANDEM_KERNELS"); forced != nullptr && *forced != 0) {
+    if (const Backend* backend = Find(forced); backend != nullptr) return backend;
+    std::fprintf(stderr,
+                 "tandem: TANDEM_KERNELS=%s is not a kernel level this CPU can run (%s); using "
+                 "the fastest\n",
+                 forced, KernelIsaNames().c_str());
+  }
+  return Find("auto");
+}
 
-const IsaKernels& Kernels() {
-  const IsaKernels* kernels = g_kernels.load(std::memory_order_acquire);
-  if (kernels == nullptr) {
+constinit std::atomic<const Backend*> g_backend{nullptr};
+
+const Backend& Kernels() {
+  const Backend* backend = g_backend.load(std::memory_order_acquire);
+  if (backend == nullptr) {
     // Threads racing here all detect the same table.
-    kernels = Detect();
-    g_kernels.store(kernels, std::memory_order_release);
+    backend = Detect();
+    g_backend.store(backend, std::memory_order_release);
   }
-  return *kernels;
+  return *backend;
 }
 
 }  // namespace
@@ -119,33 +179,39 @@ const IsaKernels& Kernels() {
 
 const char* KernelIsa() { return internal::Kernels().name; }
 
-bool SetKernelIsaForTesting(const char* isa) {
-  using internal::IsaKernels;
-  if (isa == nullptr) {
-    internal::g_kernels.store(internal::Detect(), std::memory_order_release);
-    return true;
+const Backend& ActiveBackend() { return internal::Kernels(); }
+
+std::vector<const Backend*> SupportedBackends() {
+  std::vector<const Backend*> out;
+  for (const internal::Level& level : internal::Levels()) {
+    if (level.supported) out.push_back(&level.backend);
   }
-  for (const IsaKernels* kernels : {&internal::kAvx512Bf16Kernels, &internal::kAvx512Kernels,
-                                    &internal::kAvx2Kernels, &internal::kReferenceKernels}) {
-    if (std::strcmp(isa, kernels->name) == 0) {
-      if (!internal::Supported(*kernels)) return false;
-      internal::g_kernels.store(kernels, std::memory_order_release);
-      return true;
-    }
+  return out;
+}
+
+const Backend* FindBackend(const std::string& name) { return internal::Find(name); }
+
+std::string KernelIsaNames() {
+  std::string names = "auto, exact";
+  for (const internal::Level& level : internal::Levels()) {
+    names += std::string(", ") + level.backend.name;
   }
-  return false;
+  return names;
 }
 
-void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y) {
-  internal::Kernels().matmul_bf16(x, b, n, w, n, d, y);
+bool SetKernelIsa(const std::string& name) {
+  const Backend* backend = internal::Find(name);
+  if (backend == nullptr) return false;
+  internal::g_backend.store(backend, std::memory_order_release);
+  return true;
 }
 
-void MatMulBf16Strided(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y) {
-  internal::Kernels().matmul_bf16(x, b, n, w, ldw, d, y);
+void Linear(const float* x, int b, const PackedMatrix& w, float* y) {
+  internal::Kernels().linear(x, b, w, y);
 }
 
-void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
-  internal::Kernels().matmul_f32(x, b, n, w, d, y);
+void LinearF32(const float* x, int b, const PackedMatrix& w, float* y) {
+  internal::Kernels().linear_f32(x, b, w, y);
 }
 
 void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out) {

@@ -1,17 +1,29 @@
-// CPU kernels: plain functions with shape comments. Each fast kernel (AVX-512 with bf16 dot
-// products where the CPU has them, AVX2 otherwise, chosen once at run time) has a simple
-// reference beside it in namespace `reference`, and a test comparing the two on random inputs.
-// All matrices are row-major; activations are float32, weights bfloat16 (raw bits) or float32,
-// accumulation is float32.
+// CPU kernels: plain functions with shape comments, and the CPU backend's op tables
+// (common/kernels/backend.h). Each fast kernel has a simple reference beside it in namespace
+// `reference`, and a test comparing the two on random inputs. All matrices are row-major;
+// activations are float32; the matrix products read weights packed in panels
+// (common/kernels/packed_matrix.h: bf16, int8 or int4), accumulating in float32.
 //
-// By default the AVX-512 path widens bf16 weights to float32 and multiplies them by the exact
-// float32 activations, as the reference does; the bf16 dot-product path ("avx512bf16") rounds
-// activations to bf16 first (about 3 significant digits) and is used only when selected with
-// SetKernelIsaForTesting. MatMulBf16 and MatMulF32 split large products across the threads of
-// DefaultThreadPool() (thread_pool.h); every kernel is safe to call from several threads at once.
+// Levels (instruction sets), slowest first; each is chosen at run time only where the CPU has
+// its instructions (and the OS enables them):
+//   reference    plain loops, the test oracle
+//   avx2         AVX2 + FMA + F16C; activations float32
+//   avx512       AVX-512 F/BW/VL/DQ; activations float32
+//   avx512vnni   + VNNI: int8/int4 weights meet activations quantized to int8 per group
+//   avx512bf16   + AVX512_BF16: bf16 weights meet activations rounded to bf16 as well
+// The default is the fastest level the CPU has; TANDEM_KERNELS (environment) or SetKernelIsa
+// picks another: a level's name, "auto" (the default) or "exact" (the fastest level that keeps
+// activations float32, whose results match the PyTorch reference to float32 rounding). Every
+// dispatched kernel is safe to call from several threads at once; the matrix products split
+// large products across the threads of DefaultThreadPool() (thread_pool.h).
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/kernels/backend.h"
+#include "common/kernels/packed_matrix.h"
 
 namespace tandem::kernels::cpu {
 
@@ -19,22 +31,26 @@ namespace tandem::kernels::cpu {
 float Bf16ToF32(uint16_t bits);
 uint16_t F32ToBf16(float value);
 
-// Which implementation the dispatched kernels use on this machine: "avx512bf16", "avx512",
-// "avx2" or "reference".
+// The level the dispatched kernels use now.
 const char* KernelIsa();
+// The backend of the level in use, and of every level this CPU can run (slowest first).
+const Backend& ActiveBackend();
+std::vector<const Backend*> SupportedBackends();
+// The backend `name` selects ("auto", "exact" or a level), null when the name is unknown or
+// the CPU lacks the level's instructions.
+const Backend* FindBackend(const std::string& name);
+// Every name FindBackend knows, for messages: "auto, exact, reference, avx2, ...".
+std::string KernelIsaNames();
 
-// Makes the dispatched kernels use `isa` (one of KernelIsa()'s names) from now on, in every
-// thread; nullptr restores the choice made for this machine. Returns false, changing nothing,
-// when the name is unknown or the CPU lacks the instructions. For tests and benchmarks: do not
-// call it while other threads are running kernels.
-bool SetKernelIsaForTesting(const char* isa);
+// Makes the dispatched kernels use `name` (as FindBackend) from now on, in every thread.
+// Returns false, changing nothing, when FindBackend finds nothing. Call it at start-up, or in
+// tests and benchmarks while no other thread runs kernels.
+bool SetKernelIsa(const std::string& name);
 
-// Y (b,d) = X (b,n) @ W^T, W (d,n) bf16 — one weight row per output feature.
-void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y);
-// The same over the first n columns of a W whose rows are ldw >= n apart: a width-n slice.
-void MatMulBf16Strided(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y);
-// Same with float32 weights.
-void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y);
+// Y (b, w.rows) = X (b, w.cols) @ W^T, W packed; activations rounded as the level says.
+void Linear(const float* x, int b, const PackedMatrix& w, float* y);
+// The same with activations float32 at every level.
+void LinearF32(const float* x, int b, const PackedMatrix& w, float* y);
 // out (b,n) = x (b,n) / rms(x row) * weight (n,)
 void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out);
 // Rotary embedding in place, Hugging Face's rotate_half convention: for each head of
@@ -73,9 +89,8 @@ void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int he
                          int kv_head_end, float* out);
 
 namespace reference {
-void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y);
-void MatMulBf16Strided(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y);
-void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y);
+// The product over W's dequantized elements (PackedElement), summed in double.
+void Linear(const float* x, int b, const PackedMatrix& w, float* y);
 void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out);
 void Rope(float* x, int heads, int head_dim, int pos, float theta);
 void Softmax(float* x, int n);

@@ -57,126 +57,6 @@ TANDEM_INLINE void AddToDouble(__m256 v, __m256d& acc) {
   acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
-// Widens 8 bf16 values to float32: the bf16 bits are the high half of the float32 bits.
-TANDEM_INLINE __m256 WidenBf16(__m128i bits) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-
-TANDEM_INLINE __m256 LoadWeights(const float* w) { return _mm256_loadu_ps(w); }
-TANDEM_INLINE __m256 LoadWeights(const uint16_t* w) {
-  return WidenBf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-}
-// The first `count` (< 8) weights, zeros after.
-TANDEM_INLINE __m256 LoadWeights(const float* w, int64_t count) {
-  return _mm256_maskload_ps(w, LowLanes8(count));
-}
-TANDEM_INLINE __m256 LoadWeights(const uint16_t* w, int64_t count) {
-  // AVX2 has no 16-bit masked load.
-  alignas(16) uint16_t padded[8] = {};
-  std::memcpy(padded, w, count * sizeof(uint16_t));
-  return WidenBf16(_mm_load_si128(reinterpret_cast<const __m128i*>(padded)));
-}
-
-// Prefetch distance for the weights (see kernels_avx512.cc).
-constexpr int64_t kPrefetchBytes = 4096;
-
-template <typename T>
-int64_t PrefetchRows(int64_t block, int64_t n) {
-  const int64_t block_bytes = block * n * static_cast<int64_t>(sizeof(T));
-  return block * ((kPrefetchBytes + block_bytes - 1) / block_bytes);
-}
-
-// Y[j][r] = X row j . W row r for R weight rows and B activation rows (see kernels_avx512.cc).
-template <int R, int B, typename T>
-TANDEM_INLINE void Tile(const float* x, int64_t n, const T* w, int64_t ldw, float* y, int64_t ldy,
-                        int64_t prefetch_ahead) {
-  __m256 acc[R][B];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int j = 0; j < B; ++j) acc[r][j] = _mm256_setzero_ps();
-  }
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    __m256 xv[B];
-#pragma GCC unroll 16
-    for (int j = 0; j < B; ++j) xv[j] = _mm256_loadu_ps(x + j * n + k);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + k + prefetch_ahead), _MM_HINT_T0);
-      const __m256 wv = LoadWeights(w + r * ldw + k);
-#pragma GCC unroll 16
-      for (int j = 0; j < B; ++j) acc[r][j] = _mm256_fmadd_ps(wv, xv[j], acc[r][j]);
-    }
-  }
-  if (k < n) {
-    const __m256i lanes = LowLanes8(n - k);
-    __m256 xv[B];
-#pragma GCC unroll 16
-    for (int j = 0; j < B; ++j) xv[j] = _mm256_maskload_ps(x + j * n + k, lanes);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m256 wv = LoadWeights(w + r * ldw + k, n - k);
-#pragma GCC unroll 16
-      for (int j = 0; j < B; ++j) acc[r][j] = _mm256_fmadd_ps(wv, xv[j], acc[r][j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int j = 0; j < B; ++j) y[j * ldy + r] = HorizontalSum(acc[r][j]);
-  }
-}
-
-// R weight rows against activation rows [0, b), in tiles of 2 (16 ymm registers).
-template <int R, typename T>
-TANDEM_INLINE void RowBlock(const float* x, int b, int64_t n, const T* w, int64_t ldw, float* y,
-                            int64_t ldy, int64_t prefetch_ahead) {
-  int j = 0;
-  for (; j + 2 <= b; j += 2) {
-    Tile<R, 2>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
-    prefetch_ahead = 0;  // Later batch tiles find the weights in cache.
-  }
-  if (j < b) Tile<R, 1>(x + j * n, n, w, ldw, y + j * ldy, ldy, prefetch_ahead);
-}
-
-constexpr int kBatchBlock = 16;
-constexpr int kRowAlign = 8;
-
-// Y (b,d) columns [row_begin, row_end) = X (b,n) @ W^T rows [row_begin, row_end).
-template <typename T>
-void MatMulSlice(const float* x, int b, int64_t n, const T* w, int64_t ldw, int64_t d,
-                 int row_begin, int row_end, float* y) {
-  for (int j0 = 0; j0 < b; j0 += kBatchBlock) {
-    const int bb = std::min(kBatchBlock, b - j0);
-    const float* xb = x + j0 * n;
-    float* yb = y + j0 * d;
-    int r = row_begin;
-    if (bb == 1) {
-      const int64_t ahead = PrefetchRows<T>(8, n);
-      for (; r + 8 <= row_end; r += 8) {
-        Tile<8, 1>(xb, n, w + r * ldw, ldw, yb + r, d, r + ahead + 8 <= d ? ahead * ldw : 0);
-      }
-    } else {
-      const int64_t ahead = PrefetchRows<T>(4, n);
-      for (; r + 4 <= row_end; r += 4) {
-        RowBlock<4>(xb, bb, n, w + r * ldw, ldw, yb + r, d, r + ahead + 4 <= d ? ahead * ldw : 0);
-      }
-    }
-    for (; r < row_end; ++r) RowBlock<1>(xb, bb, n, w + r * ldw, ldw, yb + r, d, 0);
-  }
-}
-
-void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y) {
-  ParallelRows(b, n, d, kRowAlign,
-               [&](int begin, int end) { MatMulSlice(x, b, n, w, ldw, d, begin, end, y); });
-}
-
-void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
-  ParallelRows(b, n, d, kRowAlign,
-               [&](int begin, int end) { MatMulSlice(x, b, n, w, n, d, begin, end, y); });
-}
-
 // exp(x) for 8 lanes; the same Cephes expf as kernels_avx512.cc.
 TANDEM_INLINE __m256 Exp(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.33654f);
@@ -355,10 +235,11 @@ void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_di
 
 }  // namespace
 
-const IsaKernels kAvx2Kernels = {
+const Backend kAvx2Elementwise = {
     .name = "avx2",
-    .matmul_bf16 = MatMulBf16,
-    .matmul_f32 = MatMulF32,
+    .rounding = ActivationRounding::kNone,
+    .linear = nullptr,
+    .linear_f32 = nullptr,
     .rms_norm = RmsNorm,
     .rope = RopeSharedAngles,
     .softmax = Softmax,

@@ -5,35 +5,41 @@
 #include <bit>
 #include <cstdint>
 #include <functional>
+#include <vector>
+
+#include "common/kernels/backend.h"
+#include "common/kernels/packed_matrix.h"
 
 namespace tandem::kernels::cpu::internal {
 
-// One implementation of every dispatched kernel, with the public kernels' signatures.
-struct IsaKernels {
-  const char* name;
-  void (*matmul_bf16)(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y);
-  void (*matmul_f32)(const float* x, int b, int n, const float* w, int d, float* y);
-  void (*rms_norm)(const float* x, int b, int n, const float* weight, float eps, float* out);
-  void (*rope)(float* x, int heads, int head_dim, int pos, float theta);
-  void (*softmax)(float* x, int n);
-  double (*log_sum_exp)(const float* x, int n);
-  void (*top_k)(const float* x, int n, int k, int32_t* out);
-  void (*silu_mul)(const float* gate, const float* up, int n, float* out);
-  void (*axpy)(float alpha, const float* x, int n, float* y);
-  void (*paged_attention)(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                          const float* k_pool, const float* v_pool, const int32_t* block_table,
-                          int block_size, int context_len, float scale, int kv_head_begin,
-                          int kv_head_end, float* out);
+using LinearFn = void (*)(const float* x, int b, const PackedMatrix& w, float* y);
+
+// The elementwise and attention kernels of each instruction set (their linear fields null;
+// kernels.cc completes the tables with the products below).
+extern const Backend kAvx512Elementwise;  // kernels_avx512.cc
+extern const Backend kAvx2Elementwise;    // kernels_avx2.cc
+// The products over packed weights (linear_avx512.cc, linear_avx2.cc), by what they do with
+// activations: float32 throughout; int8 for int8/int4 weights; and bf16 for bf16 weights.
+extern const LinearFn kAvx512Linear;
+extern const LinearFn kAvx512VnniLinear;
+extern const LinearFn kAvx512Bf16Linear;
+extern const LinearFn kAvx2Linear;
+
+// Calls fn(panel_begin, panel_end) on ranges covering the panels of `w` for a product with b
+// activation rows: across DefaultThreadPool() when the product is large, in one inline call
+// otherwise. Every range but the last starts and ends at a multiple of `panel_align`.
+void ParallelPanels(int b, const PackedMatrix& w, int panel_align,
+                    const std::function<void(int, int)>& fn);
+
+// Per-thread buffers for activations as the reduced-precision products read them (grown as
+// needed, never shrunk): a product's calling thread fills them, its workers only read them.
+struct ActivationScratch {
+  std::vector<uint16_t> bf16;
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+  std::vector<int32_t> sums;
 };
-
-extern const IsaKernels kAvx512Kernels;      // kernels_avx512.cc
-extern const IsaKernels kAvx512Bf16Kernels;  // kernels_avx512.cc
-extern const IsaKernels kAvx2Kernels;        // kernels_avx2.cc
-
-// Calls fn(row_begin, row_end) on ranges covering the d output features of a (b,n) x (n,d)
-// product: across DefaultThreadPool() when the product is large, in one inline call otherwise.
-// Every range but the last starts and ends at a multiple of `row_align`.
-void ParallelRows(int b, int n, int d, int row_align, const std::function<void(int, int)>& fn);
+ActivationScratch& ThreadScratch();
 
 // Rope for the fast paths: the reference's arithmetic, with each angle's sine and cosine
 // computed once for all heads rather than once per head. Results equal the reference's.

@@ -9,28 +9,13 @@
 
 namespace tandem::kernels::cpu::reference {
 
-// X (b,n) @ W^T, W (d, ldw >= n) bf16, first n columns -> Y (b,d)
-void MatMulBf16Strided(const float* x, int b, int n, const uint16_t* w, int ldw, int d, float* y) {
+// X (b, w.cols) @ W^T -> Y (b, w.rows), over W's dequantized elements
+void Linear(const float* x, int b, const PackedMatrix& w, float* y) {
   for (int64_t i = 0; i < b; ++i) {
-    for (int64_t j = 0; j < d; ++j) {
+    for (int j = 0; j < w.rows; ++j) {
       double sum = 0;
-      for (int64_t k = 0; k < n; ++k) sum += double{Bf16ToF32(w[j * ldw + k])} * x[i * n + k];
-      y[i * d + j] = static_cast<float>(sum);
-    }
-  }
-}
-
-void MatMulBf16(const float* x, int b, int n, const uint16_t* w, int d, float* y) {
-  MatMulBf16Strided(x, b, n, w, n, d, y);
-}
-
-// X (b,n) @ W^T, W (d,n) f32 -> Y (b,d)
-void MatMulF32(const float* x, int b, int n, const float* w, int d, float* y) {
-  for (int64_t i = 0; i < b; ++i) {
-    for (int64_t j = 0; j < d; ++j) {
-      double sum = 0;
-      for (int64_t k = 0; k < n; ++k) sum += double{w[j * n + k]} * x[i * n + k];
-      y[i * d + j] = static_cast<float>(sum);
+      for (int k = 0; k < w.cols; ++k) sum += double{PackedElement(w, j, k)} * x[i * w.cols + k];
+      y[i * w.rows + j] = static_cast<float>(sum);
     }
   }
 }

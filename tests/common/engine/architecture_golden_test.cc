@@ -17,6 +17,7 @@
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -32,6 +33,7 @@ std::string CaseDir(const std::string& name) {
 class ArchitectureGoldenTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    testing::UseExactKernels();
     auto weights = LoadModelWeights(CaseDir(GetParam()), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = *std::move(weights);

@@ -14,6 +14,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -22,6 +23,7 @@ namespace {
 class EngineLoopTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    testing::UseExactKernels();
     const std::string dir = testing::SourceDir() + "/models/tiny-moe";
     auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();

@@ -15,6 +15,7 @@
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -23,6 +24,7 @@ namespace {
 class ForwardGoldenTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    testing::UseExactKernels();
     const std::string dir = testing::SourceDir() + "/models/tiny-moe";
     auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
@@ -323,8 +325,15 @@ TEST_F(ForwardGoldenTest, NarrowWidthsEqualExpertsWithTheOtherNeuronsZeroed) {
     ModelWeights zeroed = *weights_;
     for (LayerWeights& layer : zeroed.layers) {
       for (ExpertWeights& e : layer.experts) {
-        std::fill(e.gate.data.begin() + static_cast<size_t>(width) * hidden, e.gate.data.end(), 0);
-        std::fill(e.up.data.begin() + static_cast<size_t>(width) * hidden, e.up.data.end(), 0);
+        for (WeightMatrix* m : {&e.gate, &e.up}) {  // rows [width, inter) zero, packed again
+          std::vector<uint16_t> rows(static_cast<size_t>(inter) * hidden, 0);
+          for (int r = 0; r < width; ++r) {
+            for (int c = 0; c < hidden; ++c) {
+              rows[static_cast<size_t>(r) * hidden + c] = kernels::cpu::F32ToBf16(m->at(r, c));
+            }
+          }
+          *m = PackBf16Matrix(rows.data(), inter, hidden);
+        }
       }
     }
     auto fwd = ForwardPass::Create(&zeroed, pool_.get());

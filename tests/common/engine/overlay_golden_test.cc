@@ -15,6 +15,7 @@
 #include "common/moe/pruning_plan.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -27,7 +28,10 @@ std::string CaseDir(const std::string& name) {
   return testing::SourceDir() + "/tests/golden/distill/" + name;
 }
 
-class OverlayGoldenTest : public ::testing::TestWithParam<std::string> {};
+class OverlayGoldenTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { testing::UseExactKernels(); }
+};
 
 TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
   std::ifstream in(CaseDir(GetParam()) + "/golden.json");

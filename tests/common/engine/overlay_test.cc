@@ -123,12 +123,13 @@ TEST_F(OverlayTest, LoadsTheFilesTensorsAndTheModelsForTheRest) {
   EXPECT_EQ(o.sha256, *util::Sha256OfFile(path));
   ASSERT_EQ(o.layers.size(), 6u);
   // The router is held as bf16, as the model's are.
-  EXPECT_EQ(o.layers[0].router.rows, 16);
-  EXPECT_EQ(o.layers[0].router.data[0], kernels::cpu::F32ToBf16(0.01f));
+  EXPECT_EQ(o.layers[0].router.rows(), 16);
+  EXPECT_EQ(o.layers[0].router.format(), kernels::WeightFormat::kBf16);
+  EXPECT_EQ(o.layers[0].router.at(0, 0), kernels::cpu::Bf16ToF32(kernels::cpu::F32ToBf16(0.01f)));
   EXPECT_EQ(o.layers[2].attn_norm, std::vector<float>(192, 1.5f));
   EXPECT_EQ(o.final_norm, std::vector<float>(192, 0.75f));
   // What the file does not hold is the model's.
-  EXPECT_EQ(o.layers[1].router.data, weights_->layers[1].router.data);
+  EXPECT_TRUE(o.layers[1].router.data == weights_->layers[1].router.data);
   EXPECT_EQ(o.layers[0].attn_norm, weights_->layers[0].attn_norm);
   EXPECT_EQ(o.layers[2].ffn_norm, weights_->layers[2].ffn_norm);
   // Only always-on fields: no attention or experts.

@@ -16,6 +16,7 @@
 #include "common/engine/generator.h"
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -26,6 +27,7 @@ using ::testing::HasSubstr;
 class PerplexityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    testing::UseExactKernels();
     auto loaded = LoadModelDir(testing::SourceDir() + "/models/tiny-moe");
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = new LoadedModel(*std::move(loaded));

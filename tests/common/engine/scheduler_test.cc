@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/util/status.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -22,6 +23,7 @@ using ::testing::HasSubstr;
 class SchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    testing::UseExactKernels();
     const std::string dir = testing::SourceDir() + "/models/tiny-moe";
     auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();

@@ -13,6 +13,7 @@
 #include "common/engine/generator.h"
 #include "common/moe/pruning_plan.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::moe {
@@ -79,6 +80,7 @@ TEST(EvalModeTest, PhaseOptionsOfEachMode) {
 }
 
 TEST(GenerateGreedyTest, FullModeGivesTheReferenceTokensAndHandoffStartsWithThem) {
+  testing::UseExactKernels();
   const std::string dir = testing::SourceDir() + "/models/tiny-moe";
   auto model = engine::LoadModelDir(dir);
   ASSERT_TRUE(model.ok()) << model.status();

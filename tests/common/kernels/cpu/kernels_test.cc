@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -21,23 +22,6 @@ std::vector<float> RandomFloats(size_t count, std::mt19937& rng, float stddev = 
   std::normal_distribution<float> dist(0.0f, stddev);
   std::vector<float> values(count);
   for (float& v : values) v = dist(rng);
-  return values;
-}
-
-std::vector<uint16_t> RandomBf16(size_t count, std::mt19937& rng) {
-  const std::vector<float> floats = RandomFloats(count, rng);
-  std::vector<uint16_t> values(count);
-  for (size_t i = 0; i < count; ++i) values[i] = F32ToBf16(floats[i]);
-  return values;
-}
-
-std::vector<float> Abs(std::vector<float> values) {
-  for (float& v : values) v = std::fabs(v);
-  return values;
-}
-
-std::vector<uint16_t> Abs(std::vector<uint16_t> values) {
-  for (uint16_t& v : values) v &= 0x7fff;
   return values;
 }
 
@@ -124,145 +108,52 @@ TEST(Bf16Test, SubnormalsAndZeros) {
   EXPECT_EQ(F32ToBf16(std::nextafter(std::numeric_limits<float>::min(), 0.0f)), 0x0080);
 }
 
-TEST(KernelIsaTest, DefaultNeverRoundsActivations) {
-  const std::string isa = KernelIsa();
-  EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "reference") << isa;
+TEST(KernelIsaTest, DefaultIsTheFastestLevelAndExactKeepsFloat32) {
+  if (std::getenv("TANDEM_KERNELS") != nullptr) GTEST_SKIP() << "TANDEM_KERNELS is set";
+  const std::vector<const Backend*> levels = SupportedBackends();
+  ASSERT_FALSE(levels.empty());
+  EXPECT_STREQ(levels.front()->name, "reference");
+  EXPECT_STREQ(KernelIsa(), levels.back()->name);
+  const Backend* exact = FindBackend("exact");
+  ASSERT_NE(exact, nullptr);
+  EXPECT_EQ(exact->rounding, ActivationRounding::kNone);
+  __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    EXPECT_EQ(isa, "avx512");
+    EXPECT_STREQ(exact->name, "avx512");
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16")) {
+      EXPECT_STREQ(KernelIsa(), "avx512bf16");
+    }
   }
 }
 
 TEST(KernelIsaTest, SetRejectsUnknownNamesAndRestores) {
   const std::string isa = KernelIsa();
-  EXPECT_FALSE(SetKernelIsaForTesting("sse9"));
+  EXPECT_FALSE(SetKernelIsa("sse9"));
   EXPECT_EQ(KernelIsa(), isa);
-  EXPECT_TRUE(SetKernelIsaForTesting("reference"));
+  EXPECT_EQ(FindBackend("sse9"), nullptr);
+  EXPECT_TRUE(SetKernelIsa("reference"));
   EXPECT_STREQ(KernelIsa(), "reference");
-  EXPECT_TRUE(SetKernelIsaForTesting(nullptr));
+  EXPECT_TRUE(SetKernelIsa(isa));
   EXPECT_EQ(KernelIsa(), isa);
+  EXPECT_NE(KernelIsaNames().find("avx512bf16"), std::string::npos);
 }
 
 // Every dispatched kernel under each instruction set this CPU has.
 class IsaTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    if (!SetKernelIsaForTesting(GetParam())) {
+    previous_ = KernelIsa();
+    if (!SetKernelIsa(GetParam())) {
       GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
     }
     ASSERT_STREQ(KernelIsa(), GetParam());
   }
-  void TearDown() override { SetKernelIsaForTesting(nullptr); }
+  void TearDown() override { SetKernelIsa(previous_); }
 
-  bool RoundsActivations() const { return std::string(GetParam()) == "avx512bf16"; }
-
+  std::string previous_;
   std::mt19937 rng_{1234};
 };
-
-// Checks MatMulBf16 on one shape against the reference. Errors are measured relative to the
-// largest sum of |w x| terms, the scale of float32 accumulation error.
-void CheckMatMulBf16(int b, int n, int d, bool rounds_activations, std::mt19937& rng) {
-  const std::vector<float> x = RandomFloats(size_t{1} * b * n, rng);
-  const std::vector<uint16_t> w = RandomBf16(size_t{1} * d * n, rng);
-  std::vector<float> got(size_t{1} * b * d, NAN);
-  std::vector<float> want(got.size());
-  std::vector<float> magnitude(got.size());
-  MatMulBf16(x.data(), b, n, w.data(), d, got.data());
-  reference::MatMulBf16(x.data(), b, n, w.data(), d, want.data());
-  reference::MatMulBf16(Abs(x).data(), b, n, Abs(w).data(), d, magnitude.data());
-  const double scale = MaxAbs(magnitude) + 1e-30;
-  if (!rounds_activations) {
-    EXPECT_LT(MaxAbsDiff(got, want) / scale, 1e-5) << "b=" << b << " n=" << n << " d=" << d;
-    return;
-  }
-  // Rounding x to bf16 (8 significant bits) changes each product by at most 2^-8 of itself.
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_LE(std::fabs(got[i] - want[i]), 0x1p-8 * magnitude[i] + 1e-6 * scale)
-        << "b=" << b << " n=" << n << " d=" << d << " i=" << i;
-  }
-  // Against the reference fed the same rounded activations, only accumulation differs.
-  std::vector<float> x_rounded = x;
-  for (float& v : x_rounded) v = Bf16ToF32(F32ToBf16(v));
-  reference::MatMulBf16(x_rounded.data(), b, n, w.data(), d, want.data());
-  EXPECT_LT(MaxAbsDiff(got, want) / scale, 1e-5) << "b=" << b << " n=" << n << " d=" << d;
-}
-
-void CheckMatMulF32(int b, int n, int d, std::mt19937& rng) {
-  const std::vector<float> x = RandomFloats(size_t{1} * b * n, rng);
-  const std::vector<float> w = RandomFloats(size_t{1} * d * n, rng);
-  std::vector<float> got(size_t{1} * b * d, NAN);
-  std::vector<float> want(got.size());
-  std::vector<float> magnitude(got.size());
-  MatMulF32(x.data(), b, n, w.data(), d, got.data());
-  reference::MatMulF32(x.data(), b, n, w.data(), d, want.data());
-  reference::MatMulF32(Abs(x).data(), b, n, Abs(w).data(), d, magnitude.data());
-  EXPECT_LT(MaxAbsDiff(got, want) / (MaxAbs(magnitude) + 1e-30), 1e-5)
-      << "b=" << b << " n=" << n << " d=" << d;
-}
-
-TEST_P(IsaTest, MatMulBf16MatchesReference) {
-  for (int n : kSizes) {
-    for (int b = 1; b <= 9; ++b) {
-      for (int d : {1, 2, 7, 8, 17, 24}) CheckMatMulBf16(b, n, d, RoundsActivations(), rng_);
-    }
-  }
-}
-
-TEST_P(IsaTest, MatMulF32MatchesReference) {
-  for (int n : kSizes) {
-    for (int b = 1; b <= 9; ++b) {
-      for (int d : {1, 2, 7, 8, 17, 24}) CheckMatMulF32(b, n, d, rng_);
-    }
-  }
-}
-
-// Over 4M multiply-adds, so split across threads (kernels.cc), and with b > 16 to take
-// several passes over the weights.
-TEST_P(IsaTest, LargeMatMulsMatchReference) {
-  const struct {
-    int b, n, d;
-  } shapes[] = {{1, 1000, 4201}, {3, 384, 4003}, {16, 192, 1400}, {17, 127, 2001}, {40, 64, 1700}};
-  for (const auto& s : shapes) {
-    CheckMatMulBf16(s.b, s.n, s.d, RoundsActivations(), rng_);
-    CheckMatMulF32(s.b, s.n, s.d, rng_);
-  }
-}
-
-TEST_P(IsaTest, MatMulReadsNoWeightsPastTheEnd) {
-  // Zero weights followed by NaN: any weight read past the end poisons an output.
-  for (int n : kSizes) {
-    std::vector<float> x = RandomFloats(size_t{3} * n + 64, rng_);
-    std::vector<uint16_t> w(size_t{5} * n + 64, F32ToBf16(NAN));
-    std::fill(w.begin(), w.begin() + 5 * n, 0);
-    std::vector<float> y(15, NAN);
-    MatMulBf16(x.data(), 3, n, w.data(), 5, y.data());
-    for (float v : y) ASSERT_EQ(v, 0.0f) << "n=" << n;
-  }
-}
-
-// A width-n slice of a wider W: columns [n, ldw) hold NaN, so reading one poisons the output,
-// and the result must equal the contiguous product over the extracted slice.
-TEST_P(IsaTest, StridedMatMulReadsOnlyTheSlice) {
-  for (int n : kSizes) {
-    for (int extra : {1, 16, 45}) {
-      const int ldw = n + extra;
-      for (int b : {1, 3, 18}) {
-        for (int d : {1, 9, 24}) {
-          const std::vector<float> x = RandomFloats(size_t{1} * b * n, rng_);
-          const std::vector<uint16_t> slice = RandomBf16(size_t{1} * d * n, rng_);
-          std::vector<uint16_t> w(size_t{1} * d * ldw, F32ToBf16(NAN));
-          for (int r = 0; r < d; ++r) {
-            std::copy_n(slice.begin() + size_t{1} * r * n, n, w.begin() + size_t{1} * r * ldw);
-          }
-          std::vector<float> got(size_t{1} * b * d, NAN), want(got.size());
-          MatMulBf16Strided(x.data(), b, n, w.data(), ldw, d, got.data());
-          MatMulBf16(x.data(), b, n, slice.data(), d, want.data());
-          ASSERT_EQ(got, want) << "b=" << b << " n=" << n << " ldw=" << ldw << " d=" << d;
-        }
-      }
-    }
-  }
-}
 
 TEST_P(IsaTest, RmsNormMatchesHandComputedValues) {
   const float x[] = {1, 2, 3, 4, -2, 0, 0, 0};
@@ -572,11 +463,9 @@ TEST_P(IsaTest, PagedAttentionMapsQueryHeadsToKvHeads) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, IsaTest,
-                         ::testing::Values("reference", "avx2", "avx512", "avx512bf16"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    AllIsas, IsaTest, ::testing::Values("reference", "avx2", "avx512", "avx512vnni", "avx512bf16"),
+    [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace tandem::kernels::cpu

@@ -1,0 +1,49 @@
+// The operations a forward step is made of, as one target implements them: a table of plain
+// functions chosen at run time, as ggml's backends are. The CPU backend has one table per
+// instruction-set level (common/kernels/cpu/kernels.h: Backends(), ActiveBackend()); a CUDA
+// backend would be another table over the same packed weights (common/kernels/packed_matrix.h).
+// The engine's forward pass (common/engine/forward.h) calls nothing else.
+//
+// Shapes, for every table (row-major, activations float32):
+//   linear            Y (b, w.rows) = X (b, w.cols) @ W^T, W packed in any format
+//   linear_f32        the same with X kept float32 (routers: their outputs pick experts)
+//   rms_norm          out (b, n) = x (b, n) / rms(x row) * weight (n,)
+//   rope              x (heads, head_dim) rotated in place at `pos` (rotate_half convention)
+//   softmax           x (n,) <- softmax(x)
+//   log_sum_exp       log(sum(exp(x (n,))))
+//   top_k             out (k,) = indices of the k largest of x (n,), largest first
+//   silu_mul          out (n,) = silu(gate) * up
+//   axpy              y (n,) += alpha * x (n,)
+//   paged_attention   out (heads, head_dim) for the query heads of KV heads [begin, end), over
+//                     a paged KV cache (common/kernels/cpu/kernels.h, PagedAttentionHeads)
+#pragma once
+
+#include <cstdint>
+
+#include "common/kernels/packed_matrix.h"
+
+namespace tandem::kernels {
+
+// What `linear` rounds activations to before multiplying: nothing (float32), bf16 for bf16
+// weights, int8 per group (QuantizeActivations) for int8 and int4 weights.
+enum class ActivationRounding : uint8_t { kNone, kInt8, kBf16AndInt8 };
+
+struct Backend {
+  const char* name;
+  ActivationRounding rounding;
+  void (*linear)(const float* x, int b, const PackedMatrix& w, float* y);
+  void (*linear_f32)(const float* x, int b, const PackedMatrix& w, float* y);
+  void (*rms_norm)(const float* x, int b, int n, const float* weight, float eps, float* out);
+  void (*rope)(float* x, int heads, int head_dim, int pos, float theta);
+  void (*softmax)(float* x, int n);
+  double (*log_sum_exp)(const float* x, int n);
+  void (*top_k)(const float* x, int n, int k, int32_t* out);
+  void (*silu_mul)(const float* gate, const float* up, int n, float* out);
+  void (*axpy)(float alpha, const float* x, int n, float* y);
+  void (*paged_attention)(const float* q, int num_heads, int num_kv_heads, int head_dim,
+                          const float* k_pool, const float* v_pool, const int32_t* block_table,
+                          int block_size, int context_len, float scale, int kv_head_begin,
+                          int kv_head_end, float* out);
+};
+
+}  // namespace tandem::kernels
