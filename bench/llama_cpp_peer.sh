@@ -111,10 +111,12 @@ if ((tandem)); then
     if [[ -x build/bin/tandem ]] && build/bin/tandem quantize --help >/dev/null 2>&1; then
       for bits in 8 4; do
         dir=$ckpt-int$bits
-        if [[ ! -d "$dir" || "$ckpt/model.safetensors" -nt "$dir" ]]; then
+        # $dir.done marks a finished quantization: an interrupted one is made again.
+        if [[ ! -f "$dir.done" || "$ckpt/model.safetensors" -nt "$dir.done" ]]; then
           say "tandem quantize --bits $bits -> $dir"
-          rm -rf "$dir"
+          rm -rf "$dir" "$dir.done"
           build/bin/tandem quantize --model "$ckpt" --bits "$bits" --out "$dir" >&2
+          touch "$dir.done"
         fi
         printf -v "tandem_int$bits" %s "$dir"
       done
