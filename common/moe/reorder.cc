@@ -35,6 +35,11 @@ absl::Status ReorderCheckpoint(const std::string& model_dir, const CalibrationSt
     return absl::InvalidArgumentError("the reordered checkpoint must go to another directory");
   }
   ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir + "/config.json"));
+  if (config.quantization.bits != 0) {
+    // Permuting down's columns would move them across quantization groups.
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_dir, " is quantized: reorder the bf16 checkpoint, then quantize the result"));
+  }
   ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
   RETURN_IF_ERROR(model::ValidateAgainstConfig(*checkpoint, config));
   const int layers = static_cast<int>(config.num_hidden_layers);

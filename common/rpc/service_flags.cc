@@ -7,6 +7,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
 #include "common/rpc/internal_auth.h"
 #include "common/util/logging.h"
@@ -29,6 +30,10 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_FLAG(int, threads, 0,
           "Threads the CPU kernels use; 0: one per CPU this process may use (its CPU affinity, "
           "capped by a cgroup CPU limit such as a container's).");
+ABSL_FLAG(std::string, kernels, "",
+          "CPU kernel level: auto (the fastest this CPU has), exact (the fastest that keeps "
+          "activations float32), or reference, avx2, avx512, avx512vnni, avx512bf16; empty: "
+          "TANDEM_KERNELS from the environment, else auto.");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain; with --tls_key_file, gRPC is served over TLS only.");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
@@ -80,6 +85,12 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const std::string& name) 
         absl::StrCat("--threads=", threads, " must be within [0, 1024] (0: the available CPUs)"));
   }
   kernels::cpu::SetDefaultThreadCount(threads);
+  if (const std::string level = absl::GetFlag(FLAGS_kernels);
+      !level.empty() && !kernels::cpu::SetKernelIsa(level)) {
+    return absl::InvalidArgumentError(absl::StrCat("--kernels=", level,
+                                                   " is not a kernel level this CPU can run (",
+                                                   kernels::cpu::KernelIsaNames(), ")"));
+  }
   util::LogLevel level;
   if (!util::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     return absl::InvalidArgumentError(absl::StrCat("--log_level=", absl::GetFlag(FLAGS_log_level),

@@ -5,6 +5,9 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/kernels/cpu/kernels.h"
+#include "common/util/logging.h"
 #include "common/util/status.h"
 
 namespace tandem::serving {
@@ -45,12 +48,39 @@ void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* m
     for (const engine::ExpertWeights& e : layer.experts) {
       if (e.gate.data.empty()) continue;
       ++experts;
-      bytes += static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size()) *
-               static_cast<int64_t>(sizeof(uint16_t));
+      bytes += static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size());
     }
   }
   metrics->experts_resident->Set(static_cast<double>(experts));
   metrics->expert_weight_bytes->Set(static_cast<double>(bytes));
+}
+
+std::string WeightFormat(const model::ModelConfig& config) {
+  const model::QuantizationConfig& q = config.quantization;
+  if (q.bits == 0) return "bf16";
+  std::vector<std::string> modules;
+  if (q.experts) modules.push_back("experts");
+  if (q.attention) modules.push_back("attention");
+  if (q.shared_expert) modules.push_back("shared_expert");
+  if (q.dense_mlp) modules.push_back("dense_mlp");
+  return absl::StrCat("int", q.bits, " (group ", q.group_size, ": ", absl::StrJoin(modules, ", "),
+                      ")");
+}
+
+void ReportEngine(const engine::ModelWeights& weights, metrics::Registry* registry) {
+  const model::QuantizationConfig& q = weights.config.quantization;
+  const char* kernels = kernels::cpu::KernelIsa();
+  auto info = registry->AddGauge(
+      "tandem_engine_info",
+      "1, labelled with the CPU kernel level the engine runs and its weights' format.");
+  if (info.ok()) {
+    (*info)
+        ->Add(metrics::Labels{{"kernels", kernels},
+                              {"weights", q.bits == 0 ? "bf16" : absl::StrCat("int", q.bits)},
+                              {"group", absl::StrCat(q.group_size)}})
+        .Set(1);
+  }
+  TANDEM_LOG(INFO) << "engine: kernels " << kernels << ", weights " << WeightFormat(weights.config);
 }
 
 void ReportOverlay(const engine::DecoderOverlay* overlay, DecodeMetrics* metrics) {

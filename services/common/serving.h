@@ -43,6 +43,12 @@ engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int 
 
 // Sets the resident-expert gauges of `metrics` from `weights`.
 void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* metrics);
+// The weights' format in words: "bf16", or "int4 (group 32: experts, attention)".
+std::string WeightFormat(const model::ModelConfig& config);
+// Registers tandem_engine_info{kernels, weights, group} 1 (the kernel level this process runs,
+// the weights' format) and logs the same.
+void ReportEngine(const engine::ModelWeights& weights, metrics::Registry* registry);
+
 // Sets tandem_decoder_overlay_info for `overlay` (null: none).
 void ReportOverlay(const engine::DecoderOverlay* overlay, DecodeMetrics* metrics);
 

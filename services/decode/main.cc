@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   tandem::serving::ExpertMetrics expert_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &serving_metrics);
   tandem::serving::ReportOverlay(decoder->overlay.get(), &serving_metrics);
+  tandem::serving::ReportEngine(*engine->model.weights, &registry);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
       tandem::serving::WithExpertMetrics(

@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::PrefillMetrics serving_metrics(&registry);
+  tandem::serving::ReportEngine(*engine->model.weights, &registry);
   tandem::prefill::PrefillService service(
       model->name, model->geometry, engine->forward.get(), transport->get(),
       {.max_queue = absl::GetFlag(FLAGS_max_queue),

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   tandem::serving::ExpertMetrics expert_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &engine_metrics);
   tandem::serving::ReportOverlay(decoder->overlay.get(), &engine_metrics);
+  tandem::serving::ReportEngine(*engine->model.weights, &registry);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
       tandem::serving::WithExpertMetrics(

@@ -29,6 +29,8 @@ int Eval();
 int Reorder();
 int Tier();
 int Pack();
+// tandem quantize (quantize.cc).
+int Quantize();
 // tandem bench serve (bench_serve.cc).
 int BenchServe();
 

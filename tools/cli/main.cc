@@ -19,6 +19,7 @@
 #include "common/engine/generator.h"
 #include "common/engine/overlay.h"
 #include "common/engine/perplexity.h"
+#include "common/kernels/cpu/kernels.h"
 #include "common/model/config.h"
 #include "common/moe/calibration.h"
 #include "common/moe/pruning_plan.h"
@@ -53,6 +54,10 @@ ABSL_FLAG(std::string, load_format, "auto",
 ABSL_FLAG(std::string, routing, "",
           "With --model: replace the router by a stated one, uniform or zipf:S (required for "
           "--load_format dummy).");
+ABSL_FLAG(std::string, kernels, "",
+          "CPU kernel level of commands that run a model here: auto (the fastest this CPU has), "
+          "exact (the fastest that keeps activations float32), or reference, avx2, avx512, "
+          "avx512vnni, avx512bf16; empty: TANDEM_KERNELS, else auto.");
 ABSL_FLAG(std::string, out, "",
           "Where calibrate writes its statistics (JSON), prune its plan (proto JSON), or bench "
           "serve its result (JSON).");
@@ -404,6 +409,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (absl::Status s = tandem::config::ApplyCommandLine(*line, program); !s.ok()) return Report(s);
+  if (const std::string level = absl::GetFlag(FLAGS_kernels);
+      !level.empty() && !tandem::kernels::cpu::SetKernelIsa(level)) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("--kernels=", level, " is not a kernel level this CPU can run (",
+                     tandem::kernels::cpu::KernelIsaNames(), ")")));
+  }
   const std::string& command = subcommand->name;
   if (command == "generate") return Generate();
   if (command == "tokenize") return Tokenize();
@@ -414,6 +425,7 @@ int main(int argc, char** argv) {
   if (command == "reorder") return tandem::cli::Reorder();
   if (command == "tier") return tandem::cli::Tier();
   if (command == "pack") return tandem::cli::Pack();
+  if (command == "quantize") return tandem::cli::Quantize();
   if (command == "models") return Models();
   if (command == "health") return Health();
   if (command == "bench serve") return tandem::cli::BenchServe();

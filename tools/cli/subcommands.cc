@@ -43,7 +43,8 @@ std::vector<Subcommand> MakeSubcommands() {
               "Generate in this process from this model directory instead of through a "
               "gateway."},
              {"load_format", ""},
-             {"routing", ""}},
+             {"routing", ""},
+             {"kernels", ""}},
             GatewayFlags())});
   all.push_back({"tokenize", "print the token ids a gateway makes of a text",
                  "tandem tokenize --text TEXT [--endpoint HOST:PORT]", "",
@@ -74,7 +75,8 @@ std::vector<Subcommand> MakeSubcommands() {
          "Also write the result as JSON (perplexity, mean nll, tokens, and the summed "
          "log-probability of the scored tokens), at full precision."},
         {"load_format", ""},
-        {"routing", ""}}});
+        {"routing", ""},
+        {"kernels", ""}}});
   all.push_back({"calibrate",
                  "per-expert routing statistics of a model over a text",
                  "tandem calibrate --model DIR --text FILE --out STATS",
@@ -82,7 +84,8 @@ std::vector<Subcommand> MakeSubcommands() {
                  "layer (format: common/moe/calibration.h); prune, reorder and tier read them.",
                  {{"model", "The model directory to calibrate."},
                   {"text", "The calibration text file, one document a line."},
-                  {"out", "Where the statistics go (JSON)."}}});
+                  {"out", "Where the statistics go (JSON)."},
+                  {"kernels", ""}}});
   all.push_back({"prune",
                  "a pruning plan from calibration statistics",
                  "tandem prune --stats STATS --criterion reap --keep M --out PLAN",
@@ -111,7 +114,8 @@ std::vector<Subcommand> MakeSubcommands() {
         {"near_tokens", ""},
         {"stop", ""},
         {"max_tokens", "The budget continuations are judged by."},
-        {"out", "Where the results go (JSON); empty = stdout only."}}});
+        {"out", "Where the results go (JSON); empty = stdout only."},
+        {"kernels", ""}}});
   all.push_back({"reorder",
                  "a checkpoint with every expert's neurons in importance order",
                  "tandem reorder --model DIR --stats STATS --out DIR2",
@@ -140,6 +144,17 @@ std::vector<Subcommand> MakeSubcommands() {
        "For tandem-decode --expert_pack: experts streamed from a file into a bounded\n"
        "cache.",
        {{"model", "The model directory to pack."}, {"out", "The expert pack file to write."}}});
+  all.push_back(
+      {"quantize",
+       "a checkpoint with int8 or int4 weights in groups",
+       "tandem quantize --model DIR --bits 8|4 --out DIR2 [--group_size G] [--modules M,...]",
+       "Each chosen matrix as integer levels with a float16 scale per --group_size input\n"
+       "columns per row (docs/quantization.md); every Tandem command and service loads DIR2.",
+       {{"model", "The bf16 (or f16 / f32) model directory to quantize."},
+        {"bits", ""},
+        {"group_size", ""},
+        {"modules", ""},
+        {"out", "The directory the quantized checkpoint is written to."}}});
   all.push_back(
       {"bench serve",
        "the serving benchmark: TTFT, TPOT, ITL and E2EL against a gateway",

@@ -636,3 +636,88 @@ TEST(ModelNameFromDirTest, LastComponentWithOrWithoutTrailingSlash) {
 
 }  // namespace
 }  // namespace tandem::model
+
+namespace tandem::model {
+namespace {
+
+// A Mixtral shape whose widths all divide by 32 and 64 (hidden 64, experts 96, attention 64).
+Json QuantizableMixtral() {
+  Json j = Json{{"model_type", "mixtral"},  {"vocab_size", 64},       {"hidden_size", 64},
+                {"intermediate_size", 96},  {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                {"num_key_value_heads", 2}, {"num_local_experts", 4}, {"num_experts_per_tok", 2}};
+  j["quantization_config"] = {{"quant_method", "tandem"},
+                              {"bits", 4},
+                              {"group_size", 32},
+                              {"symmetric", true},
+                              {"modules", {"experts", "attention"}}};
+  return j;
+}
+
+TEST(QuantizationConfigTest, ParsedAndListedInTheExpectedTensors) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(QuantizableMixtral().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.bits, 4);
+  EXPECT_EQ(c->quantization.group_size, 32);
+  EXPECT_TRUE(c->quantization.experts);
+  EXPECT_TRUE(c->quantization.attention);
+  EXPECT_FALSE(c->quantization.shared_expert);
+  EXPECT_TRUE(c->quantization.Quantizes(TensorKind::kExpertDown));
+  EXPECT_TRUE(c->quantization.Quantizes(TensorKind::kAttnOut));
+  EXPECT_FALSE(c->quantization.Quantizes(TensorKind::kRouter));
+  EXPECT_FALSE(c->quantization.Quantizes(TensorKind::kOutput));
+  EXPECT_FALSE(c->quantization.Quantizes(TensorKind::kTokenEmbedding));
+  std::map<std::string, TensorSpec> specs;
+  for (const TensorSpec& spec : ExpectedTensors(*c)) specs[spec.name] = spec;
+  const TensorSpec& w2 = specs.at("model.layers.1.block_sparse_moe.experts.3.w2.weight");
+  EXPECT_EQ(w2.storage, TensorStorage::kInt4);
+  EXPECT_EQ(w2.shape, (std::vector<int64_t>{64, 48}));  // two int4 levels a byte
+  const TensorSpec& scale = specs.at("model.layers.1.block_sparse_moe.experts.3.w2.weight_scale");
+  EXPECT_EQ(scale.storage, TensorStorage::kScale);
+  EXPECT_EQ(scale.shape, (std::vector<int64_t>{64, 3}));
+  EXPECT_EQ(specs.at("model.layers.0.self_attn.q_proj.weight").storage, TensorStorage::kInt4);
+  EXPECT_EQ(specs.at("model.layers.0.block_sparse_moe.gate.weight").storage, TensorStorage::kFloat);
+  EXPECT_EQ(specs.count("lm_head.weight_scale"), 0u);
+
+  Json eight = QuantizableMixtral();
+  eight["quantization_config"]["bits"] = 8;
+  c = ParseModelConfig(eight.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const TensorSpec& spec : ExpectedTensors(*c)) {
+    if (spec.name == "model.layers.0.block_sparse_moe.experts.0.w1.weight") {
+      EXPECT_EQ(spec.storage, TensorStorage::kInt8);
+      EXPECT_EQ(spec.shape, (std::vector<int64_t>{96, 64}));
+    }
+  }
+  // null is no quantization.
+  Json none = QuantizableMixtral();
+  none["quantization_config"] = nullptr;
+  c = ParseModelConfig(none.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.bits, 0);
+}
+
+TEST(QuantizationConfigTest, RefusedNamingTheKey) {
+  auto with = [](const char* key, const Json& value) {
+    Json j = QuantizableMixtral();
+    j["quantization_config"][key] = value;
+    return j;
+  };
+  ExpectInvalid(with("quant_method", "gptq"), {"quantization_config.quant_method", "gptq"});
+  ExpectInvalid(with("bits", 3), {"quantization_config.bits", "8 or 4"});
+  ExpectInvalid(with("bits", "4"), {"quantization_config.bits"});
+  ExpectInvalid(with("group_size", 16), {"quantization_config.group_size", "32, 64 or 128"});
+  ExpectInvalid(with("symmetric", false), {"quantization_config.symmetric"});
+  ExpectInvalid(with("modules", Json::array()), {"quantization_config.modules"});
+  ExpectInvalid(with("modules", {"experts", "lm_head"}), {"unknown module", "lm_head"});
+  // 64 does not divide the expert width 96.
+  ExpectInvalid(with("group_size", 64), {"group_size", "(64) must divide the expert width (96)"});
+  Json not_object = QuantizableMixtral();
+  not_object["quantization_config"] = "int4";
+  ExpectInvalid(not_object, {"quantization_config", "object"});
+  Json no_method = QuantizableMixtral();
+  no_method["quantization_config"].erase("quant_method");
+  ExpectInvalid(no_method, {"quant_method", "missing"});
+}
+
+}  // namespace
+}  // namespace tandem::model

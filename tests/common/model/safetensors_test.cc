@@ -104,15 +104,17 @@ TEST_F(SafetensorsTest, RoundTrip) {
   const std::vector<OwnedTensor> tensors = {
       Filled("b.weight", DType::kF32, {2, 3}, 1),  Filled("a.bias", DType::kBF16, {4}, 2),
       Filled("c.half", DType::kF16, {1, 2, 1}, 3), Filled("d.empty", DType::kF32, {0, 5}, 4),
-      Filled("e.scalar", DType::kF32, {}, 5),
+      Filled("e.scalar", DType::kF32, {}, 5),      Filled("f.levels", DType::kI8, {3, 4}, 6),
+      Filled("g.nibbles", DType::kU8, {3, 2}, 7),
   };
   const std::string path = Path("model.safetensors");
   ASSERT_TRUE(Write(path, tensors, {{"format", "pt"}}).ok());
 
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
-  EXPECT_THAT((*file)->Names(), ElementsAre("a.bias", "b.weight", "c.half", "d.empty", "e.scalar"));
-  EXPECT_EQ((*file)->num_tensors(), 5u);
+  EXPECT_THAT((*file)->Names(), ElementsAre("a.bias", "b.weight", "c.half", "d.empty", "e.scalar",
+                                            "f.levels", "g.nibbles"));
+  EXPECT_EQ((*file)->num_tensors(), 7u);
   EXPECT_EQ((*file)->metadata().at("format"), "pt");
   for (const OwnedTensor& want : tensors) {
     absl::StatusOr<TensorView> got = (*file)->Get(want.name);
@@ -531,6 +533,44 @@ TEST_F(SafetensorsTest, ValidateAgainstConfigReportsProblems) {
   ASSERT_TRUE(model.ok());
   status = ValidateAgainstConfig(**model, tied);
   EXPECT_THAT(std::string(status.message()), HasSubstr("unexpected tensor 'lm_head.weight'"));
+}
+
+// A quantized checkpoint: levels and scales where the config says, floats elsewhere; a dtype
+// the config does not expect is named.
+TEST_F(SafetensorsTest, ValidateAgainstAQuantizedConfig) {
+  ModelConfig config = TinyConfig();
+  config.hidden_size = 8;
+  config.quantization = {.bits = 4, .group_size = 32, .experts = true};
+  // (Widths need not divide the group here: ValidateAgainstConfig checks only what is stored.)
+  std::vector<OwnedTensor> tensors;
+  uint8_t seed = 0;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    const DType dtype = spec.storage == TensorStorage::kInt4    ? DType::kU8
+                        : spec.storage == TensorStorage::kScale ? DType::kF16
+                                                                : DType::kBF16;
+    tensors.push_back(Filled(spec.name, dtype, spec.shape, seed++));
+  }
+  ASSERT_TRUE(Write(Path("model.safetensors"), tensors).ok());
+  absl::StatusOr<std::unique_ptr<SafetensorsModel>> model = SafetensorsModel::Open(dir_.string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(ValidateAgainstConfig(**model, config), absl::OkStatus());
+  for (OwnedTensor& t : tensors) {
+    if (t.name == "model.layers.0.block_sparse_moe.experts.1.w3.weight") {
+      t = Filled(t.name, DType::kI8, t.shape, 0);  // int8 levels where int4 were expected
+    }
+    if (t.name == "model.layers.0.self_attn.k_proj.weight") {
+      t = Filled(t.name, DType::kU8, t.shape, 0);  // bytes where a float matrix belongs
+    }
+  }
+  ASSERT_TRUE(Write(Path("model.safetensors"), tensors).ok());
+  model = SafetensorsModel::Open(dir_.string());
+  ASSERT_TRUE(model.ok());
+  const absl::Status status = ValidateAgainstConfig(**model, config);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("'model.layers.0.block_sparse_moe.experts.1.w3.weight' has dtype I8, "
+                        "expected U8"));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("'model.layers.0.self_attn.k_proj.weight' has dtype U8, expected BF16"));
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
-// Streaming experts into the forward pass: the shipped model run with no expert weights of its
-// own, its experts streamed from a pack through a cache holding a quarter of them, gives
-// exactly the logits of the fully resident model — at full width and at mixed widths, with and
-// without overlap, from host memory and from the file with O_DIRECT — while the cache bound
-// holds and every byte the host backing reads is a bundle the schedule asked for.
+// Streaming experts into the forward pass: the shipped model (bf16, and quantized to int8 and
+// int4) run with no expert weights of its own, its experts streamed from a pack through a cache
+// holding a quarter of them, gives exactly the logits of the fully resident model — at full
+// width and at mixed widths, with and without overlap, from host memory and from the file with
+// O_DIRECT — while the cache bound holds and every byte the host backing reads is a bundle the
+// schedule asked for.
 #include "common/moe/expert_stream.h"
 
 #include <gtest/gtest.h>
@@ -12,10 +13,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "common/engine/generator.h"
+#include "common/engine/quantize.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 
@@ -38,28 +41,61 @@ class VariedWidths : public engine::ExpertWidthPolicy {
   int inter_;
 };
 
-class ExpertStreamTest : public ::testing::Test {
+// The shipped model as it is (0) or quantized to int8 / int4 (its experts and attention, in
+// groups of 32): its weights fully resident, the same without experts, and its expert pack.
+struct StreamModel {
+  engine::ModelWeights* full = nullptr;
+  engine::ModelWeights* slim = nullptr;
+  std::string pack;
+};
+
+class ExpertStreamTest : public ::testing::TestWithParam<int> {
  protected:
-  static void SetUpTestSuite() {
-    const std::string dir = testing::SourceDir() + "/models/tiny-moe";
+  static StreamModel* Model(int bits) {
+    static std::map<int, StreamModel*>* models = new std::map<int, StreamModel*>();
+    if (auto it = models->find(bits); it != models->end()) return it->second;
+    std::string dir = testing::SourceDir() + "/models/tiny-moe";
+    if (bits != 0) {
+      const std::string quantized =
+          absl::StrCat(testing::BinDir(), "/expert_stream_test.", getpid(), ".int", bits);
+      EXPECT_EQ(engine::QuantizeCheckpoint(dir, {.bits = bits, .group_size = 32}, quantized),
+                absl::OkStatus());
+      dir = quantized;
+      Cleanup().push_back(quantized);
+    }
     auto full = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors);
-    ASSERT_TRUE(full.ok()) << full.status();
-    full_ = full->release();
-    const auto& c = full_->config;
+    EXPECT_TRUE(full.ok()) << full.status();
+    if (!full.ok()) return nullptr;
+    auto* model = new StreamModel;
+    model->full = full->release();
+    const auto& c = model->full->config;
     engine::ExpertMask none;
     none.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
     auto slim = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors, 0, none);
-    ASSERT_TRUE(slim.ok()) << slim.status();
-    slim_ = slim->release();
-    pack_ =
-        new std::string(absl::StrCat(testing::BinDir(), "/expert_stream_test.", getpid(), ".pack"));
-    ASSERT_EQ(WriteExpertPack(*full_, *pack_), absl::OkStatus());
+    EXPECT_TRUE(slim.ok()) << slim.status();
+    model->slim = slim->release();
+    model->pack =
+        absl::StrCat(testing::BinDir(), "/expert_stream_test.", getpid(), ".", bits, ".pack");
+    EXPECT_EQ(WriteExpertPack(*model->full, model->pack), absl::OkStatus());
+    Cleanup().push_back(model->pack);
+    (*models)[bits] = model;
+    return model;
+  }
+  static std::vector<std::string>& Cleanup() {
+    static std::vector<std::string>* paths = new std::vector<std::string>();
+    return *paths;
   }
   static void TearDownTestSuite() {
-    std::filesystem::remove(*pack_);
-    delete pack_;
-    delete full_;
-    delete slim_;
+    for (const std::string& path : Cleanup()) std::filesystem::remove_all(path);
+    Cleanup().clear();
+  }
+
+  void SetUp() override {
+    StreamModel* model = Model(GetParam());
+    ASSERT_NE(model, nullptr);
+    full_ = model->full;
+    slim_ = model->slim;
+    pack_ = &model->pack;
   }
 
   // Prefill of golden prompts 0-3 together, then 6 decode steps; every step's logits.
@@ -105,21 +141,19 @@ class ExpertStreamTest : public ::testing::Test {
     return out;
   }
 
+  // The bytes of every expert, as the cache counts them.
   int64_t ExpertBytes() const {
     const auto& c = full_->config;
-    return c.num_hidden_layers * c.num_local_experts * 3 * c.intermediate_size * c.hidden_size * 2;
+    const PackLayout layout = PackLayout::For(c);
+    return c.num_hidden_layers * c.num_local_experts * layout.bundles() * layout.bundle_bytes();
   }
 
-  static engine::ModelWeights* full_;
-  static engine::ModelWeights* slim_;
-  static std::string* pack_;
+  engine::ModelWeights* full_ = nullptr;
+  engine::ModelWeights* slim_ = nullptr;
+  const std::string* pack_ = nullptr;
 };
 
-engine::ModelWeights* ExpertStreamTest::full_ = nullptr;
-engine::ModelWeights* ExpertStreamTest::slim_ = nullptr;
-std::string* ExpertStreamTest::pack_ = nullptr;
-
-TEST_F(ExpertStreamTest, StreamedEqualsResidentAtFullAndMixedWidth) {
+TEST_P(ExpertStreamTest, StreamedEqualsResidentAtFullAndMixedWidth) {
   const int inter = static_cast<int>(full_->config.intermediate_size);
   const VariedWidths varied(inter);
   for (const engine::ExpertWidthPolicy* widths :
@@ -149,7 +183,7 @@ TEST_F(ExpertStreamTest, StreamedEqualsResidentAtFullAndMixedWidth) {
   }
 }
 
-TEST_F(ExpertStreamTest, DirectFileBackingStreamsTheSameLogits) {
+TEST_P(ExpertStreamTest, DirectFileBackingStreamsTheSameLogits) {
   auto backing = DirectFileBacking(*pack_);
   if (backing.status().code() == absl::StatusCode::kFailedPrecondition) {
     GTEST_SKIP() << backing.status();
@@ -190,7 +224,7 @@ class RecordingProvider : public engine::ExpertProvider {
   engine::ExpertProvider* inner_;
 };
 
-TEST_F(ExpertStreamTest, LayersAskForEachExpertOnceWidestFirstAndComputeInThatOrder) {
+TEST_P(ExpertStreamTest, LayersAskForEachExpertOnceWidestFirstAndComputeInThatOrder) {
   auto backing = HostBacking(*pack_);
   ASSERT_TRUE(backing.ok());
   auto stream = ExpertStream::Create(backing->get(), ExpertBytes() / 4, true);
@@ -251,7 +285,7 @@ class GatedBacking : public ExpertBacking {
   bool open_ ABSL_GUARDED_BY(mu_);
 };
 
-TEST_F(ExpertStreamTest, OverlapComputesBeforeTheLayersLoadsFinishWithoutItAfter) {
+TEST_P(ExpertStreamTest, OverlapComputesBeforeTheLayersLoadsFinishWithoutItAfter) {
   auto host = HostBacking(*pack_);
   ASSERT_TRUE(host.ok());
   const std::vector<engine::ExpertLoad> loads = {{3, 384}, {7, 192}, {1, 96}, {5, 48}};
@@ -284,11 +318,11 @@ TEST_F(ExpertStreamTest, OverlapComputesBeforeTheLayersLoadsFinishWithoutItAfter
   }
 }
 
-TEST_F(ExpertStreamTest, ACacheTooSmallForALayerIsAClearError) {
+TEST_P(ExpertStreamTest, ACacheTooSmallForALayerIsAClearError) {
   auto backing = HostBacking(*pack_);
   ASSERT_TRUE(backing.ok());
-  const auto& c = full_->config;
-  const int64_t one_expert = 3 * c.intermediate_size * c.hidden_size * 2;
+  const PackLayout layout = PackLayout::For(full_->config);
+  const int64_t one_expert = int64_t{layout.bundles()} * layout.bundle_bytes();
   auto stream = ExpertStream::Create(backing->get(), one_expert, true);
   ASSERT_TRUE(stream.ok());
   auto pool = engine::KvBlockPool::Create({6, 2, 32, 16, 8});
@@ -310,6 +344,12 @@ TEST_F(ExpertStreamTest, ACacheTooSmallForALayerIsAClearError) {
   EXPECT_EQ((*forward)->Step({&in, 1}, {}, &logits).code(), absl::StatusCode::kInvalidArgument);
   table.ReleaseAll(pool->get());
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, ExpertStreamTest, ::testing::Values(0, 8, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? std::string("bf16")
+                                                  : absl::StrCat("int", info.param);
+                         });
 
 }  // namespace
 }  // namespace tandem::moe

@@ -1,0 +1,36 @@
+// Quantized checkpoints (tandem quantize; docs/quantization.md): a bf16 / f16 / f32 Hugging Face
+// checkpoint written again with the chosen matrices as integer levels and float16 scales, one
+// per `group_size` input columns per row, in a layout any reader can follow:
+//   NAME.weight        I8 (rows, cols), levels in [-127, 127]          (8 bits)
+//                      U8 (rows, cols / 2), two levels a byte, the even column in the low
+//                      nibble, each stored as level + 8, levels in [-8, 7]   (4 bits)
+//   NAME.weight_scale  F16 (rows, cols / group_size)
+//   W[r][c] = scale[r][c / group_size] * level[r][c]
+// and config.json's "quantization_config" saying so (common/model/config.h). Routers, the
+// embedding, the lm_head, norms and biases stay as they were. The checkpoint's other files are
+// copied; its safetensors metadata is kept (a reordered checkpoint stays reordered), and the
+// quantization and the source checkpoint's SHA-256 are added to it.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tandem::engine {
+
+struct QuantizeOptions {
+  int bits = 4;         // 8 or 4
+  int group_size = 32;  // 32, 64 or 128
+  bool experts = true;
+  bool attention = true;
+  bool shared_expert = true;
+  bool dense_mlp = true;
+};
+
+// Writes the quantized copy of `model_dir` to `out_dir`. INVALID_ARGUMENT for a checkpoint that
+// is already quantized, options that do not fit the model (a group that does not divide a
+// quantized matrix's width), no module chosen, or `out_dir` the same as `model_dir`.
+absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOptions& options,
+                                const std::string& out_dir);
+
+}  // namespace tandem::engine

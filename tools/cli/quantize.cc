@@ -1,0 +1,59 @@
+// tandem quantize --model DIR --bits 8|4 --out DIR2 [--group_size G] [--modules M,...]
+//   DIR's checkpoint with the chosen matrices as integer levels and float16 scales
+//   (common/engine/quantize.h, docs/quantization.md).
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/engine/quantize.h"
+#include "tools/cli/commands.h"
+
+ABSL_FLAG(int, bits, 4, "quantize: bits per weight, 8 or 4.");
+ABSL_FLAG(int, group_size, 32,
+          "quantize: input columns per float16 scale (32, 64 or 128); each quantized matrix's "
+          "width must be a multiple.");
+ABSL_FLAG(std::string, modules, "experts,attention,shared_expert,dense_mlp",
+          "quantize: which matrices, comma-separated: experts (routed experts), attention (q, "
+          "k, v, o), shared_expert, dense_mlp. Routers, embeddings, lm_head and norms never.");
+
+namespace tandem::cli {
+
+int Quantize() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (model.empty() || out.empty()) {
+    return Report(absl::InvalidArgumentError("quantize needs --model DIR and --out DIR"));
+  }
+  engine::QuantizeOptions options{.bits = absl::GetFlag(FLAGS_bits),
+                                  .group_size = absl::GetFlag(FLAGS_group_size),
+                                  .experts = false,
+                                  .attention = false,
+                                  .shared_expert = false,
+                                  .dense_mlp = false};
+  for (absl::string_view module :
+       absl::StrSplit(absl::GetFlag(FLAGS_modules), ',', absl::SkipWhitespace())) {
+    if (module == "experts") {
+      options.experts = true;
+    } else if (module == "attention") {
+      options.attention = true;
+    } else if (module == "shared_expert") {
+      options.shared_expert = true;
+    } else if (module == "dense_mlp") {
+      options.dense_mlp = true;
+    } else {
+      return Report(absl::InvalidArgumentError(
+          absl::StrCat("--modules: unknown module \"", module,
+                       "\" (known: experts, attention, shared_expert, dense_mlp)")));
+    }
+  }
+  const absl::Time start = absl::Now();
+  if (absl::Status s = engine::QuantizeCheckpoint(model, options, out); !s.ok()) return Report(s);
+  std::cout << "int" << options.bits << " in groups of " << options.group_size << " ("
+            << absl::GetFlag(FLAGS_modules) << "); checkpoint in " << out << " ("
+            << absl::ToDoubleSeconds(absl::Now() - start) << " s)" << std::endl;
+  return 0;
+}
+
+}  // namespace tandem::cli
