@@ -18,6 +18,7 @@
 
 #include "common/engine/sampling.h"
 #include "common/kernels/cpu/kernels.h"
+#include "common/util/huge_pages.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -52,7 +53,7 @@ const std::vector<uint16_t>& WeightPool() {
 struct PackedPool {
   PanelLayout layout;
   size_t copies = 0;
-  std::vector<std::byte> bytes;
+  std::vector<std::byte, util::HugePageAllocator<std::byte>> bytes;  // as the engine's weights
   PackedMatrix view(size_t call) const {
     return View(layout, bytes.data() + (call % copies) * layout.bytes());
   }

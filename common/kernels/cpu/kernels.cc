@@ -3,6 +3,10 @@
 // conversion, Rope, the split of matrix products across threads, activation scratch).
 #include "common/kernels/cpu/kernels.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -97,6 +101,23 @@ Backend WithLinear(const Backend& elementwise, const char* name, ActivationRound
   return backend;
 }
 
+// AMX-TILE, AMX-BF16 and AMX-INT8 by CPUID (leaf 7: EDX bits 24, 22, 25), the OS saving tile
+// state (XCR0 bits 17 and 18), and Linux granting this process the tile data: without that
+// permission the first tile instruction raises SIGILL.
+bool AmxUsable() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const unsigned amx = (1u << 22) | (1u << 24) | (1u << 25);
+  if ((edx & amx) != amx) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & (1u << 27)) == 0) return false;  // OSXSAVE
+  uint32_t xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;
+  constexpr int kArchReqXcompPerm = 0x1023;
+  constexpr int kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
 bool CpuHasAvx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -117,6 +138,7 @@ const std::vector<Level>& Levels() {
     const bool avx512 = CpuHasAvx512();
     const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
     const bool bf16 = vnni && __builtin_cpu_supports("avx512bf16");
+    const bool amx = bf16 && AmxUsable();
     return new std::vector<Level>{
         {kReferenceBackend, true},
         {WithLinear(kAvx2Elementwise, "avx2", ActivationRounding::kNone, kAvx2Linear, kAvx2Linear),
@@ -130,6 +152,9 @@ const std::vector<Level>& Levels() {
         {WithLinear(kAvx512Elementwise, "avx512bf16", ActivationRounding::kBf16AndInt8,
                     kAvx512Bf16Linear, kAvx512Linear),
          bf16},
+        {WithLinear(kAvx512Elementwise, "amx", ActivationRounding::kBf16AndInt8, kAmxLinear,
+                    kAvx512Linear),
+         amx},
     };
   }();
   return *levels;
@@ -197,6 +222,17 @@ std::string KernelIsaNames() {
     names += std::string(", ") + level.backend.name;
   }
   return names;
+}
+
+const Backend* AmxEmulatedBackendForTesting() {
+  static const Backend* const backend = [] {
+    const Backend* bf16 = internal::Find("avx512bf16");
+    if (bf16 == nullptr) return static_cast<const Backend*>(nullptr);
+    return static_cast<const Backend*>(new Backend(internal::WithLinear(
+        internal::kAvx512Elementwise, "amx-emulated", ActivationRounding::kBf16AndInt8,
+        internal::kAmxEmulatedLinear, internal::kAvx512Linear)));
+  }();
+  return backend;
 }
 
 bool SetKernelIsa(const std::string& name) {

@@ -11,6 +11,7 @@
 //   avx512       AVX-512 F/BW/VL/DQ; activations float32
 //   avx512vnni   + VNNI: int8/int4 weights meet activations quantized to int8 per group
 //   avx512bf16   + AVX512_BF16: bf16 weights meet activations rounded to bf16 as well
+//   amx          + AMX tiles (TDPBF16PS, TDPBSUD), where Linux grants them to the process
 // The default is the fastest level the CPU has; TANDEM_KERNELS (environment) or SetKernelIsa
 // picks another: a level's name, "auto" (the default) or "exact" (the fastest level that keeps
 // activations float32, whose results match the PyTorch reference to float32 rounding). Every
@@ -41,6 +42,11 @@ std::vector<const Backend*> SupportedBackends();
 const Backend* FindBackend(const std::string& name);
 // Every name FindBackend knows, for messages: "auto, exact, reference, avx2, ...".
 std::string KernelIsaNames();
+
+// For tests: the amx level's kernels with the tile instructions carried out in software (the
+// same tiles, blocking and dequantization), so that machines without AMX check them; null
+// where the CPU lacks avx512bf16. Never chosen by FindBackend.
+const Backend* AmxEmulatedBackendForTesting();
 
 // Makes the dispatched kernels use `name` (as FindBackend) from now on, in every thread.
 // Returns false, changing nothing, when FindBackend finds nothing. Call it at start-up, or in

@@ -24,6 +24,10 @@ extern const LinearFn kAvx512Linear;
 extern const LinearFn kAvx512VnniLinear;
 extern const LinearFn kAvx512Bf16Linear;
 extern const LinearFn kAvx2Linear;
+// AMX tiles (linear_amx.cc): bf16 activations for bf16 weights, int8 for int8/int4; and the same
+// kernels over a software model of the tile instructions, for tests on machines without AMX.
+extern const LinearFn kAmxLinear;
+extern const LinearFn kAmxEmulatedLinear;
 
 // Calls fn(panel_begin, panel_end) on ranges covering the panels of `w` for a product with b
 // activation rows: across DefaultThreadPool() when the product is large, in one inline call

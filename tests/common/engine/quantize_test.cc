@@ -183,7 +183,11 @@ TEST_F(QuantizeTest, EveryLevelMatchesTheDequantizedReference) {
     ASSERT_TRUE(weights.ok()) << weights.status();
     const std::vector<float> want = PromptLogits(**weights, kernels::cpu::FindBackend("reference"));
     const int vocab = static_cast<int>((*weights)->config.vocab_size);
-    for (const kernels::Backend* backend : kernels::cpu::SupportedBackends()) {
+    std::vector<const kernels::Backend*> backends = kernels::cpu::SupportedBackends();
+    if (const kernels::Backend* amx = kernels::cpu::AmxEmulatedBackendForTesting()) {
+      backends.push_back(amx);  // the AMX level's blocking, whatever this CPU has
+    }
+    for (const kernels::Backend* backend : backends) {
       const std::vector<float> got = PromptLogits(**weights, backend);
       ASSERT_EQ(got.size(), want.size());
       double worst = 0;

@@ -58,7 +58,7 @@ std::set<std::string> ListedFlags(const std::string& help) {
 
 const std::vector<std::string> kSubcommands = {
     "generate", "tokenize", "models",  "health", "serve", "perplexity", "calibrate",
-    "prune",    "eval",     "reorder", "tier",   "pack",  "quantize", "bench serve"};
+    "prune",    "eval",     "reorder", "tier",   "pack",  "quantize",   "bench serve"};
 
 TEST(CliHelpTest, HelpListsEverySubcommandOnALineOfItsOwn) {
   for (const std::vector<std::string>& args :

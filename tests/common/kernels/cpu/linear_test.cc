@@ -88,7 +88,8 @@ std::vector<float> AsTheLevelSeesIt(const Backend& backend, const PackedMatrix& 
 class LinearTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    backend_ = FindBackend(GetParam());
+    backend_ = std::string(GetParam()) == "amx-emulated" ? AmxEmulatedBackendForTesting()
+                                                         : FindBackend(GetParam());
     if (backend_ == nullptr) {
       GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
     }
@@ -275,9 +276,11 @@ TEST_P(LinearTest, RoundingErrorIsBounded) {
 
 INSTANTIATE_TEST_SUITE_P(AllLevels, LinearTest,
                          ::testing::Values("reference", "avx2", "avx512", "avx512vnni",
-                                           "avx512bf16"),
+                                           "avx512bf16", "amx", "amx-emulated"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param);
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
                          });
 
 }  // namespace

@@ -1,0 +1,423 @@
+// The matrix products over packed weights on AMX tiles (Intel Sapphire Rapids and later): bf16
+// weights against bf16 activations in TDPBF16PS, int8 / int4 weights against int8 activations
+// in TDPBSUD. The panel layout is already the tiles' layout: 16 consecutive 64-byte chunks of a
+// panel (32 bf16 columns, or 64 int8 columns) are one B tile, loaded with a 64-byte stride.
+// Activations are laid out once per product in a zero-padded buffer of whole 16-row A tiles.
+//
+// Compiled for AMX and AVX-512 with a target pragma; kernels.cc calls into it only after CPUID
+// says the CPU has AMX-TILE, AMX-BF16 and AMX-INT8 and Linux has granted this process the tile
+// data (arch_prctl ARCH_REQ_XCOMP_PERM). The same kernels are also instantiated over a software
+// model of the tile instructions (EmulatedTiles, after the Intel SDM's pseudo-code), so that
+// machines without AMX test the blocking, the layout and the dequantization around them:
+// AmxEmulatedLinearForTesting.
+//
+// Every output accumulates in the same order whatever the batch: a C tile element depends only
+// on its A row and B column, and groups are folded into float32 in group order.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+#include "common/kernels/cpu/kernels_internal.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                                      \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma,amx-tile," \
+                          "amx-int8,amx-bf16"))),                                                  \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target( \
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma,amx-tile,amx-int8,amx-bf16")
+#endif
+
+namespace tandem::kernels::cpu::internal {
+namespace {
+
+#define TANDEM_INLINE inline __attribute__((always_inline))
+
+// The 64-byte operand of LDTILECFG (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// Tiles used: C0, C1 accumulate two panels; A the activations; B0, B1 the two panels' weights.
+constexpr int kC0 = 0, kC1 = 1, kA = 2, kB0 = 3, kB1 = 4;
+
+// The tile instructions themselves. GCC's intrinsics paste the tile number into the assembly
+// text, so each tile this file uses is spelled out.
+struct HardwareTiles {
+  static void Configure(const TileConfig& config) { _tile_loadconfig(&config); }
+  static void Release() { _tile_release(); }
+  template <int T>
+  static void Load(const void* p, int64_t stride) {
+    static_assert(T == kA || T == kB0 || T == kB1);
+    if constexpr (T == kA) {
+      _tile_loadd(2, p, stride);
+    } else if constexpr (T == kB0) {
+      _tile_loadd(3, p, stride);
+    } else {
+      _tile_loadd(4, p, stride);
+    }
+  }
+  template <int T>
+  static void Store(void* p, int64_t stride) {
+    static_assert(T == kC0 || T == kC1);
+    if constexpr (T == kC0) {
+      _tile_stored(0, p, stride);
+    } else {
+      _tile_stored(1, p, stride);
+    }
+  }
+  template <int T>
+  static void Zero() {
+    static_assert(T == kC0 || T == kC1);
+    if constexpr (T == kC0) {
+      _tile_zero(0);
+    } else {
+      _tile_zero(1);
+    }
+  }
+  template <int C, int A, int B>
+  static void DotBf16() {
+    static_assert(A == kA && ((C == kC0 && B == kB0) || (C == kC1 && B == kB1)));
+    if constexpr (C == kC0) {
+      _tile_dpbf16ps(0, 2, 3);
+    } else {
+      _tile_dpbf16ps(1, 2, 4);
+    }
+  }
+  template <int C, int A, int B>
+  static void DotSignedUnsigned() {
+    static_assert(A == kA && ((C == kC0 && B == kB0) || (C == kC1 && B == kB1)));
+    if constexpr (C == kC0) {
+      _tile_dpbsud(0, 2, 3);
+    } else {
+      _tile_dpbsud(1, 2, 4);
+    }
+  }
+};
+
+// The same instructions in software, per the Intel SDM: 8 tiles of up to 16 rows of 64 bytes
+// per thread, rows and bytes per row from the configuration, zeros past them.
+struct EmulatedTiles {
+  struct State {
+    TileConfig config;
+    alignas(64) uint8_t tiles[8][16][64];
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+  static void Configure(const TileConfig& config) {
+    state().config = config;
+    std::memset(state().tiles, 0, sizeof(state().tiles));
+  }
+  static void Release() {}
+  template <int T>
+  static void Load(const void* p, int64_t stride) {
+    State& s = state();
+    std::memset(s.tiles[T], 0, sizeof(s.tiles[T]));
+    for (int r = 0; r < s.config.rows[T]; ++r) {
+      std::memcpy(s.tiles[T][r], static_cast<const uint8_t*>(p) + r * stride, s.config.colsb[T]);
+    }
+  }
+  template <int T>
+  static void Store(void* p, int64_t stride) {
+    State& s = state();
+    for (int r = 0; r < s.config.rows[T]; ++r) {
+      std::memcpy(static_cast<uint8_t*>(p) + r * stride, s.tiles[T][r], s.config.colsb[T]);
+    }
+  }
+  template <int T>
+  static void Zero() {
+    std::memset(state().tiles[T], 0, sizeof(state().tiles[T]));
+  }
+  // C[m][n] += A[m][2k] * B[k][2n] + A[m][2k+1] * B[k][2n+1], bf16 products in float32.
+  template <int C, int A, int B>
+  static void DotBf16() {
+    State& s = state();
+    auto bf16 = [](const uint8_t* p) {
+      uint16_t bits;
+      std::memcpy(&bits, p, 2);
+      return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+    };
+    for (int m = 0; m < s.config.rows[C]; ++m) {
+      for (int k = 0; k < s.config.colsb[A] / 4; ++k) {
+        for (int n = 0; n < s.config.colsb[C] / 4; ++n) {
+          float acc;
+          std::memcpy(&acc, s.tiles[C][m] + 4 * n, 4);
+          acc += bf16(s.tiles[A][m] + 4 * k) * bf16(s.tiles[B][k] + 4 * n);
+          acc += bf16(s.tiles[A][m] + 4 * k + 2) * bf16(s.tiles[B][k] + 4 * n + 2);
+          std::memcpy(s.tiles[C][m] + 4 * n, &acc, 4);
+        }
+      }
+    }
+  }
+  // C[m][n] += sum over i < 4 of signed A[m][4k+i] * unsigned B[k][4n+i], int32.
+  template <int C, int A, int B>
+  static void DotSignedUnsigned() {
+    State& s = state();
+    for (int m = 0; m < s.config.rows[C]; ++m) {
+      for (int k = 0; k < s.config.colsb[A] / 4; ++k) {
+        for (int n = 0; n < s.config.colsb[C] / 4; ++n) {
+          int32_t acc;
+          std::memcpy(&acc, s.tiles[C][m] + 4 * n, 4);
+          for (int i = 0; i < 4; ++i) {
+            acc +=
+                static_cast<int8_t>(s.tiles[A][m][4 * k + i]) * int32_t{s.tiles[B][k][4 * n + i]};
+          }
+          std::memcpy(s.tiles[C][m] + 4 * n, &acc, 4);
+        }
+      }
+    }
+  }
+};
+
+// Activations (b, ldh) in whole 16-row tiles (rows past b zero), and the weights of one panel
+// pair at a time.
+struct AmxArgs {
+  float* y;
+  int64_t ldy;
+  PackedMatrix w;
+  int b;
+  int64_t ldh;  // bytes per activation row, a multiple of 64
+  const std::byte* x;
+  const float* xscale = nullptr;  // int: (rows, groups)
+  const int32_t* xsum = nullptr;  // int: (rows, groups)
+};
+
+// y rows [m0, m0 + 16) (those below b) of panel `panel` from a C tile stored as 16 x 16 floats.
+TANDEM_INLINE void StoreRows(const AmxArgs& a, int m0, int panel, const float* c) {
+  const int first = panel * kPanelRows;
+  const int count = std::min(kPanelRows, a.w.rows - first);
+  if (count <= 0) return;
+  const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1u);
+  for (int m = 0; m < kPanelRows && m0 + m < a.b; ++m) {
+    _mm512_mask_storeu_ps(a.y + (m0 + m) * a.ldy + first, lanes, _mm512_loadu_ps(c + 16 * m));
+  }
+}
+
+// bf16 panels [p_begin, p_end): per pair of panels and 16-row block, C += A B over 32-column
+// steps. The last step of a column count that is not a multiple of 32 (and a column prefix)
+// reads its B rows from a copy holding only the valid columns, zeros after.
+template <class Tiles>
+void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
+  TileConfig config;
+  for (int t : {kC0, kC1, kA, kB0, kB1}) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  Tiles::Configure(config);
+  const int cols = a.w.cols;
+  const int steps = (cols + 31) / 32;
+  const int last_pairs = (cols - 32 * (steps - 1) + 1) / 2;  // chunks in the last step
+  const bool last_odd = cols % 2 != 0;
+  const bool tail = last_pairs < 16 || last_odd;
+  alignas(64) std::byte padded[2][16 * 64];
+  alignas(64) float c[2][16 * 16];
+  for (int p = p_begin; p < p_end; p += 2) {
+    const bool two = p + 1 < p_end;
+    const std::byte* panel[2] = {a.w.data + p * a.w.panel_bytes,
+                                 a.w.data + (two ? p + 1 : p) * a.w.panel_bytes};
+    if (tail) {
+      for (int q = 0; q < 2; ++q) {
+        std::memset(padded[q], 0, sizeof(padded[q]));
+        std::memcpy(padded[q], panel[q] + (steps - 1) * 16 * 64, last_pairs * 64);
+        if (last_odd) {  // the odd column's partner: zero, whatever the matrix holds there
+          for (int i = 0; i < 16; ++i)
+            std::memset(padded[q] + (last_pairs - 1) * 64 + 4 * i + 2, 0, 2);
+        }
+      }
+    }
+    for (int m0 = 0; m0 < a.b; m0 += 16) {
+      Tiles::template Zero<kC0>();
+      Tiles::template Zero<kC1>();
+      for (int s = 0; s < steps; ++s) {
+        Tiles::template Load<kA>(a.x + m0 * a.ldh + s * 64, a.ldh);
+        const bool last = tail && s == steps - 1;
+        Tiles::template Load<kB0>(last ? padded[0] : panel[0] + s * 16 * 64, 64);
+        Tiles::template Load<kB1>(last ? padded[1] : panel[1] + s * 16 * 64, 64);
+        Tiles::template DotBf16<kC0, kA, kB0>();
+        Tiles::template DotBf16<kC1, kA, kB1>();
+      }
+      Tiles::template Store<kC0>(c[0], 64);
+      Tiles::template Store<kC1>(c[1], 64);
+      StoreRows(a, m0, p, c[0]);
+      if (two) StoreRows(a, m0, p + 1, c[1]);
+    }
+  }
+  Tiles::Release();
+}
+
+// int8 / int4 panels [p_begin, p_end): per pair of panels and 16-row block, per quantization
+// group, C = A B in integers over the group (in steps of up to 64 columns), then folded into
+// float32 accumulators: acc += (C - offset * sum(q_x)) * weight scale * activation scale.
+template <class Tiles, bool kInt4>
+void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
+  const int group = a.w.group;
+  const int groups = a.w.cols / group;
+  const int step = std::min(group, 64);  // columns per tile product
+  TileConfig config;
+  for (int t : {kC0, kC1}) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  config.rows[kA] = 16;
+  config.colsb[kA] = static_cast<uint16_t>(step);
+  for (int t : {kB0, kB1}) {
+    config.rows[t] = static_cast<uint8_t>(step / 4);
+    config.colsb[t] = 64;
+  }
+  Tiles::Configure(config);
+  const int64_t group_bytes = int64_t{kPanelRows} * group * (kInt4 ? 4 : 8) / 8;
+  const int offset = kInt4 ? 8 : 128;
+  const __m512i nibbles = _mm512_set1_epi8(0x0f);
+  alignas(64) uint8_t unpacked[2][16 * 64];
+  alignas(64) int32_t c[2][16 * 16];
+  alignas(64) float acc[2][16 * 16];
+  for (int p = p_begin; p < p_end; p += 2) {
+    const bool two = p + 1 < p_end;
+    const std::byte* panel[2] = {a.w.data + p * a.w.panel_bytes,
+                                 a.w.data + (two ? p + 1 : p) * a.w.panel_bytes};
+    for (int m0 = 0; m0 < a.b; m0 += 16) {
+      const int rows = std::min(16, a.b - m0);
+      std::memset(acc, 0, sizeof(acc));
+      for (int g = 0; g < groups; ++g) {
+        Tiles::template Zero<kC0>();
+        Tiles::template Zero<kC1>();
+        for (int s = 0; s < group / step; ++s) {
+          Tiles::template Load<kA>(a.x + m0 * a.ldh + g * group + s * step, a.ldh);
+          for (int q = 0; q < 2; ++q) {
+            const std::byte* values = panel[q] + g * group_bytes;
+            const void* b_rows;
+            if constexpr (kInt4) {
+              // Chunk j holds quads 2j (low nibbles) and 2j + 1 (high): B rows in quad order.
+              for (int j = 0; j < step / 8; ++j) {
+                const __m512i v = _mm512_loadu_si512(values + (s * step / 8 + j) * 64);
+                _mm512_store_si512(unpacked[q] + (2 * j) * 64, _mm512_and_si512(v, nibbles));
+                _mm512_store_si512(unpacked[q] + (2 * j + 1) * 64,
+                                   _mm512_and_si512(_mm512_srli_epi16(v, 4), nibbles));
+              }
+              b_rows = unpacked[q];
+            } else {
+              b_rows = values + s * (step / 4) * 64;
+            }
+            if (q == 0) {
+              Tiles::template Load<kB0>(b_rows, 64);
+            } else {
+              Tiles::template Load<kB1>(b_rows, 64);
+            }
+          }
+          Tiles::template DotSignedUnsigned<kC0, kA, kB0>();
+          Tiles::template DotSignedUnsigned<kC1, kA, kB1>();
+        }
+        Tiles::template Store<kC0>(c[0], 64);
+        Tiles::template Store<kC1>(c[1], 64);
+        for (int q = 0; q < 2; ++q) {
+          const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(panel[q] + a.w.scale_offset + g * kPanelRows * 2)));
+          for (int m = 0; m < rows; ++m) {
+            const int row = m0 + m;
+            const __m512i sums =
+                _mm512_sub_epi32(_mm512_load_si512(c[q] + 16 * m),
+                                 _mm512_set1_epi32(offset * a.xsum[row * groups + g]));
+            const __m512 factor = _mm512_mul_ps(scale, _mm512_set1_ps(a.xscale[row * groups + g]));
+            _mm512_store_ps(acc[q] + 16 * m, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), factor,
+                                                             _mm512_load_ps(acc[q] + 16 * m)));
+          }
+        }
+      }
+      StoreRows(a, m0, p, acc[0]);
+      if (two) StoreRows(a, m0, p + 1, acc[1]);
+    }
+  }
+  Tiles::Release();
+}
+
+// Activations in whole tiles: bf16 rows of ldh bytes (a multiple of 64) for bf16 weights, or
+// int8 levels with per-group scales and sums, rows padded with zeros to a multiple of 16.
+template <class Tiles>
+void LinearAmx(const float* x, int b, const PackedMatrix& w, float* y) {
+  if (b <= 0 || w.rows <= 0) return;
+  ActivationScratch& s = ThreadScratch();
+  const int padded_rows = (b + 15) / 16 * 16;
+  AmxArgs a{.y = y, .ldy = w.rows, .w = w, .b = b, .ldh = 0, .x = nullptr};
+  if (w.format == WeightFormat::kBf16) {
+    const int ldh = (w.cols + 31) / 32 * 32;  // bf16 values per row
+    s.bf16.assign(static_cast<size_t>(padded_rows) * ldh, 0);
+    for (int m = 0; m < b; ++m) {
+      for (int c = 0; c < w.cols; ++c) {
+        s.bf16[static_cast<size_t>(m) * ldh + c] = F32ToBf16Bits(x[int64_t{m} * w.cols + c]);
+      }
+    }
+    a.ldh = int64_t{ldh} * 2;
+    a.x = reinterpret_cast<const std::byte*>(s.bf16.data());
+  } else {
+    const int groups = w.cols / w.group;
+    const int ldh = (w.cols + 63) / 64 * 64;
+    s.q.assign(static_cast<size_t>(padded_rows) * ldh, 0);
+    s.scales.resize(static_cast<size_t>(b) * groups);
+    s.sums.resize(s.scales.size());
+    for (int m = 0; m < b; ++m) {
+      QuantizeActivations(x + int64_t{m} * w.cols, w.cols, w.group,
+                          s.q.data() + static_cast<size_t>(m) * ldh,
+                          s.scales.data() + static_cast<size_t>(m) * groups,
+                          s.sums.data() + static_cast<size_t>(m) * groups);
+    }
+    a.ldh = ldh;
+    a.x = reinterpret_cast<const std::byte*>(s.q.data());
+    a.xscale = s.scales.data();
+    a.xsum = s.sums.data();
+  }
+  ParallelPanels(b, w, 2, [&](int begin, int end) {
+    switch (w.format) {
+      case WeightFormat::kBf16:
+        Bf16Panels<Tiles>(a, begin, end);
+        break;
+      case WeightFormat::kInt8:
+        IntPanels<Tiles, false>(a, begin, end);
+        break;
+      case WeightFormat::kInt4:
+        IntPanels<Tiles, true>(a, begin, end);
+        break;
+    }
+  });
+}
+
+void LinearAmxHardware(const float* x, int b, const PackedMatrix& w, float* y) {
+  LinearAmx<HardwareTiles>(x, b, w, y);
+}
+
+void LinearAmxEmulated(const float* x, int b, const PackedMatrix& w, float* y) {
+  LinearAmx<EmulatedTiles>(x, b, w, y);
+}
+
+#undef TANDEM_INLINE
+
+}  // namespace
+
+const LinearFn kAmxLinear = LinearAmxHardware;
+const LinearFn kAmxEmulatedLinear = LinearAmxEmulated;
+
+}  // namespace tandem::kernels::cpu::internal
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
