@@ -31,6 +31,12 @@
 
 namespace tandem::moe {
 
+// Bytes [offset, offset + bytes) of a file.
+struct ByteRange {
+  int64_t offset = 0;
+  int64_t bytes = 0;
+};
+
 // Where each expert's bundles lie in a pack.
 struct PackLayout {
   static constexpr int64_t kAlignment = 4096;
@@ -56,6 +62,10 @@ struct PackLayout {
   int64_t bundle_bytes() const;
   int64_t expert_stride() const;                // bytes between experts, a multiple of kAlignment
   int64_t offset(int layer, int expert) const;  // of the expert's first bundle in the file
+  // The bytes holding the first `width` neurons of (layer, expert): one contiguous prefix.
+  ByteRange Prefix(int layer, int expert, int width) const {
+    return {offset(layer, expert), int64_t{BundlesFor(width)} * bundle_bytes()};
+  }
   int64_t file_bytes() const;
   // Empty when the sizes are positive, the group fits the format and the width is a whole
   // number of bundles; otherwise what is wrong.

@@ -1,15 +1,14 @@
-#include "common/moe/cuda/expert_copy.h"
+#include "common/kernels/cuda/pinned_copier.h"
 
 #include <cuda_runtime.h>
 
-#include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/util/status.h"
 
-namespace tandem::moe {
+namespace tandem::kernels::cuda {
 namespace {
 
 absl::Status CudaError(const char* what, cudaError_t error) {
@@ -18,33 +17,34 @@ absl::Status CudaError(const char* what, cudaError_t error) {
 
 }  // namespace
 
-struct CudaExpertCopier::Copy {
-  int expert = 0;
+struct PinnedCopier::Copy {
+  int key = 0;
   int64_t device_offset = 0;
   cudaEvent_t done = nullptr;
 };
 
-absl::StatusOr<std::unique_ptr<CudaExpertCopier>> CudaExpertCopier::Create(
-    const std::string& pack_path, int64_t device_bytes) {
+absl::StatusOr<std::unique_ptr<PinnedCopier>> PinnedCopier::Create(const std::string& path,
+                                                                   int64_t device_bytes) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();  // clear the sticky "no device" error
     return absl::UnavailableError("no CUDA device");
   }
-  // The pack's layout comes from the host backing, which also checks the file.
-  ASSIGN_OR_RETURN(std::unique_ptr<ExpertBacking> backing, HostBacking(pack_path));
-  std::unique_ptr<CudaExpertCopier> c(new CudaExpertCopier());
-  c->layout_ = backing->layout();
-  const int64_t file_bytes = c->layout_.file_bytes();
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  if (error) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::unique_ptr<PinnedCopier> c(new PinnedCopier());
+  const int64_t file_bytes = static_cast<int64_t>(size);
+  c->file_bytes_ = file_bytes;
   if (cudaError_t e = cudaHostAlloc(&c->host_, file_bytes, cudaHostAllocDefault);
       e != cudaSuccess) {
     return absl::ResourceExhaustedError(
         absl::StrCat("pinning ", file_bytes, " bytes: ", cudaGetErrorString(e)));
   }
-  std::ifstream in(pack_path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary);
   in.read(static_cast<char*>(c->host_), static_cast<std::streamsize>(file_bytes));
   if (in.gcount() != static_cast<std::streamsize>(file_bytes)) {
-    return absl::DataLossError(absl::StrCat("cannot read all of ", pack_path));
+    return absl::DataLossError(absl::StrCat("cannot read all of ", path));
   }
   if (cudaError_t e = cudaMalloc(&c->device_, device_bytes); e != cudaSuccess) {
     return absl::ResourceExhaustedError(
@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<CudaExpertCopier>> CudaExpertCopier::Create(
   return c;
 }
 
-CudaExpertCopier::~CudaExpertCopier() {
+PinnedCopier::~PinnedCopier() {
   if (stream_ != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
   for (Copy& copy : copies_) cudaEventDestroy(copy.done);
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
@@ -67,33 +67,31 @@ CudaExpertCopier::~CudaExpertCopier() {
   if (host_ != nullptr) cudaFreeHost(host_);
 }
 
-absl::Status CudaExpertCopier::BeginLayer(int layer, absl::Span<const engine::ExpertLoad> loads) {
+absl::Status PinnedCopier::Begin(absl::Span<const Range> ranges) {
   for (Copy& copy : copies_) cudaEventDestroy(copy.done);
   copies_.clear();
   int64_t offset = 0;
-  for (const engine::ExpertLoad& load : loads) {
-    if (layer < 0 || layer >= layout_.layers || load.expert < 0 || load.expert >= layout_.experts ||
-        load.width < 1 || load.width > layout_.intermediate) {
-      return absl::InvalidArgumentError(absl::StrCat("expert ", load.expert, " of layer ", layer,
-                                                     " at width ", load.width,
-                                                     " is outside the pack"));
+  for (const Range& range : ranges) {
+    if (range.offset < 0 || range.bytes < 0 || range.offset > file_bytes_ ||
+        range.bytes > file_bytes_ - range.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("bytes [", range.offset, ", +", range.bytes,
+                                                     ") of range ", range.key,
+                                                     " are outside the file"));
     }
-    const int64_t bytes = load.width * layout_.bundle_bytes();
-    if (offset + bytes > device_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat("layer ", layer,
-                                                       "'s expert loads need more than the ",
+    if (range.bytes > device_bytes_ - offset) {
+      return absl::ResourceExhaustedError(absl::StrCat("the batch's ranges need more than the ",
                                                        device_bytes_, "-byte device arena"));
     }
     Copy copy;
-    copy.expert = load.expert;
+    copy.key = range.key;
     copy.device_offset = offset;
     if (cudaError_t e = cudaEventCreateWithFlags(&copy.done, cudaEventDisableTiming);
         e != cudaSuccess) {
       return CudaError("creating an event", e);
     }
     const auto stream = static_cast<cudaStream_t>(stream_);
-    const char* src = static_cast<const char*>(host_) + layout_.offset(layer, load.expert);
-    if (cudaError_t e = cudaMemcpyAsync(static_cast<char*>(device_) + offset, src, bytes,
+    const char* src = static_cast<const char*>(host_) + range.offset;
+    if (cudaError_t e = cudaMemcpyAsync(static_cast<char*>(device_) + offset, src, range.bytes,
                                         cudaMemcpyHostToDevice, stream);
         e != cudaSuccess) {
       cudaEventDestroy(copy.done);
@@ -101,29 +99,28 @@ absl::Status CudaExpertCopier::BeginLayer(int layer, absl::Span<const engine::Ex
     }
     cudaEventRecord(copy.done, stream);
     copies_.push_back(copy);
-    offset += bytes;
-    bytes_copied_ += bytes;
+    offset += range.bytes;
+    bytes_copied_ += range.bytes;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<const void*> CudaExpertCopier::Wait(int expert, absl::Duration deadline) {
+absl::StatusOr<const void*> PinnedCopier::Wait(int key, absl::Duration deadline) {
   for (const Copy& copy : copies_) {
-    if (copy.expert != expert) continue;
+    if (copy.key != key) continue;
     const absl::Time end = absl::Now() + deadline;
     while (true) {
       const cudaError_t state = cudaEventQuery(copy.done);
       if (state == cudaSuccess) return static_cast<const char*>(device_) + copy.device_offset;
-      if (state != cudaErrorNotReady) return CudaError("copying an expert", state);
+      if (state != cudaErrorNotReady) return CudaError("copying a range", state);
       if (absl::Now() > end) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the copy of expert ", expert, " took over ", absl::FormatDuration(deadline)));
+        return absl::DeadlineExceededError(
+            absl::StrCat("the copy of range ", key, " took over ", absl::FormatDuration(deadline)));
       }
       absl::SleepFor(absl::Microseconds(20));
     }
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("expert ", expert, " was not loaded by this layer"));
+  return absl::InvalidArgumentError(absl::StrCat("range ", key, " is not in this batch"));
 }
 
-}  // namespace tandem::moe
+}  // namespace tandem::kernels::cuda
