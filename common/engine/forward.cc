@@ -261,9 +261,20 @@ void ForwardPass::Attention(int l, absl::Span<const StepInput> batch) {
     ops_->rms_norm(Row(x_, run.begin, hidden), run.end - run.begin, hidden,
                    AlwaysOn(run, l).attn_norm.data(), eps, Row(h_, run.begin, hidden));
   }
-  Linear(h_.data(), T, L.q.view(), q_.data());
-  Linear(h_.data(), T, L.k.view(), k_.data());
-  Linear(h_.data(), T, L.v.view(), v_.data());
+  if (!L.qkv.empty()) {  // one product, then each token's q, k and v apart
+    Resize(qkv_, T, q_dim + 2 * kv_dim);
+    Linear(h_.data(), T, L.qkv.view(), qkv_.data());
+    for (int t = 0; t < T; ++t) {
+      const float* row = Row(qkv_, t, q_dim + 2 * kv_dim);
+      std::memcpy(Row(q_, t, q_dim), row, q_dim * sizeof(float));
+      std::memcpy(Row(k_, t, kv_dim), row + q_dim, kv_dim * sizeof(float));
+      std::memcpy(Row(v_, t, kv_dim), row + q_dim + kv_dim, kv_dim * sizeof(float));
+    }
+  } else {
+    Linear(h_.data(), T, L.q.view(), q_.data());
+    Linear(h_.data(), T, L.k.view(), k_.data());
+    Linear(h_.data(), T, L.v.view(), v_.data());
+  }
   AddBias(L.q_bias, T, q_.data());
   AddBias(L.k_bias, T, k_.data());
   AddBias(L.v_bias, T, v_.data());

@@ -235,7 +235,7 @@ class ForwardPass {
     float weight;
   };
   std::vector<std::vector<Routed>> routed_;  // (experts) x routed pairs of the current layer
-  std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, router_logits_, moe_;
+  std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, proj_, router_logits_, moe_;
   std::vector<float> expert_in_, gate_, up_, act_, expert_out_, logits_;
   std::vector<float> shared_out_, shared_scale_;
   std::vector<int32_t> chosen_;

@@ -194,6 +194,30 @@ absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view) {
   return m;
 }
 
+void StackQkv(LayerWeights* layer) {
+  const WeightMatrix* parts[] = {&layer->q, &layer->k, &layer->v};
+  for (const WeightMatrix* m : parts) {
+    if (m->empty() || m->rows() % kernels::kPanelRows != 0 ||
+        m->layout.format != layer->q.layout.format || m->layout.group != layer->q.layout.group ||
+        m->cols() != layer->q.cols()) {
+      return;
+    }
+  }
+  WeightMatrix qkv;
+  qkv.layout = layer->q.layout;
+  qkv.layout.rows = layer->q.rows() + layer->k.rows() + layer->v.rows();
+  qkv.data.resize(qkv.layout.bytes());
+  std::byte* out = qkv.data.data();
+  for (const WeightMatrix* m : parts) {
+    std::memcpy(out, m->data.data(), m->data.size());
+    out += m->data.size();
+  }
+  layer->qkv = std::move(qkv);
+  layer->q = WeightMatrix();
+  layer->k = WeightMatrix();
+  layer->v = WeightMatrix();
+}
+
 WeightMatrix PackBf16Matrix(const uint16_t* w, int rows, int cols) {
   WeightMatrix m;
   m.layout = {kernels::WeightFormat::kBf16, rows, cols, 0};
@@ -290,6 +314,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     ASSIGN_OR_RETURN(layer.k, LoadWeight(checkpoint, config, TensorKind::kAttnK, l));
     ASSIGN_OR_RETURN(layer.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
     ASSIGN_OR_RETURN(layer.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
+    StackQkv(&layer);
     if (config.HasQkNorm()) {
       ASSIGN_OR_RETURN(layer.q_norm, LoadVector(checkpoint, config, TensorKind::kAttnQNorm, l));
       ASSIGN_OR_RETURN(layer.k_norm, LoadVector(checkpoint, config, TensorKind::kAttnKNorm, l));
@@ -373,6 +398,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     layer.k = fill.Weight(kv_dim, h, qc, TensorKind::kAttnK);
     layer.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
     layer.o = fill.Weight(h, q_dim, qc, TensorKind::kAttnOut);
+    StackQkv(&layer);
     if (config.HasQkNorm()) {
       layer.q_norm.assign(config.head_dim, 1.0f);
       layer.k_norm.assign(config.head_dim, 1.0f);

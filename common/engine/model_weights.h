@@ -68,10 +68,12 @@ struct ExpertWeights {
 
 struct LayerWeights {
   std::vector<float> attn_norm;  // (hidden,)
-  WeightMatrix q;                // (heads*head_dim, hidden)
-  WeightMatrix k;                // (kv_heads*head_dim, hidden)
-  WeightMatrix v;                // (kv_heads*head_dim, hidden)
-  WeightMatrix o;                // (hidden, heads*head_dim)
+  // q (heads*head_dim, hidden), k and v (kv_heads*head_dim, hidden) stacked in one matrix, so
+  // that a step reads them in one product: rows [0, q_dim) are q, then k, then v. Separate (qkv
+  // empty) only where their rows do not fill whole panels.
+  WeightMatrix qkv;
+  WeightMatrix q, k, v;
+  WeightMatrix o;  // (hidden, heads*head_dim)
   // Empty where the architecture or config has none.
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // (q_dim,), (kv_dim,) x2, (hidden,)
   std::vector<float> q_norm, k_norm;                  // (head_dim,): per-head RMSNorm weights
@@ -85,6 +87,10 @@ struct LayerWeights {
   // A dense layer (config.IsSparseLayer false): its MLP, and no router or experts.
   ExpertWeights dense;
 };
+
+// Stacks `layer`'s q, k and v into qkv (and empties them) when their rows fill whole panels and
+// they share a format; otherwise leaves them.
+void StackQkv(LayerWeights* layer);
 
 struct ModelWeights {
   model::ModelConfig config;

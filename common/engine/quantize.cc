@@ -28,7 +28,8 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   if (options.bits != 8 && options.bits != 4) {
     return absl::InvalidArgumentError(absl::StrCat("--bits must be 8 or 4, got ", options.bits));
   }
-  if (!options.experts && !options.attention && !options.shared_expert && !options.dense_mlp) {
+  if (!options.experts && !options.attention && !options.shared_expert && !options.dense_mlp &&
+      !options.lm_head) {
     return absl::InvalidArgumentError("quantize at least one module");
   }
   std::ifstream config_in(model_dir + "/config.json");
@@ -49,6 +50,7 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   if (options.attention) modules.push_back("attention");
   if (options.shared_expert && source.HasSharedExpert()) modules.push_back("shared_expert");
   if (options.dense_mlp && source.HasDenseLayers()) modules.push_back("dense_mlp");
+  if (options.lm_head && !source.tie_word_embeddings) modules.push_back("lm_head");
   if (modules.empty()) {
     return absl::InvalidArgumentError("the model has none of the modules chosen to quantize");
   }

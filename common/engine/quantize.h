@@ -7,9 +7,9 @@
 //   NAME.weight_scale  F16 (rows, cols / group_size)
 //   W[r][c] = scale[r][c / group_size] * level[r][c]
 // and config.json's "quantization_config" saying so (common/model/config.h). Routers, the
-// embedding, the lm_head, norms and biases stay as they were. The checkpoint's other files are
-// copied; its safetensors metadata is kept (a reordered checkpoint stays reordered), and the
-// quantization and the source checkpoint's SHA-256 are added to it.
+// embedding, norms and biases stay as they were, and so does the lm_head unless asked for. The
+// checkpoint's other files are copied; its safetensors metadata is kept (a reordered checkpoint
+// stays reordered), and the quantization and the source checkpoint's SHA-256 are added to it.
 #pragma once
 
 #include <string>
@@ -25,6 +25,7 @@ struct QuantizeOptions {
   bool attention = true;
   bool shared_expert = true;
   bool dense_mlp = true;
+  bool lm_head = false;  // an untied model's output projection
 };
 
 // Writes the quantized copy of `model_dir` to `out_dir`. INVALID_ARGUMENT for a checkpoint that

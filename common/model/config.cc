@@ -254,7 +254,7 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
   if (modules == nullptr || !modules->is_array() || modules->empty()) {
     return FieldError("quantization_config.modules",
                       "must be a non-empty array of \"experts\", \"attention\", "
-                      "\"shared_expert\", \"dense_mlp\"");
+                      "\"shared_expert\", \"dense_mlp\", \"lm_head\"");
   }
   for (const Json& m : *modules) {
     if (m == "experts") {
@@ -265,11 +265,19 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
       q.shared_expert = true;
     } else if (m == "dense_mlp") {
       q.dense_mlp = true;
+    } else if (m == "lm_head") {
+      q.lm_head = true;
     } else {
       return FieldError("quantization_config.modules",
                         absl::StrCat("has unknown module ", m.dump(),
-                                     " (known: experts, attention, shared_expert, dense_mlp)"));
+                                     " (known: experts, attention, shared_expert, dense_mlp, "
+                                     "lm_head)"));
     }
+  }
+  if (q.lm_head && c.tie_word_embeddings) {
+    return FieldError("quantization_config.modules",
+                      "names lm_head, which is the (unquantized) embedding when "
+                      "tie_word_embeddings is true");
   }
   // Every quantized matrix's input width must be a multiple of the group size.
   auto divisible = [&](bool on, std::string_view what, int64_t width) -> absl::Status {
@@ -311,6 +319,8 @@ bool QuantizationConfig::Quantizes(TensorKind kind) const {
     case TensorKind::kDenseUp:
     case TensorKind::kDenseDown:
       return dense_mlp;
+    case TensorKind::kOutput:
+      return lm_head;
     default:
       return false;
   }

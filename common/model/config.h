@@ -84,8 +84,9 @@ const ArchitectureSpec& MixtralArchitecture();
 // Weights stored as integer levels with one float16 scale per group of input columns, as
 // `tandem quantize` writes them (docs/quantization.md); config.json's "quantization_config":
 //   {"quant_method": "tandem", "bits": 8 | 4, "group_size": 32 | 64 | 128,
-//    "modules": ["experts", "attention", "shared_expert", "dense_mlp"]}
-// (modules: which matrices are quantized; routers, embeddings, lm_head and norms never are).
+//    "modules": ["experts", "attention", "shared_expert", "dense_mlp", "lm_head"]}
+// (modules: which matrices are quantized; routers, the embedding and norms never are, and an
+// lm_head only where it is not tied to the embedding).
 struct QuantizationConfig {
   int bits = 0;  // 0: no quantized weights
   int group_size = 0;
@@ -93,6 +94,7 @@ struct QuantizationConfig {
   bool attention = false;      // q, k, v and o projections
   bool shared_expert = false;  // the shared expert's gate, up and down (not its scalar gate)
   bool dense_mlp = false;      // dense MLP layers
+  bool lm_head = false;        // the output projection (not with tied embeddings)
 
   bool Quantizes(TensorKind kind) const;
 };

@@ -63,6 +63,7 @@ std::string WeightFormat(const model::ModelConfig& config) {
   if (q.attention) modules.push_back("attention");
   if (q.shared_expert) modules.push_back("shared_expert");
   if (q.dense_mlp) modules.push_back("dense_mlp");
+  if (q.lm_head) modules.push_back("lm_head");
   return absl::StrCat("int", q.bits, " (group ", q.group_size, ": ", absl::StrJoin(modules, ", "),
                       ")");
 }

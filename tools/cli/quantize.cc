@@ -16,7 +16,8 @@ ABSL_FLAG(int, group_size, 32,
           "width must be a multiple.");
 ABSL_FLAG(std::string, modules, "experts,attention,shared_expert,dense_mlp",
           "quantize: which matrices, comma-separated: experts (routed experts), attention (q, "
-          "k, v, o), shared_expert, dense_mlp. Routers, embeddings, lm_head and norms never.");
+          "k, v, o), shared_expert, dense_mlp, lm_head (an untied output projection). Routers, "
+          "the embedding and norms never.");
 
 namespace tandem::cli {
 
@@ -31,7 +32,8 @@ int Quantize() {
                                   .experts = false,
                                   .attention = false,
                                   .shared_expert = false,
-                                  .dense_mlp = false};
+                                  .dense_mlp = false,
+                                  .lm_head = false};
   for (absl::string_view module :
        absl::StrSplit(absl::GetFlag(FLAGS_modules), ',', absl::SkipWhitespace())) {
     if (module == "experts") {
@@ -42,10 +44,12 @@ int Quantize() {
       options.shared_expert = true;
     } else if (module == "dense_mlp") {
       options.dense_mlp = true;
+    } else if (module == "lm_head") {
+      options.lm_head = true;
     } else {
       return Report(absl::InvalidArgumentError(
           absl::StrCat("--modules: unknown module \"", module,
-                       "\" (known: experts, attention, shared_expert, dense_mlp)")));
+                       "\" (known: experts, attention, shared_expert, dense_mlp, lm_head)")));
     }
   }
   const absl::Time start = absl::Now();

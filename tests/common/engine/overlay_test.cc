@@ -133,6 +133,7 @@ TEST_F(OverlayTest, LoadsTheFilesTensorsAndTheModelsForTheRest) {
   EXPECT_EQ(o.layers[0].attn_norm, weights_->layers[0].attn_norm);
   EXPECT_EQ(o.layers[2].ffn_norm, weights_->layers[2].ffn_norm);
   // Only always-on fields: no attention or experts.
+  EXPECT_TRUE(o.layers[0].qkv.data.empty());
   EXPECT_TRUE(o.layers[0].q.data.empty());
   EXPECT_TRUE(o.layers[0].experts.empty());
 }

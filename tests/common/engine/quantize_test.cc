@@ -99,7 +99,7 @@ TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
           << r << "," << c;
     }
   }
-  EXPECT_EQ((*int4)->layers[2].q.format(), WeightFormat::kBf16);
+  EXPECT_EQ((*int4)->layers[2].qkv.format(), WeightFormat::kBf16);
   EXPECT_EQ((*int4)->layers[2].router.format(), WeightFormat::kBf16);
   EXPECT_EQ((*int4)->lm_head.format(), WeightFormat::kBf16);
 }

@@ -677,6 +677,13 @@ TEST(QuantizationConfigTest, ParsedAndListedInTheExpectedTensors) {
   EXPECT_EQ(specs.at("model.layers.0.self_attn.q_proj.weight").storage, TensorStorage::kInt4);
   EXPECT_EQ(specs.at("model.layers.0.block_sparse_moe.gate.weight").storage, TensorStorage::kFloat);
   EXPECT_EQ(specs.count("lm_head.weight_scale"), 0u);
+  Json with_head = QuantizableMixtral();
+  with_head["quantization_config"]["modules"] = {"experts", "lm_head"};
+  c = ParseModelConfig(with_head.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->quantization.Quantizes(TensorKind::kOutput));
+  EXPECT_FALSE(c->quantization.Quantizes(TensorKind::kAttnQ));
+  EXPECT_FALSE(c->quantization.Quantizes(TensorKind::kTokenEmbedding));
 
   Json eight = QuantizableMixtral();
   eight["quantization_config"]["bits"] = 8;
@@ -708,7 +715,10 @@ TEST(QuantizationConfigTest, RefusedNamingTheKey) {
   ExpectInvalid(with("group_size", 16), {"quantization_config.group_size", "32, 64 or 128"});
   ExpectInvalid(with("symmetric", false), {"quantization_config.symmetric"});
   ExpectInvalid(with("modules", Json::array()), {"quantization_config.modules"});
-  ExpectInvalid(with("modules", {"experts", "lm_head"}), {"unknown module", "lm_head"});
+  ExpectInvalid(with("modules", {"experts", "router"}), {"unknown module", "router"});
+  Json tied = with("modules", {"experts", "lm_head"});
+  tied["tie_word_embeddings"] = true;
+  ExpectInvalid(tied, {"quantization_config.modules", "lm_head", "tie_word_embeddings"});
   // 64 does not divide the expert width 96.
   ExpectInvalid(with("group_size", 64), {"group_size", "(64) must divide the expert width (96)"});
   Json not_object = QuantizableMixtral();
