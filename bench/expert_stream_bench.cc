@@ -1,5 +1,6 @@
-// Decode with host-offloaded experts (issue #7): expert weights streamed from a pack file read
-// with O_DIRECT into a resident cache holding --cache_fraction of all expert bytes, full width
+// Decode with host-offloaded experts (issue #7): expert weights (bf16, or int8 / int4 where the
+// model is quantized) streamed from a pack file read with O_DIRECT into a resident cache holding
+// --cache_fraction of all expert bytes (or --cache_bytes), full width
 // vs the tiered mixed width of --plan, each with and without the widest-first overlap, side by
 // side in one run, next to the fully resident model. Each batch's 128-token contexts are
 // prefilled once by the resident full model and every setting decodes from that KV cache in
@@ -46,6 +47,9 @@ ABSL_FLAG(std::string, model, "", "Model directory (neurons reordered: tandem re
 ABSL_FLAG(std::string, plan, "", "A plan with tiers (tandem tier) for the mixed-width settings.");
 ABSL_FLAG(std::string, pack_dir, "build", "Where the expert pack file is written (a disk).");
 ABSL_FLAG(double, cache_fraction, 0.25, "Resident expert cache as a share of all expert bytes.");
+ABSL_FLAG(int64_t, cache_bytes, 0,
+          "Resident expert cache in bytes, instead of --cache_fraction: to compare bf16 and "
+          "quantized experts at equal memory.");
 ABSL_FLAG(std::string, batches, "1,4,16", "Decode batch sizes.");
 ABSL_FLAG(int, steps, 16, "Timed decode steps per setting and batch (over two rounds).");
 ABSL_FLAG(int, context, 128, "Tokens of KV each sequence holds when decoding starts.");
@@ -164,13 +168,19 @@ int Run() {
   if (!tiers.ok()) return Fail(tiers.status());
   const std::string pack = absl::GetFlag(FLAGS_pack_dir) + "/expert_stream_bench.pack";
   if (absl::Status s = WriteExpertPack(**full, pack); !s.ok()) return Fail(s);
-  const int64_t expert_bytes =
-      c.num_hidden_layers * c.num_local_experts * 3 * c.intermediate_size * c.hidden_size * 2;
+  // Experts as the pack and the cache hold them: packed bf16, or int8 / int4 with their scales.
+  const PackLayout layout = PackLayout::For(c);
+  const int64_t expert_bytes = c.num_hidden_layers * c.num_local_experts *
+                               int64_t{layout.bundles()} * layout.bundle_bytes();
   const int64_t cache_bytes =
-      static_cast<int64_t>(absl::GetFlag(FLAGS_cache_fraction) * static_cast<double>(expert_bytes));
-  std::printf("model %s: %.1f MB of expert weights; cache %.1f MB (%.0f%%); pack %s (O_DIRECT)\n",
-              dir.c_str(), expert_bytes / 1e6, cache_bytes / 1e6,
-              100.0 * cache_bytes / expert_bytes, pack.c_str());
+      absl::GetFlag(FLAGS_cache_bytes) > 0
+          ? absl::GetFlag(FLAGS_cache_bytes)
+          : static_cast<int64_t>(absl::GetFlag(FLAGS_cache_fraction) *
+                                 static_cast<double>(expert_bytes));
+  std::printf(
+      "model %s: %.1f MB of %s expert weights; cache %.1f MB (%.0f%%); pack %s (O_DIRECT)\n",
+      dir.c_str(), expert_bytes / 1e6, kernels::WeightFormatName(layout.format),
+      cache_bytes / 1e6, 100.0 * cache_bytes / expert_bytes, pack.c_str());
 
   struct Setting {
     std::string name;

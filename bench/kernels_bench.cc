@@ -8,6 +8,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include "common/engine/sampling.h"
 #include "common/kernels/cpu/kernels.h"
+#include "common/kernels/cpu/thread_pool.h"
 #include "common/util/huge_pages.h"
 
 namespace tandem::kernels::cpu {
@@ -150,6 +152,32 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * words * sizeof(uint64_t)));
 }
 
+// The same read loop on every thread of the kernels' pool, each summing its share of the
+// matrix: the roofline of a product that uses both cores.
+void BM_ReadBandwidthAllThreads(benchmark::State& state) {
+  const std::vector<uint16_t>& pool = WeightPool();
+  const size_t matrix = static_cast<size_t>(state.range(0) * state.range(1));
+  const size_t copies = std::max<size_t>(1, pool.size() / matrix);
+  const int64_t words = static_cast<int64_t>(matrix * sizeof(uint16_t) / sizeof(uint64_t));
+  ThreadPool& threads = DefaultThreadPool();
+  size_t call = 0;
+  for (auto _ : state) {
+    const char* bytes = reinterpret_cast<const char*>(pool.data() + (call++ % copies) * matrix);
+    std::atomic<uint64_t> total{0};
+    threads.ParallelFor(words, words / threads.num_threads() + 1, [&](int64_t begin, int64_t end) {
+      uint64_t sum = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        uint64_t word;
+        std::memcpy(&word, bytes + i * sizeof(word), sizeof(word));
+        sum += word;
+      }
+      total += sum;
+    });
+    benchmark::DoNotOptimize(total.load());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * words * 8);
+}
+
 // The log-softmax normaliser over a vocabulary-sized row of logits (once per generated token
 // with log-probabilities, and per prompt token when scoring), and the whole of one token's
 // log-probabilities with k alternatives.
@@ -199,6 +227,11 @@ void RegisterBenchmarks() {
                                {4096, 4096}, {3584, 1024}, {1024, 3584}};
   for (const auto& shape : shapes) {
     benchmark::RegisterBenchmark("ReadBandwidth", BM_ReadBandwidth)
+        ->Args({shape[0], shape[1]})
+        ->ArgNames({"d", "n"})
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("ReadBandwidthAllThreads", BM_ReadBandwidthAllThreads)
         ->Args({shape[0], shape[1]})
         ->ArgNames({"d", "n"})
         ->UseRealTime()

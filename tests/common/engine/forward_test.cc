@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "common/kernels/cpu/kernels.h"
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
@@ -87,6 +88,51 @@ ModelWeights* ForwardGoldenTest::weights_ = nullptr;
 nlohmann::json* ForwardGoldenTest::manifest_ = nullptr;
 
 using testing::kLogitTolerance;
+
+// The default level rounds activations (bf16 into bf16 weights' products, int8 into quantized
+// ones): how far that moves the logits from PyTorch's float32, against the exact level's
+// distance. Routers keep float32 activations on every level, but an earlier rounding can still
+// tip a near-tie and move a whole row; the next token and the typical row stay put.
+TEST_F(ForwardGoldenTest, DefaultLevelStaysCloseToPyTorch) {
+  const kernels::Backend* fast = kernels::cpu::FindBackend("auto");
+  ASSERT_NE(fast, nullptr);
+  auto forward = ForwardPass::Create(weights_, pool_.get(), fast);
+  ASSERT_TRUE(forward.ok());
+  const int vocab = static_cast<int>(weights_->config.vocab_size);
+  std::vector<double> errors;
+  int agree = 0;
+  for (size_t k = 0; k < (*manifest_)["prompts"].size(); ++k) {
+    const auto& prompt = (*manifest_)["prompts"][k];
+    const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
+    const auto positions = prompt["logit_positions"].get<std::vector<int>>();
+    BlockTable table;
+    ASSERT_TRUE(table.Reserve(pool_.get(), static_cast<int>(ids.size())).ok());
+    std::vector<std::vector<float>> logits;
+    StepInput in{ids, 0, &table, LogitRows::kAll};
+    ASSERT_EQ((*forward)->Step({&in, 1}, {}, &logits), absl::OkStatus());
+    table.ReleaseAll(pool_.get());
+    const std::vector<float> golden = GoldenLogits(static_cast<int>(k));
+    for (size_t i = 0; i < positions.size(); ++i) {
+      const float* got = &logits[0][static_cast<size_t>(positions[i]) * vocab];
+      const float* want = &golden[i * vocab];
+      errors.push_back(RowError(got, want, vocab));
+      agree += std::max_element(got, got + vocab) - got ==
+               std::max_element(want, want + vocab) - want;
+    }
+  }
+  std::sort(errors.begin(), errors.end());
+  const double median = errors[errors.size() / 2];
+  std::cout << fast->name << ": normalised logit error against PyTorch median " << median
+            << ", worst " << errors.back() << "; next token agrees at " << agree << " of "
+            << errors.size() << " positions\n";
+  if (fast->rounding == kernels::ActivationRounding::kNone) {
+    EXPECT_LT(errors.back(), kLogitTolerance);  // this CPU's fastest level is exact
+    return;
+  }
+  EXPECT_LT(median, 5e-3);
+  EXPECT_LT(errors.back(), 0.1);
+  EXPECT_GE(agree, static_cast<int>(errors.size()) - 1);
+}
 
 TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
   const int vocab = static_cast<int>(weights_->config.vocab_size);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/engine/generator.h"
+#include "common/kernels/cpu/kernels.h"
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/kernels.h"
@@ -92,6 +93,26 @@ TEST_F(PerplexityTest, MatchesPyTorchOnTestSplit) {
   EXPECT_LT(max_diff, 0.05);
   EXPECT_LE(beyond, 64) << "log-probabilities more than 1e-4 from PyTorch's";
   EXPECT_NEAR(result->nll, split["nll"].get<double>(), 1e-5);
+}
+
+// The default level (bf16 activations into bf16 weights' products where the CPU has them)
+// keeps the test split's perplexity within 0.1% of PyTorch's float32.
+TEST_F(PerplexityTest, DefaultLevelWithinATenthOfAPercentOfPyTorch) {
+  const std::string root = testing::SourceDir();
+  std::ifstream in(root + "/tests/golden/tiny-moe/manifest.json");
+  const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(manifest.is_discarded());
+  const nlohmann::json& split = manifest["test_split"];
+  ASSERT_TRUE(kernels::cpu::SetKernelIsa("auto"));
+  auto result = EvaluatePerplexity(*model_->weights, *model_->tokenizer,
+                                   root + "/" + split["file"].get<std::string>());
+  const std::string level = kernels::cpu::KernelIsa();
+  ASSERT_TRUE(kernels::cpu::SetKernelIsa("exact"));
+  ASSERT_TRUE(result.ok()) << result.status();
+  const double reference = split["perplexity"].get<double>();
+  std::cout << level << ": perplexity " << result->perplexity << " against PyTorch's " << reference
+            << " (" << 100 * (result->perplexity / reference - 1) << "%)\n";
+  EXPECT_NEAR(result->perplexity, reference, 0.001 * reference);
 }
 
 TEST_F(PerplexityTest, BatchingDoesNotChangeTheResult) {
