@@ -170,17 +170,16 @@ int Run() {
   if (absl::Status s = WriteExpertPack(**full, pack); !s.ok()) return Fail(s);
   // Experts as the pack and the cache hold them: packed bf16, or int8 / int4 with their scales.
   const PackLayout layout = PackLayout::For(c);
-  const int64_t expert_bytes = c.num_hidden_layers * c.num_local_experts *
-                               int64_t{layout.bundles()} * layout.bundle_bytes();
-  const int64_t cache_bytes =
-      absl::GetFlag(FLAGS_cache_bytes) > 0
-          ? absl::GetFlag(FLAGS_cache_bytes)
-          : static_cast<int64_t>(absl::GetFlag(FLAGS_cache_fraction) *
-                                 static_cast<double>(expert_bytes));
+  const int64_t expert_bytes =
+      c.num_hidden_layers * c.num_local_experts * int64_t{layout.bundles()} * layout.bundle_bytes();
+  const int64_t cache_bytes = absl::GetFlag(FLAGS_cache_bytes) > 0
+                                  ? absl::GetFlag(FLAGS_cache_bytes)
+                                  : static_cast<int64_t>(absl::GetFlag(FLAGS_cache_fraction) *
+                                                         static_cast<double>(expert_bytes));
   std::printf(
       "model %s: %.1f MB of %s expert weights; cache %.1f MB (%.0f%%); pack %s (O_DIRECT)\n",
-      dir.c_str(), expert_bytes / 1e6, kernels::WeightFormatName(layout.format),
-      cache_bytes / 1e6, 100.0 * cache_bytes / expert_bytes, pack.c_str());
+      dir.c_str(), expert_bytes / 1e6, kernels::WeightFormatName(layout.format), cache_bytes / 1e6,
+      100.0 * cache_bytes / expert_bytes, pack.c_str());
 
   struct Setting {
     std::string name;

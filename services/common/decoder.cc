@@ -56,12 +56,16 @@ absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size
                                  : moe::HostBacking(options.expert_pack);
     if (!backing.ok()) return Flag("--expert_pack", backing.status());
     const moe::PackLayout& layout = (*backing)->layout();
-    if (layout.layers != config.num_hidden_layers || layout.experts != config.num_local_experts ||
-        layout.hidden != config.hidden_size || layout.intermediate != config.intermediate_size) {
+    const moe::PackLayout want = moe::PackLayout::For(config);
+    if (layout.layers != want.layers || layout.experts != want.experts ||
+        layout.hidden != want.hidden || layout.intermediate != want.intermediate ||
+        layout.format != want.format || layout.group != want.group) {
       return absl::InvalidArgumentError(
           absl::StrCat("--expert_pack: ", options.expert_pack, " holds ", layout.layers,
-                       " layers of ", layout.experts, " experts (hidden ", layout.hidden,
-                       ", intermediate ", layout.intermediate, "), not this model's"));
+                       " layers of ", layout.experts, " ", kernels::WeightFormatName(layout.format),
+                       " experts (hidden ", layout.hidden, ", intermediate ", layout.intermediate,
+                       ", group ", layout.group, "), not this model's (",
+                       kernels::WeightFormatName(want.format), ", group ", want.group, ")"));
     }
     d.backing = *std::move(backing);
     absl::StatusOr<std::unique_ptr<moe::ExpertStream>> stream = moe::ExpertStream::Create(

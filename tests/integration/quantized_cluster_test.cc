@@ -7,6 +7,9 @@
 // serving with the same plan.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -115,6 +118,30 @@ TEST_F(QuantizedClusterTest, StreamedMixedWidthInt4DecoderEqualsColocatedResiden
           &engine_info, &misses);
   EXPECT_EQ(engine_info, 1);
   EXPECT_GT(misses, 0);  // the experts really streamed
+}
+
+// A pack must hold the model's own format: a bf16 pack behind an int4 checkpoint stops the
+// decoder at start-up, naming both.
+TEST_F(QuantizedClusterTest, APackOfAnotherFormatStopsTheDecoder) {
+  testing::TempDir work;
+  const std::string source = testing::SourceDir() + "/models/tiny-moe";
+  const std::string model = work.path() + "/tiny-moe-int4";
+  const std::string pack =
+      absl::StrCat(testing::BinDir(), "/quantized_cluster_test.", getpid(), ".bf16.pack");
+  const std::string tandem = testing::BinDir() + "/tandem";
+  ASSERT_EQ(std::system((tandem + " quantize --model " + source + " --bits 4 --out " + model +
+                         " > /dev/null 2>&1 && " + tandem + " pack --model " + source + " --out " +
+                         pack + " > /dev/null 2>&1")
+                            .c_str()),
+            0);
+  testing::ServiceSet set(model);
+  auto decode =
+      set.Start("tandem-decode", {"--expert_pack=" + pack, "--expert_cache_bytes=50000000"});
+  std::filesystem::remove(pack);
+  EXPECT_EQ(decode.status().code(), absl::StatusCode::kFailedPrecondition) << decode.status();
+  const std::string log = set.Log("tandem-decode");
+  EXPECT_NE(log.find("16 bf16 experts"), std::string::npos) << log;
+  EXPECT_NE(log.find("not this model's (int4, group 32)"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -116,8 +116,8 @@ TEST_F(ForwardGoldenTest, DefaultLevelStaysCloseToPyTorch) {
       const float* got = &logits[0][static_cast<size_t>(positions[i]) * vocab];
       const float* want = &golden[i * vocab];
       errors.push_back(RowError(got, want, vocab));
-      agree += std::max_element(got, got + vocab) - got ==
-               std::max_element(want, want + vocab) - want;
+      agree +=
+          std::max_element(got, got + vocab) - got == std::max_element(want, want + vocab) - want;
     }
   }
   std::sort(errors.begin(), errors.end());
