@@ -118,6 +118,12 @@ bool AmxUsable() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
+// F16C by CPUID (leaf 1: ECX bit 29); clang's __builtin_cpu_supports has no name for it.
+bool CpuHasF16c() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+
 bool CpuHasAvx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -133,8 +139,8 @@ struct Level {
 const std::vector<Level>& Levels() {
   static const std::vector<Level>* levels = [] {
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
+    const bool avx2 =
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
     const bool avx512 = CpuHasAvx512();
     const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
     const bool bf16 = vnni && __builtin_cpu_supports("avx512bf16");

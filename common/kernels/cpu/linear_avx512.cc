@@ -562,15 +562,6 @@ void LinearBf16Dp(const float* x, int b, const PackedMatrix& w, float* y) {
   });
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), \
-                             apply_to = function)
-#else
-#pragma GCC pop_options  // avx512bf16
-#pragma GCC pop_options  // avx512vnni
-#endif
-
 #undef TANDEM_INLINE
 
 }  // namespace
@@ -582,7 +573,9 @@ const LinearFn kAvx512Bf16Linear = LinearBf16Dp;
 }  // namespace tandem::kernels::cpu::internal
 
 #if defined(__clang__)
-#pragma clang attribute pop
+#pragma clang attribute pop  // avx512bf16 (clang's regions replace, not nest)
 #else
-#pragma GCC pop_options
+#pragma GCC pop_options  // avx512bf16
+#pragma GCC pop_options  // avx512vnni
+#pragma GCC pop_options  // avx512
 #endif
