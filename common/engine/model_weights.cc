@@ -18,21 +18,6 @@ using kernels::cpu::F32ToBf16;
 using model::DType;
 using model::TensorKind;
 
-float HalfToF32(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1f;
-  const uint32_t mant = h & 0x3ff;
-  if (exp == 0) {  // zero or subnormal: mant * 2^-24
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -v : v;
-  }
-  const uint32_t bits =
-      exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
 // Element i of a tensor as float32; `data` may be unaligned, so it is read with memcpy.
 float ElementAsF32(const model::TensorView& view, int64_t i) {
   switch (view.dtype) {
@@ -44,7 +29,7 @@ float ElementAsF32(const model::TensorView& view, int64_t i) {
     case DType::kF16: {
       uint16_t bits;
       std::memcpy(&bits, view.data + i * 2, 2);
-      return HalfToF32(bits);
+      return kernels::F16ToF32(bits);
     }
     case DType::kF32: {
       float v;

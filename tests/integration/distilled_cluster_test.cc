@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tests/testing/cluster_client.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -26,32 +27,13 @@ class DistilledClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string root = testing::SourceDir();
-    std::ifstream in(root + "/tests/golden/tiny-moe/manifest.json");
-    manifest_ = nlohmann::json::parse(in);
+    manifest_ = testing::LoadGoldenManifest();
     plan_ = "--plan=" + root + "/models/tiny-moe/pruning/reap-keep8.json";
     overlay_ = "--overlay=" + root + "/models/tiny-moe/distill/reap-keep8-handoff.safetensors";
   }
 
-  std::unique_ptr<sdk::Client> Connect(const testing::Ports& ports) {
-    auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", ports.grpc_port));
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
-
   std::vector<std::vector<int32_t>> GenerateAll(sdk::Client* client) {
-    std::vector<std::vector<int32_t>> out;
-    for (const auto& prompt : manifest_["prompts"]) {
-      const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
-      v1::GenerateRequest request;
-      request.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
-      request.mutable_sampling()->set_max_tokens(kTokens);
-      auto response = client->Generate(request);
-      EXPECT_TRUE(response.ok()) << response.status();
-      out.emplace_back();
-      if (response.ok())
-        out.back().assign(response->token_ids().begin(), response->token_ids().end());
-    }
-    return out;
+    return testing::GreedyContinuations(client, manifest_, kTokens);
   }
 
   // Greedy continuations from colocated tandem-serve with `flags`, and its overlay metric.
@@ -62,7 +44,7 @@ class DistilledClusterTest : public ::testing::Test {
     auto serve = set.Start("tandem-serve", flags);
     EXPECT_TRUE(serve.ok()) << serve.status();
     if (!serve.ok()) return {};
-    auto client = Connect(*serve);
+    auto client = testing::ConnectClient(*serve);
     if (client == nullptr) return {};
     auto out = GenerateAll(client.get());
     *overlay_metric = MetricValue(serve->http_port, "tandem_decoder_overlay_info", overlay_label);
@@ -83,7 +65,7 @@ TEST_F(DistilledClusterTest, DistilledDecoderEqualsColocatedServingWithTheOverla
     EXPECT_NE(set.Log("tandem-decode").find("decoding with overlay reap-keep8-handoff"),
               std::string::npos)
         << set.Log("tandem-decode");
-    auto client = Connect(cluster->gateway);
+    auto client = testing::ConnectClient(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
     decode_metric = MetricValue(cluster->decode.http_port, "tandem_decoder_overlay_info",

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tests/testing/cluster_client.h"
 #include "tests/testing/kernels.h"
 #include "tests/testing/mixed_width_model.h"
 #include "tests/testing/subprocess.h"
@@ -30,15 +31,7 @@ class FineGrainedClusterTest : public ::testing::Test {
   void SetUp() override {
     testing::ExactKernelsInChildren();  // compared with the PyTorch reference
     model_dir_ = absl::StrCat(testing::SourceDir(), "/models/", kModel);
-    std::ifstream in(
-        absl::StrCat(testing::SourceDir(), "/tests/golden/", kModel, "/manifest.json"));
-    manifest_ = nlohmann::json::parse(in);
-  }
-
-  std::unique_ptr<sdk::Client> Connect(const testing::Ports& ports) {
-    auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", ports.grpc_port));
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
+    manifest_ = testing::LoadGoldenManifest(kModel);
   }
 
   // A full prefill, a decode with `decode_flags` and a gateway over them in `set`.
@@ -48,21 +41,8 @@ class FineGrainedClusterTest : public ::testing::Test {
     return set.StartCluster({}, decode_flags);
   }
 
-  // Greedy continuations of every golden prompt.
   std::vector<std::vector<int32_t>> GenerateAll(sdk::Client* client) {
-    std::vector<std::vector<int32_t>> out;
-    for (const auto& prompt : manifest_["prompts"]) {
-      const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
-      v1::GenerateRequest request;
-      request.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
-      request.mutable_sampling()->set_max_tokens(kTokens);
-      auto response = client->Generate(request);
-      EXPECT_TRUE(response.ok()) << response.status();
-      out.emplace_back();
-      if (response.ok())
-        out.back().assign(response->token_ids().begin(), response->token_ids().end());
-    }
-    return out;
+    return testing::GreedyContinuations(client, manifest_, kTokens);
   }
 
   std::vector<int32_t> Reference(size_t k) const {
@@ -79,7 +59,7 @@ TEST_F(FineGrainedClusterTest, FullDisaggregatedClusterGivesTheReferencesGreedyT
   testing::ServiceSet set(model_dir_);
   auto cluster = StartCluster(set, {});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto client = Connect(cluster->gateway);
+  auto client = testing::ConnectClient(cluster->gateway);
   ASSERT_NE(client, nullptr);
   const auto generated = GenerateAll(client.get());
   for (size_t k = 0; k < generated.size(); ++k) {
@@ -99,7 +79,7 @@ TEST_F(FineGrainedClusterTest, PrunedDecoderEqualsColocatedPhaseAwareServing) {
     testing::ServiceSet set(model_dir_);
     auto cluster = StartCluster(set, {plan});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto client = Connect(cluster->gateway);
+    auto client = testing::ConnectClient(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
     decode_experts = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
@@ -109,7 +89,7 @@ TEST_F(FineGrainedClusterTest, PrunedDecoderEqualsColocatedPhaseAwareServing) {
     testing::ServiceSet set(model_dir_);
     auto serve = set.Start("tandem-serve", {plan});
     ASSERT_TRUE(serve.ok()) << serve.status();
-    auto client = Connect(*serve);
+    auto client = testing::ConnectClient(*serve);
     ASSERT_NE(client, nullptr);
     colocated = GenerateAll(client.get());
     serve_bytes = MetricValue(serve->http_port, "tandem_expert_weight_bytes");
@@ -140,7 +120,7 @@ TEST_F(FineGrainedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentM
     testing::ServiceSet set(prepared->model_dir);
     auto cluster = StartCluster(set, {plan, "--expert_pack=" + prepared->pack, cache});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto client = Connect(cluster->gateway);
+    auto client = testing::ConnectClient(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
     misses = MetricValue(cluster->decode.http_port, "tandem_expert_cache_requests_total",
@@ -152,7 +132,7 @@ TEST_F(FineGrainedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentM
     testing::ServiceSet set(prepared->model_dir);
     auto serve = set.Start("tandem-serve", {plan});
     ASSERT_TRUE(serve.ok()) << serve.status();
-    auto client = Connect(*serve);
+    auto client = testing::ConnectClient(*serve);
     ASSERT_NE(client, nullptr);
     colocated = GenerateAll(client.get());
   }

@@ -20,6 +20,7 @@
 #include "common/http/http_server.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tests/testing/cluster_client.h"
 #include "tests/testing/mixed_width_model.h"
 #include "tests/testing/subprocess.h"
 
@@ -36,12 +37,6 @@ class PrunedClusterTest : public ::testing::Test {
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
     manifest_ = nlohmann::json::parse(in);
     plan_ = "--plan=" + testing::SourceDir() + "/models/tiny-moe/pruning/reap-keep8.json";
-  }
-
-  std::unique_ptr<sdk::Client> Connect(const testing::Ports& ports) {
-    auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", ports.grpc_port));
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
   }
 
   // A full prefill, a decode with `decode_flags` and a gateway over them in `set`.
@@ -109,7 +104,7 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
     auto cluster = StartCluster(set, {plan_});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     const testing::Ports* decode = &cluster->decode;
-    auto client = Connect(cluster->gateway);
+    auto client = testing::ConnectClient(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
     // Scoring a prompt and its pruned continuation runs on the full prefill alone: the first
@@ -140,7 +135,7 @@ TEST_F(PrunedClusterTest, PrunedDecoderFedByFullPrefillEqualsColocatedPhaseAware
     testing::ServiceSet colocated_set;
     auto serve = colocated_set.Start("tandem-serve", {plan_});
     ASSERT_TRUE(serve.ok()) << serve.status();
-    auto client = Connect(*serve);
+    auto client = testing::ConnectClient(*serve);
     ASSERT_NE(client, nullptr);
     colocated = GenerateAll(client.get());
     serve_bytes = MetricValue(serve->http_port, "tandem_expert_weight_bytes");
@@ -182,7 +177,7 @@ TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedW
     auto cluster = StartCluster(set, {plan, "--expert_pack=" + pack, cache});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     const testing::Ports* decode = &cluster->decode;
-    auto client = Connect(cluster->gateway);
+    auto client = testing::ConnectClient(cluster->gateway);
     ASSERT_NE(client, nullptr);
     disaggregated = GenerateAll(client.get());
     misses =
@@ -195,7 +190,7 @@ TEST_F(PrunedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedW
     testing::ServiceSet colocated_set(reordered);
     auto serve = colocated_set.Start("tandem-serve", {plan});
     ASSERT_TRUE(serve.ok()) << serve.status();
-    auto client = Connect(*serve);
+    auto client = testing::ConnectClient(*serve);
     ASSERT_NE(client, nullptr);
     colocated = GenerateAll(client.get());
   }

@@ -13,8 +13,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
-#include "tandem/client.h"
+#include "tests/testing/cluster_client.h"
 #include "tests/testing/mixed_width_model.h"
 #include "tests/testing/subprocess.h"
 
@@ -27,34 +26,6 @@ using testing::MetricValue;
 
 class QuantizedClusterTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
-    manifest_ = nlohmann::json::parse(in);
-  }
-
-  std::unique_ptr<sdk::Client> Connect(const testing::Ports& ports) {
-    auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", ports.grpc_port));
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
-
-  // Greedy continuations of every golden prompt.
-  std::vector<std::vector<int32_t>> GenerateAll(sdk::Client* client) {
-    std::vector<std::vector<int32_t>> out;
-    for (const auto& prompt : manifest_["prompts"]) {
-      const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
-      v1::GenerateRequest request;
-      request.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
-      request.mutable_sampling()->set_max_tokens(kTokens);
-      auto response = client->Generate(request);
-      EXPECT_TRUE(response.ok()) << response.status();
-      out.emplace_back();
-      if (response.ok())
-        out.back().assign(response->token_ids().begin(), response->token_ids().end());
-    }
-    return out;
-  }
-
   // Disaggregated (with `decode_flags`) and colocated (with `serve_flags`) greedy tokens of
   // `model_dir`; the decode's tandem_engine_info{weights="int4"} and expert cache misses.
   void Compare(const std::string& model_dir, const std::vector<std::string>& decode_flags,
@@ -66,9 +37,9 @@ class QuantizedClusterTest : public ::testing::Test {
       flags.push_back("--kv_blocks=160");
       auto cluster = set.StartCluster({}, flags);
       ASSERT_TRUE(cluster.ok()) << cluster.status();
-      auto client = Connect(cluster->gateway);
+      auto client = testing::ConnectClient(cluster->gateway);
       ASSERT_NE(client, nullptr);
-      disaggregated = GenerateAll(client.get());
+      disaggregated = testing::GreedyContinuations(client.get(), manifest_, kTokens);
       *engine_info =
           MetricValue(cluster->decode.http_port, "tandem_engine_info", "weights=\"int4\"");
       *misses = MetricValue(cluster->decode.http_port, "tandem_expert_cache_requests_total",
@@ -78,9 +49,9 @@ class QuantizedClusterTest : public ::testing::Test {
       testing::ServiceSet set(model_dir);
       auto serve = set.Start("tandem-serve", serve_flags);
       ASSERT_TRUE(serve.ok()) << serve.status();
-      auto client = Connect(*serve);
+      auto client = testing::ConnectClient(*serve);
       ASSERT_NE(client, nullptr);
-      colocated = GenerateAll(client.get());
+      colocated = testing::GreedyContinuations(client.get(), manifest_, kTokens);
     }
     ASSERT_EQ(disaggregated.size(), colocated.size());
     for (size_t k = 0; k < colocated.size(); ++k) {
@@ -89,7 +60,7 @@ class QuantizedClusterTest : public ::testing::Test {
     }
   }
 
-  nlohmann::json manifest_;
+  const nlohmann::json manifest_ = testing::LoadGoldenManifest();
 };
 
 TEST_F(QuantizedClusterTest, Int4ClusterEqualsColocatedServing) {

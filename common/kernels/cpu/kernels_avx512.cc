@@ -4,25 +4,13 @@
 // compiled under the pragma has internal linkage, so the linker cannot pick a copy built here
 // for code that runs on older CPUs.
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
-// (and, for _mm512_reduce_max_ps, -Wuninitialized) reports once inlined (GCC bug 105593); the
-// warning points into the header, so silence it there.
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "common/kernels/cpu/intrinsics.h"
 #include "common/kernels/cpu/kernels_internal.h"
 
 // Clang has no target pragma; it applies the same target attribute to every function instead.

@@ -13,20 +13,12 @@
 //
 // Every output accumulates in the same order whatever the batch: a C tile element depends only
 // on its A row and B column, and groups are folded into float32 in group order.
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #include <bit>
 #include <cstdint>
 #include <cstring>
 
+#include "common/kernels/cpu/intrinsics.h"
 #include "common/kernels/cpu/kernels_internal.h"
 
 #if defined(__clang__)

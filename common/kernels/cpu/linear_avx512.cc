@@ -14,18 +14,6 @@
 // Each output accumulates its products in the same lanes in the same order whatever the tile,
 // the batch and the split across threads, so a row's result does not depend on the others.
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
-// reports once inlined (GCC bug 105593); the warning points into the header, so silence it there.
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -33,6 +21,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/kernels/cpu/intrinsics.h"
 #include "common/kernels/cpu/kernels_internal.h"
 
 #if defined(__clang__)

@@ -78,6 +78,19 @@ class ForwardGoldenTest : public ::testing::Test {
     return status;
   }
 
+  // Every position's logits of `ids` run as one prefill on `forward` (the fixture's by default).
+  std::vector<float> AllLogits(const std::vector<int32_t>& ids, RouterTrace* trace = nullptr,
+                               ForwardPass* forward = nullptr) {
+    BlockTable table;
+    EXPECT_EQ(table.Reserve(pool_.get(), static_cast<int>(ids.size())), absl::OkStatus());
+    std::vector<std::vector<float>> logits;
+    StepInput in{ids, 0, &table, LogitRows::kAll};
+    EXPECT_EQ((forward != nullptr ? forward : forward_.get())->Step({&in, 1}, {}, &logits, trace),
+              absl::OkStatus());
+    table.ReleaseAll(pool_.get());
+    return logits.empty() ? std::vector<float>() : logits[0];
+  }
+
   static ModelWeights* weights_;
   static nlohmann::json* manifest_;
   std::unique_ptr<KvBlockPool> pool_;
@@ -105,15 +118,11 @@ TEST_F(ForwardGoldenTest, DefaultLevelStaysCloseToPyTorch) {
     const auto& prompt = (*manifest_)["prompts"][k];
     const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
     const auto positions = prompt["logit_positions"].get<std::vector<int>>();
-    BlockTable table;
-    ASSERT_TRUE(table.Reserve(pool_.get(), static_cast<int>(ids.size())).ok());
-    std::vector<std::vector<float>> logits;
-    StepInput in{ids, 0, &table, LogitRows::kAll};
-    ASSERT_EQ((*forward)->Step({&in, 1}, {}, &logits), absl::OkStatus());
-    table.ReleaseAll(pool_.get());
+    const std::vector<float> logits = AllLogits(ids, nullptr, forward->get());
+    ASSERT_EQ(logits.size(), ids.size() * vocab);
     const std::vector<float> golden = GoldenLogits(static_cast<int>(k));
     for (size_t i = 0; i < positions.size(); ++i) {
-      const float* got = &logits[0][static_cast<size_t>(positions[i]) * vocab];
+      const float* got = &logits[static_cast<size_t>(positions[i]) * vocab];
       const float* want = &golden[i * vocab];
       errors.push_back(RowError(got, want, vocab));
       agree +=
@@ -145,16 +154,13 @@ TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
     const auto& prompt = (*manifest_)["prompts"][k];
     const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
     const auto positions = prompt["logit_positions"].get<std::vector<int>>();
-    BlockTable table;
-    ASSERT_TRUE(table.Reserve(pool_.get(), static_cast<int>(ids.size())).ok());
-    std::vector<std::vector<float>> logits;
     RouterTrace trace;
-    StepInput in{ids, 0, &table, LogitRows::kAll};
-    ASSERT_TRUE(forward_->Step({&in, 1}, {}, &logits, &trace).ok());
+    const std::vector<float> logits = AllLogits(ids, &trace);
+    ASSERT_EQ(logits.size(), ids.size() * vocab);
     const std::vector<float> golden = GoldenLogits(static_cast<int>(k));
     for (size_t i = 0; i < positions.size(); ++i) {
-      const double error = RowError(&logits[0][static_cast<size_t>(positions[i]) * vocab],
-                                    &golden[i * vocab], vocab);
+      const double error =
+          RowError(&logits[static_cast<size_t>(positions[i]) * vocab], &golden[i * vocab], vocab);
       worst = std::max(worst, error);
       EXPECT_LT(error, kLogitTolerance) << "position " << positions[i];
     }
@@ -182,7 +188,6 @@ TEST_F(ForwardGoldenTest, WholePromptLogitsAndRoutingMatchPyTorch) {
         EXPECT_EQ(ours, theirs) << "layer " << l << " token " << t;
       }
     }
-    table.ReleaseAll(pool_.get());
   }
   EXPECT_GT(routing_compared, 20 * routing_skipped);
   std::cout << "worst normalised logit error " << worst << "; router choices compared "

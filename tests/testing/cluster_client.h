@@ -1,0 +1,28 @@
+// The SDK side of the cluster tests: a client of a service a ServiceSet started, and the golden
+// prompts' greedy continuations through it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "tandem/client.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem::testing {
+
+// A client of the gRPC port of `ports`; null (and a test failure) when it cannot connect.
+std::unique_ptr<sdk::Client> ConnectClient(const Ports& ports);
+
+// tests/golden/MODEL/manifest.json: the golden prompts and the reference's greedy tokens.
+nlohmann::json LoadGoldenManifest(const std::string& model = "tiny-moe");
+
+// The greedy continuation of at most `max_tokens` of every golden prompt of `manifest`,
+// through `client`, in the manifest's order; an empty one (and a test failure) where a request
+// failed.
+std::vector<std::vector<int32_t>> GreedyContinuations(sdk::Client* client,
+                                                      const nlohmann::json& manifest,
+                                                      int max_tokens);
+
+}  // namespace tandem::testing
