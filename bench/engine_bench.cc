@@ -3,7 +3,8 @@
 // decode step is the bytes of weight matrices it reads (counted by the forward pass: attention,
 // router, every (expert, width) group it runs, lm_head) divided by the machine's read
 // bandwidth, measured here with STREAM-style loops on all cores (the larger of a read-only
-// sum and STREAM triad). KV-cache reads are not in the roofline: the step's context is short.
+// sum and STREAM triad). KV-cache reads are not in that roofline; the attention table below
+// sets them against the same bandwidth.
 //
 //   build/bin/tandem_engine_bench --model models/tiny-moe
 //   build/bin/tandem_engine_bench --model bench/configs/dummy-3b --load_format dummy
@@ -18,6 +19,12 @@
 // by the full model and every setting decodes from that KV cache in turn (the handoff), so the
 // settings see the same state and the same machine minutes. Prefill is timed with the full pool
 // (as Tandem runs it) and, for contrast, under each mask (conventional pruning).
+//
+// Long contexts (docs/kv-cache.md): --kv_dtype f32|bf16|int8 stores the KV cache in that dtype,
+// and --kv_fill random writes each sequence's first --context positions with random keys and
+// values instead of prefilling them (16 x 16k tokens of prefill would take an hour here; a
+// decode step's time does not depend on the values). A third table then gives attention's time
+// per step against the time its KV bytes take at the measured bandwidth.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -45,6 +52,10 @@ ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy (random 
 ABSL_FLAG(std::string, routing, "", "uniform | zipf:S; required for dummy weights.");
 ABSL_FLAG(std::string, batches, "1,4,16,64", "Decode batch sizes.");
 ABSL_FLAG(int, context, 128, "Tokens in each sequence's KV cache when decoding starts.");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, bf16 or int8.");
+ABSL_FLAG(std::string, kv_fill, "prefill",
+          "How the contexts' KV is made: prefill (one full-model step over random tokens) or "
+          "random (random keys and values written straight into the cache).");
 ABSL_FLAG(int, steps, 16, "Timed decode steps per batch size (after 2 untimed).");
 ABSL_FLAG(int, prefill_tokens, 512, "Prompt length of the prefill measurement.");
 ABSL_FLAG(int, stream_mib, 1024, "Buffer size of the bandwidth measurement.");
@@ -155,9 +166,17 @@ int Run() {
   const int block_size = 16;
   const int seq_blocks =
       (std::max(context + steps + 2, prefill_tokens) + block_size - 1) / block_size;
+  const absl::StatusOr<kernels::KvDtype> kv_dtype =
+      kernels::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+  const std::string kv_fill = absl::GetFlag(FLAGS_kv_fill);
+  if (!kv_dtype.ok() || (kv_fill != "prefill" && kv_fill != "random")) {
+    std::cerr << "tandem_engine_bench: --kv_dtype must be f32, bf16 or int8 and --kv_fill "
+                 "prefill or random\n";
+    return 2;
+  }
   auto pool = KvBlockPool::Create(
       {static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
-       static_cast<int>(c.head_dim), block_size, max_batch * seq_blocks});
+       static_cast<int>(c.head_dim), block_size, max_batch * seq_blocks, *kv_dtype});
   if (!pool.ok()) {
     std::cerr << "tandem_engine_bench: " << pool.status() << "\n";
     return 1;
@@ -206,6 +225,9 @@ int Run() {
               dir.c_str(), absl::GetFlag(FLAGS_load_format).c_str(), weight_bytes / 1e9,
               weight_format.c_str(), load_s, k::KernelIsa(), k::DefaultThreadPool().num_threads());
   std::printf("routing: %s\n", routing.empty() ? "the checkpoint's router" : routing.c_str());
+  std::printf("KV cache: %s, %.2f GB pool, contexts of %d tokens made by %s\n",
+              kernels::KvDtypeName(*kv_dtype), (*pool)->size_bytes() / 1e9, context,
+              kv_fill.c_str());
   std::printf("bandwidth (all threads, %d MiB): read %.1f GB/s, triad %.1f GB/s\n",
               absl::GetFlag(FLAGS_stream_mib), bw_before.read_gbs, bw_before.triad_gbs);
 
@@ -270,7 +292,7 @@ int Run() {
   struct Row {
     int batch;
     size_t setting;
-    double step_ms, tokens_per_s, weight_mb, experts_per_layer, gflops;
+    double step_ms, tokens_per_s, weight_mb, experts_per_layer, gflops, kv_mb, attention_ms;
   };
   std::vector<Row> rows;
   for (int batch : batches) {
@@ -285,9 +307,34 @@ int Run() {
       }
       inputs.push_back({prompts[s], 0, &tables[s]});
     }
-    if (absl::Status s = fwd.Step(inputs, {}, &logits); !s.ok()) {
-      std::cerr << "tandem_engine_bench: " << s << "\n";
-      return 1;
+    if (kv_fill == "prefill") {
+      if (absl::Status s = fwd.Step(inputs, {}, &logits); !s.ok()) {
+        std::cerr << "tandem_engine_bench: " << s << "\n";
+        return 1;
+      }
+    } else {  // random keys and values in [-2, 2) at every context position; logits all 0
+      const int kv_dim = static_cast<int>(c.num_key_value_heads * c.head_dim);
+      std::vector<float> k_row(kv_dim), v_row(kv_dim);
+      auto random_value = [&] {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return static_cast<float>(rng >> 40) * (4.0f / (1 << 24)) - 2.0f;
+      };
+      for (int s = 0; s < batch; ++s) {
+        for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+          for (int pos = 0; pos < context; ++pos) {
+            for (int i = 0; i < kv_dim; ++i) {
+              k_row[i] = random_value();
+              v_row[i] = random_value();
+            }
+            const BlockSlot slot = tables[s].Locate(pos, block_size);
+            (*pool)->StoreToken(layer, slot.block, slot.offset, k_row.data(), v_row.data());
+          }
+        }
+        tables[s].Append(context);
+      }
+      logits.assign(batch, std::vector<float>(c.vocab_size, 0.0f));
     }
     const std::vector<std::vector<float>> prefill_logits = logits;
     // Two rounds, the settings' order rotated between them, so that none always runs first
@@ -297,6 +344,7 @@ int Run() {
     const int timed = std::max(1, steps / kRounds);
     std::vector<std::vector<double>> times(settings.size());
     std::vector<double> bytes(settings.size()), runs(settings.size()), flops(settings.size());
+    std::vector<double> kv_bytes(settings.size()), attention_s(settings.size());
     for (int round = 0; round < kRounds; ++round) {
       for (size_t j = 0; j < settings.size(); ++j) {
         const size_t k = (j + round) % settings.size();
@@ -319,6 +367,8 @@ int Run() {
             bytes[k] += fwd.last_step_stats().weight_bytes;
             runs[k] += fwd.last_step_stats().expert_runs;
             flops[k] += fwd.last_step_stats().matmul_flops;
+            kv_bytes[k] += fwd.last_step_stats().kv_bytes;
+            attention_s[k] += fwd.last_step_stats().attention_seconds;
           }
         }
       }
@@ -327,7 +377,8 @@ int Run() {
       const double n = static_cast<double>(times[k].size());
       const double step_s = Median(times[k]);
       rows.push_back({batch, k, step_s * 1e3, batch / step_s, bytes[k] / n / 1e6,
-                      runs[k] / n / c.num_hidden_layers, flops[k] / n / step_s / 1e9});
+                      runs[k] / n / c.num_hidden_layers, flops[k] / n / step_s / 1e9,
+                      kv_bytes[k] / n / 1e6, attention_s[k] / n * 1e3});
     }
     for (auto& t : tables) t.ReleaseAll(pool->get());
   }
@@ -375,6 +426,17 @@ int Run() {
                 settings[r.setting].name.c_str(), r.step_ms, r.tokens_per_s,
                 r.tokens_per_s / full_tokens_per_s, r.weight_mb, r.experts_per_layer, r.gflops,
                 roofline, 100 * r.tokens_per_s / roofline);
+  }
+  std::printf(
+      "\n| decode batch | context | KV dtype | step (ms) | tokens/s | KV read per step (MB) "
+      "| attention (ms, mean) | KV at bandwidth (ms) | attention / floor | attention GB/s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    if (r.setting != 0) continue;
+    const double floor_ms = r.kv_mb * 1e6 / (roofline_gbs * 1e9) * 1e3;
+    std::printf("| %d | %d | %s | %.2f | %.1f | %.1f | %.2f | %.2f | %.2fx | %.1f |\n", r.batch,
+                context, kernels::KvDtypeName(*kv_dtype), r.step_ms, r.tokens_per_s, r.kv_mb,
+                r.attention_ms, floor_ms, r.attention_ms / floor_ms, r.kv_mb / r.attention_ms);
   }
   std::printf(
       "\n| prefill (%d tokens) | ms (median of 3) | tokens/s | matmul GFLOP/s "

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <numeric>
 #include <random>
@@ -44,7 +45,7 @@ int Run() {
   auto src = engine::KvBlockPool::Create(config);
   auto dst = engine::KvBlockPool::Create(config);
   if (!src.ok() || !dst.ok()) return 1;
-  std::fill((*src)->data(), (*src)->data() + (*src)->size_bytes() / sizeof(float), 0.5f);
+  std::memset((*src)->data(), 0x3f, (*src)->size_bytes());
   std::printf(
       "| transport | prompt tokens | KV bytes | destination blocks | ms (best of %d) | GB/s |\n",
       absl::GetFlag(FLAGS_reps));

@@ -1,6 +1,7 @@
 #include "common/engine/forward.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,8 @@ namespace {
 namespace k = kernels::cpu;
 
 constexpr int64_t kMinAttentionWork = int64_t{1} << 16;
+// Positions in a part of a context split over threads (ForwardPass::Attention).
+constexpr int64_t kMinAttentionPart = 512;
 
 // Sizes a (rows, cols) buffer; its capacity only grows, so steady-state steps do not allocate.
 void Resize(std::vector<float>& buffer, int rows, int cols) {
@@ -282,36 +285,88 @@ void ForwardPass::Attention(int l, absl::Span<const StepInput> batch) {
     ops_->rms_norm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
     ops_->rms_norm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
   }
-  float* k_pool = pool_->k_pool(l);
-  float* v_pool = pool_->v_pool(l);
   for (int t = 0; t < T; ++t) {
     const TokenRef& r = refs_[t];
     ops_->rope(Row(q_, t, q_dim), heads, head_dim, r.position, theta);
     ops_->rope(Row(k_, t, kv_dim), kv_heads, head_dim, r.position, theta);
     const auto& blocks = batch[r.seq].block_table->blocks();
-    const size_t slot = (static_cast<size_t>(blocks[r.position / block_size]) * block_size +
-                         r.position % block_size) *
-                        kv_dim;
-    std::memcpy(k_pool + slot, Row(k_, t, kv_dim), kv_dim * sizeof(float));
-    std::memcpy(v_pool + slot, Row(v_, t, kv_dim), kv_dim * sizeof(float));
+    pool_->StoreToken(l, blocks[r.position / block_size], r.position % block_size,
+                      Row(k_, t, kv_dim), Row(v_, t, kv_dim));
   }
-  // Every token's K/V is in the cache before any query reads it (causal within a chunk);
-  // (token, KV head) pairs are independent, so they spread over the kernel threads, in shares
-  // of at least kMinAttentionWork multiply-adds (smaller ones are not worth a hand-off).
+  // Every token's K/V is in the cache before any query reads it (causal within a chunk). Work
+  // items are (token, KV head, part of its context): a context splits into parts only when
+  // there are fewer (token, KV head) pairs than twice the threads, each part at least
+  // kMinAttentionPart positions, so that a long context at a small batch still spreads over
+  // every thread (flash-decoding); parts merge by their log-sum-exps. Items spread over the
+  // kernel threads in shares of at least kMinAttentionWork multiply-adds.
+  const auto attention_start = std::chrono::steady_clock::now();
+  const int threads = k::DefaultThreadPool().num_threads();
+  const int group = heads / kv_heads;
+  // Bytes one position of one KV head occupies in K (or V): values, and int8's scale.
+  const int64_t kv_position_bytes =
+      static_cast<int64_t>(kernels::KvBlockBytes(pool_->dtype(), 1, 1, head_dim));
+  const int64_t pairs = int64_t{T} * kv_heads;
+  attention_parts_.resize(T + 1);
   int64_t attention_work = 0;  // multiply-adds of the layer's attention
-  for (const TokenRef& r : refs_) attention_work += int64_t{2} * (r.position + 1) * q_dim;
+  int64_t split_slots = 0;     // (token, KV head, part) outputs kept apart for merging
+  attention_parts_[0] = 0;
+  for (int t = 0; t < T; ++t) {
+    const int context = refs_[t].position + 1;
+    int parts = 1;
+    if (pairs < 2 * threads) {
+      parts =
+          static_cast<int>(std::min<int64_t>((context + kMinAttentionPart - 1) / kMinAttentionPart,
+                                             (2 * threads + pairs - 1) / pairs));
+    }
+    attention_parts_[t + 1] = attention_parts_[t] + parts;
+    if (parts > 1) split_slots += int64_t{parts} * kv_heads;
+    attention_work += int64_t{2} * context * q_dim;
+    stats_.kv_bytes += int64_t{2} * context * kv_heads * kv_position_bytes;
+  }
+  const int64_t items = attention_parts_[T] * kv_heads;
+  part_out_.resize(static_cast<size_t>(split_slots == 0 ? 0 : items) * group * head_dim);
+  part_lse_.resize(static_cast<size_t>(split_slots == 0 ? 0 : items) * group);
   const int64_t grain =
-      std::max<int64_t>(1, kMinAttentionWork * T * kv_heads / std::max<int64_t>(1, attention_work));
-  k::DefaultThreadPool().ParallelFor(int64_t{T} * kv_heads, grain, [&](int64_t begin, int64_t end) {
+      std::max<int64_t>(1, kMinAttentionWork * items / std::max<int64_t>(1, attention_work));
+  k::DefaultThreadPool().ParallelFor(items, grain, [&](int64_t begin, int64_t end) {
+    int t = 0;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / kv_heads;
+      const int64_t slot = item / kv_heads;  // (token, part), in token order
       const int kv_head = static_cast<int>(item % kv_heads);
+      while (attention_parts_[t + 1] <= slot) ++t;
+      const int parts = static_cast<int>(attention_parts_[t + 1] - attention_parts_[t]);
+      const int part = static_cast<int>(slot - attention_parts_[t]);
       const TokenRef& r = refs_[t];
-      ops_->paged_attention(Row(q_, t, q_dim), heads, kv_heads, head_dim, k_pool, v_pool,
-                            batch[r.seq].block_table->blocks().data(), block_size, r.position + 1,
-                            scale, kv_head, kv_head + 1, Row(attn_, t, q_dim));
+      const int context = r.position + 1;
+      const kernels::PagedKv kv = pool_->View(l, batch[r.seq].block_table->blocks().data());
+      if (parts == 1) {
+        ops_->paged_attention(Row(q_, t, q_dim), heads, kv, 0, context, scale, kv_head, kv_head + 1,
+                              Row(attn_, t, q_dim), nullptr);
+      } else {  // this part's output and log-sum-exp, in the slots of its (token, part)
+        ops_->paged_attention(
+            Row(q_, t, q_dim), heads, kv, static_cast<int>(int64_t{context} * part / parts),
+            static_cast<int>(int64_t{context} * (part + 1) / parts), scale, kv_head, kv_head + 1,
+            Row(part_out_, slot, q_dim), Row(part_lse_, slot, heads));
+      }
     }
   });
+  for (int t = 0; t < T; ++t) {
+    const int64_t first = attention_parts_[t];
+    const int parts = static_cast<int>(attention_parts_[t + 1] - first);
+    if (parts == 1) continue;
+    for (int h = 0; h < heads; ++h) {
+      merge_out_.resize(parts);
+      merge_lse_.resize(parts);
+      for (int p = 0; p < parts; ++p) {
+        merge_out_[p] = Row(part_out_, first + p, q_dim) + h * head_dim;
+        merge_lse_[p] = part_lse_[(first + p) * heads + h];
+      }
+      k::MergeAttentionParts(merge_out_.data(), merge_lse_.data(), parts, head_dim,
+                             Row(attn_, t, q_dim) + h * head_dim);
+    }
+  }
+  stats_.attention_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
   Linear(attn_.data(), T, L.o.view(), proj_.data());
   AddBias(L.o_bias, T, proj_.data());
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += proj_[i];

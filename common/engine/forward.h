@@ -137,6 +137,11 @@ struct StepStats {
   int64_t expert_weight_bytes = 0;  // the part of weight_bytes that is expert FFNs
   int64_t expert_runs = 0;          // (expert, width) groups run, over all layers
   int64_t matmul_flops = 0;         // 2 * rows * n * d summed over the weight products
+  // Attention over the KV cache (the paged kernels and the merge of split contexts, not the
+  // projections): bytes of K and V (and int8 scales) read, once per (token, KV head, position),
+  // and wall time over all layers.
+  int64_t kv_bytes = 0;
+  double attention_seconds = 0;
 };
 
 // The width an expert of `config` runs at when asked for `width` neurons: quantized experts
@@ -236,6 +241,12 @@ class ForwardPass {
   };
   std::vector<std::vector<Routed>> routed_;  // (experts) x routed pairs of the current layer
   std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, proj_, router_logits_, moe_;
+  // Attention split along contexts: (T + 1) prefix sums of each token's parts, and the parts'
+  // outputs (part slot, heads, head_dim) and log-sum-exps (part slot, heads).
+  std::vector<int64_t> attention_parts_;
+  std::vector<float> part_out_, part_lse_;
+  std::vector<const float*> merge_out_;
+  std::vector<float> merge_lse_;
   std::vector<float> expert_in_, gate_, up_, act_, expert_out_, logits_;
   std::vector<float> shared_out_, shared_scale_;
   std::vector<int32_t> chosen_;

@@ -31,28 +31,31 @@ absl::Status KvCacheConfig::Validate() const {
   return absl::OkStatus();
 }
 
-void KvBlockPool::AlignedDelete::operator()(float* p) const {
+void KvBlockPool::AlignedDelete::operator()(std::byte* p) const {
   if (owned) ::operator delete (p, std::align_val_t{kAlignment});
 }
 
 absl::StatusOr<size_t> KvBlockPool::BytesFor(const KvCacheConfig& config) {
   RETURN_IF_ERROR(config.Validate());
-  constexpr size_t kAlignFloats = kAlignment / sizeof(float);
-  size_t slot = 0, block = 0, pool = 0, total = 0, bytes = 0;
-  const bool overflows =
-      MulOverflows(config.num_kv_heads, config.head_dim, &slot) ||
-      MulOverflows(slot, config.block_size, &block) ||
-      MulOverflows(block, config.num_blocks, &pool) || pool > SIZE_MAX - kAlignFloats ||
-      MulOverflows((pool + kAlignFloats - 1) / kAlignFloats * kAlignFloats,
-                   2 * static_cast<size_t>(config.num_layers), &total) ||
-      MulOverflows(total, sizeof(float), &bytes) || bytes > static_cast<size_t>(PTRDIFF_MAX);
+  // Values in a block, then bytes (at most 4 a value plus int8's 4-byte scales per head_dim).
+  size_t slot = 0, values = 0, worst_block = 0, pool = 0, total = 0;
+  const bool overflows = MulOverflows(config.num_kv_heads, config.head_dim, &slot) ||
+                         MulOverflows(slot, config.block_size, &values) ||
+                         MulOverflows(values, 2 * sizeof(float), &worst_block) ||
+                         MulOverflows(kernels::KvBlockBytes(config.dtype, config.block_size,
+                                                            config.num_kv_heads, config.head_dim),
+                                      config.num_blocks, &pool) ||
+                         pool > SIZE_MAX - kAlignment ||
+                         MulOverflows((pool + kAlignment - 1) / kAlignment * kAlignment,
+                                      2 * static_cast<size_t>(config.num_layers), &total) ||
+                         total > static_cast<size_t>(PTRDIFF_MAX);
   if (overflows) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache size overflows: ", config.num_layers, " layers x 2 x ",
-                     config.num_blocks, " blocks x ", config.block_size, " tokens x ",
-                     config.num_kv_heads, " heads x ", config.head_dim, " floats"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV cache size overflows: ", config.num_layers, " layers x 2 x ", config.num_blocks,
+        " blocks x ", config.block_size, " tokens x ", config.num_kv_heads, " heads x ",
+        config.head_dim, " ", kernels::KvDtypeName(config.dtype), " values"));
   }
-  return bytes;
+  return total;
 }
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateIn(const KvCacheConfig& config,
@@ -67,10 +70,9 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateIn(const KvCache
         absl::StrCat("KV pool memory holds ", bytes, " bytes; the pool needs ", needed));
   }
   std::memset(memory, 0, needed);
-  std::unique_ptr<float[], AlignedDelete> data(static_cast<float*>(memory),
-                                               AlignedDelete{/*owned=*/false});
-  return std::unique_ptr<KvBlockPool>(
-      new KvBlockPool(config, std::move(data), PoolStrideFloats(config), needed));
+  std::unique_ptr<std::byte[], AlignedDelete> data(static_cast<std::byte*>(memory),
+                                                   AlignedDelete{/*owned=*/false});
+  return std::unique_ptr<KvBlockPool>(new KvBlockPool(config, std::move(data), needed));
 }
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvCacheConfig& config) {
@@ -83,18 +85,20 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvCacheCo
   // Zero-filling commits the pages now, so a pool that does not fit fails at start-up rather
   // than mid-request, and unwritten slots read as zeros rather than garbage.
   std::memset(memory, 0, bytes);
-  std::unique_ptr<float[], AlignedDelete> data(static_cast<float*>(memory), AlignedDelete{});
-  return std::unique_ptr<KvBlockPool>(
-      new KvBlockPool(config, std::move(data), PoolStrideFloats(config), bytes));
+  std::unique_ptr<std::byte[], AlignedDelete> data(static_cast<std::byte*>(memory),
+                                                   AlignedDelete{});
+  return std::unique_ptr<KvBlockPool>(new KvBlockPool(config, std::move(data), bytes));
 }
 
-KvBlockPool::KvBlockPool(const KvCacheConfig& config, std::unique_ptr<float[], AlignedDelete> data,
-                         size_t pool_stride_floats, size_t size_bytes)
+KvBlockPool::KvBlockPool(const KvCacheConfig& config,
+                         std::unique_ptr<std::byte[], AlignedDelete> data, size_t size_bytes)
     : config_(config),
       data_(std::move(data)),
-      slot_floats_(static_cast<size_t>(config.num_kv_heads) * config.head_dim),
-      block_floats_(slot_floats_ * config.block_size),
-      pool_stride_floats_(pool_stride_floats),
+      slot_values_(static_cast<size_t>(config.num_kv_heads) * config.head_dim),
+      block_values_(slot_values_ * config.block_size),
+      block_bytes_(kernels::KvBlockBytes(config.dtype, config.block_size, config.num_kv_heads,
+                                         config.head_dim)),
+      pool_stride_bytes_(PoolStrideBytes(config)),
       size_bytes_(size_bytes),
       ref_counts_(config.num_blocks, 0) {
   // Popped from the back, so a fresh pool hands out ids 0, 1, 2, ...
@@ -104,23 +108,65 @@ KvBlockPool::KvBlockPool(const KvCacheConfig& config, std::unique_ptr<float[], A
 
 KvBlockPool::~KvBlockPool() = default;
 
-size_t KvBlockPool::PoolStrideFloats(const KvCacheConfig& config) {
-  constexpr size_t kAlignFloats = kAlignment / sizeof(float);
-  const size_t pool = static_cast<size_t>(config.num_kv_heads) * config.head_dim *
-                      config.block_size * config.num_blocks;
-  return (pool + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+size_t KvBlockPool::PoolStrideBytes(const KvCacheConfig& config) {
+  const size_t pool =
+      kernels::KvBlockBytes(config.dtype, config.block_size, config.num_kv_heads, config.head_dim) *
+      config.num_blocks;
+  return (pool + kAlignment - 1) / kAlignment * kAlignment;
 }
 
-size_t KvBlockPool::PoolOffset(int layer, int kv) const {
+const std::byte* KvBlockPool::PoolBase(int layer, int kv) const {
   TANDEM_CHECK(layer >= 0 && layer < config_.num_layers)
       << "layer " << layer << " outside [0, " << config_.num_layers << ")";
-  return (2 * static_cast<size_t>(layer) + kv) * pool_stride_floats_;
+  return data_.get() + (2 * static_cast<size_t>(layer) + kv) * pool_stride_bytes_;
 }
 
-float* KvBlockPool::k_pool(int layer) { return data_.get() + PoolOffset(layer, 0); }
-float* KvBlockPool::v_pool(int layer) { return data_.get() + PoolOffset(layer, 1); }
-const float* KvBlockPool::k_pool(int layer) const { return data_.get() + PoolOffset(layer, 0); }
-const float* KvBlockPool::v_pool(int layer) const { return data_.get() + PoolOffset(layer, 1); }
+std::byte* KvBlockPool::PoolBase(int layer, int kv) {
+  return const_cast<std::byte*>(std::as_const(*this).PoolBase(layer, kv));
+}
+
+size_t KvBlockPool::BlockOffset(int32_t block) const {
+  TANDEM_CHECK(block >= 0 && block < config_.num_blocks)
+      << "KV block id " << block << " out of range";
+  return static_cast<size_t>(block) * block_bytes_;
+}
+
+kernels::PagedKv KvBlockPool::View(int layer, const int32_t* block_table) const {
+  return kernels::PagedKv{.k = PoolBase(layer, 0),
+                          .v = PoolBase(layer, 1),
+                          .dtype = config_.dtype,
+                          .block_size = config_.block_size,
+                          .num_kv_heads = config_.num_kv_heads,
+                          .head_dim = config_.head_dim,
+                          .block_bytes = block_bytes_,
+                          .block_table = block_table};
+}
+
+void KvBlockPool::StoreToken(int layer, int32_t block, int offset, const float* k, const float* v) {
+  TANDEM_CHECK(offset >= 0 && offset < config_.block_size)
+      << "offset " << offset << " outside a block of " << config_.block_size;
+  kernels::StoreKvToken(k, config_.dtype, config_.block_size, config_.num_kv_heads,
+                        config_.head_dim, offset, k_block(layer, block));
+  kernels::StoreKvToken(v, config_.dtype, config_.block_size, config_.num_kv_heads,
+                        config_.head_dim, offset, v_block(layer, block));
+}
+
+float* KvBlockPool::k_pool(int layer) {
+  return const_cast<float*>(std::as_const(*this).k_pool(layer));
+}
+float* KvBlockPool::v_pool(int layer) {
+  return const_cast<float*>(std::as_const(*this).v_pool(layer));
+}
+const float* KvBlockPool::k_pool(int layer) const {
+  TANDEM_CHECK(config_.dtype == kernels::KvDtype::kF32)
+      << "k_pool of a " << kernels::KvDtypeName(config_.dtype) << " KV pool";
+  return reinterpret_cast<const float*>(PoolBase(layer, 0));
+}
+const float* KvBlockPool::v_pool(int layer) const {
+  TANDEM_CHECK(config_.dtype == kernels::KvDtype::kF32)
+      << "v_pool of a " << kernels::KvDtypeName(config_.dtype) << " KV pool";
+  return reinterpret_cast<const float*>(PoolBase(layer, 1));
+}
 
 absl::StatusOr<std::vector<int32_t>> KvBlockPool::Allocate(int n) {
   if (n < 0) {
@@ -220,8 +266,8 @@ BlockSlot BlockTable::Locate(int position, int block_size) const {
 size_t BlockTable::SlotOffset(const KvBlockPool& pool, int position) const {
   CheckSamePool(&pool);
   const BlockSlot slot = Locate(position, pool.config().block_size);
-  return static_cast<size_t>(slot.block) * pool.block_floats() +
-         static_cast<size_t>(slot.offset) * pool.slot_floats();
+  return static_cast<size_t>(slot.block) * pool.block_values() +
+         static_cast<size_t>(slot.offset) * pool.slot_values();
 }
 
 float* BlockTable::KeySlot(KvBlockPool& pool, int layer, int position) const {

@@ -1,12 +1,14 @@
 // Paged KV cache: one pool of fixed-size blocks shared by every sequence, and the per-sequence
 // table that maps token positions to (block, offset).
 //
-// Memory layout (float32), one contiguous 64-byte-aligned allocation, zero-filled at creation:
-//   for each layer l:  K pool (num_blocks, block_size, num_kv_heads, head_dim)
-//                      V pool (num_blocks, block_size, num_kv_heads, head_dim)
-// Each pool starts on a 64-byte boundary (pools are padded up to a multiple of 16 floats;
-// there is no padding when block_size * num_kv_heads * head_dim is a multiple of 16), so an
-// attention kernel indexes k_pool(l) by block id and a transport registers data() once.
+// Memory layout, one contiguous 64-byte-aligned allocation, zero-filled at creation:
+//   for each layer l:  K pool (num_blocks blocks of block_bytes())
+//                      V pool (num_blocks blocks of block_bytes())
+// A block holds (block_size, num_kv_heads, head_dim) values in the config's dtype (float32, bf16,
+// or int8 followed by its per-token, per-head scales: common/kernels/kv_format.h). Each pool
+// starts on a 64-byte boundary (pools are padded up to a multiple of 64 bytes), so an attention
+// kernel indexes a pool by block id and a transport registers data() once and moves whole
+// blocks as bytes, whatever the dtype.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/kernels/kv_format.h"
 
 namespace tandem::engine {
 
@@ -28,6 +31,7 @@ struct KvCacheConfig {
   int head_dim = 0;
   int block_size = 0;  // tokens per block
   int num_blocks = 0;
+  kernels::KvDtype dtype = kernels::KvDtype::kF32;  // how keys and values are stored
 
   // INVALID_ARGUMENT naming the first field that is not positive.
   absl::Status Validate() const;
@@ -59,23 +63,43 @@ class KvBlockPool {
 
   const KvCacheConfig& config() const { return config_; }
 
-  // Layer `layer`'s pools, each (num_blocks, block_size, num_kv_heads, head_dim).
+  kernels::KvDtype dtype() const { return config_.dtype; }
+
+  // Block `block` of layer `layer`'s K or V pool (block_bytes() long).
+  std::byte* k_block(int layer, int32_t block) { return PoolBase(layer, 0) + BlockOffset(block); }
+  std::byte* v_block(int layer, int32_t block) { return PoolBase(layer, 1) + BlockOffset(block); }
+  const std::byte* k_block(int layer, int32_t block) const {
+    return PoolBase(layer, 0) + BlockOffset(block);
+  }
+  const std::byte* v_block(int layer, int32_t block) const {
+    return PoolBase(layer, 1) + BlockOffset(block);
+  }
+  // Layer `layer`'s K and V as the attention kernels read them, for a sequence whose blocks are
+  // `block_table` (which must outlive the view).
+  kernels::PagedKv View(int layer, const int32_t* block_table) const;
+  // Stores one token's K and V rows (num_kv_heads * head_dim floats each) at `offset` of
+  // `block` in layer `layer`, converted to the pool's dtype.
+  void StoreToken(int layer, int32_t block, int offset, const float* k, const float* v);
+
+  // A float32 pool's layer `layer`, (num_blocks, block_size, num_kv_heads, head_dim) floats;
+  // CHECK-fails for another dtype.
   float* k_pool(int layer);
   float* v_pool(int layer);
   const float* k_pool(int layer) const;
   const float* v_pool(int layer) const;
 
-  // Floats in one token's slot (num_kv_heads * head_dim) and in one block of one pool
-  // (block_size * num_kv_heads * head_dim).
-  // Floats from one layer's K pool to its V pool (and V to the next layer's K) in a pool of
+  // Values in one token's slot (num_kv_heads * head_dim) and in one block of one pool
+  // (block_size * num_kv_heads * head_dim), and bytes in one block of one pool.
+  size_t slot_values() const { return slot_values_; }
+  size_t block_values() const { return block_values_; }
+  size_t block_bytes() const { return block_bytes_; }
+  // Bytes from one layer's K pool to its V pool (and V to the next layer's K) in a pool of
   // `config`'s geometry: what a peer needs to address another instance's pool.
-  static size_t PoolStrideFloats(const KvCacheConfig& config);
-  size_t slot_floats() const { return slot_floats_; }
-  size_t block_floats() const { return block_floats_; }
+  static size_t PoolStrideBytes(const KvCacheConfig& config);
 
   // The whole region, for registering with a transport.
-  float* data() { return data_.get(); }
-  const float* data() const { return data_.get(); }
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
   size_t size_bytes() const { return size_bytes_; }
 
   // `n` distinct free blocks, each with reference count 1; all or nothing: RESOURCE_EXHAUSTED
@@ -93,18 +117,21 @@ class KvBlockPool {
  private:
   struct AlignedDelete {
     bool owned = true;  // false for memory the caller provided (CreateIn)
-    void operator()(float* p) const;
+    void operator()(std::byte* p) const;
   };
 
-  KvBlockPool(const KvCacheConfig& config, std::unique_ptr<float[], AlignedDelete> data,
-              size_t pool_stride_floats, size_t size_bytes);
-  size_t PoolOffset(int layer, int kv) const;  // kv: 0 = K, 1 = V
+  KvBlockPool(const KvCacheConfig& config, std::unique_ptr<std::byte[], AlignedDelete> data,
+              size_t size_bytes);
+  std::byte* PoolBase(int layer, int kv);  // kv: 0 = K, 1 = V; CHECKs the layer
+  const std::byte* PoolBase(int layer, int kv) const;
+  size_t BlockOffset(int32_t block) const;  // CHECKs the id
 
   const KvCacheConfig config_;
-  const std::unique_ptr<float[], AlignedDelete> data_;
-  const size_t slot_floats_;
-  const size_t block_floats_;
-  const size_t pool_stride_floats_;  // block_floats * num_blocks, padded to kAlignment
+  const std::unique_ptr<std::byte[], AlignedDelete> data_;
+  const size_t slot_values_;
+  const size_t block_values_;
+  const size_t block_bytes_;
+  const size_t pool_stride_bytes_;  // block_bytes * num_blocks, padded to kAlignment
   const size_t size_bytes_;
 
   mutable absl::Mutex mu_;
@@ -144,7 +171,8 @@ class BlockTable {
   // may be beyond num_tokens() (a step writes new tokens' slots before Append).
   BlockSlot Locate(int position, int block_size) const;
 
-  // The (num_kv_heads, head_dim) key / value slot of `position` in layer `layer`.
+  // The (num_kv_heads, head_dim) key / value slot of `position` in layer `layer` of a float32
+  // pool (CHECK).
   float* KeySlot(KvBlockPool& pool, int layer, int position) const;
   float* ValueSlot(KvBlockPool& pool, int layer, int position) const;
   const float* KeySlot(const KvBlockPool& pool, int layer, int position) const;

@@ -35,6 +35,8 @@ struct PerplexityOptions {
   // of `context` targets or fewer are skipped. 0 scores every target with `moe`.
   int context = 0;
   MoeOptions context_moe;
+  // How the KV cache stores keys and values (the overload that makes its own pool).
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
 };
 
 struct PerplexityResult {

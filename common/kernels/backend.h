@@ -15,11 +15,15 @@
 //   silu_mul          out (n,) = silu(gate) * up
 //   axpy              y (n,) += alpha * x (n,)
 //   paged_attention   out (heads, head_dim) for the query heads of KV heads [begin, end), over
-//                     a paged KV cache (common/kernels/cpu/kernels.h, PagedAttentionHeads)
+//                     positions [context_begin, context_end) of a paged KV cache in any
+//                     KvDtype, and optionally their log-sum-exp, so that parts of a long
+//                     context can run apart and merge (common/kernels/cpu/kernels.h,
+//                     PagedAttentionRange)
 #pragma once
 
 #include <cstdint>
 
+#include "common/kernels/kv_format.h"
 #include "common/kernels/packed_matrix.h"
 
 namespace tandem::kernels {
@@ -40,10 +44,9 @@ struct Backend {
   void (*top_k)(const float* x, int n, int k, int32_t* out);
   void (*silu_mul)(const float* gate, const float* up, int n, float* out);
   void (*axpy)(float alpha, const float* x, int n, float* y);
-  void (*paged_attention)(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                          const float* k_pool, const float* v_pool, const int32_t* block_table,
-                          int block_size, int context_len, float scale, int kv_head_begin,
-                          int kv_head_end, float* out);
+  void (*paged_attention)(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                          int context_end, float scale, int kv_head_begin, int kv_head_end,
+                          float* out, float* lse);
 };
 
 }  // namespace tandem::kernels

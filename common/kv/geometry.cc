@@ -7,13 +7,25 @@
 
 namespace tandem::kv {
 
+tandem::v1::KvDtype KvDtypeToProto(kernels::KvDtype dtype) {
+  switch (dtype) {
+    case kernels::KvDtype::kF32:
+      return tandem::v1::KV_DTYPE_F32;
+    case kernels::KvDtype::kBf16:
+      return tandem::v1::KV_DTYPE_BF16;
+    case kernels::KvDtype::kInt8:
+      return tandem::v1::KV_DTYPE_INT8;
+  }
+  return tandem::v1::KV_DTYPE_UNSPECIFIED;
+}
+
 tandem::v1::KvGeometry MakeKvGeometry(const model::ModelConfig& config, int block_size,
-                                      tandem::v1::KvDtype dtype) {
+                                      kernels::KvDtype dtype) {
   tandem::v1::KvGeometry geometry;
   geometry.set_num_layers(static_cast<int32_t>(config.num_hidden_layers));
   geometry.set_num_kv_heads(static_cast<int32_t>(config.num_key_value_heads));
   geometry.set_head_dim(static_cast<int32_t>(config.head_dim));
-  geometry.set_dtype(dtype);
+  geometry.set_dtype(KvDtypeToProto(dtype));
   geometry.set_block_size(block_size);
   geometry.set_rope_theta(config.rope_theta);
   geometry.set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
@@ -52,7 +64,8 @@ absl::Status CheckCompatible(const tandem::v1::KvGeometry& ours,
   return absl::OkStatus();
 }
 
-absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, int block_size) {
+absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, int block_size,
+                                                kernels::KvDtype dtype) {
   if (block_size < 1 || block_size > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV block size ", block_size, " must be in [1, 1024]"));
@@ -61,7 +74,7 @@ absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, in
   InstanceModel out;
   ASSIGN_OR_RETURN(out.config, model::LoadModelConfig(dir / "config.json"));
   out.name = model::ModelNameFromDir(model_dir);
-  out.geometry = MakeKvGeometry(out.config, block_size, tandem::v1::KV_DTYPE_F32);
+  out.geometry = MakeKvGeometry(out.config, block_size, dtype);
   return out;
 }
 

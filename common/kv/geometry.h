@@ -7,13 +7,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/kernels/kv_format.h"
 #include "common/model/config.h"
 #include "tandem/v1/kv.pb.h"
 
 namespace tandem::kv {
 
 tandem::v1::KvGeometry MakeKvGeometry(const model::ModelConfig& config, int block_size,
-                                      tandem::v1::KvDtype dtype);
+                                      kernels::KvDtype dtype);
+// The wire name of a pool's dtype.
+tandem::v1::KvDtype KvDtypeToProto(kernels::KvDtype dtype);
 
 // OK when `ours` and `theirs` can exchange blocks; otherwise FAILED_PRECONDITION naming the
 // first field that differs and both values.
@@ -28,7 +31,9 @@ struct InstanceModel {
   tandem::v1::KvGeometry geometry;
 };
 
-// Loads DIR/config.json and derives the geometry; INVALID_ARGUMENT for a bad block size.
-absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, int block_size);
+// Loads DIR/config.json and derives the geometry of a pool storing `dtype`; INVALID_ARGUMENT
+// for a bad block size.
+absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, int block_size,
+                                                kernels::KvDtype dtype = kernels::KvDtype::kF32);
 
 }  // namespace tandem::kv

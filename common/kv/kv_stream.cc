@@ -18,15 +18,15 @@ absl::StatusOr<KvStream> KvStream::Of(engine::KvBlockPool* pool, std::vector<int
 }
 
 uint64_t KvStream::BytesFor(const engine::KvCacheConfig& config, int blocks) {
-  const uint64_t piece = static_cast<uint64_t>(config.block_size) * config.num_kv_heads *
-                         config.head_dim * sizeof(float);
+  const uint64_t piece =
+      kernels::KvBlockBytes(config.dtype, config.block_size, config.num_kv_heads, config.head_dim);
   return piece * 2 * static_cast<uint64_t>(config.num_layers) * static_cast<uint64_t>(blocks);
 }
 
 KvStream::KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks)
     : pool_(pool),
       blocks_(std::move(blocks)),
-      piece_bytes_(pool->block_floats() * sizeof(float)),
+      piece_bytes_(pool->block_bytes()),
       size_(BytesFor(pool->config(), static_cast<int>(blocks_.size()))) {}
 
 char* KvStream::Piece(uint64_t offset, uint64_t* within) const {
@@ -36,8 +36,8 @@ char* KvStream::Piece(uint64_t offset, uint64_t* within) const {
   const int layer = static_cast<int>(piece / (2 * n));
   const bool value = (piece / n) % 2 == 1;
   const int32_t block = blocks_[piece % n];
-  float* base = value ? pool_->v_pool(layer) : pool_->k_pool(layer);
-  return reinterpret_cast<char*>(base + static_cast<size_t>(block) * pool_->block_floats());
+  return reinterpret_cast<char*>(value ? pool_->v_block(layer, block)
+                                       : pool_->k_block(layer, block));
 }
 
 absl::Status KvStream::CheckRange(uint64_t offset, uint64_t length) const {

@@ -40,7 +40,8 @@ absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size
   } else if (options.decode_only) {
     load = d.mask;
   }
-  ASSIGN_OR_RETURN(d.engine, LoadServingEngine(model_dir, block_size, num_blocks, load));
+  ASSIGN_OR_RETURN(d.engine,
+                   LoadServingEngine(model_dir, block_size, num_blocks, load, options.kv_dtype));
   if (!options.overlay.empty()) {
     absl::StatusOr<std::unique_ptr<engine::DecoderOverlay>> overlay =
         engine::LoadDecoderOverlay(options.overlay, model_dir, *d.engine.model.weights, d.mask);

@@ -30,6 +30,7 @@ struct DecoderOptions {
   bool expert_overlap = true;      // compute each expert as soon as it is in
   // Load only the plan's experts (tandem-decode); tandem-serve prefills with all of them.
   bool decode_only = true;
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;  // how the KV pool stores keys and values
 };
 
 struct Decoder {

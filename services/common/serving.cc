@@ -13,16 +13,46 @@
 namespace tandem::serving {
 
 absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
-                                                int num_blocks, const engine::ExpertMask& only) {
+                                                int num_blocks, const engine::ExpertMask& only,
+                                                kernels::KvDtype kv_dtype) {
   ServingEngine e;
   ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(model_dir, {.only_experts = only}));
   const model::ModelConfig& c = e.model.weights->config;
   ASSIGN_OR_RETURN(
-      e.pool, engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
-                                           static_cast<int>(c.num_key_value_heads),
-                                           static_cast<int>(c.head_dim), block_size, num_blocks}));
+      e.pool, engine::KvBlockPool::Create(
+                  {static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
+                   static_cast<int>(c.head_dim), block_size, num_blocks, kv_dtype}));
   ASSIGN_OR_RETURN(e.forward, engine::ForwardPass::Create(e.model.weights.get(), e.pool.get()));
   return e;
+}
+
+absl::StatusOr<kernels::KvDtype> KvDtypeFlag(const std::string& value) {
+  absl::StatusOr<kernels::KvDtype> dtype = kernels::ParseKvDtype(value);
+  if (!dtype.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", dtype.status().message()));
+  return dtype;
+}
+
+void ReportKvCache(const engine::KvBlockPool& pool, metrics::Registry* registry) {
+  const engine::KvCacheConfig& c = pool.config();
+  if (auto bytes = registry->AddGauge("tandem_kv_cache_bytes",
+                                      "Bytes of the KV-cache pool (every layer's K and V blocks).");
+      bytes.ok()) {
+    (*bytes)->Add({}).Set(static_cast<double>(pool.size_bytes()));
+  }
+  if (auto info = registry->AddGauge(
+          "tandem_kv_cache_info",
+          "1, labelled with how the KV cache stores keys and values and its block geometry.");
+      info.ok()) {
+    (*info)
+        ->Add(metrics::Labels{{"dtype", kernels::KvDtypeName(c.dtype)},
+                              {"block_size", absl::StrCat(c.block_size)},
+                              {"block_bytes", absl::StrCat(pool.block_bytes())}})
+        .Set(1);
+  }
+  TANDEM_LOG(INFO) << "KV cache: " << c.num_blocks << " blocks of " << c.block_size << " tokens, "
+                   << kernels::KvDtypeName(c.dtype) << ", " << pool.size_bytes() << " bytes ("
+                   << 2 * c.num_layers * pool.block_bytes() << " bytes a block over all layers)";
 }
 
 engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int total_blocks) {

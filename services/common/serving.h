@@ -33,8 +33,14 @@ struct ServingEngine {
 // Loads DIR (the experts of `only` when it is not empty) and makes a pool of `num_blocks` blocks
 // of `block_size` tokens.
 absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
-                                                int num_blocks,
-                                                const engine::ExpertMask& only = {});
+                                                int num_blocks, const engine::ExpertMask& only = {},
+                                                kernels::KvDtype kv_dtype = kernels::KvDtype::kF32);
+
+// The KV dtype a service's --kv_dtype names; INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<kernels::KvDtype> KvDtypeFlag(const std::string& value);
+// Registers tandem_kv_cache_bytes (the pool's memory) and tandem_kv_cache_info{dtype,
+// block_size, block_bytes} 1, and logs the pool's size.
+void ReportKvCache(const engine::KvBlockPool& pool, metrics::Registry* registry);
 
 // An engine loop observer that keeps `metrics` (step time and size, generated tokens, running
 // and waiting sequences, KV blocks of a pool of `total_blocks`) up to date; sets the block

@@ -32,6 +32,9 @@ ABSL_FLAG(bool, expert_overlap, true,
           "With --expert_pack: compute each expert as soon as it is loaded, widest first.");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the prefill instances.");
 ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "How the KV cache stores keys and values: f32, bf16 or int8 (per-token, per-head "
+          "scales); must match the prefill instances (docs/kv-cache.md).");
 ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most.");
 ABSL_FLAG(int, max_step_tokens, 512, "Tokens one engine step runs at most.");
 ABSL_FLAG(int, lease_ms, 30000,
@@ -63,8 +66,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_lease_ms) < 1 || absl::GetFlag(FLAGS_heartbeat_ms) < 1) {
     return fail("flags", absl::InvalidArgumentError("--lease_ms and --heartbeat_ms must be >= 1"));
   }
-  auto model =
-      tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size));
+  const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
+  auto model = tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model),
+                                             absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
   auto decoder =
       tandem::serving::LoadDecoder(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size),
@@ -74,7 +79,8 @@ int main(int argc, char** argv) {
                                     .expert_pack = absl::GetFlag(FLAGS_expert_pack),
                                     .expert_cache_bytes = absl::GetFlag(FLAGS_expert_cache_bytes),
                                     .expert_direct_io = absl::GetFlag(FLAGS_expert_direct_io),
-                                    .expert_overlap = absl::GetFlag(FLAGS_expert_overlap)});
+                                    .expert_overlap = absl::GetFlag(FLAGS_expert_overlap),
+                                    .kv_dtype = *kv_dtype});
   if (!decoder.ok()) return fail("loading the engine", decoder.status());
   tandem::serving::ServingEngine* engine = &decoder->engine;
   // Decode runs only what it holds: every token here is a decode token (prefill wrote the
@@ -107,6 +113,7 @@ int main(int argc, char** argv) {
   tandem::serving::ReportResidentExperts(*engine->model.weights, &serving_metrics);
   tandem::serving::ReportOverlay(decoder->overlay.get(), &serving_metrics);
   tandem::serving::ReportEngine(*engine->model.weights, &registry);
+  tandem::serving::ReportKvCache(*engine->pool, &registry);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
       tandem::serving::WithExpertMetrics(

@@ -12,6 +12,9 @@ ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face 
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the decode instances.");
 ABSL_FLAG(int, kv_blocks, 0,
           "KV-cache blocks of the local pool; 0 = enough for one prompt of the full context.");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "How the KV cache stores keys and values: f32, bf16 or int8 (per-token, per-head "
+          "scales); must match the decode instances (docs/kv-cache.md).");
 ABSL_FLAG(int, max_queue, 64, "Prompts waiting at most; more are refused (RESOURCE_EXHAUSTED).");
 ABSL_FLAG(int, prefill_chunk, 256, "Prompt tokens per engine step.");
 ABSL_FLAG(std::string, kv_listen_host, "127.0.0.1",
@@ -40,8 +43,10 @@ int main(int argc, char** argv) {
     std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
     return 2;
   };
-  auto model =
-      tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size));
+  const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
+  auto model = tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model),
+                                             absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
   const int block_size = absl::GetFlag(FLAGS_kv_block_size);
   int blocks = absl::GetFlag(FLAGS_kv_blocks);
@@ -49,7 +54,8 @@ int main(int argc, char** argv) {
     blocks =
         static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
   }
-  auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model), block_size, blocks);
+  auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model), block_size, blocks,
+                                                   {}, *kv_dtype);
   if (!engine.ok()) return fail("loading the engine", engine.status());
   tandem::kv::UcxTransportOptions kv_options;
   kv_options.listen_host = absl::GetFlag(FLAGS_kv_listen_host);
@@ -69,6 +75,7 @@ int main(int argc, char** argv) {
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::PrefillMetrics serving_metrics(&registry);
   tandem::serving::ReportEngine(*engine->model.weights, &registry);
+  tandem::serving::ReportKvCache(*engine->pool, &registry);
   tandem::prefill::PrefillService service(
       model->name, model->geometry, engine->forward.get(), transport->get(),
       {.max_queue = absl::GetFlag(FLAGS_max_queue),

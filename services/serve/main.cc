@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, overlay, "",
           "distilled norms, routers and shared experts, prompts the base model's.");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block.");
 ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequences).");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "How the KV cache stores keys and values: f32, bf16 or int8 (per-token, per-head "
+          "scales); docs/kv-cache.md.");
 ABSL_FLAG(int, max_running, 64, "Sequences in the batch at most.");
 ABSL_FLAG(int, max_step_tokens, 512, "Tokens one engine step runs at most (chunked prefill).");
 
@@ -40,11 +43,14 @@ int main(int argc, char** argv) {
     return 2;
   };
   const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
   auto decoder = tandem::serving::LoadDecoder(model_dir, absl::GetFlag(FLAGS_kv_block_size),
                                               absl::GetFlag(FLAGS_kv_blocks),
                                               {.plan = absl::GetFlag(FLAGS_plan),
                                                .overlay = absl::GetFlag(FLAGS_overlay),
-                                               .decode_only = false});
+                                               .decode_only = false,
+                                               .kv_dtype = *kv_dtype});
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
   tandem::serving::ServingEngine* engine = &decoder->engine;
   auto scheduler = tandem::engine::Scheduler::Create(
@@ -65,6 +71,7 @@ int main(int argc, char** argv) {
   tandem::serving::ReportResidentExperts(*engine->model.weights, &engine_metrics);
   tandem::serving::ReportOverlay(decoder->overlay.get(), &engine_metrics);
   tandem::serving::ReportEngine(*engine->model.weights, &registry);
+  tandem::serving::ReportKvCache(*engine->pool, &registry);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
       tandem::serving::WithExpertMetrics(

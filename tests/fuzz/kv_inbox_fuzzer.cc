@@ -32,10 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto snapshot = [&] { std::memcpy(before.data(), p.data(), p.size_bytes()); };
   // Whether byte `i` of the pool's memory belongs to one of `blocks`.
   const auto in_blocks = [&](size_t i, const std::vector<int32_t>& blocks) {
-    const size_t floats = i / sizeof(float);
-    const size_t stride = KvBlockPool::PoolStrideFloats(p.config());
-    const size_t within = floats % stride;
-    const size_t block = within / p.block_floats();
+    const size_t stride = KvBlockPool::PoolStrideBytes(p.config());
+    const size_t within = i % stride;
+    const size_t block = within / p.block_bytes();
     for (int32_t b : blocks) {
       if (static_cast<size_t>(b) == block) return true;
     }

@@ -12,8 +12,16 @@
 
 namespace tandem::testing {
 
-// Processes started from now on run the exact level (TANDEM_KERNELS=exact).
-inline void ExactKernelsInChildren() { setenv("TANDEM_KERNELS", "exact", /*overwrite=*/1); }
+// Processes started from now on run the exact level (TANDEM_KERNELS=exact) and keep their KV
+// cache in float32 (the services' --kv_dtype through their environment; the default, bf16,
+// rounds keys and values as the default level rounds activations).
+inline void ExactKernelsInChildren() {
+  setenv("TANDEM_KERNELS", "exact", /*overwrite=*/1);
+  for (const char* service :
+       {"TANDEM_PREFILL_KV_DTYPE", "TANDEM_DECODE_KV_DTYPE", "TANDEM_SERVE_KV_DTYPE"}) {
+    setenv(service, "f32", /*overwrite=*/1);
+  }
+}
 
 // This process and those it starts run the exact level.
 inline void UseExactKernels() {

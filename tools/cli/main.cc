@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, load_format, "auto",
 ABSL_FLAG(std::string, routing, "",
           "With --model: replace the router by a stated one, uniform or zipf:S (required for "
           "--load_format dummy).");
+ABSL_FLAG(std::string, kv_dtype, "bf16",
+          "How the KV cache of tandem perplexity stores keys and values: f32, bf16, or int8 "
+          "(per-token, per-head scales); docs/kv-cache.md.");
 ABSL_FLAG(std::string, kernels, "",
           "CPU kernel level of commands that run a model here: auto (the fastest this CPU has), "
           "exact (the fastest that keeps activations float32), or reference, avx2, avx512, "
@@ -277,6 +280,9 @@ int Perplexity() {
         "are for generate"));
   }
   tandem::engine::PerplexityOptions ppl_options;
+  auto kv_dtype = tandem::kernels::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return Report(kv_dtype.status());
+  ppl_options.kv_dtype = *kv_dtype;
   tandem::engine::ExpertMask mask;
   if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
     auto plan_mask = tandem::moe::LoadPlanMask(path, absl::GetFlag(FLAGS_model));

@@ -76,6 +76,7 @@ std::vector<Subcommand> MakeSubcommands() {
          "log-probability of the scored tokens), at full precision."},
         {"load_format", ""},
         {"routing", ""},
+        {"kv_dtype", ""},
         {"kernels", ""}}});
   all.push_back({"calibrate",
                  "per-expert routing statistics of a model over a text",

@@ -88,7 +88,7 @@ constexpr Backend kReferenceBackend = {
     .top_k = reference::TopK,
     .silu_mul = reference::SiluMul,
     .axpy = reference::Axpy,
-    .paged_attention = reference::PagedAttentionHeads,
+    .paged_attention = reference::PagedAttentionRange,
 };
 
 Backend WithLinear(const Backend& elementwise, const char* name, ActivationRounding rounding,
@@ -278,21 +278,32 @@ void Axpy(float alpha, const float* x, int n, float* y) {
   internal::Kernels().axpy(alpha, x, n, y);
 }
 
-void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                    const float* k_pool, const float* v_pool, const int32_t* block_table,
-                    int block_size, int context_len, float scale, float* out) {
-  internal::Kernels().paged_attention(q, num_heads, num_kv_heads, head_dim, k_pool, v_pool,
-                                      block_table, block_size, context_len, scale, 0, num_kv_heads,
-                                      out);
+void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int context_len, float scale,
+                    float* out) {
+  internal::Kernels().paged_attention(q, num_heads, kv, 0, context_len, scale, 0, kv.num_kv_heads,
+                                      out, nullptr);
 }
 
-void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                         const float* k_pool, const float* v_pool, const int32_t* block_table,
-                         int block_size, int context_len, float scale, int kv_head_begin,
-                         int kv_head_end, float* out) {
-  internal::Kernels().paged_attention(q, num_heads, num_kv_heads, head_dim, k_pool, v_pool,
-                                      block_table, block_size, context_len, scale, kv_head_begin,
-                                      kv_head_end, out);
+void PagedAttentionRange(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                         int context_end, float scale, int kv_head_begin, int kv_head_end,
+                         float* out, float* lse) {
+  internal::Kernels().paged_attention(q, num_heads, kv, context_begin, context_end, scale,
+                                      kv_head_begin, kv_head_end, out, lse);
+}
+
+void MergeAttentionParts(const float* const* parts_out, const float* parts_lse, int parts, int n,
+                         float* out) {
+  float max_lse = -INFINITY;
+  for (int i = 0; i < parts; ++i) max_lse = std::max(max_lse, parts_lse[i]);
+  std::fill(out, out + n, 0.0f);
+  if (max_lse == -INFINITY) return;
+  double total = 0;
+  for (int i = 0; i < parts; ++i) total += std::exp(double{parts_lse[i]} - max_lse);
+  for (int i = 0; i < parts; ++i) {
+    if (parts_lse[i] == -INFINITY) continue;
+    const float weight = static_cast<float>(std::exp(double{parts_lse[i]} - max_lse) / total);
+    for (int j = 0; j < n; ++j) out[j] += weight * parts_out[i][j];
+  }
 }
 
 }  // namespace tandem::kernels::cpu

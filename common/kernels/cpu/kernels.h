@@ -78,21 +78,26 @@ void SiluMul(const float* gate, const float* up, int n, float* out);
 void Axpy(float alpha, const float* x, int n, float* y);
 
 // Attention of one query token over a paged KV cache (grouped-query attention).
-//   q            (num_heads, head_dim)
-//   k_pool/v_pool (num_blocks, block_size, num_kv_heads, head_dim): one layer's pool
-//   block_table  (ceil(context_len / block_size),): block ids, in position order
-//   out          (num_heads, head_dim)
+//   q    (num_heads, head_dim)
+//   kv   one layer's K and V pools and the sequence's block table (common/kernels/kv_format.h)
+//   out  (num_heads, head_dim)
 // Attends to positions [0, context_len); query head h uses KV head h / (num_heads/num_kv_heads);
-// scores are scaled by `scale` (1/sqrt(head_dim) for Mixtral).
-void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                    const float* k_pool, const float* v_pool, const int32_t* block_table,
-                    int block_size, int context_len, float scale, float* out);
-// The same for the query heads of KV heads [kv_head_begin, kv_head_end) only: the rest of out
-// is untouched, so disjoint ranges can run on different threads.
-void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                         const float* k_pool, const float* v_pool, const int32_t* block_table,
-                         int block_size, int context_len, float scale, int kv_head_begin,
-                         int kv_head_end, float* out);
+// scores are scaled by `scale` (1/sqrt(head_dim) for Mixtral). Keys and values are read in the
+// pool's dtype and computed with in float32.
+void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int context_len, float scale,
+                    float* out);
+// The same over positions [context_begin, context_end) only, for the query heads of KV heads
+// [kv_head_begin, kv_head_end): the rest of out is untouched, so disjoint head ranges can run on
+// different threads. When `lse` (num_heads,) is not null, lse[h] receives log(sum(exp(scaled
+// scores))) of each of those heads, -inf for an empty range: attention over a whole context is
+// the parts' outputs weighted by exp(lse_part - lse_whole) (MergeAttentionParts).
+void PagedAttentionRange(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                         int context_end, float scale, int kv_head_begin, int kv_head_end,
+                         float* out, float* lse);
+// out (n,) = the attention over the union of `parts` disjoint position ranges, from each part's
+// output parts_out[i] (n,) and log-sum-exp parts_lse[i]. Parts with lse -inf count for nothing.
+void MergeAttentionParts(const float* const* parts_out, const float* parts_lse, int parts, int n,
+                         float* out);
 
 namespace reference {
 // The product over W's dequantized elements (PackedElement), summed in double.
@@ -104,13 +109,12 @@ double LogSumExp(const float* x, int n);
 void TopK(const float* x, int n, int k, int32_t* out);
 void SiluMul(const float* gate, const float* up, int n, float* out);
 void Axpy(float alpha, const float* x, int n, float* y);
-void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                    const float* k_pool, const float* v_pool, const int32_t* block_table,
-                    int block_size, int context_len, float scale, float* out);
-void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                         const float* k_pool, const float* v_pool, const int32_t* block_table,
-                         int block_size, int context_len, float scale, int kv_head_begin,
-                         int kv_head_end, float* out);
+// Over LoadKvRow's float32 rows, in double.
+void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int context_len, float scale,
+                    float* out);
+void PagedAttentionRange(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                         int context_end, float scale, int kv_head_begin, int kv_head_end,
+                         float* out, float* lse);
 }  // namespace reference
 
 }  // namespace tandem::kernels::cpu

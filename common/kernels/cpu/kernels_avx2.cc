@@ -80,22 +80,6 @@ TANDEM_INLINE __m256 Exp(__m256 x) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(exponent)));
 }
 
-float Dot(const float* a, const float* b, int n) {
-  __m256 acc0 = _mm256_setzero_ps();
-  __m256 acc1 = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-  }
-  for (; i < n; i += 8) {
-    const __m256i lanes = LowLanes8(std::min(8, n - i));
-    acc0 =
-        _mm256_fmadd_ps(_mm256_maskload_ps(a + i, lanes), _mm256_maskload_ps(b + i, lanes), acc0);
-  }
-  return HorizontalSum(_mm256_add_ps(acc0, acc1));
-}
-
 void Axpy(float alpha, const float* x, int n, float* y) {
   const __m256 a = _mm256_set1_ps(alpha);
   int i = 0;
@@ -199,36 +183,58 @@ void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float
   }
 }
 
-void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                    const float* k_pool, const float* v_pool, const int32_t* block_table,
-                    int block_size, int context_len, float scale, int kv_head_begin,
-                    int kv_head_end, float* out) {
-  const int group = num_heads / num_kv_heads;
-  std::fill(out + int64_t{kv_head_begin} * group * head_dim,
-            out + int64_t{kv_head_end} * group * head_dim, 0.0f);
-  if (context_len <= 0) return;
-  auto offset = [&](int t, int kv_head) {
-    const int64_t block = block_table[t / block_size];
-    return ((block * block_size + t % block_size) * num_kv_heads + kv_head) * head_dim;
-  };
-  // Scores of the `group` query heads sharing one KV head, so each K and V row is read once.
-  std::vector<float> scores(static_cast<size_t>(group) * context_len);
-  for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
-    const int first_head = kv_head * group;
-    for (int t = 0; t < context_len; ++t) {
-      const float* k = k_pool + offset(t, kv_head);
-      for (int g = 0; g < group; ++g) {
-        scores[g * context_len + t] = Dot(q + (first_head + g) * head_dim, k, head_dim) * scale;
+// The vector interface attention_impl.h is written over: 8 float lanes.
+struct Simd256 {
+  using Vec = __m256;
+  static constexpr int kLanes = 8;
+  static Vec Zero() { return _mm256_setzero_ps(); }
+  static Vec Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  static Vec Set1(float x) { return _mm256_set1_ps(x); }
+  static Vec Mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  static Vec Sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+  static Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static float ReduceAdd(Vec v) { return HorizontalSum(v); }
+  static Vec Exp(Vec v) { return internal::Exp(v); }
+  // out (padded,) = the n stored values at `row` times `scale`, then zeros.
+  template <KvDtype D>
+  static void ConvertRow(const std::byte* row, float scale, int n, int padded, float* out) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+      __m256 v;
+      if constexpr (D == KvDtype::kF32) {
+        v = _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+      } else if constexpr (D == KvDtype::kBf16) {
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i));
+        v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+      } else {
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i));
+        v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), _mm256_set1_ps(scale));
+      }
+      _mm256_storeu_ps(out + i, v);
+    }
+    for (; i < n; ++i) {  // the tail, one value at a time
+      if constexpr (D == KvDtype::kF32) {
+        std::memcpy(out + i, row + 4 * i, sizeof(float));
+      } else if constexpr (D == KvDtype::kBf16) {
+        uint16_t bits;
+        std::memcpy(&bits, row + 2 * i, sizeof(bits));
+        out[i] = Bf16BitsToF32(bits);
+      } else {
+        out[i] = static_cast<float>(static_cast<int8_t>(row[i])) * scale;
       }
     }
-    for (int g = 0; g < group; ++g) Softmax(scores.data() + g * context_len, context_len);
-    for (int t = 0; t < context_len; ++t) {
-      const float* v = v_pool + offset(t, kv_head);
-      for (int g = 0; g < group; ++g) {
-        Axpy(scores[g * context_len + t], v, head_dim, out + (first_head + g) * head_dim);
-      }
-    }
+    std::fill(out + n, out + padded, 0.0f);
   }
+};
+
+#include "common/kernels/cpu/attention_impl.h"
+
+void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                    int context_end, float scale, int kv_head_begin, int kv_head_end, float* out,
+                    float* lse) {
+  PagedAttentionTiles<Simd256>(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin,
+                               kv_head_end, out, lse);
 }
 
 #undef TANDEM_INLINE

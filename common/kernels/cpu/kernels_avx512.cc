@@ -63,22 +63,6 @@ TANDEM_INLINE void AddToDouble(__m512 v, __m512d& lo, __m512d& hi) {
   hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
 }
 
-float Dot(const float* a, const float* b, int n) {
-  __m512 acc0 = _mm512_setzero_ps();
-  __m512 acc1 = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
-  }
-  for (; i < n; i += 16) {
-    const __mmask16 lanes = LowLanes16(std::min(16, n - i));
-    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, a + i), _mm512_maskz_loadu_ps(lanes, b + i),
-                           acc0);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
-
 void Axpy(float alpha, const float* x, int n, float* y) {
   const __m512 a = _mm512_set1_ps(alpha);
   for (int i = 0; i < n; i += 16) {
@@ -185,36 +169,47 @@ void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float
   }
 }
 
-void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                    const float* k_pool, const float* v_pool, const int32_t* block_table,
-                    int block_size, int context_len, float scale, int kv_head_begin,
-                    int kv_head_end, float* out) {
-  const int group = num_heads / num_kv_heads;
-  std::fill(out + int64_t{kv_head_begin} * group * head_dim,
-            out + int64_t{kv_head_end} * group * head_dim, 0.0f);
-  if (context_len <= 0) return;
-  auto offset = [&](int t, int kv_head) {
-    const int64_t block = block_table[t / block_size];
-    return ((block * block_size + t % block_size) * num_kv_heads + kv_head) * head_dim;
-  };
-  // Scores of the `group` query heads sharing one KV head, so each K and V row is read once.
-  std::vector<float> scores(static_cast<size_t>(group) * context_len);
-  for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
-    const int first_head = kv_head * group;
-    for (int t = 0; t < context_len; ++t) {
-      const float* k = k_pool + offset(t, kv_head);
-      for (int g = 0; g < group; ++g) {
-        scores[g * context_len + t] = Dot(q + (first_head + g) * head_dim, k, head_dim) * scale;
+// The vector interface attention_impl.h is written over: 16 float lanes.
+struct Simd512 {
+  using Vec = __m512;
+  static constexpr int kLanes = 16;
+  static Vec Zero() { return _mm512_setzero_ps(); }
+  static Vec Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  static Vec Set1(float x) { return _mm512_set1_ps(x); }
+  static Vec Mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static Vec Sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+  static Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static float ReduceAdd(Vec v) { return _mm512_reduce_add_ps(v); }
+  static Vec Exp(Vec v) { return internal::Exp(v); }
+  // out (padded,) = the n stored values at `row` times `scale`, then zeros.
+  template <KvDtype D>
+  static void ConvertRow(const std::byte* row, float scale, int n, int padded, float* out) {
+    for (int i = 0; i < padded; i += 16) {
+      const __mmask16 lanes = LowLanes16(std::clamp(n - i, 0, 16));
+      __m512 v;
+      if constexpr (D == KvDtype::kF32) {
+        v = _mm512_maskz_loadu_ps(lanes, reinterpret_cast<const float*>(row) + i);
+      } else if constexpr (D == KvDtype::kBf16) {
+        const __m256i bits =
+            _mm256_maskz_loadu_epi16(lanes, reinterpret_cast<const uint16_t*>(row) + i);
+        v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+      } else {
+        const __m128i bytes = _mm_maskz_loadu_epi8(lanes, reinterpret_cast<const int8_t*>(row) + i);
+        v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(scale));
       }
-    }
-    for (int g = 0; g < group; ++g) Softmax(scores.data() + g * context_len, context_len);
-    for (int t = 0; t < context_len; ++t) {
-      const float* v = v_pool + offset(t, kv_head);
-      for (int g = 0; g < group; ++g) {
-        Axpy(scores[g * context_len + t], v, head_dim, out + (first_head + g) * head_dim);
-      }
+      _mm512_storeu_ps(out + i, v);
     }
   }
+};
+
+#include "common/kernels/cpu/attention_impl.h"
+
+void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                    int context_end, float scale, int kv_head_begin, int kv_head_end, float* out,
+                    float* lse) {
+  PagedAttentionTiles<Simd512>(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin,
+                               kv_head_end, out, lse);
 }
 
 #undef TANDEM_INLINE

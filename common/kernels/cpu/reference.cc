@@ -90,48 +90,46 @@ void Axpy(float alpha, const float* x, int n, float* y) {
   for (int i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// q (num_heads, head_dim), pools (num_blocks, block_size, num_kv_heads, head_dim)
-// -> out (num_heads, head_dim) = softmax(scale * q.K^T) @ V over positions [0, context_len)
-void PagedAttentionHeads(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                         const float* k_pool, const float* v_pool, const int32_t* block_table,
-                         int block_size, int context_len, float scale, int kv_head_begin,
-                         int kv_head_end, float* out) {
-  const int group = num_heads / num_kv_heads;
-  // Offset of (position t, kv head) in either pool.
-  auto offset = [&](int t, int kv_head) {
-    const int64_t block = block_table[t / block_size];
-    return ((block * block_size + t % block_size) * num_kv_heads + kv_head) * head_dim;
-  };
-  std::vector<double> scores(context_len);
+// q (num_heads, head_dim) -> out (num_heads, head_dim) = softmax(scale * q.K^T) @ V over
+// positions [context_begin, context_end), K and V dequantised to float32 rows (LoadKvRow).
+void PagedAttentionRange(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                         int context_end, float scale, int kv_head_begin, int kv_head_end,
+                         float* out, float* lse) {
+  const int group = num_heads / kv.num_kv_heads;
+  const int n = std::max(0, context_end - context_begin);
+  std::vector<double> scores(n);
+  std::vector<float> row(kv.head_dim);
   for (int h = kv_head_begin * group; h < kv_head_end * group; ++h) {
     const int kv_head = h / group;
-    const float* qh = q + h * head_dim;
+    const float* qh = q + h * kv.head_dim;
     double max_score = -INFINITY;
-    for (int t = 0; t < context_len; ++t) {
-      const float* k = k_pool + offset(t, kv_head);
+    for (int t = 0; t < n; ++t) {
+      LoadKvRow(kv, /*value=*/false, context_begin + t, kv_head, row.data());
       double dot = 0;
-      for (int i = 0; i < head_dim; ++i) dot += double{qh[i]} * k[i];
+      for (int i = 0; i < kv.head_dim; ++i) dot += double{qh[i]} * row[i];
       scores[t] = dot * scale;
       max_score = std::max(max_score, scores[t]);
     }
     double sum = 0;
-    for (int t = 0; t < context_len; ++t) {
+    for (int t = 0; t < n; ++t) {
       scores[t] = std::exp(scores[t] - max_score);
       sum += scores[t];
     }
-    for (int i = 0; i < head_dim; ++i) {
-      double acc = 0;
-      for (int t = 0; t < context_len; ++t) acc += scores[t] / sum * v_pool[offset(t, kv_head) + i];
-      out[h * head_dim + i] = static_cast<float>(acc);
+    std::vector<double> acc(kv.head_dim, 0.0);
+    for (int t = 0; t < n; ++t) {
+      LoadKvRow(kv, /*value=*/true, context_begin + t, kv_head, row.data());
+      for (int i = 0; i < kv.head_dim; ++i) acc[i] += scores[t] / sum * row[i];
+    }
+    for (int i = 0; i < kv.head_dim; ++i) out[h * kv.head_dim + i] = static_cast<float>(acc[i]);
+    if (lse != nullptr) {
+      lse[h] = n == 0 ? -INFINITY : static_cast<float>(max_score + std::log(sum));
     }
   }
 }
 
-void PagedAttention(const float* q, int num_heads, int num_kv_heads, int head_dim,
-                    const float* k_pool, const float* v_pool, const int32_t* block_table,
-                    int block_size, int context_len, float scale, float* out) {
-  PagedAttentionHeads(q, num_heads, num_kv_heads, head_dim, k_pool, v_pool, block_table, block_size,
-                      context_len, scale, 0, num_kv_heads, out);
+void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int context_len, float scale,
+                    float* out) {
+  PagedAttentionRange(q, num_heads, kv, 0, context_len, scale, 0, kv.num_kv_heads, out, nullptr);
 }
 
 }  // namespace tandem::kernels::cpu::reference

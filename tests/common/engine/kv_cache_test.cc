@@ -18,6 +18,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+const float* Floats(const KvBlockPool& pool) { return reinterpret_cast<const float*>(pool.data()); }
+
 KvCacheConfig SmallConfig() {
   KvCacheConfig config;
   config.num_layers = 3;
@@ -70,12 +72,12 @@ TEST(KvBlockPoolTest, OverflowingSizeIsResourceExhausted) {
 TEST(KvBlockPoolTest, LayoutIsAlignedAndPoolsDoNotOverlap) {
   const KvCacheConfig config = SmallConfig();
   auto pool = MakePool(config);
-  EXPECT_EQ(pool->slot_floats(), 10u);
-  EXPECT_EQ(pool->block_floats(), 40u);
-  EXPECT_TRUE(IsAligned(pool->data()));
-  const size_t pool_floats = pool->block_floats() * config.num_blocks;
-  const float* begin = pool->data();
-  const float* end = pool->data() + pool->size_bytes() / sizeof(float);
+  EXPECT_EQ(pool->slot_values(), 10u);
+  EXPECT_EQ(pool->block_values(), 40u);
+  EXPECT_TRUE(IsAligned(Floats(*pool)));
+  const size_t pool_floats = pool->block_values() * config.num_blocks;
+  const float* begin = Floats(*pool);
+  const float* end = Floats(*pool) + pool->size_bytes() / sizeof(float);
   std::vector<std::pair<const float*, const float*>> ranges;
   for (int layer = 0; layer < config.num_layers; ++layer) {
     for (const float* p : {pool->k_pool(layer), pool->v_pool(layer)}) {
@@ -87,7 +89,7 @@ TEST(KvBlockPoolTest, LayoutIsAlignedAndPoolsDoNotOverlap) {
   }
   // K then V per layer, in layer order, disjoint.
   for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
-  EXPECT_EQ(pool->k_pool(0), pool->data());
+  EXPECT_EQ(pool->k_pool(0), Floats(*pool));
   const KvBlockPool& const_pool = *pool;
   EXPECT_EQ(const_pool.v_pool(2), pool->v_pool(2));
 }
@@ -96,7 +98,7 @@ TEST(KvBlockPoolTest, UnpaddedLayoutIsExactlyContiguous) {
   KvCacheConfig config = SmallConfig();
   config.head_dim = 8;  // block 64 floats: no padding
   auto pool = MakePool(config);
-  const size_t pool_floats = pool->block_floats() * config.num_blocks;
+  const size_t pool_floats = pool->block_values() * config.num_blocks;
   EXPECT_EQ(pool->size_bytes(), 2 * config.num_layers * pool_floats * sizeof(float));
   EXPECT_EQ(pool->v_pool(0), pool->k_pool(0) + pool_floats);
   EXPECT_EQ(pool->k_pool(1), pool->v_pool(0) + pool_floats);
@@ -106,7 +108,7 @@ TEST(KvBlockPoolTest, StartsZeroedAndWritingOneBlockTouchesNoOther) {
   const KvCacheConfig config = SmallConfig();
   auto pool = MakePool(config);
   const size_t total = pool->size_bytes() / sizeof(float);
-  for (size_t i = 0; i < total; ++i) ASSERT_EQ(pool->data()[i], 0.0f) << i;
+  for (size_t i = 0; i < total; ++i) ASSERT_EQ(Floats(*pool)[i], 0.0f) << i;
 
   BlockTable table;
   ASSERT_TRUE(table.Reserve(pool.get(), 3 * config.block_size).ok());
@@ -115,24 +117,87 @@ TEST(KvBlockPoolTest, StartsZeroedAndWritingOneBlockTouchesNoOther) {
   for (int pos = config.block_size; pos < 2 * config.block_size; ++pos) {
     float* k = table.KeySlot(*pool, 1, pos);
     float* v = table.ValueSlot(*pool, 1, pos);
-    for (size_t i = 0; i < pool->slot_floats(); ++i) {
+    for (size_t i = 0; i < pool->slot_values(); ++i) {
       k[i] = 1.0f;
       v[i] = 2.0f;
     }
   }
-  const float* k_block = pool->k_pool(1) + middle * pool->block_floats();
-  const float* v_block = pool->v_pool(1) + middle * pool->block_floats();
+  const float* k_block = pool->k_pool(1) + middle * pool->block_values();
+  const float* v_block = pool->v_pool(1) + middle * pool->block_values();
   size_t written = 0;
   for (size_t i = 0; i < total; ++i) {
-    const float* p = pool->data() + i;
-    const bool in_k = p >= k_block && p < k_block + pool->block_floats();
-    const bool in_v = p >= v_block && p < v_block + pool->block_floats();
+    const float* p = Floats(*pool) + i;
+    const bool in_k = p >= k_block && p < k_block + pool->block_values();
+    const bool in_v = p >= v_block && p < v_block + pool->block_values();
     const float expected = in_k ? 1.0f : in_v ? 2.0f : 0.0f;
     ASSERT_EQ(*p, expected) << "float " << i;
     written += in_k || in_v;
   }
-  EXPECT_EQ(written, 2 * pool->block_floats());
+  EXPECT_EQ(written, 2 * pool->block_values());
   table.ReleaseAll(pool.get());
+}
+
+// Bf16 and int8 pools: blocks of the dtype's bytes, every pool 64-byte aligned and disjoint,
+// StoreToken writes only its slot, and View reads back what was stored within the dtype's
+// rounding.
+TEST(KvBlockPoolTest, ReducedPrecisionPoolsStoreAndReadBack) {
+  for (kernels::KvDtype dtype : {kernels::KvDtype::kBf16, kernels::KvDtype::kInt8}) {
+    KvCacheConfig config = SmallConfig();
+    config.dtype = dtype;
+    auto pool = MakePool(config);
+    EXPECT_EQ(pool->dtype(), dtype);
+    EXPECT_EQ(pool->block_bytes(), kernels::KvBlockBytes(dtype, 4, 2, 5));
+    EXPECT_EQ(pool->block_bytes(), dtype == kernels::KvDtype::kBf16 ? 80u : 40u + 32u);
+    EXPECT_EQ(*KvBlockPool::BytesFor(config), pool->size_bytes());
+    EXPECT_EQ(pool->size_bytes(), 2u * 3 * KvBlockPool::PoolStrideBytes(config));
+    for (int layer = 0; layer < config.num_layers; ++layer) {
+      EXPECT_TRUE(IsAligned(pool->k_block(layer, 0)));
+      EXPECT_TRUE(IsAligned(pool->v_block(layer, 0)));
+      EXPECT_LE(pool->k_block(layer, 6) + pool->block_bytes(), pool->v_block(layer, 0));
+    }
+    const std::vector<float> k = {1, -2, 3, -4, 5, 0.5f, 0.25f, -0.125f, 8, 16};
+    const std::vector<float> v = {-1, 2, -3, 4, -5, 6, -7, 8, -9, 10};
+    pool->StoreToken(/*layer=*/1, /*block=*/3, /*offset=*/2, k.data(), v.data());
+    size_t nonzero = 0;
+    for (size_t i = 0; i < pool->size_bytes(); ++i) {
+      const std::byte* p = pool->data() + i;
+      const bool in_k = p >= pool->k_block(1, 3) && p < pool->k_block(1, 3) + pool->block_bytes();
+      const bool in_v = p >= pool->v_block(1, 3) && p < pool->v_block(1, 3) + pool->block_bytes();
+      if (*p != std::byte{0}) {
+        ASSERT_TRUE(in_k || in_v) << "byte " << i;
+        ++nonzero;
+      }
+    }
+    EXPECT_GT(nonzero, 0u);
+    const int32_t table[] = {5, 3};  // position 6 = block 3, offset 2
+    const kernels::PagedKv view = pool->View(1, table);
+    for (int head = 0; head < 2; ++head) {
+      float got_k[5], got_v[5];
+      kernels::LoadKvRow(view, false, 6, head, got_k);
+      kernels::LoadKvRow(view, true, 6, head, got_v);
+      for (int i = 0; i < 5; ++i) {
+        // Every value here is exact in bf16; int8 is within half a step of the head's max.
+        const float tolerance = dtype == kernels::KvDtype::kBf16 ? 0.0f : 16.0f / 254 * 1.0001f;
+        EXPECT_NEAR(got_k[i], k[head * 5 + i], tolerance) << head << " " << i;
+        EXPECT_NEAR(got_v[i], v[head * 5 + i],
+                    dtype == kernels::KvDtype::kBf16 ? 0.0f : 10.0f / 254)
+            << head << " " << i;
+      }
+    }
+    EXPECT_DEATH(pool->k_pool(0), "k_pool of a");
+  }
+}
+
+TEST(KvBlockPoolTest, SmallerDtypesHoldMoreBlocksInTheSameBytes) {
+  KvCacheConfig config = SmallConfig();
+  config.head_dim = 64;
+  config.block_size = 16;
+  const size_t f32 = *KvBlockPool::BytesFor(config);
+  config.dtype = kernels::KvDtype::kBf16;
+  EXPECT_EQ(*KvBlockPool::BytesFor(config) * 2, f32);
+  config.dtype = kernels::KvDtype::kInt8;
+  // 64 int8 values and a 4-byte scale per head: 68 of f32's 256 bytes.
+  EXPECT_EQ(*KvBlockPool::BytesFor(config) * 256, f32 * 68);
 }
 
 TEST(KvBlockPoolTest, AllocateRefRelease) {
@@ -283,7 +348,7 @@ TEST(BlockTableTest, MapsPositionsToSlots) {
     EXPECT_EQ(slot.block, a.blocks()[pos / 4]);
     EXPECT_EQ(slot.offset, pos % 4);
     for (int layer = 0; layer < config.num_layers; ++layer) {
-      const size_t offset = slot.block * pool->block_floats() + slot.offset * pool->slot_floats();
+      const size_t offset = slot.block * pool->block_values() + slot.offset * pool->slot_values();
       EXPECT_EQ(a.KeySlot(*pool, layer, pos), pool->k_pool(layer) + offset);
       EXPECT_EQ(a.ValueSlot(*pool, layer, pos), pool->v_pool(layer) + offset);
       const KvBlockPool& const_pool = *pool;
@@ -291,7 +356,7 @@ TEST(BlockTableTest, MapsPositionsToSlots) {
     }
   }
   // Positions 4 and 5 of sequence b are adjacent slots of its second block.
-  EXPECT_EQ(b.KeySlot(*pool, 0, 5), b.KeySlot(*pool, 0, 4) + pool->slot_floats());
+  EXPECT_EQ(b.KeySlot(*pool, 0, 5), b.KeySlot(*pool, 0, 4) + pool->slot_values());
   a.ReleaseAll(pool.get());
   b.ReleaseAll(pool.get());
   EXPECT_EQ(pool->num_free(), 7);

@@ -19,8 +19,8 @@ model::ModelConfig TinyConfig() {
 }
 
 TEST(KvGeometryTest, SameConfigIsCompatible) {
-  auto a = MakeKvGeometry(TinyConfig(), 16, tandem::v1::KV_DTYPE_F32);
-  auto b = MakeKvGeometry(TinyConfig(), 16, tandem::v1::KV_DTYPE_F32);
+  auto a = MakeKvGeometry(TinyConfig(), 16, kernels::KvDtype::kF32);
+  auto b = MakeKvGeometry(TinyConfig(), 16, kernels::KvDtype::kF32);
   EXPECT_TRUE(CheckCompatible(a, b).ok());
 }
 
@@ -28,13 +28,13 @@ TEST(KvGeometryTest, ExpertCountDoesNotMatter) {
   model::ModelConfig pruned = TinyConfig();
   pruned.num_local_experts = 4;
   pruned.intermediate_size = 128;
-  EXPECT_TRUE(CheckCompatible(MakeKvGeometry(TinyConfig(), 16, tandem::v1::KV_DTYPE_F32),
-                              MakeKvGeometry(pruned, 16, tandem::v1::KV_DTYPE_F32))
+  EXPECT_TRUE(CheckCompatible(MakeKvGeometry(TinyConfig(), 16, kernels::KvDtype::kF32),
+                              MakeKvGeometry(pruned, 16, kernels::KvDtype::kF32))
                   .ok());
 }
 
 TEST(KvGeometryTest, MismatchNamesTheField) {
-  const auto base = MakeKvGeometry(TinyConfig(), 16, tandem::v1::KV_DTYPE_F32);
+  const auto base = MakeKvGeometry(TinyConfig(), 16, kernels::KvDtype::kF32);
   auto other = base;
   other.set_block_size(32);
   absl::Status status = CheckCompatible(base, other);

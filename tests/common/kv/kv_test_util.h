@@ -12,29 +12,29 @@
 namespace tandem::kv::testing {
 
 inline std::unique_ptr<engine::KvBlockPool> Pool(int num_blocks, int num_layers = 3,
-                                                 int head_dim = 32) {
+                                                 int head_dim = 32,
+                                                 kernels::KvDtype dtype = kernels::KvDtype::kF32) {
   auto pool = engine::KvBlockPool::Create({num_layers, /*num_kv_heads=*/2, head_dim,
-                                           /*block_size=*/16, num_blocks});
+                                           /*block_size=*/16, num_blocks, dtype});
   return pool.ok() ? *std::move(pool) : nullptr;
 }
 
 inline void Randomize(engine::KvBlockPool& pool, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> uniform(-1, 1);
-  for (size_t i = 0; i < pool.size_bytes() / sizeof(float); ++i) pool.data()[i] = uniform(rng);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (size_t i = 0; i < pool.size_bytes(); ++i) pool.data()[i] = std::byte(byte(rng));
 }
 
 // FNV-1a of each listed block, for every layer, K then V.
 inline std::vector<uint64_t> BlockChecksums(const engine::KvBlockPool& pool,
                                             absl::Span<const int32_t> blocks) {
   std::vector<uint64_t> sums;
-  const size_t bytes = pool.block_floats() * sizeof(float);
+  const size_t bytes = pool.block_bytes();
   for (int layer = 0; layer < pool.config().num_layers; ++layer) {
     for (int kv = 0; kv < 2; ++kv) {
       for (int32_t b : blocks) {
-        const float* base = (kv == 0 ? pool.k_pool(layer) : pool.v_pool(layer)) +
-                            static_cast<size_t>(b) * pool.block_floats();
-        const auto* p = reinterpret_cast<const unsigned char*>(base);
+        const auto* p = reinterpret_cast<const unsigned char*>(kv == 0 ? pool.k_block(layer, b)
+                                                                       : pool.v_block(layer, b));
         uint64_t h = 1469598103934665603ull;
         for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
         sums.push_back(h);

@@ -1,0 +1,93 @@
+// The KV cache in bf16 and int8 through real processes (docs/kv-cache.md): a disaggregated
+// cluster whose prefill and decode both store `--kv_dtype` — the smaller blocks moving over UCX
+// unchanged — gives exactly the greedy tokens of colocated tandem-serve with the same dtype, and
+// reports the dtype and the pool's bytes on /metrics; a prefill and a decode configured with
+// different dtypes refuse the request, naming both dtypes, and a bad --kv_dtype stops a service
+// at start-up.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tandem/v1/gateway.pb.h"
+#include "tests/testing/cluster_client.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kTokens = 24;
+
+using testing::MetricValue;
+
+class KvDtypeClusterTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  const nlohmann::json manifest_ = testing::LoadGoldenManifest();
+};
+
+TEST_P(KvDtypeClusterTest, ClusterEqualsColocatedServingWithTheSameDtype) {
+  const std::string flag = std::string("--kv_dtype=") + GetParam();
+  const std::string model = testing::SourceDir() + "/models/tiny-moe";
+  std::vector<std::vector<int32_t>> disaggregated, colocated;
+  {
+    testing::ServiceSet set(model);
+    auto cluster = set.StartCluster({flag}, {flag, "--kv_blocks=160"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto client = testing::ConnectClient(cluster->gateway);
+    ASSERT_NE(client, nullptr);
+    disaggregated = testing::GreedyContinuations(client.get(), manifest_, kTokens);
+    EXPECT_EQ(MetricValue(cluster->decode.http_port, "tandem_kv_cache_info",
+                          std::string("dtype=\"") + GetParam() + "\""),
+              1);
+    EXPECT_GT(MetricValue(cluster->decode.http_port, "tandem_kv_cache_bytes", ""), 0);
+  }
+  {
+    testing::ServiceSet set(model);
+    auto serve = set.Start("tandem-serve", {flag});
+    ASSERT_TRUE(serve.ok()) << serve.status();
+    auto client = testing::ConnectClient(*serve);
+    ASSERT_NE(client, nullptr);
+    colocated = testing::GreedyContinuations(client.get(), manifest_, kTokens);
+  }
+  ASSERT_EQ(disaggregated.size(), colocated.size());
+  for (size_t k = 0; k < colocated.size(); ++k) {
+    ASSERT_EQ(colocated[k].size(), static_cast<size_t>(kTokens)) << "prompt " << k;
+    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, KvDtypeClusterTest, ::testing::Values("bf16", "int8"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(KvDtypeMismatchTest, PrefillAndDecodeOfDifferentDtypesRefuseTheRequest) {
+  testing::ServiceSet set(testing::SourceDir() + "/models/tiny-moe");
+  auto cluster = set.StartCluster({"--kv_dtype=bf16"}, {"--kv_dtype=f32"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = testing::ConnectClient(cluster->gateway);
+  ASSERT_NE(client, nullptr);
+  v1::GenerateRequest request;
+  request.set_prompt("Once upon a time");
+  request.mutable_sampling()->set_max_tokens(4);
+  auto response = client->Generate(request);
+  // The gateway finds no prefill instance that can serve the decode instance it chose.
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kUnavailable) << response.status();
+  EXPECT_NE(response.status().message().find("KV geometry mismatch in dtype"), std::string::npos)
+      << response.status();
+  EXPECT_NE(response.status().message().find("KV_DTYPE_F32"), std::string::npos)
+      << response.status();
+  EXPECT_NE(response.status().message().find("KV_DTYPE_BF16"), std::string::npos)
+      << response.status();
+}
+
+TEST(KvDtypeMismatchTest, AnUnknownDtypeStopsTheServiceNamingTheFlag) {
+  testing::ServiceSet set(testing::SourceDir() + "/models/tiny-moe");
+  auto decode = set.Start("tandem-decode", {"--kv_dtype=fp8"});
+  EXPECT_FALSE(decode.ok());
+  const std::string log = set.Log("tandem-decode");
+  EXPECT_NE(log.find("--kv_dtype"), std::string::npos) << log;
+  EXPECT_NE(log.find("fp8"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace tandem
