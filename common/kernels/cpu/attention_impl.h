@@ -1,8 +1,8 @@
 // Decode and prefill attention over a paged KV cache in any KvDtype, written once over a small
 // vector interface `S` and compiled for each instruction set: kernels_avx2.cc and
 // kernels_avx512.cc include this file inside their target region and anonymous namespace, after
-// defining S (S::Vec, S::kLanes, Zero, Load, Store, Set1, Mul, Fma, ReduceAdd, Exp and
-// ConvertRow<dtype>).
+// defining S (S::Vec, S::kLanes, Zero, Load, Store, Set1, Mul, Sub, Fma, ReduceAdd,
+// ReduceLanes, Exp and ConvertRow<dtype>).
 //
 // The context is walked once, in tiles of kAttentionTile positions (flash attention's online
 // softmax): each tile's keys and values are converted to float32 once (int8 scales folded in),
@@ -16,6 +16,8 @@
 #pragma once
 
 constexpr int kAttentionTile = 32;
+// Chunks of a head's row kept in registers while values accumulate (AttendTiles).
+constexpr int kMaxRegisterChunks = 8;
 
 template <class S, KvDtype D>
 void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_begin,
@@ -33,7 +35,7 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
 
   thread_local std::vector<float> scratch;
   const size_t need = static_cast<size_t>(padded) * (2 * group + 2 * kAttentionTile) +
-                      static_cast<size_t>(group) * (kAttentionTile + 2) + L;
+                      static_cast<size_t>(group) * (kAttentionTile + 3) + L;
   if (scratch.size() < need) scratch.resize(need);
   float* qs = scratch.data();                                         // (group, padded), scaled
   float* acc = qs + static_cast<size_t>(group) * padded;              // (group, padded)
@@ -42,6 +44,7 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
   float* scores = vt + static_cast<size_t>(kAttentionTile) * padded;  // (group, tile)
   float* running_max = scores + static_cast<size_t>(group) * kAttentionTile;
   float* running_sum = running_max + group;
+  float* alphas = running_sum + group;  // each head's rescaling of this tile
 
   for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
     float* o = out + static_cast<size_t>(kv_head) * group * hd;
@@ -62,8 +65,34 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
     }
     int block_index = context_begin / kv.block_size;
     int offset = context_begin % kv.block_size;
+    // The next tile's rows are prefetched while this one computes: a KV head's rows lie
+    // num_kv_heads rows apart and in blocks scattered over the pool, a pattern the hardware
+    // prefetchers do not follow, so without this every row waits for memory.
+    int ahead_block = block_index, ahead_offset = offset;
+    const auto prefetch = [&](int count) {
+      for (int j = 0; j < count; ++j) {
+        const size_t block = static_cast<size_t>(kv.block_table[ahead_block]) * kv.block_bytes;
+        const size_t first = (ahead_offset * row + static_cast<size_t>(kv_head) * hd) * kValueBytes;
+        for (size_t line = 0; line < hd * kValueBytes; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(kv.k + block + first + line), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(kv.v + block + first + line), _MM_HINT_T0);
+        }
+        if constexpr (D == KvDtype::kInt8) {
+          const size_t at =
+              scales_offset + (static_cast<size_t>(ahead_offset) * kv.num_kv_heads + kv_head) * 4;
+          _mm_prefetch(reinterpret_cast<const char*>(kv.k + block + at), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(kv.v + block + at), _MM_HINT_T0);
+        }
+        if (++ahead_offset == kv.block_size) {
+          ahead_offset = 0;
+          ++ahead_block;
+        }
+      }
+    };
+    prefetch(std::min(kAttentionTile, context_end - context_begin));
     for (int t0 = context_begin; t0 < context_end; t0 += kAttentionTile) {
       const int n = std::min(kAttentionTile, context_end - t0);
+      prefetch(std::clamp(context_end - t0 - kAttentionTile, 0, kAttentionTile));
       for (int j = 0; j < n; ++j) {
         const size_t block = static_cast<size_t>(kv.block_table[block_index]) * kv.block_bytes;
         const size_t first = (offset * row + static_cast<size_t>(kv_head) * hd) * kValueBytes;
@@ -87,17 +116,28 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
       for (int g = 0; g < group; ++g) {
         const float* qg = qs + static_cast<size_t>(g) * padded;
         float* s = scores + static_cast<size_t>(g) * kAttentionTile;
-        float tile_max = -INFINITY;
-        for (int j = 0; j < n; ++j) {
-          const float* kj = kt + static_cast<size_t>(j) * padded;
-          Vec a = S::Zero();
-          for (int c = 0; c < padded; c += L) a = S::Fma(S::Load(qg + c), S::Load(kj + c), a);
-          s[j] = S::ReduceAdd(a);
-          tile_max = std::max(tile_max, s[j]);
+        // L positions at a time: L partial sums, then one transposing reduction gives their L
+        // scores in one vector (rows past n hold stale values; their scores are overwritten).
+        for (int j0 = 0; j0 < n; j0 += L) {
+          Vec a[L];
+          for (int j = 0; j < L; ++j) a[j] = S::Zero();
+          for (int c = 0; c < padded; c += L) {
+            const Vec qc = S::Load(qg + c);
+            for (int j = 0; j < L; ++j) {
+              a[j] = S::Fma(qc, S::Load(kt + static_cast<size_t>(j0 + j) * padded + c), a[j]);
+            }
+          }
+          S::Store(s + j0, S::ReduceLanes(a));
         }
+        float tile_max = -INFINITY;
+        for (int j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
         const float new_max = std::max(running_max[g], tile_max);
-        if (new_max == -INFINITY) continue;  // every score so far -inf: nothing to add
-        const float alpha = std::exp(running_max[g] - new_max);
+        if (new_max == -INFINITY) {  // every score so far -inf: nothing to add
+          std::fill(s, s + kAttentionTile, 0.0f);
+          alphas[g] = 1;
+          continue;
+        }
+        alphas[g] = std::exp(running_max[g] - new_max);
         std::fill(s + n, s + kAttentionTile, -INFINITY);
         float tile_sum = 0;
         for (int j = 0; j < kAttentionTile; j += L) {
@@ -105,15 +145,50 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
           S::Store(s + j, p);
           tile_sum += S::ReduceAdd(p);
         }
-        running_sum[g] = running_sum[g] * alpha + tile_sum;
+        running_sum[g] = running_sum[g] * alphas[g] + tile_sum;
         running_max[g] = new_max;
-        float* ag = acc + static_cast<size_t>(g) * padded;
-        for (int c = 0; c < padded; c += L) {
-          Vec a = S::Mul(S::Load(ag + c), S::Set1(alpha));
-          for (int j = 0; j < n; ++j) {
-            a = S::Fma(S::Set1(s[j]), S::Load(vt + static_cast<size_t>(j) * padded + c), a);
+      }
+      // acc = acc * alpha + p @ V, two query heads at a time over every chunk of the row, so
+      // that 2 * chunks independent accumulators hide the multiply-add latency and each value
+      // row is loaded once for both heads.
+      const int chunks = padded / L;
+      for (int g = 0; g < group; g += 2) {
+        const bool pair = g + 1 < group;
+        float* a0p = acc + static_cast<size_t>(g) * padded;
+        float* a1p = pair ? a0p + padded : a0p;
+        const float* p0 = scores + static_cast<size_t>(g) * kAttentionTile;
+        const float* p1 = pair ? p0 + kAttentionTile : p0;
+        if (chunks <= kMaxRegisterChunks) {
+          Vec a0[kMaxRegisterChunks], a1[kMaxRegisterChunks];
+          for (int c = 0; c < chunks; ++c) {
+            a0[c] = S::Mul(S::Load(a0p + c * L), S::Set1(alphas[g]));
+            a1[c] = S::Mul(S::Load(a1p + c * L), S::Set1(pair ? alphas[g + 1] : 1.0f));
           }
-          S::Store(ag + c, a);
+          for (int j = 0; j < n; ++j) {
+            const Vec w0 = S::Set1(p0[j]), w1 = S::Set1(p1[j]);
+            const float* vj = vt + static_cast<size_t>(j) * padded;
+            for (int c = 0; c < chunks; ++c) {
+              const Vec v = S::Load(vj + c * L);
+              a0[c] = S::Fma(w0, v, a0[c]);
+              a1[c] = S::Fma(w1, v, a1[c]);
+            }
+          }
+          for (int c = 0; c < chunks; ++c) {
+            S::Store(a0p + c * L, a0[c]);
+            if (pair) S::Store(a1p + c * L, a1[c]);
+          }
+        } else {  // wide heads: one chunk at a time
+          for (int h = 0; h < (pair ? 2 : 1); ++h) {
+            float* ag = h == 0 ? a0p : a1p;
+            const float* pg = h == 0 ? p0 : p1;
+            for (int c = 0; c < padded; c += L) {
+              Vec a = S::Mul(S::Load(ag + c), S::Set1(alphas[g + h]));
+              for (int j = 0; j < n; ++j) {
+                a = S::Fma(S::Set1(pg[j]), S::Load(vt + static_cast<size_t>(j) * padded + c), a);
+              }
+              S::Store(ag + c, a);
+            }
+          }
         }
       }
     }

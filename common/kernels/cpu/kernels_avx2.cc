@@ -195,6 +195,15 @@ struct Simd256 {
   static Vec Sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
   static Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
   static float ReduceAdd(Vec v) { return HorizontalSum(v); }
+  // Lane j of the result = the sum of v[j]'s 8 lanes: horizontal adds within 128-bit halves,
+  // then the halves added across.
+  static Vec ReduceLanes(const Vec* v) {
+    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+  }
   static Vec Exp(Vec v) { return internal::Exp(v); }
   // out (padded,) = the n stored values at `row` times `scale`, then zeros.
   template <KvDtype D>

@@ -181,6 +181,27 @@ struct Simd512 {
   static Vec Sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
   static Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   static float ReduceAdd(Vec v) { return _mm512_reduce_add_ps(v); }
+  // Lane j of the result = the sum of v[j]'s 16 lanes: pairs of vectors interleaved and added
+  // (within 128-bit blocks), then the 128-bit blocks transposed and added.
+  static Vec ReduceLanes(const Vec* v) {
+    __m512 quads[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512* x = v + 4 * k;
+      const __m512 t0 =
+          _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+      const __m512 t1 =
+          _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+      const __m512d a = _mm512_castps_pd(t0), b = _mm512_castps_pd(t1);
+      // Per 128-bit block L: the block-L sums of x[0], x[1], x[2], x[3].
+      quads[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                               _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                                    _mm512_shuffle_f32x4(quads[0], quads[1], 0xdd));
+    const __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
+                                    _mm512_shuffle_f32x4(quads[2], quads[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, 0x88), _mm512_shuffle_f32x4(y0, y1, 0xdd));
+  }
   static Vec Exp(Vec v) { return internal::Exp(v); }
   // out (padded,) = the n stored values at `row` times `scale`, then zeros.
   template <KvDtype D>
