@@ -294,59 +294,54 @@ void ForwardPass::Attention(int l, absl::Span<const StepInput> batch) {
                       Row(k_, t, kv_dim), Row(v_, t, kv_dim));
   }
   // Every token's K/V is in the cache before any query reads it (causal within a chunk). Work
-  // items are (token, KV head, part of its context): a context splits into parts only when
-  // there are fewer (token, KV head) pairs than twice the threads, each part at least
-  // kMinAttentionPart positions, so that a long context at a small batch still spreads over
-  // every thread (flash-decoding); parts merge by their log-sum-exps. Items spread over the
-  // kernel threads in shares of at least kMinAttentionWork multiply-adds.
+  // items are (token, part of its context), every KV head at once so that each slot is read in
+  // order: a context splits into parts only when there are fewer tokens than twice the threads,
+  // each part at least kMinAttentionPart positions, so that a long context at a small batch
+  // still spreads over every thread (flash-decoding); parts merge by their log-sum-exps. Items
+  // spread over the kernel threads in shares of at least kMinAttentionWork multiply-adds.
   const auto attention_start = std::chrono::steady_clock::now();
   const int threads = k::DefaultThreadPool().num_threads();
-  const int group = heads / kv_heads;
   // Bytes one position of one KV head occupies in K (or V): values, and int8's scale.
   const int64_t kv_position_bytes =
       static_cast<int64_t>(kernels::KvBlockBytes(pool_->dtype(), 1, 1, head_dim));
-  const int64_t pairs = int64_t{T} * kv_heads;
   attention_parts_.resize(T + 1);
-  int64_t attention_work = 0;  // multiply-adds of the layer's attention
-  int64_t split_slots = 0;     // (token, KV head, part) outputs kept apart for merging
   attention_parts_[0] = 0;
+  int64_t attention_work = 0;  // multiply-adds of the layer's attention
+  bool split = false;
   for (int t = 0; t < T; ++t) {
     const int context = refs_[t].position + 1;
     int parts = 1;
-    if (pairs < 2 * threads) {
-      parts =
-          static_cast<int>(std::min<int64_t>((context + kMinAttentionPart - 1) / kMinAttentionPart,
-                                             (2 * threads + pairs - 1) / pairs));
+    if (T < 2 * threads) {
+      parts = static_cast<int>(std::min<int64_t>(
+          (context + kMinAttentionPart - 1) / kMinAttentionPart, (2 * threads + T - 1) / T));
     }
     attention_parts_[t + 1] = attention_parts_[t] + parts;
-    if (parts > 1) split_slots += int64_t{parts} * kv_heads;
+    split = split || parts > 1;
     attention_work += int64_t{2} * context * q_dim;
     stats_.kv_bytes += int64_t{2} * context * kv_heads * kv_position_bytes;
   }
-  const int64_t items = attention_parts_[T] * kv_heads;
-  part_out_.resize(static_cast<size_t>(split_slots == 0 ? 0 : items) * group * head_dim);
-  part_lse_.resize(static_cast<size_t>(split_slots == 0 ? 0 : items) * group);
+  const int64_t items = attention_parts_[T];
+  part_out_.resize(split ? static_cast<size_t>(items) * q_dim : 0);
+  part_lse_.resize(split ? static_cast<size_t>(items) * heads : 0);
   const int64_t grain =
       std::max<int64_t>(1, kMinAttentionWork * items / std::max<int64_t>(1, attention_work));
   k::DefaultThreadPool().ParallelFor(items, grain, [&](int64_t begin, int64_t end) {
     int t = 0;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t slot = item / kv_heads;  // (token, part), in token order
-      const int kv_head = static_cast<int>(item % kv_heads);
-      while (attention_parts_[t + 1] <= slot) ++t;
+    for (int64_t item = begin; item < end; ++item) {  // item = (token, part), in token order
+      while (attention_parts_[t + 1] <= item) ++t;
       const int parts = static_cast<int>(attention_parts_[t + 1] - attention_parts_[t]);
-      const int part = static_cast<int>(slot - attention_parts_[t]);
+      const int part = static_cast<int>(item - attention_parts_[t]);
       const TokenRef& r = refs_[t];
       const int context = r.position + 1;
       const kernels::PagedKv kv = pool_->View(l, batch[r.seq].block_table->blocks().data());
       if (parts == 1) {
-        ops_->paged_attention(Row(q_, t, q_dim), heads, kv, 0, context, scale, kv_head, kv_head + 1,
+        ops_->paged_attention(Row(q_, t, q_dim), heads, kv, 0, context, scale, 0, kv_heads,
                               Row(attn_, t, q_dim), nullptr);
-      } else {  // this part's output and log-sum-exp, in the slots of its (token, part)
-        ops_->paged_attention(
-            Row(q_, t, q_dim), heads, kv, static_cast<int>(int64_t{context} * part / parts),
-            static_cast<int>(int64_t{context} * (part + 1) / parts), scale, kv_head, kv_head + 1,
-            Row(part_out_, slot, q_dim), Row(part_lse_, slot, heads));
+      } else {  // this part's output and log-sum-exp, in the rows of its item
+        ops_->paged_attention(Row(q_, t, q_dim), heads, kv,
+                              static_cast<int>(int64_t{context} * part / parts),
+                              static_cast<int>(int64_t{context} * (part + 1) / parts), scale, 0,
+                              kv_heads, Row(part_out_, item, q_dim), Row(part_lse_, item, heads));
       }
     }
   });
@@ -354,9 +349,9 @@ void ForwardPass::Attention(int l, absl::Span<const StepInput> batch) {
     const int64_t first = attention_parts_[t];
     const int parts = static_cast<int>(attention_parts_[t + 1] - first);
     if (parts == 1) continue;
+    merge_out_.resize(parts);
+    merge_lse_.resize(parts);
     for (int h = 0; h < heads; ++h) {
-      merge_out_.resize(parts);
-      merge_lse_.resize(parts);
       for (int p = 0; p < parts; ++p) {
         merge_out_[p] = Row(part_out_, first + p, q_dim) + h * head_dim;
         merge_lse_[p] = part_lse_[(first + p) * heads + h];

@@ -242,7 +242,7 @@ class ForwardPass {
   std::vector<std::vector<Routed>> routed_;  // (experts) x routed pairs of the current layer
   std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, proj_, router_logits_, moe_;
   // Attention split along contexts: (T + 1) prefix sums of each token's parts, and the parts'
-  // outputs (part slot, heads, head_dim) and log-sum-exps (part slot, heads).
+  // outputs (item, heads, head_dim) and log-sum-exps (item, heads).
   std::vector<int64_t> attention_parts_;
   std::vector<float> part_out_, part_lse_;
   std::vector<const float*> merge_out_;

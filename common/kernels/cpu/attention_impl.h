@@ -5,14 +5,15 @@
 // ReduceLanes, Exp and ConvertRow<dtype>).
 //
 // The context is walked once, in tiles of kAttentionTile positions (flash attention's online
-// softmax): each tile's keys and values are converted to float32 once (int8 scales folded in),
-// every query head sharing the KV head scores the tile, and the running output is rescaled by
-// exp(old max - new max) before the tile's values are added. Nothing the size of the context is
-// held, so a 32k-token context costs no more scratch than a 32-token one; the range
-// [context_begin, context_end) and the log-sum-exp output let a caller split a long context over
-// threads and merge the parts (flash-decoding).
-// Not a standalone header: the includer has already included <algorithm>, <cmath>, <cstring>,
-// <vector> and common/kernels/kv_format.h (this file is read inside its namespace).
+// softmax), every KV head of the range within each tile, so that memory is read in order (a
+// position's KV heads are adjacent): each tile's keys and values are converted to float32 once
+// (int8 scales folded in), every query head sharing a KV head scores the tile, and its running
+// output is rescaled by exp(old max - new max) before the tile's values are added. Nothing the size
+// of the context is held, so a 32k-token context costs no more scratch than a 32-token one; the
+// range [context_begin, context_end) and the log-sum-exp output let a caller split a long context
+// over threads and merge the parts (flash-decoding). Not a standalone header: the includer has
+// already included <algorithm>, <cmath>, <cstring>, <vector> and common/kernels/kv_format.h (this
+// file is read inside its namespace).
 #pragma once
 
 constexpr int kAttentionTile = 32;
@@ -29,92 +30,116 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
   const int hd = kv.head_dim;
   const int group = num_heads / kv.num_kv_heads;
   const int padded = (hd + L - 1) / L * L;
-  const size_t row = static_cast<size_t>(kv.num_kv_heads) * hd;
+  const int first_head = kv_head_begin * group;
+  const int heads = (kv_head_end - kv_head_begin) * group;  // query heads in the range
+  const size_t row_bytes = static_cast<size_t>(kv.num_kv_heads) * hd * kValueBytes;
   const size_t scales_offset =
       D == KvDtype::kInt8 ? Int8ScalesOffset(kv.block_size, kv.num_kv_heads, hd) : 0;
+  float* o = out + static_cast<size_t>(first_head) * hd;
+  if (context_begin >= context_end) {
+    std::fill(o, o + static_cast<size_t>(heads) * hd, 0.0f);
+    if (lse != nullptr) std::fill(lse + first_head, lse + first_head + heads, -INFINITY);
+    return;
+  }
 
   thread_local std::vector<float> scratch;
-  const size_t need = static_cast<size_t>(padded) * (2 * group + 2 * kAttentionTile) +
-                      static_cast<size_t>(group) * (kAttentionTile + 3) + L;
+  const size_t need = static_cast<size_t>(padded) * (2 * heads + 2 * kAttentionTile) +
+                      static_cast<size_t>(group) * kAttentionTile + 3 * heads + L;
   if (scratch.size() < need) scratch.resize(need);
-  float* qs = scratch.data();                                         // (group, padded), scaled
-  float* acc = qs + static_cast<size_t>(group) * padded;              // (group, padded)
-  float* kt = acc + static_cast<size_t>(group) * padded;              // (tile, padded)
+  float* qs = scratch.data();                                         // (heads, padded), scaled
+  float* acc = qs + static_cast<size_t>(heads) * padded;              // (heads, padded)
+  float* kt = acc + static_cast<size_t>(heads) * padded;              // (tile, padded)
   float* vt = kt + static_cast<size_t>(kAttentionTile) * padded;      // (tile, padded)
   float* scores = vt + static_cast<size_t>(kAttentionTile) * padded;  // (group, tile)
-  float* running_max = scores + static_cast<size_t>(group) * kAttentionTile;
-  float* running_sum = running_max + group;
-  float* alphas = running_sum + group;  // each head's rescaling of this tile
+  float* running_max = scores + static_cast<size_t>(group) * kAttentionTile;  // (heads,)
+  float* running_sum = running_max + heads;                                   // (heads,)
+  float* alphas = running_sum + heads;  // (heads,): each head's rescaling of this tile
 
-  for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
-    float* o = out + static_cast<size_t>(kv_head) * group * hd;
-    if (context_begin >= context_end) {
-      std::fill(o, o + static_cast<size_t>(group) * hd, 0.0f);
-      if (lse != nullptr) std::fill(lse + kv_head * group, lse + (kv_head + 1) * group, -INFINITY);
-      continue;
+  for (int h = 0; h < heads; ++h) {
+    const float* qh = q + static_cast<size_t>(first_head + h) * hd;
+    float* qh_scaled = qs + static_cast<size_t>(h) * padded;
+    for (int i = 0; i < hd; ++i) qh_scaled[i] = qh[i] * scale;
+    std::fill(qh_scaled + hd, qh_scaled + padded, 0.0f);
+    std::fill(acc + static_cast<size_t>(h) * padded, acc + static_cast<size_t>(h + 1) * padded,
+              0.0f);
+    running_max[h] = -INFINITY;
+    running_sum[h] = 0;
+  }
+  // Each tile position's key and value row as float32: converted into kt / vt, or (float32
+  // pools) in the pool itself. Rows past a short tile's end keep pointing at scratch.
+  const float* krow[kAttentionTile];
+  const float* vrow[kAttentionTile];
+  for (int j = 0; j < kAttentionTile; ++j) {
+    krow[j] = kt + static_cast<size_t>(j) * padded;
+    vrow[j] = vt + static_cast<size_t>(j) * padded;
+  }
+  // Where each tile position's slot starts in a pool (bytes), and its offset in its block.
+  size_t slot_at[kAttentionTile];
+  size_t slot_next[kAttentionTile];
+  int slot_offset[kAttentionTile];
+  int block_index = context_begin / kv.block_size;
+  int offset = context_begin % kv.block_size;
+  // The next tile's slots (every KV head of the range: contiguous within a block) are
+  // prefetched while this one computes.
+
+  for (int t0 = context_begin; t0 < context_end; t0 += kAttentionTile) {
+    const int n = std::min(kAttentionTile, context_end - t0);
+    for (int j = 0; j < n; ++j) {
+      slot_at[j] =
+          static_cast<size_t>(kv.block_table[block_index]) * kv.block_bytes + offset * row_bytes;
+      slot_offset[j] = offset;
+      if (++offset == kv.block_size) {
+        offset = 0;
+        ++block_index;
+      }
     }
-    for (int g = 0; g < group; ++g) {
-      const float* qh = q + static_cast<size_t>(kv_head * group + g) * hd;
-      float* qg = qs + static_cast<size_t>(g) * padded;
-      for (int i = 0; i < hd; ++i) qg[i] = qh[i] * scale;
-      std::fill(qg + hd, qg + padded, 0.0f);
-      std::fill(acc + static_cast<size_t>(g) * padded, acc + static_cast<size_t>(g + 1) * padded,
-                0.0f);
-      running_max[g] = -INFINITY;
-      running_sum[g] = 0;
-    }
-    int block_index = context_begin / kv.block_size;
-    int offset = context_begin % kv.block_size;
-    // The next tile's rows are prefetched while this one computes: a KV head's rows lie
-    // num_kv_heads rows apart and in blocks scattered over the pool, a pattern the hardware
-    // prefetchers do not follow, so without this every row waits for memory.
-    int ahead_block = block_index, ahead_offset = offset;
-    const auto prefetch = [&](int count) {
-      for (int j = 0; j < count; ++j) {
-        const size_t block = static_cast<size_t>(kv.block_table[ahead_block]) * kv.block_bytes;
-        const size_t first = (ahead_offset * row + static_cast<size_t>(kv_head) * hd) * kValueBytes;
-        for (size_t line = 0; line < hd * kValueBytes; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kv.k + block + first + line), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(kv.v + block + first + line), _MM_HINT_T0);
-        }
-        if constexpr (D == KvDtype::kInt8) {
-          const size_t at =
-              scales_offset + (static_cast<size_t>(ahead_offset) * kv.num_kv_heads + kv_head) * 4;
-          _mm_prefetch(reinterpret_cast<const char*>(kv.k + block + at), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(kv.v + block + at), _MM_HINT_T0);
-        }
-        if (++ahead_offset == kv.block_size) {
-          ahead_offset = 0;
-          ++ahead_block;
+    // The next tile's slots, whose rows each KV head below prefetches as it goes: a tile
+    // ahead, spread over the work rather than in one burst the memory system would queue.
+    const int n_next = std::clamp(context_end - t0 - kAttentionTile, 0, kAttentionTile);
+    {
+      int b = block_index, o = offset;
+      for (int j = 0; j < n_next; ++j) {
+        slot_next[j] = static_cast<size_t>(kv.block_table[b]) * kv.block_bytes + o * row_bytes;
+        if (++o == kv.block_size) {
+          o = 0;
+          ++b;
         }
       }
-    };
-    prefetch(std::min(kAttentionTile, context_end - context_begin));
-    for (int t0 = context_begin; t0 < context_end; t0 += kAttentionTile) {
-      const int n = std::min(kAttentionTile, context_end - t0);
-      prefetch(std::clamp(context_end - t0 - kAttentionTile, 0, kAttentionTile));
+    }
+    for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
+      const int h0 = (kv_head - kv_head_begin) * group;  // this KV head's first query head
+      const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
+      for (int j = 0; j < n_next; ++j) {
+        for (size_t line = 0; line < hd * kValueBytes; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(kv.k + slot_next[j] + within + line),
+                       _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(kv.v + slot_next[j] + within + line),
+                       _MM_HINT_T1);
+        }
+      }
       for (int j = 0; j < n; ++j) {
-        const size_t block = static_cast<size_t>(kv.block_table[block_index]) * kv.block_bytes;
-        const size_t first = (offset * row + static_cast<size_t>(kv_head) * hd) * kValueBytes;
+        const size_t at = slot_at[j] + within;
+        if (D == KvDtype::kF32 && hd == padded) {  // float32 rows are read where they lie
+          krow[j] = reinterpret_cast<const float*>(kv.k + at);
+          vrow[j] = reinterpret_cast<const float*>(kv.v + at);
+          continue;
+        }
         float k_scale = 1, v_scale = 1;
         if constexpr (D == KvDtype::kInt8) {
-          const size_t at =
-              scales_offset +
-              (static_cast<size_t>(offset) * kv.num_kv_heads + kv_head) * sizeof(float);
-          std::memcpy(&k_scale, kv.k + block + at, sizeof(float));
-          std::memcpy(&v_scale, kv.v + block + at, sizeof(float));
+          const size_t block_start = slot_at[j] - slot_offset[j] * row_bytes;
+          const size_t scale_at =
+              block_start + scales_offset +
+              (static_cast<size_t>(slot_offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
+          std::memcpy(&k_scale, kv.k + scale_at, sizeof(float));
+          std::memcpy(&v_scale, kv.v + scale_at, sizeof(float));
         }
-        S::template ConvertRow<D>(kv.k + block + first, k_scale, hd, padded,
+        S::template ConvertRow<D>(kv.k + at, k_scale, hd, padded,
                                   kt + static_cast<size_t>(j) * padded);
-        S::template ConvertRow<D>(kv.v + block + first, v_scale, hd, padded,
+        S::template ConvertRow<D>(kv.v + at, v_scale, hd, padded,
                                   vt + static_cast<size_t>(j) * padded);
-        if (++offset == kv.block_size) {
-          offset = 0;
-          ++block_index;
-        }
       }
       for (int g = 0; g < group; ++g) {
-        const float* qg = qs + static_cast<size_t>(g) * padded;
+        const float* qg = qs + static_cast<size_t>(h0 + g) * padded;
         float* s = scores + static_cast<size_t>(g) * kAttentionTile;
         // L positions at a time: L partial sums, then one transposing reduction gives their L
         // scores in one vector (rows past n hold stale values; their scores are overwritten).
@@ -123,21 +148,20 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
           for (int j = 0; j < L; ++j) a[j] = S::Zero();
           for (int c = 0; c < padded; c += L) {
             const Vec qc = S::Load(qg + c);
-            for (int j = 0; j < L; ++j) {
-              a[j] = S::Fma(qc, S::Load(kt + static_cast<size_t>(j0 + j) * padded + c), a[j]);
-            }
+            for (int j = 0; j < L; ++j) a[j] = S::Fma(qc, S::Load(krow[j0 + j] + c), a[j]);
           }
           S::Store(s + j0, S::ReduceLanes(a));
         }
         float tile_max = -INFINITY;
         for (int j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
-        const float new_max = std::max(running_max[g], tile_max);
+        const int h = h0 + g;
+        const float new_max = std::max(running_max[h], tile_max);
         if (new_max == -INFINITY) {  // every score so far -inf: nothing to add
           std::fill(s, s + kAttentionTile, 0.0f);
-          alphas[g] = 1;
+          alphas[h] = 1;
           continue;
         }
-        alphas[g] = std::exp(running_max[g] - new_max);
+        alphas[h] = std::exp(running_max[h] - new_max);
         std::fill(s + n, s + kAttentionTile, -INFINITY);
         float tile_sum = 0;
         for (int j = 0; j < kAttentionTile; j += L) {
@@ -145,8 +169,8 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
           S::Store(s + j, p);
           tile_sum += S::ReduceAdd(p);
         }
-        running_sum[g] = running_sum[g] * alphas[g] + tile_sum;
-        running_max[g] = new_max;
+        running_sum[h] = running_sum[h] * alphas[h] + tile_sum;
+        running_max[h] = new_max;
       }
       // acc = acc * alpha + p @ V, two query heads at a time over every chunk of the row, so
       // that 2 * chunks independent accumulators hide the multiply-add latency and each value
@@ -154,19 +178,20 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
       const int chunks = padded / L;
       for (int g = 0; g < group; g += 2) {
         const bool pair = g + 1 < group;
-        float* a0p = acc + static_cast<size_t>(g) * padded;
+        const int h = h0 + g;
+        float* a0p = acc + static_cast<size_t>(h) * padded;
         float* a1p = pair ? a0p + padded : a0p;
         const float* p0 = scores + static_cast<size_t>(g) * kAttentionTile;
         const float* p1 = pair ? p0 + kAttentionTile : p0;
         if (chunks <= kMaxRegisterChunks) {
           Vec a0[kMaxRegisterChunks], a1[kMaxRegisterChunks];
           for (int c = 0; c < chunks; ++c) {
-            a0[c] = S::Mul(S::Load(a0p + c * L), S::Set1(alphas[g]));
-            a1[c] = S::Mul(S::Load(a1p + c * L), S::Set1(pair ? alphas[g + 1] : 1.0f));
+            a0[c] = S::Mul(S::Load(a0p + c * L), S::Set1(alphas[h]));
+            a1[c] = S::Mul(S::Load(a1p + c * L), S::Set1(pair ? alphas[h + 1] : 1.0f));
           }
           for (int j = 0; j < n; ++j) {
             const Vec w0 = S::Set1(p0[j]), w1 = S::Set1(p1[j]);
-            const float* vj = vt + static_cast<size_t>(j) * padded;
+            const float* vj = vrow[j];
             for (int c = 0; c < chunks; ++c) {
               const Vec v = S::Load(vj + c * L);
               a0[c] = S::Fma(w0, v, a0[c]);
@@ -178,26 +203,24 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
             if (pair) S::Store(a1p + c * L, a1[c]);
           }
         } else {  // wide heads: one chunk at a time
-          for (int h = 0; h < (pair ? 2 : 1); ++h) {
-            float* ag = h == 0 ? a0p : a1p;
-            const float* pg = h == 0 ? p0 : p1;
+          for (int k = 0; k < (pair ? 2 : 1); ++k) {
+            float* ag = k == 0 ? a0p : a1p;
+            const float* pg = k == 0 ? p0 : p1;
             for (int c = 0; c < padded; c += L) {
-              Vec a = S::Mul(S::Load(ag + c), S::Set1(alphas[g + h]));
-              for (int j = 0; j < n; ++j) {
-                a = S::Fma(S::Set1(pg[j]), S::Load(vt + static_cast<size_t>(j) * padded + c), a);
-              }
+              Vec a = S::Mul(S::Load(ag + c), S::Set1(alphas[h + k]));
+              for (int j = 0; j < n; ++j) a = S::Fma(S::Set1(pg[j]), S::Load(vrow[j] + c), a);
               S::Store(ag + c, a);
             }
           }
         }
       }
     }
-    for (int g = 0; g < group; ++g) {
-      const float* ag = acc + static_cast<size_t>(g) * padded;
-      const float inverse = 1.0f / running_sum[g];
-      for (int i = 0; i < hd; ++i) o[static_cast<size_t>(g) * hd + i] = ag[i] * inverse;
-      if (lse != nullptr) lse[kv_head * group + g] = running_max[g] + std::log(running_sum[g]);
-    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    const float* ah = acc + static_cast<size_t>(h) * padded;
+    const float inverse = 1.0f / running_sum[h];
+    for (int i = 0; i < hd; ++i) o[static_cast<size_t>(h) * hd + i] = ah[i] * inverse;
+    if (lse != nullptr) lse[first_head + h] = running_max[h] + std::log(running_sum[h]);
   }
 }
 

@@ -101,6 +101,11 @@ Backend WithLinear(const Backend& elementwise, const char* name, ActivationRound
   return backend;
 }
 
+Backend WithAttention(Backend backend, internal::PagedAttentionFn attention) {
+  backend.paged_attention = attention;
+  return backend;
+}
+
 // AMX-TILE, AMX-BF16 and AMX-INT8 by CPUID (leaf 7: EDX bits 24, 22, 25), the OS saving tile
 // state (XCR0 bits 17 and 18), and Linux granting this process the tile data: without that
 // permission the first tile instruction raises SIGILL.
@@ -155,11 +160,14 @@ const std::vector<Level>& Levels() {
         {WithLinear(kAvx512Elementwise, "avx512vnni", ActivationRounding::kInt8, kAvx512VnniLinear,
                     kAvx512Linear),
          vnni},
-        {WithLinear(kAvx512Elementwise, "avx512bf16", ActivationRounding::kBf16AndInt8,
-                    kAvx512Bf16Linear, kAvx512Linear),
+        {WithAttention(
+             WithLinear(kAvx512Elementwise, "avx512bf16", ActivationRounding::kBf16AndInt8,
+                        kAvx512Bf16Linear, kAvx512Linear),
+             kAvx512Bf16Attention),
          bf16},
-        {WithLinear(kAvx512Elementwise, "amx", ActivationRounding::kBf16AndInt8, kAmxLinear,
-                    kAvx512Linear),
+        {WithAttention(WithLinear(kAvx512Elementwise, "amx", ActivationRounding::kBf16AndInt8,
+                                  kAmxLinear, kAvx512Linear),
+                       kAvx512Bf16Attention),
          amx},
     };
   }();

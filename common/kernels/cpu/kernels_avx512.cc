@@ -205,7 +205,25 @@ struct Simd512 {
   static Vec Exp(Vec v) { return internal::Exp(v); }
   // out (padded,) = the n stored values at `row` times `scale`, then zeros.
   template <KvDtype D>
+  static __m512 Convert16(const std::byte* row, int i, __mmask16 lanes, float scale) {
+    if constexpr (D == KvDtype::kF32) {
+      return _mm512_maskz_loadu_ps(lanes, reinterpret_cast<const float*>(row) + i);
+    } else if constexpr (D == KvDtype::kBf16) {
+      const __m256i bits =
+          _mm256_maskz_loadu_epi16(lanes, reinterpret_cast<const uint16_t*>(row) + i);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    } else {
+      const __m128i bytes = _mm_maskz_loadu_epi8(lanes, reinterpret_cast<const int8_t*>(row) + i);
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(scale));
+    }
+  }
+  template <KvDtype D>
   static void ConvertRow(const std::byte* row, float scale, int n, int padded, float* out) {
+    if (n == padded) {  // whole vectors: no masks to compute
+      for (int i = 0; i < n; i += 16)
+        _mm512_storeu_ps(out + i, Convert16<D>(row, i, 0xffff, scale));
+      return;
+    }
     for (int i = 0; i < padded; i += 16) {
       const __mmask16 lanes = LowLanes16(std::clamp(n - i, 0, 16));
       __m512 v;
@@ -233,9 +251,239 @@ void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int contex
                                kv_head_end, out, lse);
 }
 
+}  // namespace
+
+// ---- avx512bf16: attention over a bf16 cache with vdpbf16ps ----
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(                                                                \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma"))), \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma")
+#endif
+
+namespace {
+
+// Attention over a bf16 cache at the avx512bf16 level: keys and values stay bf16 and meet the
+// query (times the scale) and the softmax weights rounded to bf16 in vdpbf16ps, two products a
+// lane, with float32 sums; nothing is converted or copied. The walk is AttendTiles' (tiles of
+// kAttentionTile positions, every KV head of the range per tile, online softmax); values are
+// taken two positions at a time, interleaved (vpunpcklwd / vpunpckhwd) so that each dot-product
+// pair is (position j, position j + 1) of one element, and the accumulators hold the elements
+// in that interleaved order until the end. C = head_dim / 32.
+template <int C>
+void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                   int context_end, float scale, int kv_head_begin, int kv_head_end, float* out,
+                   float* lse) {
+  constexpr int hd = 32 * C;
+  constexpr int kHeadBlock = 8 / C > 0 ? 8 / C : 1;  // heads whose 2C accumulators fit at once
+  const int group = num_heads / kv.num_kv_heads;
+  const int first_head = kv_head_begin * group;
+  const int heads = (kv_head_end - kv_head_begin) * group;
+  const size_t row_bytes = static_cast<size_t>(kv.num_kv_heads) * hd * 2;
+  float* o = out + static_cast<size_t>(first_head) * hd;
+  if (context_begin >= context_end) {
+    std::fill(o, o + static_cast<size_t>(heads) * hd, 0.0f);
+    if (lse != nullptr) std::fill(lse + first_head, lse + first_head + heads, -INFINITY);
+    return;
+  }
+  thread_local std::vector<float> scratch;
+  // qb (heads, hd) bf16 | acc (heads + kHeadBlock, hd) | scores (group, tile) | pairs (group +
+  // kHeadBlock, tile / 2) | max, sum, alpha (heads + kHeadBlock) | a zero row (hd bf16)
+  const size_t need = static_cast<size_t>(heads) * hd / 2 +
+                      static_cast<size_t>(heads + kHeadBlock) * hd +
+                      static_cast<size_t>(group) * kAttentionTile +
+                      static_cast<size_t>(group + kHeadBlock) * kAttentionTile / 2 +
+                      3 * static_cast<size_t>(heads + kHeadBlock) + hd / 2 + 16;
+  if (scratch.size() < need) scratch.resize(need);
+  auto* qb = reinterpret_cast<uint16_t*>(scratch.data());
+  float* acc = scratch.data() + static_cast<size_t>(heads) * hd / 2;
+  float* scores = acc + static_cast<size_t>(heads + kHeadBlock) * hd;
+  auto* pairs = reinterpret_cast<uint32_t*>(scores + static_cast<size_t>(group) * kAttentionTile);
+  float* running_max = reinterpret_cast<float*>(pairs + static_cast<size_t>(group + kHeadBlock) *
+                                                            kAttentionTile / 2);
+  float* running_sum = running_max + heads + kHeadBlock;
+  float* alphas = running_sum + heads + kHeadBlock;
+  auto* zero_row = reinterpret_cast<const std::byte*>(alphas + heads + kHeadBlock);
+  std::fill(reinterpret_cast<float*>(alphas + heads + kHeadBlock),
+            reinterpret_cast<float*>(alphas + heads + kHeadBlock) + hd / 2, 0.0f);
+  for (int h = 0; h < heads; ++h) {
+    const float* qh = q + static_cast<size_t>(first_head + h) * hd;
+    for (int i = 0; i < hd; ++i) qb[static_cast<size_t>(h) * hd + i] = F32ToBf16Bits(qh[i] * scale);
+    running_max[h] = -INFINITY;
+    running_sum[h] = 0;
+  }
+  std::fill(acc, acc + static_cast<size_t>(heads + kHeadBlock) * hd, 0.0f);
+  // Padding heads of a partial head block: weights 0, so they add nothing, and never read back.
+  std::fill(pairs + static_cast<size_t>(group) * kAttentionTile / 2,
+            pairs + static_cast<size_t>(group + kHeadBlock) * kAttentionTile / 2, 0u);
+  for (int h = heads; h < heads + kHeadBlock; ++h) alphas[h] = 1;
+
+  const std::byte* krow[kAttentionTile];
+  const std::byte* vrow[kAttentionTile];
+  for (int j = 0; j < kAttentionTile; ++j) krow[j] = vrow[j] = zero_row;
+  size_t slot_at[kAttentionTile];
+  size_t slot_next[kAttentionTile];
+  int block_index = context_begin / kv.block_size;
+  int offset = context_begin % kv.block_size;
+
+  for (int t0 = context_begin; t0 < context_end; t0 += kAttentionTile) {
+    const int n = std::min(kAttentionTile, context_end - t0);
+    for (int j = 0; j < n; ++j) {
+      slot_at[j] =
+          static_cast<size_t>(kv.block_table[block_index]) * kv.block_bytes + offset * row_bytes;
+      if (++offset == kv.block_size) {
+        offset = 0;
+        ++block_index;
+      }
+    }
+    // The next tile's slots, whose rows each KV head below prefetches as it goes: a tile
+    // ahead, spread over the work rather than in one burst the memory system would queue.
+    const int n_next = std::clamp(context_end - t0 - kAttentionTile, 0, kAttentionTile);
+    {
+      int b = block_index, o = offset;
+      for (int j = 0; j < n_next; ++j) {
+        slot_next[j] = static_cast<size_t>(kv.block_table[b]) * kv.block_bytes + o * row_bytes;
+        if (++o == kv.block_size) {
+          o = 0;
+          ++b;
+        }
+      }
+    }
+    for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
+      const int h0 = (kv_head - kv_head_begin) * group;
+      const size_t within = static_cast<size_t>(kv_head) * hd * 2;
+      for (int j = 0; j < n_next; ++j) {
+        for (int line = 0; line < hd * 2; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(kv.k + slot_next[j] + within + line),
+                       _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(kv.v + slot_next[j] + within + line),
+                       _MM_HINT_T1);
+        }
+      }
+      for (int j = 0; j < n; ++j) {
+        krow[j] = kv.k + slot_at[j] + within;
+        vrow[j] = kv.v + slot_at[j] + within;
+      }
+      for (int j = n; j < kAttentionTile; ++j) krow[j] = vrow[j] = zero_row;
+      for (int g = 0; g < group; ++g) {
+        const int h = h0 + g;
+        const uint16_t* qh = qb + static_cast<size_t>(h) * hd;
+        float* s = scores + static_cast<size_t>(g) * kAttentionTile;
+        for (int j0 = 0; j0 < n; j0 += 16) {
+          __m512 a[16];
+          for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
+          for (int c = 0; c < C; ++c) {
+            const __m512bh qc = (__m512bh)_mm512_loadu_si512(qh + 32 * c);
+            for (int j = 0; j < 16; ++j) {
+              a[j] =
+                  _mm512_dpbf16_ps(a[j], qc, (__m512bh)_mm512_loadu_si512(krow[j0 + j] + 64 * c));
+            }
+          }
+          _mm512_storeu_ps(s + j0, Simd512::ReduceLanes(a));
+        }
+        float tile_max = -INFINITY;
+        for (int j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
+        const float new_max = std::max(running_max[h], tile_max);
+        uint32_t* pg = pairs + static_cast<size_t>(g) * kAttentionTile / 2;
+        if (new_max == -INFINITY) {
+          std::fill(pg, pg + kAttentionTile / 2, 0u);
+          alphas[h] = 1;
+          continue;
+        }
+        alphas[h] = std::exp(running_max[h] - new_max);
+        std::fill(s + n, s + kAttentionTile, -INFINITY);
+        float tile_sum = 0;
+        for (int j = 0; j < kAttentionTile; j += 16) {
+          const __m512 p = Exp(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(new_max)));
+          // Rounded to bf16 as the products use them, and summed as rounded.
+          const __m256bh rounded = _mm512_cvtneps_pbh(p);
+          tile_sum += _mm512_reduce_add_ps(_mm512_cvtpbh_ps(rounded));
+          // (p_j, p_j+1) pairs: consecutive bf16 values are already pairs in memory.
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pg + j / 2), (__m256i)rounded);
+        }
+        running_sum[h] = running_sum[h] * alphas[h] + tile_sum;
+        running_max[h] = new_max;
+      }
+      // acc = acc * alpha + p @ V, kHeadBlock heads at a time (2C accumulators each).
+      for (int g0 = 0; g0 < group; g0 += kHeadBlock) {
+        __m512 a[kHeadBlock][2 * C];
+        const uint32_t* pw[kHeadBlock];
+        float* ah[kHeadBlock];
+        for (int k = 0; k < kHeadBlock; ++k) {
+          const bool real = g0 + k < group;
+          const int h = real ? h0 + g0 + k : heads + k;  // padding heads past the range
+          ah[k] = acc + static_cast<size_t>(h) * hd;
+          pw[k] = pairs + static_cast<size_t>(real ? g0 + k : group + k) * kAttentionTile / 2;
+          const __m512 alpha = _mm512_set1_ps(alphas[h]);
+          for (int c = 0; c < 2 * C; ++c)
+            a[k][c] = _mm512_mul_ps(_mm512_loadu_ps(ah[k] + 16 * c), alpha);
+        }
+        for (int j = 0; j < n; j += 2) {
+          for (int c = 0; c < C; ++c) {
+            const __m512i x = _mm512_loadu_si512(vrow[j] + 64 * c);
+            const __m512i y = _mm512_loadu_si512(vrow[j + 1] + 64 * c);
+            const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x, y);
+            const __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(x, y);
+            for (int k = 0; k < kHeadBlock; ++k) {
+              const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pw[k][j / 2]));
+              a[k][2 * c] = _mm512_dpbf16_ps(a[k][2 * c], lo, w);
+              a[k][2 * c + 1] = _mm512_dpbf16_ps(a[k][2 * c + 1], hi, w);
+            }
+          }
+        }
+        for (int k = 0; k < kHeadBlock; ++k) {
+          for (int c = 0; c < 2 * C; ++c) _mm512_storeu_ps(ah[k] + 16 * c, a[k][c]);
+        }
+      }
+    }
+  }
+  // Accumulator lane m of chunk c's low half holds element 32c + 8(m / 4) + m % 4; of its high
+  // half, that + 4.
+  for (int h = 0; h < heads; ++h) {
+    const float* ahh = acc + static_cast<size_t>(h) * hd;
+    const float inverse = 1.0f / running_sum[h];
+    float* oh = o + static_cast<size_t>(h) * hd;
+    for (int c = 0; c < C; ++c) {
+      for (int m = 0; m < 16; ++m) {
+        const int element = 32 * c + 8 * (m / 4) + m % 4;
+        oh[element] = ahh[32 * c + m] * inverse;
+        oh[element + 4] = ahh[32 * c + 16 + m] * inverse;
+      }
+    }
+    if (lse != nullptr) lse[first_head + h] = running_max[h] + std::log(running_sum[h]);
+  }
+}
+
+void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context_begin,
+                           int context_end, float scale, int kv_head_begin, int kv_head_end,
+                           float* out, float* lse) {
+  if (kv.dtype == KvDtype::kBf16) {
+    switch (kv.head_dim) {
+      case 32:
+        return AttendBf16Dot<1>(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin,
+                                kv_head_end, out, lse);
+      case 64:
+        return AttendBf16Dot<2>(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin,
+                                kv_head_end, out, lse);
+      case 128:
+        return AttendBf16Dot<4>(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin,
+                                kv_head_end, out, lse);
+      default:
+        break;
+    }
+  }
+  PagedAttention(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin, kv_head_end,
+                 out, lse);
+}
+
 #undef TANDEM_INLINE
 
 }  // namespace
+
+const PagedAttentionFn kAvx512Bf16Attention = PagedAttentionBf16Dot;
 
 const Backend kAvx512Elementwise = {
     .name = "avx512",
@@ -255,7 +503,8 @@ const Backend kAvx512Elementwise = {
 }  // namespace tandem::kernels::cpu::internal
 
 #if defined(__clang__)
-#pragma clang attribute pop
+#pragma clang attribute pop  // avx512bf16 (clang's regions replace, not nest)
 #else
-#pragma GCC pop_options
+#pragma GCC pop_options  // avx512bf16
+#pragma GCC pop_options  // avx512
 #endif

@@ -18,6 +18,10 @@ using LinearFn = void (*)(const float* x, int b, const PackedMatrix& w, float* y
 // kernels.cc completes the tables with the products below).
 extern const Backend kAvx512Elementwise;  // kernels_avx512.cc
 extern const Backend kAvx2Elementwise;    // kernels_avx2.cc
+// Attention at the levels with AVX512-BF16: vdpbf16ps over bf16 caches (the query and softmax
+// weights rounded to bf16), else kAvx512Elementwise's (kernels_avx512.cc).
+using PagedAttentionFn = decltype(Backend::paged_attention);
+extern const PagedAttentionFn kAvx512Bf16Attention;
 // The products over packed weights (linear_avx512.cc, linear_avx2.cc), by what they do with
 // activations: float32 throughout; int8 for int8/int4 weights; and bf16 for bf16 weights.
 extern const LinearFn kAvx512Linear;
