@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/generator.h"
 #include "tandem/client.h"
+#include "tests/testing/kernels.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -59,6 +60,9 @@ v1::GenerateRequest Greedy(const std::string& prompt, int max_tokens) {
 class FaultTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // The services' caches as the in-process reference's: float32 (the stall thresholds below
+    // count float32 KV bytes too).
+    testing::Float32KvInChildren();
     auto generator = engine::Generator::Load(testing::SourceDir() + "/models/tiny-moe");
     ASSERT_TRUE(generator.ok()) << generator.status();
     generator_ = generator->release();

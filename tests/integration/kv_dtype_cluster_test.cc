@@ -41,19 +41,8 @@ TEST_P(KvDtypeClusterTest, ClusterEqualsColocatedServingWithTheSameDtype) {
               1);
     EXPECT_GT(MetricValue(cluster->decode.http_port, "tandem_kv_cache_bytes", ""), 0);
   }
-  {
-    testing::ServiceSet set(model);
-    auto serve = set.Start("tandem-serve", {flag});
-    ASSERT_TRUE(serve.ok()) << serve.status();
-    auto client = testing::ConnectClient(*serve);
-    ASSERT_NE(client, nullptr);
-    colocated = testing::GreedyContinuations(client.get(), manifest_, kTokens);
-  }
-  ASSERT_EQ(disaggregated.size(), colocated.size());
-  for (size_t k = 0; k < colocated.size(); ++k) {
-    ASSERT_EQ(colocated[k].size(), static_cast<size_t>(kTokens)) << "prompt " << k;
-    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
-  }
+  colocated = testing::ColocatedContinuations(model, {flag}, manifest_, kTokens);
+  testing::ExpectSameContinuations(disaggregated, colocated, kTokens);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, KvDtypeClusterTest, ::testing::Values("bf16", "int8"),

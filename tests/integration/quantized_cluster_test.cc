@@ -45,19 +45,8 @@ class QuantizedClusterTest : public ::testing::Test {
       *misses = MetricValue(cluster->decode.http_port, "tandem_expert_cache_requests_total",
                             "result=\"miss\"");
     }
-    {
-      testing::ServiceSet set(model_dir);
-      auto serve = set.Start("tandem-serve", serve_flags);
-      ASSERT_TRUE(serve.ok()) << serve.status();
-      auto client = testing::ConnectClient(*serve);
-      ASSERT_NE(client, nullptr);
-      colocated = testing::GreedyContinuations(client.get(), manifest_, kTokens);
-    }
-    ASSERT_EQ(disaggregated.size(), colocated.size());
-    for (size_t k = 0; k < colocated.size(); ++k) {
-      ASSERT_EQ(colocated[k].size(), static_cast<size_t>(kTokens)) << "prompt " << k;
-      EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
-    }
+    colocated = testing::ColocatedContinuations(model_dir, serve_flags, manifest_, kTokens);
+    testing::ExpectSameContinuations(disaggregated, colocated, kTokens);
   }
 
   const nlohmann::json manifest_ = testing::LoadGoldenManifest();

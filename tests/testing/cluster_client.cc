@@ -40,4 +40,27 @@ std::vector<std::vector<int32_t>> GreedyContinuations(sdk::Client* client,
   return out;
 }
 
+std::vector<std::vector<int32_t>> ColocatedContinuations(
+    const std::string& model_dir, const std::vector<std::string>& serve_flags,
+    const nlohmann::json& manifest, int max_tokens) {
+  ServiceSet set(model_dir);
+  auto serve = set.Start("tandem-serve", serve_flags);
+  if (!serve.ok()) {
+    ADD_FAILURE() << serve.status();
+    return {};
+  }
+  auto client = ConnectClient(*serve);
+  if (client == nullptr) return {};
+  return GreedyContinuations(client.get(), manifest, max_tokens);
+}
+
+void ExpectSameContinuations(const std::vector<std::vector<int32_t>>& got,
+                             const std::vector<std::vector<int32_t>>& want, int tokens) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    ASSERT_EQ(want[k].size(), static_cast<size_t>(tokens)) << "prompt " << k;
+    EXPECT_EQ(got[k], want[k]) << "prompt " << k;
+  }
+}
+
 }  // namespace tandem::testing

@@ -25,4 +25,14 @@ std::vector<std::vector<int32_t>> GreedyContinuations(sdk::Client* client,
                                                       const nlohmann::json& manifest,
                                                       int max_tokens);
 
+// The same through colocated tandem-serve on `model_dir` with `serve_flags`, started and
+// stopped here; empty (and a test failure) when it does not start.
+std::vector<std::vector<int32_t>> ColocatedContinuations(
+    const std::string& model_dir, const std::vector<std::string>& serve_flags,
+    const nlohmann::json& manifest, int max_tokens);
+
+// Expects `got` to equal `want` prompt for prompt, each `want` of `tokens` tokens.
+void ExpectSameContinuations(const std::vector<std::vector<int32_t>>& got,
+                             const std::vector<std::vector<int32_t>>& want, int tokens);
+
 }  // namespace tandem::testing

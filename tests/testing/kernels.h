@@ -12,15 +12,21 @@
 
 namespace tandem::testing {
 
-// Processes started from now on run the exact level (TANDEM_KERNELS=exact) and keep their KV
-// cache in float32 (the services' --kv_dtype through their environment; the default, bf16,
-// rounds keys and values as the default level rounds activations).
-inline void ExactKernelsInChildren() {
-  setenv("TANDEM_KERNELS", "exact", /*overwrite=*/1);
+// Services started from now on keep their KV cache in float32, as an in-process engine's
+// KvCacheConfig does by default (their --kv_dtype through the environment; the services'
+// default, bf16, rounds keys and values as the default level rounds activations).
+inline void Float32KvInChildren() {
   for (const char* service :
        {"TANDEM_PREFILL_KV_DTYPE", "TANDEM_DECODE_KV_DTYPE", "TANDEM_SERVE_KV_DTYPE"}) {
     setenv(service, "f32", /*overwrite=*/1);
   }
+}
+
+// Processes started from now on run the exact level (TANDEM_KERNELS=exact) with a float32 KV
+// cache.
+inline void ExactKernelsInChildren() {
+  setenv("TANDEM_KERNELS", "exact", /*overwrite=*/1);
+  Float32KvInChildren();
 }
 
 // This process and those it starts run the exact level.

@@ -20,6 +20,63 @@ constexpr int kAttentionTile = 32;
 // Chunks of a head's row kept in registers while values accumulate (AttendTiles).
 constexpr int kMaxRegisterChunks = 8;
 
+// Where a context range's positions lie in a paged pool, a tile at a time: Advance(n) gives the
+// next n positions' slots (bytes from a pool's start, and offsets within their blocks) and the
+// slots of the tile after them, for prefetching.
+class TileSlots {
+ public:
+  TileSlots(const PagedKv& kv, size_t row_bytes, int context_begin)
+      : kv_(kv),
+        row_bytes_(row_bytes),
+        block_index_(context_begin / kv.block_size),
+        offset_(context_begin % kv.block_size) {}
+
+  void Advance(int n, int n_next) {
+    for (int j = 0; j < n; ++j) {
+      at[j] = Slot(block_index_, offset_);
+      offset[j] = offset_;
+      Step(block_index_, offset_);
+    }
+    int b = block_index_, o = offset_;
+    for (int j = 0; j < n_next; ++j) {
+      next[j] = Slot(b, o);
+      Step(b, o);
+    }
+  }
+
+  size_t at[kAttentionTile];
+  int offset[kAttentionTile];
+  size_t next[kAttentionTile];
+
+ private:
+  size_t Slot(int block_index, int offset) const {
+    return static_cast<size_t>(kv_.block_table[block_index]) * kv_.block_bytes +
+           offset * row_bytes_;
+  }
+  void Step(int& block_index, int& offset) const {
+    if (++offset == kv_.block_size) {
+      offset = 0;
+      ++block_index;
+    }
+  }
+
+  const PagedKv& kv_;
+  const size_t row_bytes_;
+  int block_index_, offset_;
+};
+
+// Prefetches `bytes` of K and V at `within` of each of `slots`' first `n` slots (into L2: the
+// tile being computed stays in L1).
+inline void PrefetchRows(const PagedKv& kv, const size_t* slots, int n, size_t within,
+                         size_t bytes) {
+  for (int j = 0; j < n; ++j) {
+    for (size_t line = 0; line < bytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(kv.k + slots[j] + within + line), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(kv.v + slots[j] + within + line), _MM_HINT_T1);
+    }
+  }
+}
+
 template <class S, KvDtype D>
 void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_begin,
                  int context_end, float scale, int kv_head_begin, int kv_head_end, float* out,
@@ -73,52 +130,19 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
     krow[j] = kt + static_cast<size_t>(j) * padded;
     vrow[j] = vt + static_cast<size_t>(j) * padded;
   }
-  // Where each tile position's slot starts in a pool (bytes), and its offset in its block.
-  size_t slot_at[kAttentionTile];
-  size_t slot_next[kAttentionTile];
-  int slot_offset[kAttentionTile];
-  int block_index = context_begin / kv.block_size;
-  int offset = context_begin % kv.block_size;
-  // The next tile's slots (every KV head of the range: contiguous within a block) are
-  // prefetched while this one computes.
-
+  TileSlots slots(kv, row_bytes, context_begin);
   for (int t0 = context_begin; t0 < context_end; t0 += kAttentionTile) {
     const int n = std::min(kAttentionTile, context_end - t0);
-    for (int j = 0; j < n; ++j) {
-      slot_at[j] =
-          static_cast<size_t>(kv.block_table[block_index]) * kv.block_bytes + offset * row_bytes;
-      slot_offset[j] = offset;
-      if (++offset == kv.block_size) {
-        offset = 0;
-        ++block_index;
-      }
-    }
-    // The next tile's slots, whose rows each KV head below prefetches as it goes: a tile
-    // ahead, spread over the work rather than in one burst the memory system would queue.
+    // The next tile's rows are prefetched as each KV head below goes: a tile ahead, spread over
+    // the work rather than in one burst the memory system would queue.
     const int n_next = std::clamp(context_end - t0 - kAttentionTile, 0, kAttentionTile);
-    {
-      int b = block_index, o = offset;
-      for (int j = 0; j < n_next; ++j) {
-        slot_next[j] = static_cast<size_t>(kv.block_table[b]) * kv.block_bytes + o * row_bytes;
-        if (++o == kv.block_size) {
-          o = 0;
-          ++b;
-        }
-      }
-    }
+    slots.Advance(n, n_next);
     for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
       const int h0 = (kv_head - kv_head_begin) * group;  // this KV head's first query head
       const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
-      for (int j = 0; j < n_next; ++j) {
-        for (size_t line = 0; line < hd * kValueBytes; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kv.k + slot_next[j] + within + line),
-                       _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(kv.v + slot_next[j] + within + line),
-                       _MM_HINT_T1);
-        }
-      }
+      PrefetchRows(kv, slots.next, n_next, within, hd * kValueBytes);
       for (int j = 0; j < n; ++j) {
-        const size_t at = slot_at[j] + within;
+        const size_t at = slots.at[j] + within;
         if (D == KvDtype::kF32 && hd == padded) {  // float32 rows are read where they lie
           krow[j] = reinterpret_cast<const float*>(kv.k + at);
           vrow[j] = reinterpret_cast<const float*>(kv.v + at);
@@ -126,10 +150,10 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
         }
         float k_scale = 1, v_scale = 1;
         if constexpr (D == KvDtype::kInt8) {
-          const size_t block_start = slot_at[j] - slot_offset[j] * row_bytes;
+          const size_t block_start = slots.at[j] - slots.offset[j] * row_bytes;
           const size_t scale_at =
               block_start + scales_offset +
-              (static_cast<size_t>(slot_offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
+              (static_cast<size_t>(slots.offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
           std::memcpy(&k_scale, kv.k + scale_at, sizeof(float));
           std::memcpy(&v_scale, kv.v + scale_at, sizeof(float));
         }

@@ -324,48 +324,18 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   const std::byte* krow[kAttentionTile];
   const std::byte* vrow[kAttentionTile];
   for (int j = 0; j < kAttentionTile; ++j) krow[j] = vrow[j] = zero_row;
-  size_t slot_at[kAttentionTile];
-  size_t slot_next[kAttentionTile];
-  int block_index = context_begin / kv.block_size;
-  int offset = context_begin % kv.block_size;
-
+  TileSlots slots(kv, row_bytes, context_begin);
   for (int t0 = context_begin; t0 < context_end; t0 += kAttentionTile) {
     const int n = std::min(kAttentionTile, context_end - t0);
-    for (int j = 0; j < n; ++j) {
-      slot_at[j] =
-          static_cast<size_t>(kv.block_table[block_index]) * kv.block_bytes + offset * row_bytes;
-      if (++offset == kv.block_size) {
-        offset = 0;
-        ++block_index;
-      }
-    }
-    // The next tile's slots, whose rows each KV head below prefetches as it goes: a tile
-    // ahead, spread over the work rather than in one burst the memory system would queue.
     const int n_next = std::clamp(context_end - t0 - kAttentionTile, 0, kAttentionTile);
-    {
-      int b = block_index, o = offset;
-      for (int j = 0; j < n_next; ++j) {
-        slot_next[j] = static_cast<size_t>(kv.block_table[b]) * kv.block_bytes + o * row_bytes;
-        if (++o == kv.block_size) {
-          o = 0;
-          ++b;
-        }
-      }
-    }
+    slots.Advance(n, n_next);
     for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
       const int h0 = (kv_head - kv_head_begin) * group;
       const size_t within = static_cast<size_t>(kv_head) * hd * 2;
-      for (int j = 0; j < n_next; ++j) {
-        for (int line = 0; line < hd * 2; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kv.k + slot_next[j] + within + line),
-                       _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(kv.v + slot_next[j] + within + line),
-                       _MM_HINT_T1);
-        }
-      }
+      PrefetchRows(kv, slots.next, n_next, within, hd * 2);
       for (int j = 0; j < n; ++j) {
-        krow[j] = kv.k + slot_at[j] + within;
-        vrow[j] = kv.v + slot_at[j] + within;
+        krow[j] = kv.k + slots.at[j] + within;
+        vrow[j] = kv.v + slots.at[j] + within;
       }
       for (int j = n; j < kAttentionTile; ++j) krow[j] = vrow[j] = zero_row;
       for (int g = 0; g < group; ++g) {
