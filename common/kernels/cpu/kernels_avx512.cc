@@ -273,16 +273,32 @@ namespace {
 // taken two positions at a time, interleaved (vpunpcklwd / vpunpckhwd) so that each dot-product
 // pair is (position j, position j + 1) of one element, and the accumulators hold the elements
 // in that interleaved order until the end. C = head_dim / 32.
+// 32C int8 values -> bf16 (exact: |q| <= 127 has 7 significant bits).
 template <int C>
+TANDEM_INLINE void Int8RowToBf16(const std::byte* row, uint16_t* out) {
+  for (int c = 0; c < C; ++c) {
+    const __m512 lo = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 32 * c))));
+    const __m512 hi = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 32 * c + 16))));
+    _mm512_storeu_si512(out + 32 * c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+template <int C, KvDtype D>
 void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context_begin,
                    int context_end, float scale, int kv_head_begin, int kv_head_end, float* out,
                    float* lse) {
+  static_assert(D == KvDtype::kBf16 || D == KvDtype::kInt8);
   constexpr int hd = 32 * C;
+  constexpr size_t kValueBytes = D == KvDtype::kBf16 ? 2 : 1;
   constexpr int kHeadBlock = 8 / C > 0 ? 8 / C : 1;  // heads whose 2C accumulators fit at once
   const int group = num_heads / kv.num_kv_heads;
   const int first_head = kv_head_begin * group;
   const int heads = (kv_head_end - kv_head_begin) * group;
-  const size_t row_bytes = static_cast<size_t>(kv.num_kv_heads) * hd * 2;
+  const size_t row_bytes = static_cast<size_t>(kv.num_kv_heads) * hd * kValueBytes;
+  const size_t scales_offset =
+      D == KvDtype::kInt8 ? Int8ScalesOffset(kv.block_size, kv.num_kv_heads, hd) : 0;
   float* o = out + static_cast<size_t>(first_head) * hd;
   if (context_begin >= context_end) {
     std::fill(o, o + static_cast<size_t>(heads) * hd, 0.0f);
@@ -291,12 +307,13 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   }
   thread_local std::vector<float> scratch;
   // qb (heads, hd) bf16 | acc (heads + kHeadBlock, hd) | scores (group, tile) | pairs (group +
-  // kHeadBlock, tile / 2) | max, sum, alpha (heads + kHeadBlock) | a zero row (hd bf16)
-  const size_t need = static_cast<size_t>(heads) * hd / 2 +
-                      static_cast<size_t>(heads + kHeadBlock) * hd +
-                      static_cast<size_t>(group) * kAttentionTile +
-                      static_cast<size_t>(group + kHeadBlock) * kAttentionTile / 2 +
-                      3 * static_cast<size_t>(heads + kHeadBlock) + hd / 2 + 16;
+  // kHeadBlock, tile / 2) | max, sum, alpha (heads + kHeadBlock) | a zero row (hd bf16) | int8:
+  // the tile's keys and values as bf16 (tile, hd) each and their scales (tile) each
+  const size_t need =
+      static_cast<size_t>(kAttentionTile) * (hd + 2) + static_cast<size_t>(heads) * hd / 2 +
+      static_cast<size_t>(heads + kHeadBlock) * hd + static_cast<size_t>(group) * kAttentionTile +
+      static_cast<size_t>(group + kHeadBlock) * kAttentionTile / 2 +
+      3 * static_cast<size_t>(heads + kHeadBlock) + hd / 2 + 16;
   if (scratch.size() < need) scratch.resize(need);
   auto* qb = reinterpret_cast<uint16_t*>(scratch.data());
   float* acc = scratch.data() + static_cast<size_t>(heads) * hd / 2;
@@ -309,6 +326,10 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   auto* zero_row = reinterpret_cast<const std::byte*>(alphas + heads + kHeadBlock);
   std::fill(reinterpret_cast<float*>(alphas + heads + kHeadBlock),
             reinterpret_cast<float*>(alphas + heads + kHeadBlock) + hd / 2, 0.0f);
+  auto* k_tile = reinterpret_cast<uint16_t*>(alphas + heads + kHeadBlock + hd / 2);  // int8 only
+  uint16_t* v_tile = k_tile + static_cast<size_t>(kAttentionTile) * hd;
+  float* k_scales = reinterpret_cast<float*>(v_tile + static_cast<size_t>(kAttentionTile) * hd);
+  float* v_scales = k_scales + kAttentionTile;
   for (int h = 0; h < heads; ++h) {
     const float* qh = q + static_cast<size_t>(first_head + h) * hd;
     for (int i = 0; i < hd; ++i) qb[static_cast<size_t>(h) * hd + i] = F32ToBf16Bits(qh[i] * scale);
@@ -331,13 +352,30 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
     slots.Advance(n, n_next);
     for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
       const int h0 = (kv_head - kv_head_begin) * group;
-      const size_t within = static_cast<size_t>(kv_head) * hd * 2;
-      PrefetchRows(kv, slots.next, n_next, within, hd * 2);
+      const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
+      PrefetchRows(kv, slots.next, n_next, within, hd * kValueBytes);
       for (int j = 0; j < n; ++j) {
-        krow[j] = kv.k + slots.at[j] + within;
-        vrow[j] = kv.v + slots.at[j] + within;
+        if constexpr (D == KvDtype::kBf16) {
+          krow[j] = kv.k + slots.at[j] + within;
+          vrow[j] = kv.v + slots.at[j] + within;
+        } else {  // int8 levels are exact in bf16; the scales multiply scores and weights
+          const size_t scale_at =
+              slots.at[j] - slots.offset[j] * row_bytes + scales_offset +
+              (static_cast<size_t>(slots.offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
+          std::memcpy(&k_scales[j], kv.k + scale_at, sizeof(float));
+          std::memcpy(&v_scales[j], kv.v + scale_at, sizeof(float));
+          uint16_t* kb = k_tile + static_cast<size_t>(j) * hd;
+          uint16_t* vb = v_tile + static_cast<size_t>(j) * hd;
+          Int8RowToBf16<C>(kv.k + slots.at[j] + within, kb);
+          Int8RowToBf16<C>(kv.v + slots.at[j] + within, vb);
+          krow[j] = reinterpret_cast<const std::byte*>(kb);
+          vrow[j] = reinterpret_cast<const std::byte*>(vb);
+        }
       }
-      for (int j = n; j < kAttentionTile; ++j) krow[j] = vrow[j] = zero_row;
+      for (int j = n; j < kAttentionTile; ++j) {
+        krow[j] = vrow[j] = zero_row;
+        if constexpr (D == KvDtype::kInt8) k_scales[j] = v_scales[j] = 0;
+      }
       for (int g = 0; g < group; ++g) {
         const int h = h0 + g;
         const uint16_t* qh = qb + static_cast<size_t>(h) * hd;
@@ -352,7 +390,11 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
                   _mm512_dpbf16_ps(a[j], qc, (__m512bh)_mm512_loadu_si512(krow[j0 + j] + 64 * c));
             }
           }
-          _mm512_storeu_ps(s + j0, Simd512::ReduceLanes(a));
+          __m512 scores16 = Simd512::ReduceLanes(a);
+          if constexpr (D == KvDtype::kInt8) {
+            scores16 = _mm512_mul_ps(scores16, _mm512_loadu_ps(k_scales + j0));
+          }
+          _mm512_storeu_ps(s + j0, scores16);
         }
         float tile_max = -INFINITY;
         for (int j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
@@ -369,8 +411,11 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
         for (int j = 0; j < kAttentionTile; j += 16) {
           const __m512 p = Exp(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(new_max)));
           // Rounded to bf16 as the products use them, and summed as rounded.
-          const __m256bh rounded = _mm512_cvtneps_pbh(p);
+          __m256bh rounded = _mm512_cvtneps_pbh(p);
           tile_sum += _mm512_reduce_add_ps(_mm512_cvtpbh_ps(rounded));
+          if constexpr (D == KvDtype::kInt8) {  // the values' scales ride on the weights
+            rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(p, _mm512_loadu_ps(v_scales + j)));
+          }
           // (p_j, p_j+1) pairs: consecutive bf16 values are already pairs in memory.
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(pg + j / 2), (__m256i)rounded);
         }
@@ -430,17 +475,19 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
 void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context_begin,
                            int context_end, float scale, int kv_head_begin, int kv_head_end,
                            float* out, float* lse) {
-  if (kv.dtype == KvDtype::kBf16) {
+  const auto run = [&](auto attend) {
+    attend(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin, kv_head_end, out,
+           lse);
+  };
+  if (kv.dtype == KvDtype::kBf16 || kv.dtype == KvDtype::kInt8) {
+    const bool int8 = kv.dtype == KvDtype::kInt8;
     switch (kv.head_dim) {
       case 32:
-        return AttendBf16Dot<1>(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin,
-                                kv_head_end, out, lse);
+        return run(int8 ? AttendBf16Dot<1, KvDtype::kInt8> : AttendBf16Dot<1, KvDtype::kBf16>);
       case 64:
-        return AttendBf16Dot<2>(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin,
-                                kv_head_end, out, lse);
+        return run(int8 ? AttendBf16Dot<2, KvDtype::kInt8> : AttendBf16Dot<2, KvDtype::kBf16>);
       case 128:
-        return AttendBf16Dot<4>(q, num_heads, kv, context_begin, context_end, scale, kv_head_begin,
-                                kv_head_end, out, lse);
+        return run(int8 ? AttendBf16Dot<4, KvDtype::kInt8> : AttendBf16Dot<4, KvDtype::kBf16>);
       default:
         break;
     }
