@@ -1,23 +1,13 @@
 #include "common/kernels/kv_format.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/kernels/cpu/kernels.h"
 
 namespace tandem::kernels {
-namespace {
-
-uint16_t F32ToBf16(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
-}  // namespace
 
 size_t Int8ScalesOffset(int block_size, int num_kv_heads, int head_dim) {
   return (static_cast<size_t>(block_size) * num_kv_heads * head_dim + 3) / 4 * 4;
@@ -70,7 +60,7 @@ void StoreKvToken(const float* x, KvDtype dtype, int block_size, int num_kv_head
       return;
     case KvDtype::kBf16: {
       auto* out = reinterpret_cast<uint16_t*>(block) + offset * row;
-      for (size_t i = 0; i < row; ++i) out[i] = F32ToBf16(x[i]);
+      for (size_t i = 0; i < row; ++i) out[i] = cpu::F32ToBf16(x[i]);
       return;
     }
     case KvDtype::kInt8: {
@@ -115,7 +105,7 @@ void LoadKvRow(const PagedKv& kv, bool value, int position, int kv_head, float* 
     case KvDtype::kBf16: {
       const auto* in = reinterpret_cast<const uint16_t*>(block) + first;
       for (int i = 0; i < kv.head_dim; ++i) {
-        out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+        out[i] = cpu::Bf16ToF32(in[i]);
       }
       return;
     }
