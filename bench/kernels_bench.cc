@@ -20,6 +20,7 @@
 #include "common/engine/sampling.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
+#include "common/kernels/kv_format.h"
 #include "common/util/huge_pages.h"
 
 namespace tandem::kernels::cpu {
@@ -205,7 +206,81 @@ void BM_ComputeLogprobs(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(engine::ComputeLogprobs(logits, 7, top));
 }
 
+// Attention of the dummy-3b layout's queries (16 heads over 4 KV heads of 64) over a paged
+// cache in `dtype`, on one thread, at the level in use: one decode query (paged_attention) or a
+// block of 16 consecutive prompt queries at the end of the context (causal_attention).
+// `sequences` 1 reads the same context every call (in cache when it fits: the kernel's
+// arithmetic alone); more rotate over that many contexts of ~256 MiB in all (from DRAM, as
+// decoding reads them). Reports ns per (query, position, KV head) and the KV bytes per second.
+void BM_Attention(benchmark::State& state, KvDtype dtype, bool blocked) {
+  constexpr int kHeads = 16, kKvHeads = 4, kHeadDim = 64, kBlockSize = 16, kQueries = 16;
+  const int context = static_cast<int>(state.range(0));
+  const bool from_dram = state.range(1) != 0;
+  const size_t block_bytes = KvBlockBytes(dtype, kBlockSize, kKvHeads, kHeadDim);
+  const int seq_blocks = (context + kBlockSize - 1) / kBlockSize;
+  const int sequences =
+      from_dram ? std::max<int>(2, (size_t{256} << 20) / (2 * block_bytes * seq_blocks)) : 1;
+  std::vector<std::byte> k(block_bytes * seq_blocks * sequences), v(k.size());
+  std::vector<int32_t> tables(static_cast<size_t>(seq_blocks) * sequences);
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> row(kKvHeads * kHeadDim);
+  for (size_t b = 0; b < tables.size(); ++b) {
+    for (int o = 0; o < kBlockSize; ++o) {
+      for (float& x : row) x = normal(rng);
+      StoreKvToken(row.data(), dtype, kBlockSize, kKvHeads, kHeadDim, o,
+                   k.data() + b * block_bytes);
+      StoreKvToken(row.data(), dtype, kBlockSize, kKvHeads, kHeadDim, o,
+                   v.data() + b * block_bytes);
+    }
+  }
+  const int queries = blocked ? kQueries : 1;
+  std::vector<float> q(static_cast<size_t>(queries) * kHeads * kHeadDim);
+  for (float& x : q) x = normal(rng);
+  std::vector<float> out(q.size());
+  const Backend& backend = ActiveBackend();
+  size_t call = 0;
+  for (auto _ : state) {
+    const PagedKv kv{.k = k.data(),
+                     .v = v.data(),
+                     .dtype = dtype,
+                     .block_size = kBlockSize,
+                     .num_kv_heads = kKvHeads,
+                     .head_dim = kHeadDim,
+                     .block_bytes = block_bytes,
+                     .block_table = tables.data() + (call++ % sequences) * seq_blocks};
+    if (blocked) {
+      backend.causal_attention(q.data(), queries, kHeads, kv, context - queries, 0, context, 0.125f,
+                               out.data(), nullptr);
+    } else {
+      backend.paged_attention(q.data(), kHeads, kv, 0, context, 0.125f, 0, kKvHeads, out.data(),
+                              nullptr);
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  const double pairs = static_cast<double>(state.iterations()) * queries * context * kKvHeads;
+  state.counters["ns/pair"] =
+      benchmark::Counter(pairs * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetBytesProcessed(static_cast<int64_t>(
+      state.iterations() * 2 * KvBlockBytes(dtype, 1, kKvHeads, kHeadDim) * context));
+  state.SetLabel(std::string(ActiveBackend().name) + (from_dram ? ", DRAM" : ", in cache"));
+}
+
 void RegisterBenchmarks() {
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kInt8}) {
+    for (bool blocked : {false, true}) {
+      const std::string name = std::string("Attention/") + KvDtypeName(dtype) +
+                               (blocked ? "/prefill_block16" : "/decode");
+      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, dtype, blocked)
+          ->Args({512, 0})
+          ->Args({4096, 1})
+          ->ArgNames({"context", "dram"})
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+
   for (int64_t vocab : {8192, 32000, 151936}) {
     for (bool fast : {true, false}) {
       benchmark::RegisterBenchmark(fast ? "LogSumExp/fast" : "LogSumExp/reference", BM_LogSumExp,

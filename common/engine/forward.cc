@@ -20,6 +20,8 @@ namespace k = kernels::cpu;
 constexpr int64_t kMinAttentionWork = int64_t{1} << 16;
 // Positions in a part of a context split over threads (ForwardPass::Attention).
 constexpr int64_t kMinAttentionPart = 512;
+// Queries of one sequence attended together (Backend::causal_attention).
+constexpr int kQueryBlock = 16;
 
 // Sizes a (rows, cols) buffer; its capacity only grows, so steady-state steps do not allocate.
 void Resize(std::vector<float>& buffer, int rows, int cols) {
@@ -293,71 +295,106 @@ void ForwardPass::Attention(int l, absl::Span<const StepInput> batch) {
     pool_->StoreToken(l, blocks[r.position / block_size], r.position % block_size,
                       Row(k_, t, kv_dim), Row(v_, t, kv_dim));
   }
-  // Every token's K/V is in the cache before any query reads it (causal within a chunk). Work
-  // items are (token, part of its context), every KV head at once so that each slot is read in
-  // order: a context splits into parts only when there are fewer tokens than twice the threads,
-  // each part at least kMinAttentionPart positions, so that a long context at a small batch
-  // still spreads over every thread (flash-decoding); parts merge by their log-sum-exps. Items
-  // spread over the kernel threads in shares of at least kMinAttentionWork multiply-adds.
+  // Every token's K/V is in the cache before any query reads it (causal within a chunk). The
+  // queries form units: a run of consecutive tokens of one sequence (a prompt's chunk) in blocks
+  // of kQueryBlock, which causal_attention computes reading each key and value once per block,
+  // and every other token alone. Work items are (unit, part of its context), every KV head at
+  // once so that each slot is read in order: a context splits into parts only when there are
+  // fewer units than twice the threads, each part at least kMinAttentionPart positions, so that
+  // a long context at a small batch still spreads over every thread (flash-decoding); parts
+  // merge by their log-sum-exps. Items spread over the kernel threads in shares of at least
+  // kMinAttentionWork multiply-adds.
   const auto attention_start = std::chrono::steady_clock::now();
   const int threads = k::DefaultThreadPool().num_threads();
   // Bytes one position of one KV head occupies in K (or V): values, and int8's scale.
   const int64_t kv_position_bytes =
       static_cast<int64_t>(kernels::KvBlockBytes(pool_->dtype(), 1, 1, head_dim));
-  attention_parts_.resize(T + 1);
+  units_.clear();
+  for (int t = 0; t < T;) {
+    int m = 1;
+    while (m < kQueryBlock && t + m < T && refs_[t + m].seq == refs_[t].seq &&
+           refs_[t + m].position == refs_[t].position + m) {
+      ++m;
+    }
+    units_.push_back({t, m, 0});
+    t += m;
+  }
+  const int U = static_cast<int>(units_.size());
+  attention_parts_.resize(U + 1);
   attention_parts_[0] = 0;
   int64_t attention_work = 0;  // multiply-adds of the layer's attention
-  bool split = false;
-  for (int t = 0; t < T; ++t) {
-    const int context = refs_[t].position + 1;
+  int64_t part_rows = 0;       // rows of part outputs, when contexts split
+  for (int u = 0; u < U; ++u) {
+    AttentionUnit& unit = units_[u];
+    const int context = refs_[unit.first + unit.count - 1].position + 1;  // the last query's
     int parts = 1;
-    if (T < 2 * threads) {
+    if (U < 2 * threads) {
       parts = static_cast<int>(std::min<int64_t>(
-          (context + kMinAttentionPart - 1) / kMinAttentionPart, (2 * threads + T - 1) / T));
+          (context + kMinAttentionPart - 1) / kMinAttentionPart, (2 * threads + U - 1) / U));
     }
-    attention_parts_[t + 1] = attention_parts_[t] + parts;
-    split = split || parts > 1;
-    attention_work += int64_t{2} * context * q_dim;
+    attention_parts_[u + 1] = attention_parts_[u] + parts;
+    if (parts > 1) {
+      unit.part_row = part_rows;
+      part_rows += int64_t{parts} * unit.count;
+    }
+    attention_work += int64_t{2} * context * q_dim * unit.count;
     stats_.kv_bytes += int64_t{2} * context * kv_heads * kv_position_bytes;
   }
-  const int64_t items = attention_parts_[T];
-  part_out_.resize(split ? static_cast<size_t>(items) * q_dim : 0);
-  part_lse_.resize(split ? static_cast<size_t>(items) * heads : 0);
+  const int64_t items = attention_parts_[U];
+  part_out_.resize(static_cast<size_t>(part_rows) * q_dim);
+  part_lse_.resize(static_cast<size_t>(part_rows) * heads);
   const int64_t grain =
       std::max<int64_t>(1, kMinAttentionWork * items / std::max<int64_t>(1, attention_work));
   k::DefaultThreadPool().ParallelFor(items, grain, [&](int64_t begin, int64_t end) {
-    int t = 0;
-    for (int64_t item = begin; item < end; ++item) {  // item = (token, part), in token order
-      while (attention_parts_[t + 1] <= item) ++t;
-      const int parts = static_cast<int>(attention_parts_[t + 1] - attention_parts_[t]);
-      const int part = static_cast<int>(item - attention_parts_[t]);
-      const TokenRef& r = refs_[t];
-      const int context = r.position + 1;
-      const kernels::PagedKv kv = pool_->View(l, batch[r.seq].block_table->blocks().data());
+    int u = 0;
+    for (int64_t item = begin; item < end; ++item) {  // item = (unit, part), in unit order
+      while (attention_parts_[u + 1] <= item) ++u;
+      const AttentionUnit& unit = units_[u];
+      const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
+      const int part = static_cast<int>(item - attention_parts_[u]);
+      const TokenRef& first = refs_[unit.first];
+      const int context = first.position + unit.count;
+      const kernels::PagedKv kv = pool_->View(l, batch[first.seq].block_table->blocks().data());
+      const float* q = Row(q_, unit.first, q_dim);
       if (parts == 1) {
-        ops_->paged_attention(Row(q_, t, q_dim), heads, kv, 0, context, scale, 0, kv_heads,
-                              Row(attn_, t, q_dim), nullptr);
-      } else {  // this part's output and log-sum-exp, in the rows of its item
-        ops_->paged_attention(Row(q_, t, q_dim), heads, kv,
-                              static_cast<int>(int64_t{context} * part / parts),
-                              static_cast<int>(int64_t{context} * (part + 1) / parts), scale, 0,
-                              kv_heads, Row(part_out_, item, q_dim), Row(part_lse_, item, heads));
+        float* out = Row(attn_, unit.first, q_dim);
+        if (unit.count == 1) {
+          ops_->paged_attention(q, heads, kv, 0, context, scale, 0, kv_heads, out, nullptr);
+        } else {
+          ops_->causal_attention(q, unit.count, heads, kv, first.position, 0, context, scale, out,
+                                 nullptr);
+        }
+        continue;
+      }
+      // This part's outputs and log-sum-exps, in its rows.
+      const int64_t row = unit.part_row + int64_t{part} * unit.count;
+      const int part_begin = static_cast<int>(int64_t{context} * part / parts);
+      const int part_end = static_cast<int>(int64_t{context} * (part + 1) / parts);
+      if (unit.count == 1) {
+        ops_->paged_attention(q, heads, kv, part_begin, part_end, scale, 0, kv_heads,
+                              Row(part_out_, row, q_dim), Row(part_lse_, row, heads));
+      } else {
+        ops_->causal_attention(q, unit.count, heads, kv, first.position, part_begin, part_end,
+                               scale, Row(part_out_, row, q_dim), Row(part_lse_, row, heads));
       }
     }
   });
-  for (int t = 0; t < T; ++t) {
-    const int64_t first = attention_parts_[t];
-    const int parts = static_cast<int>(attention_parts_[t + 1] - first);
+  for (int u = 0; u < U; ++u) {
+    const AttentionUnit& unit = units_[u];
+    const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
     if (parts == 1) continue;
     merge_out_.resize(parts);
     merge_lse_.resize(parts);
-    for (int h = 0; h < heads; ++h) {
-      for (int p = 0; p < parts; ++p) {
-        merge_out_[p] = Row(part_out_, first + p, q_dim) + h * head_dim;
-        merge_lse_[p] = part_lse_[(first + p) * heads + h];
+    for (int i = 0; i < unit.count; ++i) {
+      for (int h = 0; h < heads; ++h) {
+        for (int p = 0; p < parts; ++p) {
+          const int64_t row = unit.part_row + int64_t{p} * unit.count + i;
+          merge_out_[p] = Row(part_out_, row, q_dim) + h * head_dim;
+          merge_lse_[p] = part_lse_[row * heads + h];
+        }
+        k::MergeAttentionParts(merge_out_.data(), merge_lse_.data(), parts, head_dim,
+                               Row(attn_, unit.first + i, q_dim) + h * head_dim);
       }
-      k::MergeAttentionParts(merge_out_.data(), merge_lse_.data(), parts, head_dim,
-                             Row(attn_, t, q_dim) + h * head_dim);
     }
   }
   stats_.attention_seconds +=

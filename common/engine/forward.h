@@ -243,6 +243,14 @@ class ForwardPass {
   std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, proj_, router_logits_, moe_;
   // Attention split along contexts: (T + 1) prefix sums of each token's parts, and the parts'
   // outputs (item, heads, head_dim) and log-sum-exps (item, heads).
+  // A unit of attention work: `count` consecutive tokens of one sequence from refs_[first],
+  // and where its parts' rows start in part_out_ when its context is split.
+  struct AttentionUnit {
+    int first;
+    int count;
+    int64_t part_row;
+  };
+  std::vector<AttentionUnit> units_;
   std::vector<int64_t> attention_parts_;
   std::vector<float> part_out_, part_lse_;
   std::vector<const float*> merge_out_;

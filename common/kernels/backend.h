@@ -19,6 +19,12 @@
 //                     KvDtype, and optionally their log-sum-exp, so that parts of a long
 //                     context can run apart and merge (common/kernels/cpu/kernels.h,
 //                     PagedAttentionRange)
+//   causal_attention  out (m, heads, head_dim) for m consecutive query tokens of one sequence at
+//                     positions first_position .. first_position + m - 1, every KV head: query i
+//                     attends to positions [context_begin, min(context_end, first_position + i
+//                     + 1)), and its log-sum-exps go to lse (m, heads) when not null (-inf for an
+//                     empty range, with out 0). A prompt's queries run in blocks so that each
+//                     key and value is read once per block rather than once per query.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +53,9 @@ struct Backend {
   void (*paged_attention)(const float* q, int num_heads, const PagedKv& kv, int context_begin,
                           int context_end, float scale, int kv_head_begin, int kv_head_end,
                           float* out, float* lse);
+  void (*causal_attention)(const float* q, int m, int num_heads, const PagedKv& kv,
+                           int first_position, int context_begin, int context_end, float scale,
+                           float* out, float* lse);
 };
 
 }  // namespace tandem::kernels

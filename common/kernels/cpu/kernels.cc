@@ -89,6 +89,7 @@ constexpr Backend kReferenceBackend = {
     .silu_mul = reference::SiluMul,
     .axpy = reference::Axpy,
     .paged_attention = reference::PagedAttentionRange,
+    .causal_attention = internal::CausalByQuery<reference::PagedAttentionRange>,
 };
 
 Backend WithLinear(const Backend& elementwise, const char* name, ActivationRounding rounding,
@@ -101,8 +102,10 @@ Backend WithLinear(const Backend& elementwise, const char* name, ActivationRound
   return backend;
 }
 
-Backend WithAttention(Backend backend, internal::PagedAttentionFn attention) {
+Backend WithAttention(Backend backend, internal::PagedAttentionFn attention,
+                      internal::CausalAttentionFn causal) {
   backend.paged_attention = attention;
+  backend.causal_attention = causal;
   return backend;
 }
 
@@ -163,11 +166,11 @@ const std::vector<Level>& Levels() {
         {WithAttention(
              WithLinear(kAvx512Elementwise, "avx512bf16", ActivationRounding::kBf16AndInt8,
                         kAvx512Bf16Linear, kAvx512Linear),
-             kAvx512Bf16Attention),
+             kAvx512Bf16Attention, kAvx512Bf16CausalAttention),
          bf16},
         {WithAttention(WithLinear(kAvx512Elementwise, "amx", ActivationRounding::kBf16AndInt8,
                                   kAmxLinear, kAvx512Linear),
-                       kAvx512Bf16Attention),
+                       kAvx512Bf16Attention, kAvx512Bf16CausalAttention),
          amx},
     };
   }();

@@ -263,6 +263,7 @@ const Backend kAvx2Elementwise = {
     .silu_mul = SiluMul,
     .axpy = Axpy,
     .paged_attention = PagedAttention,
+    .causal_attention = CausalByQuery<PagedAttention>,
 };
 
 }  // namespace tandem::kernels::cpu::internal

@@ -266,13 +266,18 @@ void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int contex
 
 namespace {
 
-// Attention over a bf16 cache at the avx512bf16 level: keys and values stay bf16 and meet the
-// query (times the scale) and the softmax weights rounded to bf16 in vdpbf16ps, two products a
-// lane, with float32 sums; nothing is converted or copied. The walk is AttendTiles' (tiles of
-// kAttentionTile positions, every KV head of the range per tile, online softmax); values are
-// taken two positions at a time, interleaved (vpunpcklwd / vpunpckhwd) so that each dot-product
-// pair is (position j, position j + 1) of one element, and the accumulators hold the elements
-// in that interleaved order until the end. C = head_dim / 32.
+// Decode attention over a bf16 or int8 cache at the avx512bf16 level, with two-element dot
+// products. A bf16 cache's keys and values stay bf16 and meet the query (times the scale) and
+// the softmax weights rounded to bf16 in vdpbf16ps, with float32 sums; nothing is converted or
+// copied. An int8 cache's levels are widened to int16 (one vpmovsxbw per 32) and meet the query
+// quantized to int16 per head and each tile's weights (softmax weight times the value's scale)
+// quantized to int16 per head and tile in vpdpwssd, with int32 sums that are exact; the key
+// scales multiply the scores, and each tile's value sums join the float32 output with their
+// tile's scale. The walk is AttendTiles' (tiles of kAttentionTile positions, every KV head of
+// the range per tile, online softmax); values are taken two positions at a time, interleaved
+// (vpunpcklwd / vpunpckhwd) so that each dot-product pair is (position j, position j + 1) of one
+// element, and the accumulators hold the elements in that interleaved order until the end.
+// C = head_dim / 32.
 // 32C int8 values -> bf16 (exact: |q| <= 127 has 7 significant bits).
 template <int C>
 TANDEM_INLINE void Int8RowToBf16(const std::byte* row, uint16_t* out) {
@@ -284,6 +289,19 @@ TANDEM_INLINE void Int8RowToBf16(const std::byte* row, uint16_t* out) {
     _mm512_storeu_si512(out + 32 * c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
   }
 }
+
+// 32C int8 values -> int16.
+template <int C>
+TANDEM_INLINE void Int8RowToInt16(const std::byte* row, uint16_t* out) {
+  for (int c = 0; c < C; ++c) {
+    _mm512_storeu_si512(
+        out + 32 * c,
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c))));
+  }
+}
+
+// The largest int16 level of the int8 path's query and weights.
+constexpr float kInt16Levels = 32767.0f;
 
 template <int C, KvDtype D>
 void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context_begin,
@@ -313,9 +331,9 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
       static_cast<size_t>(kAttentionTile) * (hd + 2) + static_cast<size_t>(heads) * hd / 2 +
       static_cast<size_t>(heads + kHeadBlock) * hd + static_cast<size_t>(group) * kAttentionTile +
       static_cast<size_t>(group + kHeadBlock) * kAttentionTile / 2 +
-      3 * static_cast<size_t>(heads + kHeadBlock) + hd / 2 + 16;
+      5 * static_cast<size_t>(heads + kHeadBlock) + hd / 2 + 16;
   if (scratch.size() < need) scratch.resize(need);
-  auto* qb = reinterpret_cast<uint16_t*>(scratch.data());
+  auto* qb = reinterpret_cast<uint16_t*>(scratch.data());  // bf16, or int16 for int8 caches
   float* acc = scratch.data() + static_cast<size_t>(heads) * hd / 2;
   float* scores = acc + static_cast<size_t>(heads + kHeadBlock) * hd;
   auto* pairs = reinterpret_cast<uint32_t*>(scores + static_cast<size_t>(group) * kAttentionTile);
@@ -330,12 +348,28 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   uint16_t* v_tile = k_tile + static_cast<size_t>(kAttentionTile) * hd;
   float* k_scales = reinterpret_cast<float*>(v_tile + static_cast<size_t>(kAttentionTile) * hd);
   float* v_scales = k_scales + kAttentionTile;
+  // int8: each head's query level (times the scale) and this tile's weight level.
+  float* q_levels = v_scales + kAttentionTile;
+  float* w_levels = q_levels + heads + kHeadBlock;
   for (int h = 0; h < heads; ++h) {
     const float* qh = q + static_cast<size_t>(first_head + h) * hd;
-    for (int i = 0; i < hd; ++i) qb[static_cast<size_t>(h) * hd + i] = F32ToBf16Bits(qh[i] * scale);
+    uint16_t* qbh = qb + static_cast<size_t>(h) * hd;
+    if constexpr (D == KvDtype::kBf16) {
+      for (int i = 0; i < hd; ++i) qbh[i] = F32ToBf16Bits(qh[i] * scale);
+    } else {
+      float amax = 0;
+      for (int i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(qh[i] * scale));
+      q_levels[h] = amax / kInt16Levels;
+      const float inverse = amax > 0 ? kInt16Levels / amax : 0.0f;
+      for (int i = 0; i < hd; ++i) {
+        qbh[i] =
+            static_cast<uint16_t>(static_cast<int16_t>(std::nearbyint(qh[i] * scale * inverse)));
+      }
+    }
     running_max[h] = -INFINITY;
     running_sum[h] = 0;
   }
+  for (int h = heads; h < heads + kHeadBlock; ++h) w_levels[h] = 0;
   std::fill(acc, acc + static_cast<size_t>(heads + kHeadBlock) * hd, 0.0f);
   // Padding heads of a partial head block: weights 0, so they add nothing, and never read back.
   std::fill(pairs + static_cast<size_t>(group) * kAttentionTile / 2,
@@ -353,12 +387,11 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
     for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
       const int h0 = (kv_head - kv_head_begin) * group;
       const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
-      PrefetchRows(kv, slots.next, n_next, within, hd * kValueBytes);
       for (int j = 0; j < n; ++j) {
         if constexpr (D == KvDtype::kBf16) {
           krow[j] = kv.k + slots.at[j] + within;
           vrow[j] = kv.v + slots.at[j] + within;
-        } else {  // int8 levels are exact in bf16; the scales multiply scores and weights
+        } else {  // int8 levels widened to int16; the scales multiply scores and weights
           const size_t scale_at =
               slots.at[j] - slots.offset[j] * row_bytes + scales_offset +
               (static_cast<size_t>(slots.offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
@@ -366,8 +399,8 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
           std::memcpy(&v_scales[j], kv.v + scale_at, sizeof(float));
           uint16_t* kb = k_tile + static_cast<size_t>(j) * hd;
           uint16_t* vb = v_tile + static_cast<size_t>(j) * hd;
-          Int8RowToBf16<C>(kv.k + slots.at[j] + within, kb);
-          Int8RowToBf16<C>(kv.v + slots.at[j] + within, vb);
+          Int8RowToInt16<C>(kv.k + slots.at[j] + within, kb);
+          Int8RowToInt16<C>(kv.v + slots.at[j] + within, vb);
           krow[j] = reinterpret_cast<const std::byte*>(kb);
           vrow[j] = reinterpret_cast<const std::byte*>(vb);
         }
@@ -382,75 +415,149 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
         float* s = scores + static_cast<size_t>(g) * kAttentionTile;
         for (int j0 = 0; j0 < n; j0 += 16) {
           __m512 a[16];
-          for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
-          for (int c = 0; c < C; ++c) {
-            const __m512bh qc = (__m512bh)_mm512_loadu_si512(qh + 32 * c);
-            for (int j = 0; j < 16; ++j) {
-              a[j] =
-                  _mm512_dpbf16_ps(a[j], qc, (__m512bh)_mm512_loadu_si512(krow[j0 + j] + 64 * c));
+          if constexpr (D == KvDtype::kBf16) {
+            for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
+            for (int c = 0; c < C; ++c) {
+              const __m512bh qc = (__m512bh)_mm512_loadu_si512(qh + 32 * c);
+              for (int j = 0; j < 16; ++j) {
+                a[j] =
+                    _mm512_dpbf16_ps(a[j], qc, (__m512bh)_mm512_loadu_si512(krow[j0 + j] + 64 * c));
+              }
             }
+          } else {
+            __m512i sums[16];
+            for (int j = 0; j < 16; ++j) sums[j] = _mm512_setzero_si512();
+            for (int c = 0; c < C; ++c) {
+              const __m512i qc = _mm512_loadu_si512(qh + 32 * c);
+              for (int j = 0; j < 16; ++j) {
+                sums[j] =
+                    _mm512_dpwssd_epi32(sums[j], qc, _mm512_loadu_si512(krow[j0 + j] + 64 * c));
+              }
+            }
+            for (int j = 0; j < 16; ++j) a[j] = _mm512_cvtepi32_ps(sums[j]);
           }
           __m512 scores16 = Simd512::ReduceLanes(a);
           if constexpr (D == KvDtype::kInt8) {
-            scores16 = _mm512_mul_ps(scores16, _mm512_loadu_ps(k_scales + j0));
+            scores16 = _mm512_mul_ps(scores16, _mm512_mul_ps(_mm512_loadu_ps(k_scales + j0),
+                                                             _mm512_set1_ps(q_levels[h])));
           }
           _mm512_storeu_ps(s + j0, scores16);
         }
-        float tile_max = -INFINITY;
-        for (int j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
+        static_assert(kAttentionTile == 32, "a tile's scores are two vectors");
+        if (n < kAttentionTile) std::fill(s + n, s + kAttentionTile, -INFINITY);
+        const float tile_max =
+            _mm512_reduce_max_ps(_mm512_max_ps(_mm512_loadu_ps(s), _mm512_loadu_ps(s + 16)));
         const float new_max = std::max(running_max[h], tile_max);
         uint32_t* pg = pairs + static_cast<size_t>(g) * kAttentionTile / 2;
         if (new_max == -INFINITY) {
           std::fill(pg, pg + kAttentionTile / 2, 0u);
           alphas[h] = 1;
+          w_levels[h] = 0;
           continue;
         }
         alphas[h] = std::exp(running_max[h] - new_max);
-        std::fill(s + n, s + kAttentionTile, -INFINITY);
-        float tile_sum = 0;
+        if constexpr (D == KvDtype::kInt8) {
+          // Weights times the values' scales, quantized to int16 over the tile's largest.
+          __m512 p[2], w_max = _mm512_setzero_ps(), p_sums = _mm512_setzero_ps();
+          for (int k = 0; k < 2; ++k) {
+            p[k] = Exp(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * k), _mm512_set1_ps(new_max)));
+            p_sums = _mm512_add_ps(p_sums, p[k]);
+            p[k] = _mm512_mul_ps(p[k], _mm512_loadu_ps(v_scales + 16 * k));
+            w_max = _mm512_max_ps(w_max, p[k]);
+          }
+          const float largest = _mm512_reduce_max_ps(w_max);
+          w_levels[h] = largest / kInt16Levels;
+          const __m512 to_levels = _mm512_set1_ps(largest > 0 ? kInt16Levels / largest : 0.0f);
+          for (int k = 0; k < 2; ++k) {
+            const __m256i levels =
+                _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(p[k], to_levels)));
+            // (w_j, w_j+1) pairs: consecutive int16 values are already pairs in memory.
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pg + 8 * k), levels);
+          }
+          running_sum[h] = running_sum[h] * alphas[h] + _mm512_reduce_add_ps(p_sums);
+          running_max[h] = new_max;
+          continue;
+        }
+        __m512 tile_sums = _mm512_setzero_ps();
         for (int j = 0; j < kAttentionTile; j += 16) {
           const __m512 p = Exp(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(new_max)));
           // Rounded to bf16 as the products use them, and summed as rounded.
           __m256bh rounded = _mm512_cvtneps_pbh(p);
-          tile_sum += _mm512_reduce_add_ps(_mm512_cvtpbh_ps(rounded));
-          if constexpr (D == KvDtype::kInt8) {  // the values' scales ride on the weights
-            rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(p, _mm512_loadu_ps(v_scales + j)));
-          }
+          tile_sums = _mm512_add_ps(tile_sums, _mm512_cvtpbh_ps(rounded));
           // (p_j, p_j+1) pairs: consecutive bf16 values are already pairs in memory.
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(pg + j / 2), (__m256i)rounded);
         }
-        running_sum[h] = running_sum[h] * alphas[h] + tile_sum;
+        running_sum[h] = running_sum[h] * alphas[h] + _mm512_reduce_add_ps(tile_sums);
         running_max[h] = new_max;
       }
-      // acc = acc * alpha + p @ V, kHeadBlock heads at a time (2C accumulators each).
+      // acc = acc * alpha + p @ V, kHeadBlock heads at a time (2C accumulators each): bf16
+      // products into the float32 output; int8's into int32 sums over the tile, which join
+      // the output at the end with the tile's weight level.
       for (int g0 = 0; g0 < group; g0 += kHeadBlock) {
         __m512 a[kHeadBlock][2 * C];
+        __m512i sums[kHeadBlock][2 * C];
         const uint32_t* pw[kHeadBlock];
         float* ah[kHeadBlock];
+        int hk[kHeadBlock];
         for (int k = 0; k < kHeadBlock; ++k) {
           const bool real = g0 + k < group;
-          const int h = real ? h0 + g0 + k : heads + k;  // padding heads past the range
-          ah[k] = acc + static_cast<size_t>(h) * hd;
+          hk[k] = real ? h0 + g0 + k : heads + k;  // padding heads past the range
+          ah[k] = acc + static_cast<size_t>(hk[k]) * hd;
           pw[k] = pairs + static_cast<size_t>(real ? g0 + k : group + k) * kAttentionTile / 2;
-          const __m512 alpha = _mm512_set1_ps(alphas[h]);
-          for (int c = 0; c < 2 * C; ++c)
-            a[k][c] = _mm512_mul_ps(_mm512_loadu_ps(ah[k] + 16 * c), alpha);
+          if constexpr (D == KvDtype::kBf16) {
+            const __m512 alpha = _mm512_set1_ps(alphas[hk[k]]);
+            for (int c = 0; c < 2 * C; ++c)
+              a[k][c] = _mm512_mul_ps(_mm512_loadu_ps(ah[k] + 16 * c), alpha);
+          } else {
+            for (int c = 0; c < 2 * C; ++c) sums[k][c] = _mm512_setzero_si512();
+          }
         }
         for (int j = 0; j < n; j += 2) {
+          // The next tile's rows of this KV head, two positions per pair of values, spread
+          // over the arithmetic (PrefetchSlot).
+          if (g0 == 0) {
+            for (int jn = j; jn < std::min(j + 2, n_next); ++jn) {
+              PrefetchSlot(kv, slots.next[jn], within, hd * kValueBytes);
+              if constexpr (D == KvDtype::kInt8) {  // and the line of its scales
+                const size_t scale_at =
+                    slots.next[jn] - slots.next_offset[jn] * row_bytes + scales_offset +
+                    (static_cast<size_t>(slots.next_offset[jn]) * kv.num_kv_heads + kv_head) *
+                        sizeof(float);
+                _mm_prefetch(reinterpret_cast<const char*>(kv.k + scale_at), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(kv.v + scale_at), _MM_HINT_T0);
+              }
+            }
+          }
           for (int c = 0; c < C; ++c) {
             const __m512i x = _mm512_loadu_si512(vrow[j] + 64 * c);
             const __m512i y = _mm512_loadu_si512(vrow[j + 1] + 64 * c);
-            const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x, y);
-            const __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(x, y);
+            const __m512i lo = _mm512_unpacklo_epi16(x, y);
+            const __m512i hi = _mm512_unpackhi_epi16(x, y);
             for (int k = 0; k < kHeadBlock; ++k) {
-              const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pw[k][j / 2]));
-              a[k][2 * c] = _mm512_dpbf16_ps(a[k][2 * c], lo, w);
-              a[k][2 * c + 1] = _mm512_dpbf16_ps(a[k][2 * c + 1], hi, w);
+              const __m512i w = _mm512_set1_epi32(static_cast<int>(pw[k][j / 2]));
+              if constexpr (D == KvDtype::kBf16) {
+                a[k][2 * c] = _mm512_dpbf16_ps(a[k][2 * c], (__m512bh)lo, (__m512bh)w);
+                a[k][2 * c + 1] = _mm512_dpbf16_ps(a[k][2 * c + 1], (__m512bh)hi, (__m512bh)w);
+              } else {
+                sums[k][2 * c] = _mm512_dpwssd_epi32(sums[k][2 * c], lo, w);
+                sums[k][2 * c + 1] = _mm512_dpwssd_epi32(sums[k][2 * c + 1], hi, w);
+              }
             }
           }
         }
         for (int k = 0; k < kHeadBlock; ++k) {
-          for (int c = 0; c < 2 * C; ++c) _mm512_storeu_ps(ah[k] + 16 * c, a[k][c]);
+          if constexpr (D == KvDtype::kBf16) {
+            for (int c = 0; c < 2 * C; ++c) _mm512_storeu_ps(ah[k] + 16 * c, a[k][c]);
+          } else {
+            const __m512 alpha = _mm512_set1_ps(alphas[hk[k]]);
+            const __m512 level = _mm512_set1_ps(w_levels[hk[k]]);
+            for (int c = 0; c < 2 * C; ++c) {
+              _mm512_storeu_ps(
+                  ah[k] + 16 * c,
+                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[k][c]), level,
+                                  _mm512_mul_ps(_mm512_loadu_ps(ah[k] + 16 * c), alpha)));
+            }
+          }
         }
       }
     }
@@ -496,11 +603,278 @@ void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int
                  out, lse);
 }
 
+// Prefill attention over a bf16 or int8 cache at the avx512bf16 level, for a block of m
+// consecutive queries of one sequence (Backend::causal_attention). For each KV head, the block's
+// (query, head) rows lie in vector lanes, 16 rows a vector: a score is one vdpbf16ps per row
+// vector and dimension pair, with the key's pair broadcast; the online softmax's max, sum and
+// rescaling are lane-wise (no horizontal reductions); and each key and value is read once for the
+// block rather than once per query. Rounding is AttendBf16Dot's: the query times the scale and the
+// softmax weights in bf16, float32 sums, int8 scales on scores and weights. A row's result does
+// not depend on the other rows of its block.
+template <int C, KvDtype D>
+void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv,
+                         int first_position, int context_begin, int context_end, float scale,
+                         float* out, float* lse) {
+  static_assert(D == KvDtype::kBf16 || D == KvDtype::kInt8);
+  constexpr int hd = 32 * C;
+  constexpr int kPairs = hd / 2;  // dimension pairs of a row
+  constexpr size_t kValueBytes = D == KvDtype::kBf16 ? 2 : 1;
+  constexpr int kRowBlock = 8 / C > 0 ? 8 / C : 1;  // rows whose 2C accumulators fit at once
+  constexpr int kTile = kAttentionTile;
+  const int group = num_heads / kv.num_kv_heads;
+  const int rows = m * group;  // row r = (query r / group, head r % group of the KV head)
+  const int vecs = (rows + 15) / 16;
+  const int padded = vecs * 16 + kRowBlock;  // lanes, and rows past the end for a row block
+  const size_t q_dim = static_cast<size_t>(num_heads) * hd;
+  const size_t row_bytes = static_cast<size_t>(kv.num_kv_heads) * hd * kValueBytes;
+  const size_t scales_offset =
+      D == KvDtype::kInt8 ? Int8ScalesOffset(kv.block_size, kv.num_kv_heads, hd) : 0;
+  const int walk_end = std::min(context_end, first_position + m);  // the last query's end
+
+  // qt (vecs, kPairs, 16) bf16 pairs | acc (padded, hd) | s (tile, padded) | w (tile / 2,
+  // padded) pairs | vt (tile / 2, 2C, 16) pairs | max, sum, alpha (padded) | ends (padded) |
+  // k and v scales (tile) | int8: the tile's keys and values as bf16 (tile, hd) | a zero row
+  thread_local std::vector<float> scratch;
+  const size_t need =
+      static_cast<size_t>(vecs) * kPairs * 16 + static_cast<size_t>(padded) * hd +
+      static_cast<size_t>(kTile) * padded + static_cast<size_t>(kTile) / 2 * padded +
+      static_cast<size_t>(kTile) / 2 * 2 * C * 16 + 4 * static_cast<size_t>(padded) + 2 * kTile +
+      static_cast<size_t>(kTile) * hd + hd / 2 + 16;
+  if (scratch.size() < need) scratch.resize(need);
+  auto* qt = reinterpret_cast<uint32_t*>(scratch.data());
+  float* acc = scratch.data() + static_cast<size_t>(vecs) * kPairs * 16;
+  float* s = acc + static_cast<size_t>(padded) * hd;
+  auto* w = reinterpret_cast<uint32_t*>(s + static_cast<size_t>(kTile) * padded);
+  auto* vt = reinterpret_cast<__m512i*>(w + static_cast<size_t>(kTile) / 2 * padded);
+  float* running_max = reinterpret_cast<float*>(vt + kTile / 2 * 2 * C);
+  float* running_sum = running_max + padded;
+  float* alphas = running_sum + padded;
+  auto* ends = reinterpret_cast<int32_t*>(alphas + padded);
+  float* k_scales = reinterpret_cast<float*>(ends + padded);
+  float* v_scales = k_scales + kTile;
+  auto* k_tile = reinterpret_cast<uint16_t*>(v_scales + kTile);  // int8 only
+  uint16_t* v_tile = k_tile + static_cast<size_t>(kTile) * hd;
+  auto* zero_row = reinterpret_cast<std::byte*>(v_tile + static_cast<size_t>(kTile) * hd);
+  std::memset(zero_row, 0, hd * sizeof(uint16_t));
+  const std::byte* krow[kTile];
+  const std::byte* vrow[kTile];
+  // The query for every KV head's rows: each output row belongs to exactly one.
+  for (int kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
+    const int h0 = kv_head * group;
+    for (int r = 0; r < vecs * 16; ++r) {
+      const bool real = r < rows;
+      const int i = real ? r / group : 0;
+      const float* qr = q + i * q_dim + static_cast<size_t>(h0 + r % group) * hd;
+      for (int d = 0; d < kPairs; ++d) {
+        const uint32_t lo = real ? F32ToBf16Bits(qr[2 * d] * scale) : 0;
+        const uint32_t hi = real ? F32ToBf16Bits(qr[2 * d + 1] * scale) : 0;
+        qt[(static_cast<size_t>(r / 16) * kPairs + d) * 16 + r % 16] = lo | hi << 16;
+      }
+      ends[r] = real ? std::max(context_begin, std::min(context_end, first_position + i + 1))
+                     : context_begin;
+    }
+    for (int r = 0; r < padded; ++r) {
+      running_max[r] = -INFINITY;
+      running_sum[r] = 0;
+      alphas[r] = 1;
+    }
+    std::fill(acc, acc + static_cast<size_t>(padded) * hd, 0.0f);
+    // Rows past the last real one: weights 0 for every tile (never written below).
+    std::fill(w, w + static_cast<size_t>(kTile) / 2 * padded, 0u);
+    int min_end = walk_end;
+    for (int r = 0; r < rows; ++r) min_end = std::min(min_end, ends[r]);
+    const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
+    TileSlots slots(kv, row_bytes, context_begin);
+    for (int t0 = context_begin; t0 < walk_end; t0 += kTile) {
+      const int n = std::min(kTile, walk_end - t0);
+      const int n_next = std::clamp(walk_end - t0 - kTile, 0, kTile);
+      slots.Advance(n, n_next);
+      PrefetchRows(kv, slots.next, n_next, within, hd * kValueBytes);
+      for (int j = 0; j < n; ++j) {
+        if constexpr (D == KvDtype::kBf16) {
+          krow[j] = kv.k + slots.at[j] + within;
+          vrow[j] = kv.v + slots.at[j] + within;
+        } else {
+          const size_t scale_at =
+              slots.at[j] - slots.offset[j] * row_bytes + scales_offset +
+              (static_cast<size_t>(slots.offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
+          std::memcpy(&k_scales[j], kv.k + scale_at, sizeof(float));
+          std::memcpy(&v_scales[j], kv.v + scale_at, sizeof(float));
+          uint16_t* kb = k_tile + static_cast<size_t>(j) * hd;
+          uint16_t* vb = v_tile + static_cast<size_t>(j) * hd;
+          Int8RowToBf16<C>(kv.k + slots.at[j] + within, kb);
+          Int8RowToBf16<C>(kv.v + slots.at[j] + within, vb);
+          krow[j] = reinterpret_cast<const std::byte*>(kb);
+          vrow[j] = reinterpret_cast<const std::byte*>(vb);
+        }
+      }
+      for (int j = n; j < kTile; ++j) {
+        krow[j] = vrow[j] = zero_row;
+        if constexpr (D == KvDtype::kInt8) k_scales[j] = v_scales[j] = 0;
+      }
+      // Scores, 8 positions of 16 rows at a time.
+      for (int v = 0; v < vecs; ++v) {
+        const uint32_t* qv = qt + static_cast<size_t>(v) * kPairs * 16;
+        for (int j0 = 0; j0 < n; j0 += 8) {
+          __m512 a[8];
+          for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
+          for (int d = 0; d < kPairs; ++d) {
+            const __m512bh qd = (__m512bh)_mm512_loadu_si512(qv + 16 * d);
+            for (int j = 0; j < 8; ++j) {
+              uint32_t key;
+              std::memcpy(&key, krow[j0 + j] + 4 * d, sizeof(key));
+              a[j] = _mm512_dpbf16_ps(a[j], qd, (__m512bh)_mm512_set1_epi32(static_cast<int>(key)));
+            }
+          }
+          for (int j = 0; j < 8; ++j) {
+            if constexpr (D == KvDtype::kInt8) {
+              a[j] = _mm512_mul_ps(a[j], _mm512_set1_ps(k_scales[j0 + j]));
+            }
+            _mm512_storeu_ps(s + static_cast<size_t>(j0 + j) * padded + 16 * v, a[j]);
+          }
+        }
+      }
+      // Positions at or past a row's end (and past the tile) score -inf.
+      const bool masked = t0 + kTile > min_end;
+      for (int v = 0; v < vecs; ++v) {
+        const __m512i row_ends = _mm512_loadu_si512(ends + 16 * v);
+        __m512 tile_max = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < kTile; ++j) {
+          float* sj = s + static_cast<size_t>(j) * padded + 16 * v;
+          __m512 x = _mm512_loadu_ps(sj);
+          if (masked) {
+            const __mmask16 live = _mm512_cmpgt_epi32_mask(row_ends, _mm512_set1_epi32(t0 + j));
+            x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, x);
+            _mm512_storeu_ps(sj, x);
+          }
+          tile_max = _mm512_max_ps(tile_max, x);
+        }
+        const __m512 old_max = _mm512_loadu_ps(running_max + 16 * v);
+        const __m512 new_max = _mm512_max_ps(old_max, tile_max);
+        // Rows with nothing yet subtract 0: their weights are exp(-inf) = 0, their alpha 0.
+        const __m512 base = _mm512_mask_mov_ps(
+            new_max, _mm512_cmp_ps_mask(new_max, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+            _mm512_setzero_ps());
+        const __m512 alpha = Exp(_mm512_sub_ps(old_max, base));
+        __m512 tile_sum = _mm512_setzero_ps();
+        // (p_j, p_j+1) of each row as one bf16 pair: rows' p_j in the low 16 halves of the
+        // rounded pair of vectors, p_j+1 in the high 16, interleaved by a permutation.
+        const __m512i interleave =
+            _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                             22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        for (int j = 0; j < n; j += 2) {
+          const __m512 p0 = Exp(
+              _mm512_sub_ps(_mm512_loadu_ps(s + static_cast<size_t>(j) * padded + 16 * v), base));
+          const __m512 p1 = Exp(_mm512_sub_ps(
+              _mm512_loadu_ps(s + static_cast<size_t>(j + 1) * padded + 16 * v), base));
+          __m512bh rounded = _mm512_cvtne2ps_pbh(p1, p0);  // p0 low, p1 high
+          tile_sum = _mm512_add_ps(
+              tile_sum,
+              _mm512_add_ps(
+                  _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256((__m512i)rounded)),
+                  _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64((__m512i)rounded, 1))));
+          if constexpr (D == KvDtype::kInt8) {
+            rounded = _mm512_cvtne2ps_pbh(_mm512_mul_ps(p1, _mm512_set1_ps(v_scales[j + 1])),
+                                          _mm512_mul_ps(p0, _mm512_set1_ps(v_scales[j])));
+          }
+          _mm512_storeu_si512(w + static_cast<size_t>(j / 2) * padded + 16 * v,
+                              _mm512_permutexvar_epi16(interleave, (__m512i)rounded));
+        }
+        _mm512_storeu_ps(running_sum + 16 * v,
+                         _mm512_fmadd_ps(_mm512_loadu_ps(running_sum + 16 * v), alpha, tile_sum));
+        _mm512_storeu_ps(running_max + 16 * v, new_max);
+        _mm512_storeu_ps(alphas + 16 * v, alpha);
+      }
+      // The tile's values, two positions interleaved per dimension pair (AttendBf16Dot's order).
+      for (int j = 0; j < n; j += 2) {
+        for (int c = 0; c < C; ++c) {
+          const __m512i x = _mm512_loadu_si512(vrow[j] + 64 * c);
+          const __m512i y = _mm512_loadu_si512(vrow[j + 1] + 64 * c);
+          _mm512_storeu_si512(vt + (j / 2) * 2 * C + 2 * c, _mm512_unpacklo_epi16(x, y));
+          _mm512_storeu_si512(vt + (j / 2) * 2 * C + 2 * c + 1, _mm512_unpackhi_epi16(x, y));
+        }
+      }
+      // acc = acc * alpha + p @ V, kRowBlock rows at a time.
+      for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+        __m512 a[kRowBlock][2 * C];
+        for (int k = 0; k < kRowBlock; ++k) {
+          const __m512 alpha = _mm512_set1_ps(alphas[r0 + k]);
+          for (int c = 0; c < 2 * C; ++c) {
+            a[k][c] = _mm512_mul_ps(
+                _mm512_loadu_ps(acc + static_cast<size_t>(r0 + k) * hd + 16 * c), alpha);
+          }
+        }
+        for (int jp = 0; jp < (n + 1) / 2; ++jp) {
+          const uint32_t* wj = w + static_cast<size_t>(jp) * padded + r0;
+          for (int c = 0; c < 2 * C; ++c) {
+            const __m512bh values = (__m512bh)_mm512_loadu_si512(vt + jp * 2 * C + c);
+            for (int k = 0; k < kRowBlock; ++k) {
+              a[k][c] = _mm512_dpbf16_ps(a[k][c], values,
+                                         (__m512bh)_mm512_set1_epi32(static_cast<int>(wj[k])));
+            }
+          }
+        }
+        for (int k = 0; k < kRowBlock; ++k) {
+          for (int c = 0; c < 2 * C; ++c)
+            _mm512_storeu_ps(acc + static_cast<size_t>(r0 + k) * hd + 16 * c, a[k][c]);
+        }
+      }
+    }
+    // Accumulator lane m of chunk c's low half holds element 32c + 8(m / 4) + m % 4; of its
+    // high half, that + 4 (AttendBf16Dot's order).
+    for (int r = 0; r < rows; ++r) {
+      const int i = r / group;
+      const int h = h0 + r % group;
+      float* o = out + i * q_dim + static_cast<size_t>(h) * hd;
+      const float* ar = acc + static_cast<size_t>(r) * hd;
+      const float inverse = running_sum[r] > 0 ? 1.0f / running_sum[r] : 0.0f;
+      for (int c = 0; c < C; ++c) {
+        for (int e = 0; e < 16; ++e) {
+          const int element = 32 * c + 8 * (e / 4) + e % 4;
+          o[element] = ar[32 * c + e] * inverse;
+          o[element + 4] = ar[32 * c + 16 + e] * inverse;
+        }
+      }
+      if (lse != nullptr) {
+        lse[static_cast<size_t>(i) * num_heads + h] =
+            running_sum[r] > 0 ? running_max[r] + std::log(running_sum[r]) : -INFINITY;
+      }
+    }
+  }
+}
+
+void CausalAttentionBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv,
+                            int first_position, int context_begin, int context_end, float scale,
+                            float* out, float* lse) {
+  const auto run = [&](auto attend) {
+    attend(q, m, num_heads, kv, first_position, context_begin, context_end, scale, out, lse);
+  };
+  if (kv.dtype == KvDtype::kBf16 || kv.dtype == KvDtype::kInt8) {
+    const bool int8 = kv.dtype == KvDtype::kInt8;
+    switch (kv.head_dim) {
+      case 32:
+        return run(int8 ? AttendCausalBf16Dot<1, KvDtype::kInt8>
+                        : AttendCausalBf16Dot<1, KvDtype::kBf16>);
+      case 64:
+        return run(int8 ? AttendCausalBf16Dot<2, KvDtype::kInt8>
+                        : AttendCausalBf16Dot<2, KvDtype::kBf16>);
+      case 128:
+        return run(int8 ? AttendCausalBf16Dot<4, KvDtype::kInt8>
+                        : AttendCausalBf16Dot<4, KvDtype::kBf16>);
+      default:
+        break;
+    }
+  }
+  CausalByQuery<PagedAttentionBf16Dot>(q, m, num_heads, kv, first_position, context_begin,
+                                       context_end, scale, out, lse);
+}
+
 #undef TANDEM_INLINE
 
 }  // namespace
 
 const PagedAttentionFn kAvx512Bf16Attention = PagedAttentionBf16Dot;
+const CausalAttentionFn kAvx512Bf16CausalAttention = CausalAttentionBf16Dot;
 
 const Backend kAvx512Elementwise = {
     .name = "avx512",
@@ -515,6 +889,7 @@ const Backend kAvx512Elementwise = {
     .silu_mul = SiluMul,
     .axpy = Axpy,
     .paged_attention = PagedAttention,
+    .causal_attention = CausalByQuery<PagedAttention>,
 };
 
 }  // namespace tandem::kernels::cpu::internal
