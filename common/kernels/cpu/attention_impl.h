@@ -67,6 +67,14 @@ class TileSlots {
   int block_index_, offset_;
 };
 
+// Where the int8 scale of (the position at `slot`, `offset` within its block; `kv_head`) lies,
+// from the same pool's start.
+inline size_t Int8ScaleAt(const PagedKv& kv, size_t slot, int offset, size_t row_bytes,
+                          size_t scales_offset, int kv_head) {
+  return slot - offset * row_bytes + scales_offset +
+         (static_cast<size_t>(offset) * kv.num_kv_heads + kv_head) * sizeof(float);
+}
+
 // Prefetches `bytes` of K and V at `within` of `slot`. Decode kernels call it for one or two
 // positions of the next tile at a time from inside their arithmetic, so that the memory system
 // works while the products run: a whole tile's prefetches in one burst hold the core until
@@ -165,10 +173,8 @@ void AttendTiles(const float* q, int num_heads, const PagedKv& kv, int context_b
         }
         float k_scale = 1, v_scale = 1;
         if constexpr (D == KvDtype::kInt8) {
-          const size_t block_start = slots.at[j] - slots.offset[j] * row_bytes;
           const size_t scale_at =
-              block_start + scales_offset +
-              (static_cast<size_t>(slots.offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
+              Int8ScaleAt(kv, slots.at[j], slots.offset[j], row_bytes, scales_offset, kv_head);
           std::memcpy(&k_scale, kv.k + scale_at, sizeof(float));
           std::memcpy(&v_scale, kv.v + scale_at, sizeof(float));
         }

@@ -303,6 +303,40 @@ TANDEM_INLINE void Int8RowToInt16(const std::byte* row, uint16_t* out) {
 // The largest int16 level of the int8 path's query and weights.
 constexpr float kInt16Levels = 32767.0f;
 
+// A tile's key and value rows of one KV head for the dot-product kernels, into krow / vrow: a
+// bf16 cache's where they lie; an int8 cache's widened by `Widen` into k_tile / v_tile (hd
+// 16-bit values a position), with their scales. Positions [n, kAttentionTile) read `zero_row`
+// (and scales 0).
+template <int C, KvDtype D, void (*Widen)(const std::byte*, uint16_t*)>
+TANDEM_INLINE void GatherTileRows(const PagedKv& kv, const TileSlots& slots, int n, int kv_head,
+                                  size_t row_bytes, size_t scales_offset, const std::byte* zero_row,
+                                  uint16_t* k_tile, uint16_t* v_tile, float* k_scales,
+                                  float* v_scales, const std::byte** krow, const std::byte** vrow) {
+  constexpr int hd = 32 * C;
+  const size_t within = static_cast<size_t>(kv_head) * hd * (D == KvDtype::kBf16 ? 2 : 1);
+  for (int j = 0; j < n; ++j) {
+    if constexpr (D == KvDtype::kBf16) {
+      krow[j] = kv.k + slots.at[j] + within;
+      vrow[j] = kv.v + slots.at[j] + within;
+    } else {
+      const size_t scale_at =
+          Int8ScaleAt(kv, slots.at[j], slots.offset[j], row_bytes, scales_offset, kv_head);
+      std::memcpy(&k_scales[j], kv.k + scale_at, sizeof(float));
+      std::memcpy(&v_scales[j], kv.v + scale_at, sizeof(float));
+      uint16_t* kb = k_tile + static_cast<size_t>(j) * hd;
+      uint16_t* vb = v_tile + static_cast<size_t>(j) * hd;
+      Widen(kv.k + slots.at[j] + within, kb);
+      Widen(kv.v + slots.at[j] + within, vb);
+      krow[j] = reinterpret_cast<const std::byte*>(kb);
+      vrow[j] = reinterpret_cast<const std::byte*>(vb);
+    }
+  }
+  for (int j = n; j < kAttentionTile; ++j) {
+    krow[j] = vrow[j] = zero_row;
+    if constexpr (D == KvDtype::kInt8) k_scales[j] = v_scales[j] = 0;
+  }
+}
+
 template <int C, KvDtype D>
 void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context_begin,
                    int context_end, float scale, int kv_head_begin, int kv_head_end, float* out,
@@ -387,28 +421,10 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
     for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
       const int h0 = (kv_head - kv_head_begin) * group;
       const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
-      for (int j = 0; j < n; ++j) {
-        if constexpr (D == KvDtype::kBf16) {
-          krow[j] = kv.k + slots.at[j] + within;
-          vrow[j] = kv.v + slots.at[j] + within;
-        } else {  // int8 levels widened to int16; the scales multiply scores and weights
-          const size_t scale_at =
-              slots.at[j] - slots.offset[j] * row_bytes + scales_offset +
-              (static_cast<size_t>(slots.offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
-          std::memcpy(&k_scales[j], kv.k + scale_at, sizeof(float));
-          std::memcpy(&v_scales[j], kv.v + scale_at, sizeof(float));
-          uint16_t* kb = k_tile + static_cast<size_t>(j) * hd;
-          uint16_t* vb = v_tile + static_cast<size_t>(j) * hd;
-          Int8RowToInt16<C>(kv.k + slots.at[j] + within, kb);
-          Int8RowToInt16<C>(kv.v + slots.at[j] + within, vb);
-          krow[j] = reinterpret_cast<const std::byte*>(kb);
-          vrow[j] = reinterpret_cast<const std::byte*>(vb);
-        }
-      }
-      for (int j = n; j < kAttentionTile; ++j) {
-        krow[j] = vrow[j] = zero_row;
-        if constexpr (D == KvDtype::kInt8) k_scales[j] = v_scales[j] = 0;
-      }
+      // int8: levels widened to int16; the scales multiply scores and weights.
+      GatherTileRows<C, D, Int8RowToInt16<C>>(kv, slots, n, kv_head, row_bytes, scales_offset,
+                                              zero_row, k_tile, v_tile, k_scales, v_scales, krow,
+                                              vrow);
       for (int g = 0; g < group; ++g) {
         const int h = h0 + g;
         const uint16_t* qh = qb + static_cast<size_t>(h) * hd;
@@ -519,10 +535,8 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
             for (int jn = j; jn < std::min(j + 2, n_next); ++jn) {
               PrefetchSlot(kv, slots.next[jn], within, hd * kValueBytes);
               if constexpr (D == KvDtype::kInt8) {  // and the line of its scales
-                const size_t scale_at =
-                    slots.next[jn] - slots.next_offset[jn] * row_bytes + scales_offset +
-                    (static_cast<size_t>(slots.next_offset[jn]) * kv.num_kv_heads + kv_head) *
-                        sizeof(float);
+                const size_t scale_at = Int8ScaleAt(kv, slots.next[jn], slots.next_offset[jn],
+                                                    row_bytes, scales_offset, kv_head);
                 _mm_prefetch(reinterpret_cast<const char*>(kv.k + scale_at), _MM_HINT_T0);
                 _mm_prefetch(reinterpret_cast<const char*>(kv.v + scale_at), _MM_HINT_T0);
               }
@@ -690,28 +704,10 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
       const int n_next = std::clamp(walk_end - t0 - kTile, 0, kTile);
       slots.Advance(n, n_next);
       PrefetchRows(kv, slots.next, n_next, within, hd * kValueBytes);
-      for (int j = 0; j < n; ++j) {
-        if constexpr (D == KvDtype::kBf16) {
-          krow[j] = kv.k + slots.at[j] + within;
-          vrow[j] = kv.v + slots.at[j] + within;
-        } else {
-          const size_t scale_at =
-              slots.at[j] - slots.offset[j] * row_bytes + scales_offset +
-              (static_cast<size_t>(slots.offset[j]) * kv.num_kv_heads + kv_head) * sizeof(float);
-          std::memcpy(&k_scales[j], kv.k + scale_at, sizeof(float));
-          std::memcpy(&v_scales[j], kv.v + scale_at, sizeof(float));
-          uint16_t* kb = k_tile + static_cast<size_t>(j) * hd;
-          uint16_t* vb = v_tile + static_cast<size_t>(j) * hd;
-          Int8RowToBf16<C>(kv.k + slots.at[j] + within, kb);
-          Int8RowToBf16<C>(kv.v + slots.at[j] + within, vb);
-          krow[j] = reinterpret_cast<const std::byte*>(kb);
-          vrow[j] = reinterpret_cast<const std::byte*>(vb);
-        }
-      }
-      for (int j = n; j < kTile; ++j) {
-        krow[j] = vrow[j] = zero_row;
-        if constexpr (D == KvDtype::kInt8) k_scales[j] = v_scales[j] = 0;
-      }
+      // int8: levels widened to bf16 once, shared by the block's rows.
+      GatherTileRows<C, D, Int8RowToBf16<C>>(kv, slots, n, kv_head, row_bytes, scales_offset,
+                                             zero_row, k_tile, v_tile, k_scales, v_scales, krow,
+                                             vrow);
       // Scores, 8 positions of 16 rows at a time.
       for (int v = 0; v < vecs; ++v) {
         const uint32_t* qv = qt + static_cast<size_t>(v) * kPairs * 16;
