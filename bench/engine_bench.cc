@@ -129,13 +129,8 @@ const kernels::Backend* g_per_query_base = nullptr;
 void CausalOneQueryAtATime(const float* q, int m, int num_heads, const kernels::PagedKv& kv,
                            int first_position, int context_begin, int context_end, float scale,
                            float* out, float* lse) {
-  const size_t q_dim = static_cast<size_t>(num_heads) * kv.head_dim;
-  for (int i = 0; i < m; ++i) {
-    const int end = std::max(context_begin, std::min(context_end, first_position + i + 1));
-    g_per_query_base->paged_attention(
-        q + i * q_dim, num_heads, kv, context_begin, end, scale, 0, kv.num_kv_heads,
-        out + i * q_dim, lse != nullptr ? lse + static_cast<size_t>(i) * num_heads : nullptr);
-  }
+  kernels::CausalAttentionByQuery(g_per_query_base->paged_attention, q, m, num_heads, kv,
+                                  first_position, context_begin, context_end, scale, out, lse);
 }
 
 int Run() {

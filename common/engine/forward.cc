@@ -356,26 +356,17 @@ void ForwardPass::Attention(int l, absl::Span<const StepInput> batch) {
       const int context = first.position + unit.count;
       const kernels::PagedKv kv = pool_->View(l, batch[first.seq].block_table->blocks().data());
       const float* q = Row(q_, unit.first, q_dim);
-      if (parts == 1) {
-        float* out = Row(attn_, unit.first, q_dim);
-        if (unit.count == 1) {
-          ops_->paged_attention(q, heads, kv, 0, context, scale, 0, kv_heads, out, nullptr);
-        } else {
-          ops_->causal_attention(q, unit.count, heads, kv, first.position, 0, context, scale, out,
-                                 nullptr);
-        }
-        continue;
-      }
-      // This part's outputs and log-sum-exps, in its rows.
+      // The whole context into attn_, or this part's outputs and log-sum-exps into its rows.
       const int64_t row = unit.part_row + int64_t{part} * unit.count;
-      const int part_begin = static_cast<int>(int64_t{context} * part / parts);
-      const int part_end = static_cast<int>(int64_t{context} * (part + 1) / parts);
+      float* out = parts == 1 ? Row(attn_, unit.first, q_dim) : Row(part_out_, row, q_dim);
+      float* lse = parts == 1 ? nullptr : Row(part_lse_, row, heads);
+      const int begin = static_cast<int>(int64_t{context} * part / parts);
+      const int end = static_cast<int>(int64_t{context} * (part + 1) / parts);
       if (unit.count == 1) {
-        ops_->paged_attention(q, heads, kv, part_begin, part_end, scale, 0, kv_heads,
-                              Row(part_out_, row, q_dim), Row(part_lse_, row, heads));
+        ops_->paged_attention(q, heads, kv, begin, end, scale, 0, kv_heads, out, lse);
       } else {
-        ops_->causal_attention(q, unit.count, heads, kv, first.position, part_begin, part_end,
-                               scale, Row(part_out_, row, q_dim), Row(part_lse_, row, heads));
+        ops_->causal_attention(q, unit.count, heads, kv, first.position, begin, end, scale, out,
+                               lse);
       }
     }
   });

@@ -27,6 +27,8 @@
 //                     key and value is read once per block rather than once per query.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "common/kernels/kv_format.h"
@@ -57,5 +59,25 @@ struct Backend {
                            int first_position, int context_begin, int context_end, float scale,
                            float* out, float* lse);
 };
+
+// Where query i of a causal_attention block stops attending: its own position + 1, within
+// [context_begin, context_end] (context_begin when the range is empty).
+inline int CausalQueryEnd(int first_position, int i, int context_begin, int context_end) {
+  return std::max(context_begin, std::min(context_end, first_position + i + 1));
+}
+
+// Backend::causal_attention by its definition: one `attend` (a table's paged_attention) per
+// query, each over its own range. Levels without a kernel for blocks run this.
+inline void CausalAttentionByQuery(decltype(Backend::paged_attention) attend, const float* q, int m,
+                                   int num_heads, const PagedKv& kv, int first_position,
+                                   int context_begin, int context_end, float scale, float* out,
+                                   float* lse) {
+  const size_t q_dim = static_cast<size_t>(num_heads) * kv.head_dim;
+  for (int i = 0; i < m; ++i) {
+    attend(q + i * q_dim, num_heads, kv, context_begin,
+           CausalQueryEnd(first_position, i, context_begin, context_end), scale, 0, kv.num_kv_heads,
+           out + i * q_dim, lse != nullptr ? lse + static_cast<size_t>(i) * num_heads : nullptr);
+  }
+}
 
 }  // namespace tandem::kernels

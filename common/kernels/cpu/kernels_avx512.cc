@@ -684,8 +684,8 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
         const uint32_t hi = real ? F32ToBf16Bits(qr[2 * d + 1] * scale) : 0;
         qt[(static_cast<size_t>(r / 16) * kPairs + d) * 16 + r % 16] = lo | hi << 16;
       }
-      ends[r] = real ? std::max(context_begin, std::min(context_end, first_position + i + 1))
-                     : context_begin;
+      ends[r] =
+          real ? CausalQueryEnd(first_position, i, context_begin, context_end) : context_begin;
     }
     for (int r = 0; r < padded; ++r) {
       running_max[r] = -INFINITY;

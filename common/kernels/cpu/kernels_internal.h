@@ -2,7 +2,6 @@
 // and helpers they share.
 #pragma once
 
-#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <functional>
@@ -26,17 +25,13 @@ extern const PagedAttentionFn kAvx512Bf16Attention;
 using CausalAttentionFn = decltype(Backend::causal_attention);
 extern const CausalAttentionFn kAvx512Bf16CausalAttention;
 
-// Backend::causal_attention as one `Attend` (a paged_attention) per query: what every level runs
-// where it has no kernel for blocks of queries.
+// CausalAttentionByQuery over `Attend`, as a table entry: what every level runs where it has no
+// kernel for blocks of queries.
 template <auto Attend>
 void CausalByQuery(const float* q, int m, int num_heads, const PagedKv& kv, int first_position,
                    int context_begin, int context_end, float scale, float* out, float* lse) {
-  const size_t q_dim = static_cast<size_t>(num_heads) * kv.head_dim;
-  for (int i = 0; i < m; ++i) {
-    const int end = std::max(context_begin, std::min(context_end, first_position + i + 1));
-    Attend(q + i * q_dim, num_heads, kv, context_begin, end, scale, 0, kv.num_kv_heads,
-           out + i * q_dim, lse != nullptr ? lse + static_cast<size_t>(i) * num_heads : nullptr);
-  }
+  CausalAttentionByQuery(Attend, q, m, num_heads, kv, first_position, context_begin, context_end,
+                         scale, out, lse);
 }
 // The products over packed weights (linear_avx512.cc, linear_avx2.cc), by what they do with
 // activations: float32 throughout; int8 for int8/int4 weights; and bf16 for bf16 weights.
