@@ -2,11 +2,16 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <random>
+#include <string_view>
+#include <tuple>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
@@ -110,7 +115,11 @@ KvBlockPool::KvBlockPool(const KvCacheConfig& config,
                                          config.head_dim)),
       pool_stride_bytes_(PoolStrideBytes(config)),
       size_bytes_(size_bytes),
-      ref_counts_(config.num_blocks, 0) {
+      ref_counts_(config.num_blocks, 0),
+      seed_([] {
+        std::random_device device;
+        return (uint64_t{device()} << 32) ^ device();
+      }()) {
   // Popped from the back, so a fresh pool hands out ids 0, 1, 2, ...
   free_.reserve(config.num_blocks);
   for (int32_t b = config.num_blocks - 1; b >= 0; --b) free_.push_back(b);
@@ -183,13 +192,16 @@ absl::StatusOr<std::vector<int32_t>> KvBlockPool::Allocate(int n) {
     return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", n, " KV blocks"));
   }
   absl::MutexLock lock(&mu_);
-  if (static_cast<size_t>(n) > free_.size()) {
+  const size_t available = free_.size() + num_evictable_;
+  if (static_cast<size_t>(n) > available) {
     return absl::ResourceExhaustedError(absl::StrCat("asked for ", n, " KV blocks but only ",
-                                                     free_.size(), " of ", config_.num_blocks,
+                                                     available, " of ", config_.num_blocks,
                                                      " are free"));
   }
-  std::vector<int32_t> blocks(free_.rbegin(), free_.rbegin() + n);
-  free_.resize(free_.size() - n);
+  const int from_free = std::min(n, static_cast<int>(free_.size()));
+  std::vector<int32_t> blocks(free_.rbegin(), free_.rbegin() + from_free);
+  free_.resize(free_.size() - from_free);
+  while (static_cast<int>(blocks.size()) < n) blocks.push_back(Evict());
   for (int32_t b : blocks) ref_counts_[b] = 1;
   return blocks;
 }
@@ -208,13 +220,59 @@ void KvBlockPool::Release(absl::Span<const int32_t> blocks) {
   for (int32_t b : blocks) {
     TANDEM_CHECK(b >= 0 && b < config_.num_blocks) << "KV block id " << b << " out of range";
     TANDEM_CHECK(ref_counts_[b] > 0) << "Release of free KV block " << b;
-    if (--ref_counts_[b] == 0) free_.push_back(b);
   }
+  // Free blocks go back in order (a fresh pool's ids stay predictable); published ones join
+  // the evictable list tail first, so a sequence's tail is evicted before its head.
+  for (int32_t b : blocks) {
+    if (--ref_counts_[b] == 0 && !(prefix_cache_ && published_[b])) free_.push_back(b);
+  }
+  if (!prefix_cache_) return;
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    const int32_t b = *it;
+    if (ref_counts_[b] != 0 || !published_[b] || lru_prev_[b] != -1 || lru_head_ == b) continue;
+    lru_prev_[b] = lru_tail_;
+    lru_next_[b] = -1;
+    if (lru_tail_ >= 0) {
+      lru_next_[lru_tail_] = b;
+    } else {
+      lru_head_ = b;
+    }
+    lru_tail_ = b;
+    ++num_evictable_;
+  }
+}
+
+void KvBlockPool::Unlink(int32_t block) {
+  TANDEM_CHECK(lru_prev_[block] != -1 || lru_head_ == block)
+      << "KV block " << block << " is not evictable";
+  const int32_t prev = lru_prev_[block], next = lru_next_[block];
+  if (prev >= 0) {
+    lru_next_[prev] = next;
+  } else {
+    lru_head_ = next;
+  }
+  if (next >= 0) {
+    lru_prev_[next] = prev;
+  } else {
+    lru_tail_ = prev;
+  }
+  lru_prev_[block] = lru_next_[block] = -1;
+  --num_evictable_;
+}
+
+int32_t KvBlockPool::Evict() {
+  const int32_t b = lru_head_;
+  TANDEM_CHECK(b >= 0) << "no evictable KV block";
+  Unlink(b);
+  published_[b] = false;
+  by_key_.erase(key_[b]);
+  ++evictions_;
+  return b;
 }
 
 int KvBlockPool::num_free() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(free_.size());
+  return static_cast<int>(free_.size()) + num_evictable_;
 }
 
 int KvBlockPool::ref_count(int32_t block) const {
@@ -222,6 +280,77 @@ int KvBlockPool::ref_count(int32_t block) const {
       << "KV block id " << block << " out of range";
   absl::MutexLock lock(&mu_);
   return ref_counts_[block];
+}
+
+void KvBlockPool::EnablePrefixCache() {
+  absl::MutexLock lock(&mu_);
+  if (prefix_cache_) return;
+  const size_t n = config_.num_blocks;
+  published_.assign(n, false);
+  key_.assign(n, 0);
+  parent_.assign(n, 0);
+  tokens_.assign(n * config_.block_size, 0);
+  lru_prev_.assign(n, -1);
+  lru_next_.assign(n, -1);
+  prefix_cache_ = true;
+}
+
+bool KvBlockPool::prefix_cache_enabled() const {
+  absl::MutexLock lock(&mu_);
+  return prefix_cache_;
+}
+
+uint64_t KvBlockPool::PrefixRoot(uint64_t salt) const {
+  return absl::Hash<std::tuple<uint64_t, uint64_t, std::string_view>>()(
+      std::make_tuple(seed_, salt, std::string_view("tandem prefix root")));
+}
+
+uint64_t KvBlockPool::PrefixKey(uint64_t parent, absl::Span<const int32_t> tokens) const {
+  const std::string_view bytes(reinterpret_cast<const char*>(tokens.data()),
+                               tokens.size() * sizeof(int32_t));
+  return absl::Hash<std::tuple<uint64_t, uint64_t, std::string_view>>()(
+      std::make_tuple(seed_, parent, bytes));
+}
+
+bool KvBlockPool::Publish(int32_t block, uint64_t parent, uint64_t key,
+                          absl::Span<const int32_t> tokens) {
+  TANDEM_CHECK(block >= 0 && block < config_.num_blocks)
+      << "KV block id " << block << " out of range";
+  TANDEM_CHECK(static_cast<int>(tokens.size()) == config_.block_size)
+      << "a published block holds " << config_.block_size << " tokens, not " << tokens.size();
+  absl::MutexLock lock(&mu_);
+  TANDEM_CHECK(ref_counts_[block] > 0) << "Publish of free KV block " << block;
+  if (!prefix_cache_ || published_[block] || by_key_.contains(key)) return false;
+  published_[block] = true;
+  key_[block] = key;
+  parent_[block] = parent;
+  std::copy(tokens.begin(), tokens.end(),
+            tokens_.begin() + static_cast<size_t>(block) * config_.block_size);
+  by_key_[key] = block;
+  return true;
+}
+
+int32_t KvBlockPool::AcquireCached(uint64_t parent, uint64_t key,
+                                   absl::Span<const int32_t> tokens) {
+  absl::MutexLock lock(&mu_);
+  if (!prefix_cache_ || static_cast<int>(tokens.size()) != config_.block_size) return -1;
+  auto it = by_key_.find(key);
+  if (it == by_key_.end()) return -1;
+  const int32_t b = it->second;
+  const auto held = tokens_.begin() + static_cast<size_t>(b) * config_.block_size;
+  if (parent_[b] != parent || !std::equal(tokens.begin(), tokens.end(), held)) return -1;
+  if (ref_counts_[b] == 0) Unlink(b);
+  ++ref_counts_[b];
+  return b;
+}
+
+KvBlockPool::PrefixCacheStats KvBlockPool::prefix_cache_stats() const {
+  absl::MutexLock lock(&mu_);
+  PrefixCacheStats stats;
+  stats.cached_blocks = static_cast<int>(by_key_.size());
+  stats.evictable_blocks = num_evictable_;
+  stats.evictions = evictions_;
+  return stats;
 }
 
 void BlockTable::BindPool(const KvBlockPool* pool) {
@@ -254,6 +383,16 @@ void BlockTable::Append(int n) {
   TANDEM_CHECK(n >= 0 && num_tokens_ + n <= capacity)
       << "append of " << n << " tokens to " << num_tokens_ << " with capacity " << capacity;
   num_tokens_ += n;
+}
+
+void BlockTable::AppendFull(KvBlockPool* pool, int32_t block) {
+  BindPool(pool);
+  const int block_size = pool->config().block_size;
+  TANDEM_CHECK(num_tokens_ == capacity_tokens(block_size))
+      << "a full block appended to a table holding " << num_tokens_ << " tokens in room for "
+      << capacity_tokens(block_size);
+  blocks_.push_back(block);
+  num_tokens_ += block_size;
 }
 
 void BlockTable::ReleaseAll(KvBlockPool* pool) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -42,6 +43,16 @@ struct KvCacheConfig {
 // and a block returns to the free list when its count reaches zero. Allocate, Ref, Release and
 // the counters are thread-safe; the memory itself is not guarded (a block's holders coordinate
 // writes to it).
+//
+// Prefix cache (off until EnablePrefixCache; docs/kv-cache.md "Prefix cache"): a full block
+// whose KV will not change can be published under a chain key, the hash of its parent's key
+// (the previous block's, or PrefixRoot(salt) for a sequence's first block) and its tokens. A
+// published block stays published while it is referenced and after: when its last holder
+// releases it, it becomes evictable instead of free, and Allocate takes the least recently
+// released evictable blocks (and unpublishes them) only once the free list is empty. Lookups
+// (AcquireCached) compare the parent key and the tokens, not only the hash, so a colliding
+// prompt never reads another's KV. Keys are seeded per pool: a client cannot choose prompts
+// that collide.
 class KvBlockPool {
  public:
   static constexpr size_t kAlignment = 64;  // bytes, for data() and every k_pool / v_pool
@@ -107,12 +118,38 @@ class KvBlockPool {
   absl::StatusOr<std::vector<int32_t>> Allocate(int n);
   // Adds one holder to each block; each must be allocated (CHECK).
   void Ref(absl::Span<const int32_t> blocks);
-  // Drops one holder from each block; each must be allocated (CHECK).
+  // Drops one holder from each block; each must be allocated (CHECK). Published blocks left
+  // unreferenced become evictable, the last of `blocks` first (a sequence's tail is worth
+  // less than its head: every sequence sharing the tail shares the head).
   void Release(absl::Span<const int32_t> blocks);
 
+  // Blocks Allocate can hand out: free ones and evictable (published, unreferenced) ones.
   int num_free() const;
   int num_total() const { return config_.num_blocks; }
   int ref_count(int32_t block) const;  // 0 for a free block; CHECK on an out-of-range id
+
+  // Turns the prefix cache on (it cannot be turned off again).
+  void EnablePrefixCache();
+  bool prefix_cache_enabled() const;
+  // The parent key of a sequence's first block: `salt` stands for whatever else changes the
+  // KV besides the tokens (the experts prefill ran), so blocks computed under different
+  // settings never match.
+  uint64_t PrefixRoot(uint64_t salt) const;
+  // The key of a block holding `tokens` after the block keyed `parent`.
+  uint64_t PrefixKey(uint64_t parent, absl::Span<const int32_t> tokens) const;
+  // Publishes `block` (referenced, holding exactly `tokens`, block_size of them, whose KV its
+  // holders will not change again) under `key` = PrefixKey(parent, tokens). False, changing
+  // nothing, when the cache is off, another block holds the key, or `block` is published.
+  bool Publish(int32_t block, uint64_t parent, uint64_t key, absl::Span<const int32_t> tokens);
+  // The block published under `key` after `parent` holding `tokens`, with one more holder
+  // (Release it like an allocated block); -1 when there is none.
+  int32_t AcquireCached(uint64_t parent, uint64_t key, absl::Span<const int32_t> tokens);
+  struct PrefixCacheStats {
+    int cached_blocks = 0;     // published, referenced or not
+    int evictable_blocks = 0;  // published and unreferenced
+    int64_t evictions = 0;     // published blocks Allocate has taken back
+  };
+  PrefixCacheStats prefix_cache_stats() const;
 
  private:
   struct AlignedDelete {
@@ -134,9 +171,31 @@ class KvBlockPool {
   const size_t pool_stride_bytes_;  // block_bytes * num_blocks, padded to kAlignment
   const size_t size_bytes_;
 
+  // Takes `block` off the evictable list (CHECK that it is there).
+  void Unlink(int32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unpublishes the least recently released evictable block and returns it.
+  int32_t Evict() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);        // stack of free block ids
   std::vector<int32_t> ref_counts_ ABSL_GUARDED_BY(mu_);  // (num_blocks,)
+
+  // Prefix cache: per block (sized when enabled), whether it is published, its key, its
+  // parent's key and its tokens; the published blocks by key; the evictable ones as a list
+  // through prev/next ids (-1 ends it), oldest first.
+  const uint64_t seed_;
+  bool prefix_cache_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> published_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> key_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> parent_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);  // (num_blocks, block_size)
+  absl::flat_hash_map<uint64_t, int32_t> by_key_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> lru_prev_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> lru_next_ ABSL_GUARDED_BY(mu_);
+  int32_t lru_head_ ABSL_GUARDED_BY(mu_) = -1;  // least recently released
+  int32_t lru_tail_ ABSL_GUARDED_BY(mu_) = -1;
+  int num_evictable_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Where a token position lives in the pool.
@@ -164,6 +223,10 @@ class BlockTable {
   absl::Status Reserve(KvBlockPool* pool, int new_num_tokens);
   // Marks `n` more tokens as written; num_tokens() + n must not exceed the capacity (CHECK).
   void Append(int n);
+  // Appends `block`, full of written tokens, taking over the caller's reference to it (a block
+  // from KvBlockPool::AcquireCached). The table must hold whole blocks only, all written
+  // (CHECK).
+  void AppendFull(KvBlockPool* pool, int32_t block);
   // Releases every block to `pool` and empties the table.
   void ReleaseAll(KvBlockPool* pool);
 

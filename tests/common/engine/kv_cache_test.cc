@@ -377,5 +377,194 @@ TEST(BlockTableDeathTest, AppendBeyondCapacityAndBadPositionsAreFatal) {
   table.ReleaseAll(pool.get());
 }
 
+// ---- Prefix cache ----
+
+std::vector<int32_t> Tokens(int first, int n = 4) {
+  std::vector<int32_t> tokens(n);
+  for (int i = 0; i < n; ++i) tokens[i] = first + i;
+  return tokens;
+}
+
+TEST(PrefixCacheTest, OffByDefault) {
+  auto pool = MakePool();
+  EXPECT_FALSE(pool->prefix_cache_enabled());
+  std::vector<int32_t> block = *pool->Allocate(1);
+  const uint64_t root = pool->PrefixRoot(0);
+  const uint64_t key = pool->PrefixKey(root, Tokens(1));
+  EXPECT_FALSE(pool->Publish(block[0], root, key, Tokens(1)));
+  EXPECT_EQ(pool->AcquireCached(root, key, Tokens(1)), -1);
+  pool->Release(block);
+  EXPECT_EQ(pool->ref_count(block[0]), 0);
+  EXPECT_EQ(pool->prefix_cache_stats().evictable_blocks, 0);
+}
+
+TEST(PrefixCacheTest, KeysChainParentsTokensAndSalt) {
+  auto pool = MakePool();
+  const uint64_t root = pool->PrefixRoot(7);
+  EXPECT_EQ(root, pool->PrefixRoot(7));
+  EXPECT_NE(root, pool->PrefixRoot(8));
+  const uint64_t a = pool->PrefixKey(root, Tokens(1));
+  EXPECT_EQ(a, pool->PrefixKey(root, Tokens(1)));
+  EXPECT_NE(a, pool->PrefixKey(root, Tokens(2)));
+  EXPECT_NE(a, pool->PrefixKey(pool->PrefixRoot(8), Tokens(1)));
+  // The same block after different parents is a different key.
+  EXPECT_NE(pool->PrefixKey(a, Tokens(5)),
+            pool->PrefixKey(pool->PrefixKey(root, Tokens(9)), Tokens(5)));
+  // Keys are seeded per pool.
+  auto other = MakePool();
+  EXPECT_NE(other->PrefixRoot(7), root);
+}
+
+TEST(PrefixCacheTest, PublishedBlocksOutliveTheirHoldersAndAreAcquiredByContent) {
+  auto pool = MakePool();
+  pool->EnablePrefixCache();
+  std::vector<int32_t> blocks = *pool->Allocate(2);
+  const uint64_t root = pool->PrefixRoot(0);
+  const uint64_t k0 = pool->PrefixKey(root, Tokens(1));
+  const uint64_t k1 = pool->PrefixKey(k0, Tokens(5));
+  ASSERT_TRUE(pool->Publish(blocks[0], root, k0, Tokens(1)));
+  ASSERT_TRUE(pool->Publish(blocks[1], k0, k1, Tokens(5)));
+  EXPECT_FALSE(pool->Publish(blocks[1], k0, k1, Tokens(5)));  // already published
+  EXPECT_EQ(pool->prefix_cache_stats().cached_blocks, 2);
+  // A second holder while the first still runs.
+  EXPECT_EQ(pool->AcquireCached(root, k0, Tokens(1)), blocks[0]);
+  EXPECT_EQ(pool->ref_count(blocks[0]), 2);
+  pool->Release({blocks[0]});
+  // The last holder leaves: the blocks stay, evictable, and count as free.
+  pool->Release(blocks);
+  EXPECT_EQ(pool->ref_count(blocks[0]), 0);
+  EXPECT_EQ(pool->num_free(), 7);
+  EXPECT_EQ(pool->prefix_cache_stats().evictable_blocks, 2);
+  EXPECT_EQ(pool->AcquireCached(root, k0, Tokens(1)), blocks[0]);
+  EXPECT_EQ(pool->AcquireCached(k0, k1, Tokens(5)), blocks[1]);
+  EXPECT_EQ(pool->prefix_cache_stats().evictable_blocks, 0);
+  EXPECT_EQ(pool->num_free(), 5);
+  // Wrong tokens, wrong parent or a key nobody published: no block (even under a key that
+  // exists, so a hash collision never hands out another prompt's KV).
+  EXPECT_EQ(pool->AcquireCached(root, k0, Tokens(2)), -1);
+  EXPECT_EQ(pool->AcquireCached(k1, k1, Tokens(5)), -1);
+  EXPECT_EQ(pool->AcquireCached(root, k0 + 1, Tokens(1)), -1);
+  EXPECT_EQ(pool->AcquireCached(root, k0, Tokens(1, 3)), -1);
+  pool->Release(blocks);
+}
+
+TEST(PrefixCacheTest, AKeyIsHeldByOneBlock) {
+  auto pool = MakePool();
+  pool->EnablePrefixCache();
+  std::vector<int32_t> blocks = *pool->Allocate(2);
+  const uint64_t root = pool->PrefixRoot(0);
+  const uint64_t key = pool->PrefixKey(root, Tokens(1));
+  ASSERT_TRUE(pool->Publish(blocks[0], root, key, Tokens(1)));
+  // Two sequences computed the same block: the second copy stays private and is freed.
+  EXPECT_FALSE(pool->Publish(blocks[1], root, key, Tokens(1)));
+  pool->Release(blocks);
+  EXPECT_EQ(pool->prefix_cache_stats().cached_blocks, 1);
+  EXPECT_EQ(pool->prefix_cache_stats().evictable_blocks, 1);
+}
+
+TEST(PrefixCacheTest, EvictsLeastRecentlyReleasedOnlyWhenTheFreeListIsEmpty) {
+  auto pool = MakePool();  // 7 blocks
+  pool->EnablePrefixCache();
+  const uint64_t root = pool->PrefixRoot(0);
+  // Three one-block prefixes released in the order a, b, c.
+  std::vector<uint64_t> keys;
+  std::vector<int32_t> ids;
+  for (int first : {100, 200, 300}) {
+    std::vector<int32_t> block = *pool->Allocate(1);
+    keys.push_back(pool->PrefixKey(root, Tokens(first)));
+    ASSERT_TRUE(pool->Publish(block[0], root, keys.back(), Tokens(first)));
+    ids.push_back(block[0]);
+    pool->Release(block);
+  }
+  // a is used again: b is now the least recently released.
+  ASSERT_EQ(pool->AcquireCached(root, keys[0], Tokens(100)), ids[0]);
+  pool->Release({ids[0]});
+  // Four free blocks go first; nothing is evicted.
+  std::vector<int32_t> four = *pool->Allocate(4);
+  EXPECT_EQ(pool->prefix_cache_stats().evictions, 0);
+  for (int32_t b : four) EXPECT_TRUE(std::find(ids.begin(), ids.end(), b) == ids.end());
+  // The next takes b, then c.
+  EXPECT_THAT(*pool->Allocate(1), ElementsAre(ids[1]));
+  EXPECT_EQ(pool->AcquireCached(root, keys[1], Tokens(200)), -1);
+  EXPECT_THAT(*pool->Allocate(1), ElementsAre(ids[2]));
+  EXPECT_EQ(pool->prefix_cache_stats().evictions, 2);
+  EXPECT_EQ(pool->prefix_cache_stats().cached_blocks, 1);
+  // a is still there; once taken by a holder it is not evictable, so the pool is dry.
+  ASSERT_EQ(pool->AcquireCached(root, keys[0], Tokens(100)), ids[0]);
+  EXPECT_EQ(pool->num_free(), 0);
+  EXPECT_EQ(pool->Allocate(1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool->ref_count(ids[0]), 1);
+}
+
+TEST(PrefixCacheTest, AReleasedSequenceIsEvictedTailFirst) {
+  auto pool = MakePool();
+  pool->EnablePrefixCache();
+  std::vector<int32_t> blocks = *pool->Allocate(3);
+  uint64_t parent = pool->PrefixRoot(0);
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t key = pool->PrefixKey(parent, Tokens(4 * i));
+    ASSERT_TRUE(pool->Publish(blocks[i], parent, key, Tokens(4 * i)));
+    parent = key;
+  }
+  pool->Release(blocks);
+  std::vector<int32_t> fresh = *pool->Allocate(5);  // the 4 free blocks, then the tail
+  EXPECT_EQ(fresh.back(), blocks[2]);
+  EXPECT_THAT(*pool->Allocate(1), ElementsAre(blocks[1]));
+}
+
+TEST(PrefixCacheTest, BlockTableAdoptsCachedBlocks) {
+  auto pool = MakePool();
+  pool->EnablePrefixCache();
+  std::vector<int32_t> block = *pool->Allocate(1);
+  const uint64_t root = pool->PrefixRoot(0);
+  const uint64_t key = pool->PrefixKey(root, Tokens(1));
+  ASSERT_TRUE(pool->Publish(block[0], root, key, Tokens(1)));
+  pool->Release(block);
+  BlockTable table;
+  table.AppendFull(pool.get(), pool->AcquireCached(root, key, Tokens(1)));
+  EXPECT_EQ(table.num_tokens(), 4);
+  ASSERT_TRUE(table.Reserve(pool.get(), 6).ok());
+  EXPECT_EQ(table.blocks().size(), 2u);
+  EXPECT_EQ(table.blocks()[0], block[0]);
+  table.ReleaseAll(pool.get());
+  EXPECT_EQ(pool->ref_count(block[0]), 0);
+  EXPECT_EQ(pool->num_free(), 7);
+}
+
+TEST(PrefixCacheTest, ConcurrentAcquireReleaseAndAllocateKeepCountsConsistent) {
+  KvCacheConfig config = SmallConfig();
+  config.num_blocks = 64;
+  auto pool = MakePool(config);
+  pool->EnablePrefixCache();
+  const uint64_t root = pool->PrefixRoot(0);
+  std::atomic<bool> failed{false};
+  auto worker = [&](int seed) {
+    std::mt19937 rng(seed);
+    for (int i = 0; i < 2000; ++i) {
+      const int first = static_cast<int>(rng() % 8) * 4;
+      const uint64_t key = pool->PrefixKey(root, Tokens(first));
+      int32_t b = pool->AcquireCached(root, key, Tokens(first));
+      if (b < 0) {
+        absl::StatusOr<std::vector<int32_t>> got = pool->Allocate(1);
+        if (!got.ok()) continue;
+        b = (*got)[0];
+        pool->Publish(b, root, key, Tokens(first));
+      }
+      absl::StatusOr<std::vector<int32_t>> extra = pool->Allocate(static_cast<int>(rng() % 3));
+      if (pool->ref_count(b) < 1) failed = true;
+      if (extra.ok()) pool->Release(*extra);
+      pool->Release({b});
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(pool->num_free(), 64);
+  const KvBlockPool::PrefixCacheStats stats = pool->prefix_cache_stats();
+  EXPECT_EQ(stats.cached_blocks, stats.evictable_blocks);
+  EXPECT_LE(stats.cached_blocks, 8);
+}
+
 }  // namespace
 }  // namespace tandem::engine
