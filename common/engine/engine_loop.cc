@@ -162,6 +162,9 @@ void EngineLoop::Run() {
       report.waiting = scheduler_->num_waiting();
       report.free_blocks = pool_->num_free();
       report.preemptions = after.preemptions - before.preemptions;
+      report.prefix_query_tokens = after.prefix_query_tokens - before.prefix_query_tokens;
+      report.prefix_hit_tokens = after.prefix_hit_tokens - before.prefix_hit_tokens;
+      report.prefill_tokens = after.prefill_tokens - before.prefill_tokens;
       for (const SequenceOutput& out : outputs) report.generated += out.token.has_value();
       util::Guarded("engine step observer", [&] { observer_(report); });
     }

@@ -42,6 +42,10 @@ class EngineLoop {
     int free_blocks = 0;
     int64_t generated = 0;    // tokens sampled in the step
     int64_t preemptions = 0;  // sequences the step preempted
+    // Prefix cache: tokens of the sequences the step started, and those taken from the cache.
+    int64_t prefix_query_tokens = 0;
+    int64_t prefix_hit_tokens = 0;
+    int64_t prefill_tokens = 0;  // prompt (and recomputed) tokens the forward pass ran
   };
   using StepObserver = std::function<void(const StepReport&)>;
 

@@ -14,6 +14,7 @@ struct Scheduler::Sequence {
       : id(id),
         tokens(std::move(request.prompt_ids)),
         prompt_len(static_cast<int>(tokens.size())),
+        prefill_only(request.prefill_only),
         params(std::move(request.params)),
         sampler(params, tokens),
         stop(params, eos_token_id) {
@@ -26,6 +27,7 @@ struct Scheduler::Sequence {
   const SequenceId id;
   std::vector<int32_t> tokens;  // prompt, then generated
   const int prompt_len;
+  const bool prefill_only;
   int num_computed = 0;  // leading tokens whose KV is in the cache
   BlockTable table;
   const SamplingParams params;
@@ -41,6 +43,10 @@ struct Scheduler::Sequence {
   // output; recomputed chunks after a preemption do not collect them again.
   std::vector<TokenLogprobs> prompt_logprobs;
   bool prompt_scored = false;
+  // Prefix cache: leading blocks that are published (or were taken from the cache), and the
+  // key of the last of them (the chain's root when there is none).
+  int published = 0;
+  uint64_t chain_key = 0;
   bool wants_prompt_logprobs() const { return params.prompt_logprobs >= 0 && !prompt_scored; }
 };
 
@@ -76,7 +82,7 @@ absl::Status Scheduler::Validate(const SequenceRequest& request) const {
     }
   }
   RETURN_IF_ERROR(request.params.Validate(static_cast<int>(c.vocab_size)));
-  if (tokenizer_ == nullptr && !request.params.stop_strings.empty()) {
+  if (tokenizer_ == nullptr && !request.params.stop_strings.empty() && !request.prefill_only) {
     return absl::InvalidArgumentError("stop strings need a tokenizer; this engine has none");
   }
   if (n >= c.max_position_embeddings) {
@@ -108,6 +114,9 @@ absl::StatusOr<SequenceId> Scheduler::AddPrefilled(SequenceRequest request, Bloc
   absl::Status status = Validate(request);
   if (status.ok() && request.params.max_tokens < 1) {
     status = absl::InvalidArgumentError("a prefilled sequence needs max_tokens >= 1");
+  }
+  if (status.ok() && request.prefill_only) {
+    status = absl::InvalidArgumentError("a prefilled sequence cannot be prefill-only");
   }
   const int n = static_cast<int>(request.prompt_ids.size());
   const int block_size = forward_->pool()->config().block_size;
@@ -158,9 +167,54 @@ void Scheduler::Remove(Sequence* seq) {
   }
 }
 
+int Scheduler::ReuseCachedPrefix(Sequence* seq) {
+  KvBlockPool* pool = forward_->pool();
+  seq->published = 0;
+  if (!pool->prefix_cache_enabled()) return 0;
+  seq->chain_key = pool->PrefixRoot(config_.prefix_salt);
+  // Every prompt row is needed to score the prompt.
+  if (seq->wants_prompt_logprobs()) return 0;
+  const int block_size = pool->config().block_size;
+  const int total = static_cast<int>(seq->tokens.size());
+  const int cacheable = config_.cache_generated ? total : seq->prompt_len;
+  // At least the last token is computed: its logits are what the next step samples from.
+  const int max_blocks = std::min(cacheable, total - 1) / block_size;
+  const absl::Span<const int32_t> tokens = seq->tokens;
+  for (int i = 0; i < max_blocks; ++i) {
+    const absl::Span<const int32_t> block_tokens = tokens.subspan(i * block_size, block_size);
+    const uint64_t key = pool->PrefixKey(seq->chain_key, block_tokens);
+    const int32_t block = pool->AcquireCached(seq->chain_key, key, block_tokens);
+    if (block < 0) break;
+    seq->table.AppendFull(pool, block);
+    seq->chain_key = key;
+    ++seq->published;
+  }
+  seq->num_computed = seq->published * block_size;
+  return seq->num_computed;
+}
+
+void Scheduler::PublishBlocks(Sequence* seq) {
+  KvBlockPool* pool = forward_->pool();
+  if (seq->pinned || !pool->prefix_cache_enabled()) return;
+  const int block_size = pool->config().block_size;
+  const int cacheable =
+      config_.cache_generated ? seq->num_computed : std::min(seq->num_computed, seq->prompt_len);
+  const absl::Span<const int32_t> tokens = seq->tokens;
+  for (; seq->published < cacheable / block_size; ++seq->published) {
+    const absl::Span<const int32_t> block_tokens =
+        tokens.subspan(seq->published * block_size, block_size);
+    const uint64_t key = pool->PrefixKey(seq->chain_key, block_tokens);
+    // False when another sequence published the same block first: ours stays private, and
+    // the chain goes on from the same key.
+    pool->Publish(seq->table.blocks()[seq->published], seq->chain_key, key, block_tokens);
+    seq->chain_key = key;
+  }
+}
+
 void Scheduler::Preempt(Sequence* seq) {
   seq->table.ReleaseAll(forward_->pool());
   seq->num_computed = 0;
+  seq->published = 0;
   seq->running = false;
   for (auto it = running_.begin(); it != running_.end(); ++it) {
     if (it->get() == seq) {
@@ -288,8 +342,18 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
          static_cast<int>(running_.size()) < config_.max_running &&
          counters_.preemptions == preemptions_before) {
     Sequence* seq = waiting_.front().get();
+    const int reused = ReuseCachedPrefix(seq);
     const int len = chunk(seq);
-    if (len < 1 || !seq->table.Reserve(forward_->pool(), seq->num_computed + len).ok()) break;
+    if (len < 1 || !seq->table.Reserve(forward_->pool(), seq->num_computed + len).ok()) {
+      seq->table.ReleaseAll(forward_->pool());  // cached blocks are taken again next time
+      seq->num_computed = 0;
+      seq->published = 0;
+      break;
+    }
+    if (forward_->pool()->prefix_cache_enabled()) {
+      counters_.prefix_query_tokens += static_cast<int64_t>(seq->tokens.size());
+      counters_.prefix_hit_tokens += reused;
+    }
     seq->running = true;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -326,6 +390,7 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
     Sequence* seq = work[i].seq;
     seq->table.Append(work[i].len);
     seq->num_computed += work[i].len;
+    PublishBlocks(seq);
     if (work[i].begin < seq->prompt_len || work[i].len > 1) {
       counters_.prefill_tokens += work[i].len;
     } else {
@@ -353,6 +418,20 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
     if (seq->params.max_tokens == 0) {
       // Scored only: nothing is generated.
       out.finish = FinishReason::kLength;
+      outputs->push_back(std::move(out));
+      Remove(seq);
+      continue;
+    }
+    if (seq->prefill_only) {
+      // The first token, unchecked (the decoder applies the stop rules), and the prompt's KV.
+      const int32_t token = seq->sampler.Sample(row);
+      if (seq->params.logprobs >= 0) {
+        out.logprobs = ComputeLogprobs(row, token, seq->params.logprobs);
+      }
+      out.token = token;
+      out.finish = FinishReason::kLength;
+      out.prompt_kv = std::make_shared<const PromptKv>(forward_->pool(), std::move(seq->table));
+      seq->table = BlockTable();
       outputs->push_back(std::move(out));
       Remove(seq);
       continue;

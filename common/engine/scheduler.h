@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -36,11 +37,41 @@ struct SchedulerConfig {
   // `decode`. Not owned; the defaults run the full pool.
   MoeOptions prefill = {};
   MoeOptions decode = {};
+  // Prefix caching, when the pool's prefix cache is on (docs/kv-cache.md "Prefix cache"): a
+  // sequence's full prompt blocks are published as they are computed, and a sequence starting
+  // (or restarting after a preemption) takes the longest run of cached blocks that match its
+  // tokens and computes only the rest, always at least its last token. `prefix_salt` stands for
+  // the prefill setting (the experts `prefill` runs), so blocks of another setting never
+  // match. Blocks of generated tokens are computed under `decode` and published only with
+  // `cache_generated`, which the owner sets when decode runs the same experts as prefill.
+  uint64_t prefix_salt = 0;
+  bool cache_generated = false;
 };
 
 struct SequenceRequest {
   std::vector<int32_t> prompt_ids;  // (n,) n >= 1, BOS included if the model wants one
   SamplingParams params;
+  // Prefill only (a prefill instance): the sequence ends with the first token it samples,
+  // before any stop rule (the decoder applies them), and hands its prompt's KV out
+  // (SequenceOutput::prompt_kv). Stop strings are allowed without a tokenizer.
+  bool prefill_only = false;
+};
+
+// A prompt's KV blocks handed out by a prefill-only sequence: `table` holds the prompt's
+// tokens, in blocks of `pool`. The blocks are released when the last holder lets go.
+class PromptKv {
+ public:
+  PromptKv(KvBlockPool* pool, BlockTable table) : pool_(pool), table_(std::move(table)) {}
+  ~PromptKv() { table_.ReleaseAll(pool_); }
+  PromptKv(const PromptKv&) = delete;
+  PromptKv& operator=(const PromptKv&) = delete;
+
+  KvBlockPool* pool() const { return pool_; }
+  const BlockTable& table() const { return table_; }
+
+ private:
+  KvBlockPool* const pool_;
+  BlockTable table_;
 };
 
 // What one sequence did in a step.
@@ -56,6 +87,8 @@ struct SequenceOutput {
   // tokens 1..n-1 (entry i is token i + 1's, given the tokens before it). A sequence with
   // max_tokens 0 has only that output: no token, finish kLength.
   std::vector<TokenLogprobs> prompt_logprobs;
+  // A prefill-only sequence's last output (with its token, finish kLength): the prompt's KV.
+  std::shared_ptr<const PromptKv> prompt_kv;
 };
 
 struct SchedulerCounters {
@@ -63,6 +96,10 @@ struct SchedulerCounters {
   int64_t prefill_tokens = 0;  // recomputed tokens included
   int64_t decode_tokens = 0;
   int64_t preemptions = 0;
+  // Prefix cache: tokens of sequences looked up when they started, and how many of them came
+  // from cached blocks (not computed).
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
 };
 
 class Scheduler {
@@ -122,6 +159,11 @@ class Scheduler {
   // Appends `token` to `seq` and applies the stop rules; fills `out`.
   void Accept(Sequence* seq, int32_t token, SequenceOutput* out);
   void Remove(Sequence* seq);
+  // For a sequence holding no blocks: takes the longest run of cached blocks matching its
+  // tokens into its table and returns how many tokens they hold.
+  int ReuseCachedPrefix(Sequence* seq);
+  // Publishes `seq`'s blocks that are now full and may be cached.
+  void PublishBlocks(Sequence* seq);
 
   ForwardPass* const forward_;
   const model::Tokenizer* const tokenizer_;

@@ -440,5 +440,185 @@ TEST_F(SchedulerTest, BadRequestsAreInvalidArgumentAndChangeNothing) {
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// ---- Prefix cache ----
+
+// Runs `prompts` one after another (each to its end before the next starts) and returns their
+// greedy tokens.
+std::vector<std::vector<int32_t>> RunEach(SchedulerTest* t, Scheduler* scheduler,
+                                          const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& prompt : prompts) {
+    SequenceRequest r;
+    r.prompt_ids = prompt;
+    r.params.max_tokens = kTokens;
+    auto id = scheduler->Add(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    std::vector<int32_t> tokens;
+    while (!scheduler->idle()) {
+      std::vector<SequenceOutput> outputs;
+      EXPECT_EQ(scheduler->Step(&outputs), absl::OkStatus());
+      for (const auto& o : outputs) {
+        EXPECT_EQ(o.status, absl::OkStatus());
+        if (o.token) tokens.push_back(*o.token);
+      }
+    }
+    out.push_back(tokens);
+  }
+  return out;
+}
+
+TEST_F(SchedulerTest, PromptsServedFromCachedBlocksMatchComputedFromScratch) {
+  // Prompt 7 (201 tokens), the same again, and prompt 7 followed by prompt 0's tokens.
+  std::vector<int32_t> extended = Prompt(7);
+  for (int32_t t : Prompt(0)) extended.push_back(t);
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(7), Prompt(7), extended};
+  Build(/*num_blocks=*/128, {.max_running = 4, .max_step_tokens = 64});
+  const auto scratch = RunEach(this, scheduler_.get(), prompts);
+  EXPECT_EQ(scheduler_->counters().prefix_query_tokens, 0);  // the cache is off
+
+  Build(/*num_blocks=*/128, {.max_running = 4, .max_step_tokens = 64});
+  pool_->EnablePrefixCache();
+  const auto cached = RunEach(this, scheduler_.get(), prompts);
+  EXPECT_EQ(cached, scratch);
+  EXPECT_EQ(cached[0], Greedy(7, kTokens));
+  const SchedulerCounters& c = scheduler_->counters();
+  EXPECT_EQ(c.prefix_query_tokens, 201 + 201 + 209);
+  // The repeat takes 12 blocks (192 tokens; token 200 is computed); the extension 12 more
+  // (the blocks of generated tokens are not published without cache_generated).
+  EXPECT_EQ(c.prefix_hit_tokens, 192 + 192);
+  EXPECT_EQ(c.prefill_tokens, 201 + 9 + 17);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+  EXPECT_EQ(pool_->prefix_cache_stats().cached_blocks,
+            pool_->prefix_cache_stats().evictable_blocks);
+}
+
+TEST_F(SchedulerTest, GeneratedBlocksAreCachedOnlyWhenDecodeRunsThePrefillExperts) {
+  // A multi-turn chat: the second turn resends the first turn's prompt and answer.
+  for (bool cache_generated : {false, true}) {
+    Build(/*num_blocks=*/128,
+          {.max_running = 4, .max_step_tokens = 64, .cache_generated = cache_generated});
+    pool_->EnablePrefixCache();
+    std::vector<int32_t> turn = Prompt(7);
+    const std::vector<int32_t> answer = RunEach(this, scheduler_.get(), {turn})[0];
+    ASSERT_EQ(answer.size(), static_cast<size_t>(kTokens));
+    turn.insert(turn.end(), answer.begin(), answer.end());  // 225 tokens
+    const int64_t hits_before = scheduler_->counters().prefix_hit_tokens;
+    RunEach(this, scheduler_.get(), {turn});
+    const int64_t hits = scheduler_->counters().prefix_hit_tokens - hits_before;
+    // Without: the 12 prompt blocks. With: the KV of every token but the last sampled one
+    // (224 tokens: blocks 12 and 13 hold prompt and answer tokens).
+    EXPECT_EQ(hits, cache_generated ? 224 : 192) << cache_generated;
+  }
+}
+
+TEST_F(SchedulerTest, BlocksOfAnotherPrefillSettingAreNeverShared) {
+  Build(/*num_blocks=*/128, {.max_running = 4, .max_step_tokens = 64, .prefix_salt = 1});
+  pool_->EnablePrefixCache();
+  RunEach(this, scheduler_.get(), {Prompt(7)});
+  EXPECT_EQ(scheduler_->counters().prefix_hit_tokens, 0);
+  // Another scheduler on the same pool, prompts run under another setting (salt 2).
+  scheduler_.reset();
+  auto other = Scheduler::Create(forward_.get(), tokenizer_, tokenizer_->eos_id(),
+                                 {.max_running = 4, .max_step_tokens = 64, .prefix_salt = 2});
+  ASSERT_TRUE(other.ok());
+  scheduler_ = *std::move(other);
+  EXPECT_EQ(RunEach(this, scheduler_.get(), {Prompt(7)})[0], Greedy(7, kTokens));
+  EXPECT_EQ(scheduler_->counters().prefix_hit_tokens, 0);
+  EXPECT_EQ(pool_->prefix_cache_stats().cached_blocks, 24);  // both settings' 12 blocks
+}
+
+TEST_F(SchedulerTest, EvictionUnderPressureNeverTakesABlockInUse) {
+  // 24 blocks for eight sequences sharing prompt 7 (13 blocks each when it runs): the cache
+  // keeps the shared blocks while they are in use, evicts what is not, and preemptions
+  // recompute from whatever is still cached.
+  Build(/*num_blocks=*/24, {.max_running = 8, .max_step_tokens = 64});
+  pool_->EnablePrefixCache();
+  std::map<int, std::vector<SequenceRequest>> joins;
+  for (int i = 0; i < 8; ++i) {
+    joins[0].push_back(GreedyRequest(Prompt(7), kTokens));
+    joins[i * 3].push_back(GreedyRequest(Prompt(i % 7), kTokens));
+  }
+  std::vector<SequenceId> ids;
+  auto results = RunAll(std::move(joins), &ids);
+  ASSERT_EQ(ids.size(), 16u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(results[ids[i]].status, absl::OkStatus());
+  }
+  for (const SequenceId id : ids) {
+    const std::vector<int32_t>& tokens = results[id].tokens;
+    bool matched = false;
+    for (int k = 0; k < 8; ++k) matched |= tokens == Greedy(k, kTokens);
+    EXPECT_TRUE(matched) << "sequence " << static_cast<int64_t>(id);
+  }
+  EXPECT_GT(scheduler_->counters().prefix_hit_tokens, 0);
+  EXPECT_GT(pool_->prefix_cache_stats().evictions, 0);
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+}
+
+TEST_F(SchedulerTest, PromptLogprobsAreComputedNotTakenFromTheCache) {
+  Build(/*num_blocks=*/128, {.max_running = 4, .max_step_tokens = 64});
+  pool_->EnablePrefixCache();
+  RunEach(this, scheduler_.get(), {Prompt(7)});
+  SequenceRequest scored = GreedyRequest(Prompt(7), 0);
+  scored.params.prompt_logprobs = 0;
+  ASSERT_TRUE(scheduler_->Add(std::move(scored)).ok());
+  std::vector<TokenLogprobs> prompt_logprobs;
+  while (!scheduler_->idle()) {
+    std::vector<SequenceOutput> outputs;
+    ASSERT_EQ(scheduler_->Step(&outputs), absl::OkStatus());
+    for (auto& o : outputs) prompt_logprobs = o.prompt_logprobs;
+  }
+  EXPECT_EQ(prompt_logprobs.size(), 200u);
+  EXPECT_EQ(scheduler_->counters().prefix_hit_tokens, 0);
+}
+
+TEST_F(SchedulerTest, PrefillOnlySequencesHandOutTheirPromptKv) {
+  Build(/*num_blocks=*/64, {.max_running = 4, .max_step_tokens = 64});
+  pool_->EnablePrefixCache();
+  for (int k : {7, 2}) {
+    SequenceRequest r = GreedyRequest(Prompt(k), kTokens);
+    r.prefill_only = true;
+    r.params.stop_strings = {"never"};  // the decoder applies them; no tokenizer needed here
+    ASSERT_TRUE(scheduler_->Add(std::move(r)).ok());
+  }
+  std::map<int, std::shared_ptr<const PromptKv>> kv;  // by prompt length
+  std::map<int, int32_t> first;
+  int steps = 0;
+  while (!scheduler_->idle() && steps++ < 100) {
+    std::vector<SequenceOutput> outputs;
+    ASSERT_EQ(scheduler_->Step(&outputs), absl::OkStatus());
+    for (auto& o : outputs) {
+      ASSERT_EQ(o.status, absl::OkStatus());
+      ASSERT_TRUE(o.token.has_value());
+      EXPECT_EQ(o.finish, FinishReason::kLength);
+      ASSERT_NE(o.prompt_kv, nullptr);
+      const int n = o.prompt_kv->table().num_tokens();
+      first[n] = *o.token;
+      kv[n] = o.prompt_kv;
+    }
+  }
+  ASSERT_EQ(kv.size(), 2u);
+  ASSERT_EQ(kv.count(6), 1u);  // prompt 2
+  ASSERT_EQ(kv.count(201), 1u);
+  EXPECT_EQ(first[6], Greedy(2, 1)[0]);
+  EXPECT_EQ(first[201], Greedy(7, 1)[0]);
+  EXPECT_EQ(kv[201]->table().blocks().size(), 13u);
+  const int held = pool_->num_total() - pool_->num_free();
+  EXPECT_EQ(held, 14);
+  kv.clear();  // the last holder lets go: the blocks are back (the 12 published, evictable)
+  EXPECT_EQ(pool_->num_free(), pool_->num_total());
+  EXPECT_EQ(pool_->prefix_cache_stats().evictable_blocks, 12);
+  // A stop string still needs a tokenizer when the sequence generates here.
+  SequenceRequest r = GreedyRequest(Prompt(2), kTokens);
+  r.params.stop_strings = {"x"};
+  Build(/*num_blocks=*/64, {.max_running = 4, .max_step_tokens = 64});
+  auto no_tokenizer =
+      Scheduler::Create(forward_.get(), nullptr, tokenizer_->eos_id(), {.max_running = 4});
+  ASSERT_TRUE(no_tokenizer.ok());
+  EXPECT_EQ((*no_tokenizer)->Add(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.prefill_only = true;
+  EXPECT_TRUE((*no_tokenizer)->Add(r).ok());
+}
+
 }  // namespace
 }  // namespace tandem::engine
