@@ -72,6 +72,23 @@ engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int 
   };
 }
 
+engine::EngineLoop::StepObserver WithPrefixCacheMetrics(engine::EngineLoop::StepObserver inner,
+                                                        const engine::KvBlockPool* pool,
+                                                        PrefixCacheMetrics* metrics) {
+  auto evictions = std::make_shared<int64_t>(0);
+  return [inner = std::move(inner), pool, metrics,
+          evictions](const engine::EngineLoop::StepReport& step) {
+    if (inner) inner(step);
+    metrics->query_tokens->Increment(static_cast<double>(step.prefix_query_tokens));
+    metrics->hit_tokens->Increment(static_cast<double>(step.prefix_hit_tokens));
+    const engine::KvBlockPool::PrefixCacheStats stats = pool->prefix_cache_stats();
+    metrics->cached_blocks->Set(stats.cached_blocks);
+    metrics->evictable_blocks->Set(stats.evictable_blocks);
+    metrics->evictions->Increment(static_cast<double>(stats.evictions - *evictions));
+    *evictions = stats.evictions;
+  };
+}
+
 void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* metrics) {
   int64_t experts = 0, bytes = 0;
   for (const engine::LayerWeights& layer : weights.layers) {

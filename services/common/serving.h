@@ -47,6 +47,11 @@ void ReportKvCache(const engine::KvBlockPool& pool, metrics::Registry* registry)
 // gauges for an empty pool now.
 engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int total_blocks);
 
+// `inner` (if set), then the prefix-cache metrics of `pool` brought up to date after every step.
+engine::EngineLoop::StepObserver WithPrefixCacheMetrics(engine::EngineLoop::StepObserver inner,
+                                                        const engine::KvBlockPool* pool,
+                                                        PrefixCacheMetrics* metrics);
+
 // Sets the resident-expert gauges of `metrics` from `weights`.
 void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* metrics);
 // The weights' format in words: "bf16", or "int4 (group 32: experts, attention)".

@@ -104,6 +104,24 @@ PrefillMetrics::PrefillMetrics(metrics::Registry* r) {
                            ->Add({});
 }
 
+PrefixCacheMetrics::PrefixCacheMetrics(metrics::Registry* r) {
+  query_tokens = &Must(r->AddCounter("tandem_prefix_cache_query_tokens_total",
+                                     "Tokens of sequences looked up in the prefix cache as they "
+                                     "started."))
+                      ->Add({});
+  hit_tokens = &Must(r->AddCounter("tandem_prefix_cache_hit_tokens_total",
+                                   "Tokens whose KV came from the prefix cache (not computed)."))
+                    ->Add({});
+  auto* blocks = Must(r->AddGauge("tandem_prefix_cache_blocks",
+                                  "KV blocks in the prefix cache: cached (all published blocks) "
+                                  "and evictable (published, held by no sequence)."));
+  cached_blocks = &blocks->Add(metrics::Labels{{"state", "cached"}});
+  evictable_blocks = &blocks->Add(metrics::Labels{{"state", "evictable"}});
+  evictions = &Must(r->AddCounter("tandem_prefix_cache_evictions_total",
+                                  "Cached blocks taken back for other KV."))
+                   ->Add({});
+}
+
 GatewayMetrics::GatewayMetrics(metrics::Registry* r) {
   auto* requests = Must(r->AddCounter("tandem_requests_total", "Generations by outcome."));
   requests_ok = &requests->Add(metrics::Labels{{"outcome", "ok"}});

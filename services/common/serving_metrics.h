@@ -57,6 +57,16 @@ struct PrefillMetrics {
   metrics::Counter* transfer_failures;   // tandem_kv_transfer_failures_total
 };
 
+// The prefix cache of an engine's KV pool (tandem-serve, tandem-prefill).
+struct PrefixCacheMetrics {
+  explicit PrefixCacheMetrics(metrics::Registry* registry);
+  metrics::Counter* query_tokens;    // tandem_prefix_cache_query_tokens_total
+  metrics::Counter* hit_tokens;      // tandem_prefix_cache_hit_tokens_total
+  metrics::Gauge* cached_blocks;     // tandem_prefix_cache_blocks{state="cached"}
+  metrics::Gauge* evictable_blocks;  // tandem_prefix_cache_blocks{state="evictable"}
+  metrics::Counter* evictions;       // tandem_prefix_cache_evictions_total
+};
+
 // tandem-gateway: what clients see.
 struct GatewayMetrics {
   explicit GatewayMetrics(metrics::Registry* registry);

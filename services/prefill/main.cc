@@ -11,12 +11,21 @@
 ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face layout).");
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the decode instances.");
 ABSL_FLAG(int, kv_blocks, 0,
-          "KV-cache blocks of the local pool; 0 = enough for one prompt of the full context.");
+          "KV-cache blocks of the local pool (prompts being computed or shipped, and the prefix "
+          "cache); 0 = enough for four prompts of the full context.");
 ABSL_FLAG(std::string, kv_dtype, "bf16",
           "How the KV cache stores keys and values: f32, bf16 or int8 (per-token, per-head "
           "scales); must match the decode instances (docs/kv-cache.md).");
-ABSL_FLAG(int, max_queue, 64, "Prompts waiting at most; more are refused (RESOURCE_EXHAUSTED).");
-ABSL_FLAG(int, prefill_chunk, 256, "Prompt tokens per engine step.");
+ABSL_FLAG(int, max_queue, 64,
+          "Prompts in the instance at most (waiting, computing or shipping); more are refused "
+          "(RESOURCE_EXHAUSTED).");
+ABSL_FLAG(int, max_running, 16, "Prompts in the engine's batch at once.");
+ABSL_FLAG(int, prefill_chunk, 512,
+          "Prompt tokens one engine step runs, all prompts of the batch together; at least "
+          "--max_running.");
+ABSL_FLAG(bool, prefix_cache, true,
+          "Reuse the KV of prompt prefixes already computed (full blocks, kept while unused and "
+          "evicted least recently used); docs/kv-cache.md \"Prefix cache\".");
 ABSL_FLAG(std::string, kv_listen_host, "127.0.0.1",
           "IPv4 address the KV transport listens on (port chosen by the system).");
 ABSL_FLAG(std::string, kv_transports, "tcp",
@@ -52,7 +61,7 @@ int main(int argc, char** argv) {
   int blocks = absl::GetFlag(FLAGS_kv_blocks);
   if (blocks <= 0) {
     blocks =
-        static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
+        4 * static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
   }
   auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model), block_size, blocks,
                                                    {}, *kv_dtype);
@@ -74,14 +83,18 @@ int main(int argc, char** argv) {
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::PrefillMetrics serving_metrics(&registry);
+  tandem::serving::PrefixCacheMetrics prefix_metrics(&registry);
   tandem::serving::ReportEngine(*engine->model.weights, &registry);
   tandem::serving::ReportKvCache(*engine->pool, &registry);
-  tandem::prefill::PrefillService service(
+  auto service = tandem::prefill::PrefillService::Create(
       model->name, model->geometry, engine->forward.get(), transport->get(),
       {.max_queue = absl::GetFlag(FLAGS_max_queue),
+       .max_running = absl::GetFlag(FLAGS_max_running),
        .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk),
+       .prefix_cache = absl::GetFlag(FLAGS_prefix_cache),
        .stop_after_kv_bytes = absl::GetFlag(FLAGS_testing_stop_after_kv_bytes),
        .internal_secret = options.internal_secret},
-      &rpc_metrics, &serving_metrics);
-  return tandem::rpc::RunService(options, {&service}, &registry, &health);
+      &rpc_metrics, &serving_metrics, &prefix_metrics);
+  if (!service.ok()) return fail("flags", service.status());
+  return tandem::rpc::RunService(options, {service->get()}, &registry, &health);
 }

@@ -16,10 +16,48 @@
 
 namespace tandem::prefill {
 
+namespace {
+
+// How often the shipper looks at its jobs: transfers in flight are polled every
+// kTransferPoll; cancellation and deadlines of prompts still computing are checked every
+// kComputePoll.
+constexpr absl::Duration kTransferPoll = absl::Microseconds(500);
+constexpr absl::Duration kComputePoll = absl::Milliseconds(5);
+
+absl::Time CallDeadline(const grpc::CallbackServerContext& context) {
+  const auto deadline = context.deadline();
+  return deadline > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)
+             ? absl::InfiniteFuture()
+             : absl::FromChrono(deadline);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
+    std::string model_name, tandem::v1::KvGeometry geometry, engine::ForwardPass* forward,
+    kv::KvTransport* transport, const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
+    serving::PrefillMetrics* serving_metrics, serving::PrefixCacheMetrics* prefix_metrics) {
+  if (options.max_queue < 1) return absl::InvalidArgumentError("max_queue must be >= 1");
+  if (options.prefix_cache) forward->pool()->EnablePrefixCache();
+  // Prompts run the full pool (salt 0, as in tandem-serve); nothing is generated here.
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::Scheduler> scheduler,
+                   engine::Scheduler::Create(forward, /*tokenizer=*/nullptr, /*eos_token_id=*/-1,
+                                             {.max_running = options.max_running,
+                                              .max_step_tokens = options.chunk_tokens,
+                                              .prefix_salt = 0,
+                                              .cache_generated = false}));
+  return std::unique_ptr<PrefillService>(new PrefillService(
+      std::move(model_name), std::move(geometry), forward, transport, options, metrics,
+      serving_metrics, std::move(scheduler),
+      serving::WithPrefixCacheMetrics(nullptr, forward->pool(), prefix_metrics)));
+}
+
 PrefillService::PrefillService(std::string model_name, tandem::v1::KvGeometry geometry,
                                engine::ForwardPass* forward, kv::KvTransport* transport,
                                const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
-                               serving::PrefillMetrics* serving_metrics)
+                               serving::PrefillMetrics* serving_metrics,
+                               std::unique_ptr<engine::Scheduler> scheduler,
+                               engine::EngineLoop::StepObserver observer)
     : model_name_(std::move(model_name)),
       geometry_(std::move(geometry)),
       forward_(forward),
@@ -27,15 +65,17 @@ PrefillService::PrefillService(std::string model_name, tandem::v1::KvGeometry ge
       options_(options),
       metrics_(metrics),
       serving_metrics_(serving_metrics),
-      auth_(options.internal_secret),
-      worker_([this] { Work(); }) {}
+      auth_(options.internal_secret) {
+  loop_ = engine::EngineLoop::Start(std::move(scheduler), std::move(observer));
+  shipper_ = std::thread([this] { Ship(); });
+}
 
 PrefillService::~PrefillService() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  worker_.join();
+  shipper_.join();
 }
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
@@ -48,55 +88,210 @@ grpc::ServerUnaryReactor* PrefillService::Enqueue(grpc::CallbackServerContext* c
                                                   const tandem::v1::PrefillRequest* request,
                                                   tandem::v1::PrefillResponse* response) {
   auto* reactor = context->DefaultReactor();
-  if (absl::Status s = auth_.Check(*context); !s.ok()) {
+  const absl::Time start = absl::Now();
+  auto refuse = [&](const absl::Status& s) {
     const grpc::Status status = rpc::ToGrpcStatus(s);
-    metrics_->Record("Prefill", status, absl::ZeroDuration());
+    metrics_->Record("Prefill", status, absl::Now() - start);
     reactor->Finish(status);
     return reactor;
-  }
+  };
+  if (absl::Status s = auth_.Check(*context); !s.ok()) return refuse(s);
+  const engine::KvBlockPool* pool = forward_->pool();
+  absl::StatusOr<engine::SamplingParams> params =
+      CheckPrefillRequest(*request, geometry_, forward_->weights().config,
+                          pool->config().block_size, transport_->name());
+  if (!params.ok()) return refuse(params.status());
+  if (context->IsCancelled()) return refuse(absl::CancelledError("the prefill call was cancelled"));
   absl::MutexLock lock(&mu_);
-  if (stop_ || static_cast<int>(queue_.size()) >= options_.max_queue) {
-    const grpc::Status status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
+  if (stop_ || static_cast<int>(jobs_.size()) >= options_.max_queue) {
+    return refuse(absl::ResourceExhaustedError(
         stop_ ? "the prefill instance is stopping"
-              : absl::StrCat("the prefill queue is full (", options_.max_queue, " prompts)"));
-    metrics_->Record("Prefill", status, absl::ZeroDuration());
-    reactor->Finish(status);
-    return reactor;
+              : absl::StrCat("the prefill queue is full (", options_.max_queue, " prompts)")));
   }
-  queue_.push_back({context, request, response, reactor, absl::Now()});
-  serving_metrics_->queue_depth->Set(static_cast<double>(queue_.size()) + (busy_ ? 1 : 0));
+  auto job = std::make_unique<Job>();
+  job->id = next_job_++;
+  job->context = context;
+  job->request = request;
+  job->response = response;
+  job->reactor = reactor;
+  job->start = start;
+  job->deadline = CallDeadline(*context);
+  engine::SequenceRequest sequence{
+      .prompt_ids = {request->prompt_token_ids().begin(), request->prompt_token_ids().end()},
+      .params = *std::move(params),
+      .prefill_only = true};
+  // The engine calls back only after Submit returns, and OnOutput waits for mu_: the job is
+  // in jobs_ by then.
+  absl::StatusOr<engine::SequenceId> id = loop_->Submit(
+      std::move(sequence),
+      [this, job_id = job->id](const engine::SequenceOutput& out) { OnOutput(job_id, out); });
+  if (!id.ok()) return refuse(id.status());
+  job->sequence = *id;
+  jobs_.emplace(job->id, std::move(job));
+  wake_ = true;  // the shipper watches it from now on
+  SetQueueDepth();
   return reactor;
 }
 
-void PrefillService::Work() {
+void PrefillService::SetQueueDepth() {
+  serving_metrics_->queue_depth->Set(static_cast<double>(jobs_.size()));
+}
+
+void PrefillService::OnOutput(int64_t job_id, const engine::SequenceOutput& out) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->state != Job::State::kComputing) return;  // given up
+  Job* job = it->second.get();
+  if (!out.status.ok()) {
+    Fail(job, out.status);
+    return;
+  }
+  if (out.finish == engine::FinishReason::kNone) return;  // not the last output
+  job->computed = absl::Now();
+  tandem::v1::PrefillResponse* response = job->response;
+  for (const engine::TokenLogprobs& p : out.prompt_logprobs) {
+    serving::LogprobsToProto(p, response->add_prompt_logprobs());
+  }
+  response->set_request_id(job->request->request_id());
+  response->set_prefill_seconds(absl::ToDoubleSeconds(job->computed - job->start));
+  serving_metrics_->prompt_tokens->Increment(job->request->prompt_token_ids_size());
+  serving_metrics_->compute_seconds->Observe(absl::ToDoubleSeconds(job->computed - job->start));
+  if (!out.token.has_value()) {  // scored only (max_tokens 0): no KV goes anywhere
+    job->state = Job::State::kDone;
+    job->status = absl::OkStatus();
+  } else if (out.prompt_kv == nullptr) {
+    Fail(job, absl::InternalError("the engine finished a prompt without its KV"));
+    return;
+  } else {
+    response->set_first_token_id(*out.token);
+    if (out.logprobs.has_value()) {
+      serving::LogprobsToProto(*out.logprobs, response->mutable_first_token_logprobs());
+    }
+    job->kv = out.prompt_kv;
+    job->state = Job::State::kComputed;
+  }
+  wake_ = true;
+}
+
+void PrefillService::Fail(Job* job, absl::Status status) {
+  if (job->state == Job::State::kDone) return;
+  if (job->state == Job::State::kComputing) loop_->Cancel(job->sequence);
+  if (job->state == Job::State::kShipping) serving_metrics_->transfer_failures->Increment();
+  job->state = Job::State::kDone;
+  job->status = std::move(status);
+  wake_ = true;
+}
+
+void PrefillService::Ship() {
   while (true) {
-    Job job;
+    std::vector<std::unique_ptr<Job>> done;
+    bool stop;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](PrefillService* s)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->stop_ || !s->queue_.empty(); },
-          this));
-      if (queue_.empty()) return;  // stopping, nothing left
-      job = queue_.front();
-      queue_.pop_front();
-      if (stop_) {
-        const grpc::Status status(grpc::StatusCode::UNAVAILABLE, "the prefill instance stopped");
-        metrics_->Record("Prefill", status, absl::Now() - job.start);
-        job.reactor->Finish(status);
-        continue;
+      bool shipping = false;
+      for (const auto& [id, job] : jobs_) shipping |= job->state == Job::State::kShipping;
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), jobs_.empty() ? absl::Milliseconds(100)
+                                                    : shipping    ? kTransferPoll
+                                                                  : kComputePoll);
+      wake_ = false;
+      stop = stop_;
+      if (stop) {
+        for (auto& [id, job] : jobs_) {
+          Fail(job.get(), absl::UnavailableError("the prefill instance stopped"));
+        }
       }
-      busy_ = true;
+      ShipOnce(&done);
+      SetQueueDepth();
     }
-    absl::Status result = absl::InternalError("internal error while running the prompt");
-    util::Guarded("prefill", [&] { result = Run(job.context, *job.request, job.response); });
-    const grpc::Status status = rpc::ToGrpcStatus(result);
-    metrics_->Record("Prefill", status, absl::Now() - job.start);
-    job.reactor->Finish(status);
-    absl::MutexLock lock(&mu_);
-    busy_ = false;
-    serving_metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
+    // Answer outside the lock. A job's transfer is released (its `fill` will not run again)
+    // before its blocks are: `kv` goes with the job.
+    for (std::unique_ptr<Job>& job : done) {
+      if (job->transfer.has_value()) transport_->Release(*job->transfer);
+      job->stream.reset();
+      job->kv.reset();
+      if (job->status.ok() && job->bytes > 0) {
+        serving_metrics_->transfer_bytes->Increment(static_cast<double>(job->bytes));
+        const absl::Duration transfer = absl::Now() - job->computed;
+        serving_metrics_->transfer_seconds->Observe(absl::ToDoubleSeconds(transfer));
+        job->response->set_kv_bytes(static_cast<int64_t>(job->bytes));
+        job->response->set_transfer_seconds(absl::ToDoubleSeconds(transfer));
+      }
+      const grpc::Status status = rpc::ToGrpcStatus(job->status);
+      metrics_->Record("Prefill", status, absl::Now() - job->start);
+      job->reactor->Finish(status);
+    }
+    if (stop) {
+      absl::MutexLock lock(&mu_);
+      if (jobs_.empty()) return;
+    }
+  }
+}
+
+void PrefillService::ShipOnce(std::vector<std::unique_ptr<Job>>* done) {
+  const absl::Time now = absl::Now();
+  for (auto& [id, owned] : jobs_) {
+    Job* job = owned.get();
+    if (job->state != Job::State::kDone) {
+      if (job->context->IsCancelled()) {
+        Fail(job, absl::CancelledError("the prefill call was cancelled"));
+      } else if (now >= job->deadline) {
+        Fail(job, absl::DeadlineExceededError(
+                      "the prefill call is past its deadline (the reservation's lease)"));
+      }
+    }
+    if (job->state == Job::State::kComputed) {
+      const tandem::v1::KvTarget& target = job->request->target();
+      const engine::BlockTable& table = job->kv->table();
+      absl::StatusOr<kv::KvStream> stream = kv::KvStream::Of(job->kv->pool(), table.blocks());
+      if (!stream.ok()) {
+        Fail(job, stream.status());
+      } else {
+        job->stream.emplace(*std::move(stream));
+        job->bytes = job->stream->size();
+        const kv::KvStream* source = &*job->stream;
+        const int64_t stop_at = options_.stop_after_kv_bytes;
+        absl::StatusOr<kv::TransferId> transfer = transport_->PostSend(
+            serving::PeerOf(target), target.token(), job->bytes,
+            [this, source, stop_at](uint64_t offset, absl::Span<char> out) {
+              if (stop_at > 0 && offset >= static_cast<uint64_t>(stop_at) &&
+                  !stopped_for_test_.exchange(true)) {
+                raise(SIGSTOP);  // a fault test stalls this process mid-transfer
+              }
+              return source->Read(offset, out);
+            });
+        if (transfer.ok()) {
+          job->transfer = *transfer;
+          job->state = Job::State::kShipping;
+          job->transfer_deadline = std::min(job->deadline, now + options_.transfer_deadline);
+        } else {
+          serving_metrics_->transfer_failures->Increment();
+          job->state = Job::State::kDone;
+          job->status = transfer.status();
+        }
+      }
+    }
+    if (job->state == Job::State::kShipping) {
+      absl::StatusOr<bool> landed = transport_->Poll(*job->transfer);
+      if (!landed.ok()) {
+        Fail(job, landed.status());
+      } else if (*landed) {
+        job->state = Job::State::kDone;
+        job->status = absl::OkStatus();
+      } else if (absl::Now() >= job->transfer_deadline) {
+        Fail(job, absl::DeadlineExceededError(absl::StrCat("the KV transfer over ",
+                                                           std::string(transport_->name()),
+                                                           " did not finish before its deadline")));
+      }
+    }
+  }
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second->state == Job::State::kDone) {
+      done->push_back(std::move(it->second));
+      jobs_.erase(it++);
+    } else {
+      ++it;
+    }
   }
 }
 
@@ -150,125 +345,6 @@ absl::StatusOr<engine::SamplingParams> CheckPrefillRequest(
   return params;
 }
 
-absl::Status PrefillService::Run(grpc::CallbackServerContext* context,
-                                 const tandem::v1::PrefillRequest& request,
-                                 tandem::v1::PrefillResponse* response) {
-  // The call's deadline (the gateway sets it within the reservation's lease) and its
-  // cancellation, checked before each piece of work.
-  const auto chrono_deadline = context->deadline();
-  const absl::Time deadline =
-      chrono_deadline > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)
-          ? absl::InfiniteFuture()
-          : absl::FromChrono(chrono_deadline);
-  auto stopped = [&]() -> absl::Status {
-    if (context->IsCancelled()) return absl::CancelledError("the prefill call was cancelled");
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          "the prefill call is past its deadline (the reservation's lease)");
-    }
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(stopped());
-  const model::ModelConfig& c = forward_->weights().config;
-  const tandem::v1::KvTarget& target = request.target();
-  const int n = request.prompt_token_ids_size();
-  engine::KvBlockPool* pool = forward_->pool();
-  const int blocks = (n + pool->config().block_size - 1) / pool->config().block_size;
-  ASSIGN_OR_RETURN(
-      engine::SamplingParams params,
-      CheckPrefillRequest(request, geometry_, c, pool->config().block_size, transport_->name()));
-  const std::vector<int32_t> ids(request.prompt_token_ids().begin(),
-                                 request.prompt_token_ids().end());
-
-  const absl::Time start = absl::Now();
-  engine::BlockTable table;
-  RETURN_IF_ERROR(table.Reserve(pool, n));
-  std::vector<std::vector<float>> logits;
-  std::vector<engine::TokenLogprobs> prompt_logprobs;
-  absl::Status status;
-  for (int begin = 0; begin < n && status.ok(); begin += options_.chunk_tokens) {
-    status = stopped();
-    if (!status.ok()) break;
-    const int len = std::min(options_.chunk_tokens, n - begin);
-    // Scoring the prompt takes every row; otherwise only the last chunk's last one matters.
-    const engine::LogitRows rows = params.prompt_logprobs >= 0 ? engine::LogitRows::kAll
-                                   : begin + len < n           ? engine::LogitRows::kNone
-                                                               : engine::LogitRows::kLast;
-    engine::StepInput in{absl::MakeConstSpan(ids).subspan(begin, len), begin, &table, rows};
-    status = forward_->Step({&in, 1}, {}, &logits);
-    if (status.ok() && rows == engine::LogitRows::kAll) {
-      engine::AppendPromptLogprobs(logits[0], begin, len, ids, params.prompt_logprobs,
-                                   &prompt_logprobs);
-      // The last row is the next-token distribution, as kLast would have given it.
-      const size_t vocab = logits[0].size() / len;
-      logits[0].erase(logits[0].begin(), logits[0].end() - vocab);
-    }
-  }
-  if (status.ok()) status = stopped();
-  if (!status.ok()) {
-    table.ReleaseAll(pool);
-    return status;
-  }
-  for (const engine::TokenLogprobs& p : prompt_logprobs) {
-    serving::LogprobsToProto(p, response->add_prompt_logprobs());
-  }
-  const absl::Time computed = absl::Now();
-  serving_metrics_->prompt_tokens->Increment(n);
-  serving_metrics_->compute_seconds->Observe(absl::ToDoubleSeconds(computed - start));
-  response->set_request_id(request.request_id());
-  response->set_prefill_seconds(absl::ToDoubleSeconds(computed - start));
-  if (params.max_tokens == 0) {  // scored only
-    table.ReleaseAll(pool);
-    return absl::OkStatus();
-  }
-  engine::Sampler sampler(params, ids);
-  const int32_t first = sampler.Sample(logits[0]);
-  response->set_first_token_id(first);
-  if (params.logprobs >= 0) {
-    serving::LogprobsToProto(engine::ComputeLogprobs(logits[0], first, params.logprobs),
-                             response->mutable_first_token_logprobs());
-  }
-
-  // Send the prompt's blocks as the reservation's KV stream. The transport reads them while
-  // it sends; once the transfer is released it never does again, and only then are they freed.
-  absl::StatusOr<kv::KvStream> stream = kv::KvStream::Of(
-      pool, std::vector<int32_t>(table.blocks().begin(), table.blocks().begin() + blocks));
-  uint64_t bytes = 0;
-  if (stream.ok()) {
-    bytes = stream->size();
-    const kv::KvStream* source = &*stream;
-    const int64_t stop_at = options_.stop_after_kv_bytes;
-    absl::StatusOr<kv::TransferId> id =
-        transport_->PostSend(serving::PeerOf(target), target.token(), bytes,
-                             [this, source, stop_at](uint64_t offset, absl::Span<char> out) {
-                               if (stop_at > 0 && offset >= static_cast<uint64_t>(stop_at) &&
-                                   !stopped_for_test_.exchange(true)) {
-                                 raise(SIGSTOP);  // a fault test stalls this process mid-transfer
-                               }
-                               return source->Read(offset, out);
-                             });
-    status = id.status();
-    if (id.ok()) {
-      status = kv::WaitForTransfer(*transport_, *id,
-                                   std::min(deadline, absl::Now() + options_.transfer_deadline),
-                                   [context] { return context->IsCancelled(); });
-      transport_->Release(*id);
-    }
-  } else {
-    status = stream.status();
-  }
-  table.ReleaseAll(pool);
-  if (!status.ok()) {
-    serving_metrics_->transfer_failures->Increment();
-    return status;
-  }
-  serving_metrics_->transfer_bytes->Increment(static_cast<double>(bytes));
-  serving_metrics_->transfer_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - computed));
-  response->set_kv_bytes(static_cast<int64_t>(bytes));
-  response->set_transfer_seconds(absl::ToDoubleSeconds(absl::Now() - computed));
-  return absl::OkStatus();
-}
-
 grpc::ServerUnaryReactor* PrefillService::GetInfo(grpc::CallbackServerContext* context,
                                                   const tandem::v1::InstanceInfoRequest* request,
                                                   tandem::v1::InstanceInfo* response) {
@@ -288,9 +364,9 @@ grpc::ServerUnaryReactor* PrefillService::Info(grpc::CallbackServerContext* cont
   *response->mutable_geometry() = geometry_;
   {
     absl::MutexLock lock(&mu_);
-    response->set_queue_depth(static_cast<int>(queue_.size()) + (busy_ ? 1 : 0));
+    response->set_queue_depth(static_cast<int>(jobs_.size()));
   }
-  response->set_queue_capacity(options_.max_queue + 1);
+  response->set_queue_capacity(options_.max_queue);
   response->set_free_kv_blocks(forward_->pool()->num_free());
   response->set_total_kv_blocks(forward_->pool()->num_total());
   metrics_->Record("GetInfo", grpc::Status::OK, absl::ZeroDuration());

@@ -28,6 +28,9 @@ ABSL_FLAG(int, kv_blocks, 1024, "KV-cache blocks in the pool (shared by all sequ
 ABSL_FLAG(std::string, kv_dtype, "bf16",
           "How the KV cache stores keys and values: f32, bf16 or int8 (per-token, per-head "
           "scales); docs/kv-cache.md.");
+ABSL_FLAG(bool, prefix_cache, true,
+          "Reuse the KV of prompt prefixes already computed (full blocks, kept while unused and "
+          "evicted least recently used); docs/kv-cache.md \"Prefix cache\".");
 ABSL_FLAG(int, max_running, 64, "Sequences in the batch at most.");
 ABSL_FLAG(int, max_step_tokens, 512, "Tokens one engine step runs at most (chunked prefill).");
 
@@ -53,11 +56,19 @@ int main(int argc, char** argv) {
                                                .kv_dtype = *kv_dtype});
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
   tandem::serving::ServingEngine* engine = &decoder->engine;
+  if (absl::GetFlag(FLAGS_prefix_cache)) engine->pool->EnablePrefixCache();
+  // Prompts run the full pool (salt 0); generated tokens' blocks are cached too only when
+  // decode runs the same experts.
+  const tandem::engine::MoeOptions decode_moe = decoder->decode_moe();
+  const bool decode_is_prefill =
+      decode_moe.mask == nullptr && decode_moe.widths == nullptr && decode_moe.overlay == nullptr;
   auto scheduler = tandem::engine::Scheduler::Create(
       engine->forward.get(), engine->model.tokenizer.get(), engine->model.tokenizer->eos_id(),
       {.max_running = absl::GetFlag(FLAGS_max_running),
        .max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens),
-       .decode = decoder->decode_moe()});
+       .decode = decode_moe,
+       .prefix_salt = 0,
+       .cache_generated = decode_is_prefill});
   if (!scheduler.ok()) return fail("the scheduler", scheduler.status());
   auto tokenizer = tandem::model::Tokenizer::Load(model_dir + "/tokenizer.model");
   if (!tokenizer.ok()) return fail("--model=" + model_dir, tokenizer.status());
@@ -68,15 +79,18 @@ int main(int argc, char** argv) {
   tandem::serving::GatewayMetrics gateway_metrics(&registry);
   tandem::serving::DecodeMetrics engine_metrics(&registry);
   tandem::serving::ExpertMetrics expert_metrics(&registry);
+  tandem::serving::PrefixCacheMetrics prefix_metrics(&registry);
   tandem::serving::ReportResidentExperts(*engine->model.weights, &engine_metrics);
   tandem::serving::ReportOverlay(decoder->overlay.get(), &engine_metrics);
   tandem::serving::ReportEngine(*engine->model.weights, &registry);
   tandem::serving::ReportKvCache(*engine->pool, &registry);
   auto loop = tandem::engine::EngineLoop::Start(
       *std::move(scheduler),
-      tandem::serving::WithExpertMetrics(
-          tandem::serving::EngineStepObserver(&engine_metrics, engine->pool->num_total()),
-          &*decoder, &expert_metrics));
+      tandem::serving::WithPrefixCacheMetrics(
+          tandem::serving::WithExpertMetrics(
+              tandem::serving::EngineStepObserver(&engine_metrics, engine->pool->num_total()),
+              &*decoder, &expert_metrics),
+          engine->pool.get(), &prefix_metrics));
 
   tandem::gateway::GatewayConfig config;
   config.model_config = engine->model.weights->config;
