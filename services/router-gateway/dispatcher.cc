@@ -117,6 +117,8 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
     int running = 0;
     int queue_depth = 0;
     int queue_capacity = 0;  // prompts the instance takes at once; 0: it did not say
+    int block_size = 0;      // of its KV cache; 0: it did not say
+    int total_kv_blocks = 0;
   };
   // One address of a target; shared with the calls using it, so a refresh that drops it does
   // not pull it from under them.
@@ -125,7 +127,8 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
     std::string address;
     std::unique_ptr<tandem::v1::Prefill::Stub> prefill;  // set in prefill instances
     std::unique_ptr<tandem::v1::Decode::Stub> decode;    // set in decode instances
-    std::atomic<int> outstanding{0};  // prefill calls this gateway has in flight to it
+    std::atomic<int> outstanding{0};             // prefill calls this gateway has in flight to it
+    std::atomic<int64_t> outstanding_tokens{0};  // and their prompt tokens
   };
   using Pool = std::vector<std::shared_ptr<Instance>>;
 
@@ -147,9 +150,11 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
   void Refresh(bool first);
   void CheckHealth();
   Pool DecodeOrder();
-  // Healthy instances with room in their queue first; `any_room` is false when every healthy
-  // instance is at its capacity.
-  Pool PrefillOrder(bool* any_room);
+  // Healthy instances with room in their queue first, then as prefix_routing.h ranks them for
+  // `prompt`; `any_room` is false when every healthy instance is at its capacity.
+  Pool PrefillOrder(absl::Span<const int32_t> prompt, bool* any_room);
+  // `prompt` is on its way to `instance`: its blocks join the instance's prefix model.
+  void NotePrefill(const Instance* instance, absl::Span<const int32_t> prompt);
   std::vector<std::string> Addresses(bool prefill) const;
 
   bool stopping() const {
@@ -177,6 +182,8 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
   mutable absl::Mutex mu_;
   Pool prefill_ ABSL_GUARDED_BY(mu_), decode_ ABSL_GUARDED_BY(mu_);
   std::map<const Instance*, Health> health_of_ ABSL_GUARDED_BY(mu_);
+  // What each prefill instance holds of the prompts sent to it (kKvAware only).
+  std::map<const Instance*, PrefixModel> prefix_of_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_live_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::function<void()>> live_ ABSL_GUARDED_BY(mu_);  // id -> its cancel
@@ -266,6 +273,16 @@ void Dispatcher::Core::Refresh(bool first) {
       }
     }
     health_of_ = std::move(health);
+    std::map<const Instance*, PrefixModel> prefix;
+    for (const auto& instance : prefill_) {
+      auto it = prefix_of_.find(instance.get());
+      if (it == prefix_of_.end()) {
+        prefix.emplace(instance.get(), PrefixModel(0));  // sized by its first health check
+      } else {
+        prefix.emplace(instance.get(), std::move(it->second));
+      }
+    }
+    prefix_of_ = std::move(prefix);
   }
   if (!first && added.empty() && removed.empty()) return;
   if (!first) {
@@ -298,6 +315,8 @@ void Dispatcher::Core::CheckHealth() {
     h.healthy = instance->prefill->GetInfo(context.get(), {}, &info).ok();
     h.queue_depth = info.queue_depth();
     h.queue_capacity = info.queue_capacity();
+    h.block_size = info.geometry().block_size();
+    h.total_kv_blocks = info.total_kv_blocks();
   }
   for (const auto& instance : decode) {
     tandem::v1::InstanceInfo info;
@@ -310,7 +329,10 @@ void Dispatcher::Core::CheckHealth() {
   absl::MutexLock lock(&mu_);
   for (const auto& [instance, h] : checked) {
     auto it = health_of_.find(instance);
-    if (it != health_of_.end()) it->second = h;  // not if a refresh dropped it meanwhile
+    if (it == health_of_.end()) continue;  // a refresh dropped it meanwhile
+    it->second = h;
+    auto model = prefix_of_.find(instance);
+    if (model != prefix_of_.end() && h.healthy) model->second.SetCapacity(h.total_kv_blocks);
   }
 }
 
@@ -331,36 +353,59 @@ Dispatcher::Core::Pool Dispatcher::Core::DecodeOrder() {
   return order;
 }
 
-Dispatcher::Core::Pool Dispatcher::Core::PrefillOrder(bool* any_room) {
+Dispatcher::Core::Pool Dispatcher::Core::PrefillOrder(absl::Span<const int32_t> prompt,
+                                                      bool* any_room) {
   absl::MutexLock lock(&mu_);
-  Pool order;
+  Pool rotated;
   const uint64_t rotate = next_prefill_++;
   for (size_t i = 0; i < prefill_.size(); ++i) {
-    order.push_back(prefill_[(rotate + i) % prefill_.size()]);
+    rotated.push_back(prefill_[(rotate + i) % prefill_.size()]);
   }
-  auto room = [&](const Instance* instance) {
-    const Health& h = health_of_[instance];
-    return h.queue_capacity == 0 || instance->outstanding.load() < h.queue_capacity;
-  };
   // "No room" only when some instance is healthy and every healthy one is at its capacity:
   // without a healthy instance the attempts go on and fail with their reasons.
   bool any_healthy = false, healthy_room = false;
-  for (const auto& instance : order) {
-    if (!health_of_[instance.get()].healthy) continue;
-    any_healthy = true;
-    if (room(instance.get())) healthy_room = true;
+  std::vector<PrefillCandidate> candidates;
+  std::map<int, std::vector<uint64_t>> keys_by_block_size;
+  for (const auto& instance : rotated) {
+    const Health& h = health_of_[instance.get()];
+    PrefillCandidate c;
+    c.healthy = h.healthy;
+    c.room = h.queue_capacity == 0 || instance->outstanding.load() < h.queue_capacity;
+    c.queued_tokens = instance->outstanding_tokens.load();
+    c.queue_depth = std::max(h.queue_depth, instance->outstanding.load());
+    if (options.prefill_routing == PrefillRouting::kKvAware && h.block_size > 0) {
+      auto keys = keys_by_block_size.find(h.block_size);
+      if (keys == keys_by_block_size.end()) {
+        keys =
+            keys_by_block_size.emplace(h.block_size, PrefixBlockKeys(prompt, h.block_size)).first;
+      }
+      auto model = prefix_of_.find(instance.get());
+      if (model != prefix_of_.end()) {
+        c.cached_tokens = model->second.Overlap(keys->second) * h.block_size;
+      }
+    }
+    any_healthy |= c.healthy;
+    healthy_room |= c.healthy && c.room;
+    candidates.push_back(c);
   }
   *any_room = !any_healthy || healthy_room;
-  std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
-    const Health& x = health_of_[a.get()];
-    const Health& y = health_of_[b.get()];
-    if (x.healthy != y.healthy) return x.healthy;
-    const bool rx = room(a.get()), ry = room(b.get());
-    if (rx != ry) return rx;
-    return std::max(x.queue_depth, a->outstanding.load()) <
-           std::max(y.queue_depth, b->outstanding.load());
-  });
+  const PrefillRanking ranking = RankPrefill(candidates, static_cast<int>(prompt.size()),
+                                             options.prefill_routing, options.routing_load_weight);
+  Pool order;
+  for (size_t i : ranking.order) order.push_back(rotated[i]);
+  if (!order.empty() && options.on_routing) {
+    util::Guarded("routing observer", [&] { options.on_routing(ranking.reason); });
+  }
   return order;
+}
+
+void Dispatcher::Core::NotePrefill(const Instance* instance, absl::Span<const int32_t> prompt) {
+  if (options.prefill_routing != PrefillRouting::kKvAware) return;
+  absl::MutexLock lock(&mu_);
+  const int block_size = health_of_[instance].block_size;
+  auto model = prefix_of_.find(instance);
+  if (block_size < 1 || model == prefix_of_.end()) return;
+  model->second.Add(PrefixBlockKeys(prompt, block_size));
 }
 
 bool Dispatcher::Core::Enter(uint64_t* id, std::function<void()> cancel) {
@@ -509,7 +554,7 @@ void Generation::Start() {
   });
   decode_order_ = core_->DecodeOrder();
   bool any_room = false;
-  prefill_order_ = core_->PrefillOrder(&any_room);
+  prefill_order_ = core_->PrefillOrder(request_.prompt, &any_room);
   if (prefill_order_.empty() || decode_order_.empty()) {
     return Finish(absl::UnavailableError(
         "this gateway has no prefill or no decode instances (--prefill, --decode)"));
@@ -612,10 +657,14 @@ void Generation::Prefill() {
   prefilled_.Clear();
   auto context = core_->NewContext(deadline);
   Track(context);
+  const int64_t tokens = static_cast<int64_t>(request_.prompt.size());
   p->outstanding.fetch_add(1);
+  p->outstanding_tokens.fetch_add(tokens);
+  core_->NotePrefill(p.get(), request_.prompt);
   p->prefill->async()->Prefill(context.get(), &prefill_request_, &prefilled_,
-                               [self = shared_from_this(), p, context](grpc::Status s) {
+                               [self = shared_from_this(), p, context, tokens](grpc::Status s) {
                                  p->outstanding.fetch_sub(1);
+                                 p->outstanding_tokens.fetch_sub(tokens);
                                  util::Guarded("prefill done", [&] { self->OnPrefilled(p, s); });
                                });
 }

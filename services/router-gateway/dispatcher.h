@@ -5,12 +5,14 @@
 //
 // Choosing instances: a health thread asks every instance for its load (GetInfo) every
 // health_interval; decode instances are tried most free KV blocks first (then fewest running
-// sequences), prefill instances with room in their queue, shortest queue first; instances that
-// failed their last check go last. The gateway counts the prompts it has sent each prefill
-// instance and sends none past the queue that instance advertises, so when every queue is full
-// a generation ends at once with RESOURCE_EXHAUSTED (the gateway then queues it) instead of
-// holding a reservation. A decode instance without room or unreachable is skipped. A failed
-// prefill or KV transfer is retried on the next prefill instance, with a fresh reservation
+// sequences), prefill instances with room in their queue by the cost prefix_routing.h states
+// (the prompt tokens an instance would compute, given the blocks of it the gateway has sent
+// there before, plus the prompt tokens in flight there), or with prefill_routing kLoad least
+// loaded first; instances that failed their last check go last. The gateway counts the prompts it
+// has sent each prefill instance and sends none past the queue that instance advertises, so when
+// every queue is full a generation ends at once with RESOURCE_EXHAUSTED (the gateway then queues
+// it) instead of holding a reservation. A decode instance without room or unreachable is skipped. A
+// failed prefill or KV transfer is retried on the next prefill instance, with a fresh reservation
 // (the late writes of a failed attempt can never land in the new one; the pruned decoder never
 // recomputes a prompt).
 //
@@ -42,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/router-gateway/backend.h"
+#include "services/router-gateway/prefix_routing.h"
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tandem/v1/prefill.grpc.pb.h"
 
@@ -77,6 +80,12 @@ struct DispatcherOptions {
   std::string tls_server_name;
   // Sent with every call to prefill and decode (the internal APIs' shared secret).
   std::vector<std::pair<std::string, std::string>> call_metadata;
+  // How a prompt's prefill instance is chosen (prefix_routing.h), and the cost's weight of
+  // tokens in flight against tokens to compute.
+  PrefillRouting prefill_routing = PrefillRouting::kKvAware;
+  double routing_load_weight = 1.0;
+  // Called with each prompt's routing decision (for a counter), on the generation's thread.
+  std::function<void(RoutingReason)> on_routing = nullptr;
 };
 
 class Dispatcher : public GenerationBackend {

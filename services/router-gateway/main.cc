@@ -30,6 +30,13 @@ ABSL_FLAG(double, stream_idle_timeout_s, 10.0,
           "A decode stream that shows no life (no token, no keep-alive) for this many seconds "
           "ends with UNAVAILABLE: a stalled or cut-off decode host.");
 
+ABSL_FLAG(std::string, prefill_routing, "kv_aware",
+          "How a prompt's prefill instance is chosen: kv_aware (the fewest tokens to compute, "
+          "given the prompt blocks sent there before, plus the tokens in flight there) or load "
+          "(the least loaded); docs/kv-cache.md \"KV-aware routing\".");
+ABSL_FLAG(double, routing_load_weight, 1.0,
+          "kv_aware routing: the cost of a prompt token in flight at an instance against a "
+          "token it would compute; within [0, 1000].");
 ABSL_FLAG(std::string, internal_tls_root_certs_file, "",
           "PEM CA certificates: dial prefill and decode over TLS and verify their certificates "
           "with these. Empty: plaintext.");
@@ -146,6 +153,25 @@ int main(int argc, char** argv) {
     dispatcher_options.credentials = grpc::SslCredentials(ssl);
     dispatcher_options.tls_server_name = absl::GetFlag(FLAGS_internal_tls_server_name);
   }
+  const auto routing = tandem::gateway::ParsePrefillRouting(absl::GetFlag(FLAGS_prefill_routing));
+  if (!routing.ok()) return Fail(std::string(routing.status().message()));
+  dispatcher_options.prefill_routing = *routing;
+  const double load_weight = absl::GetFlag(FLAGS_routing_load_weight);
+  if (!(load_weight >= 0 && load_weight <= 1000)) {
+    return Fail("--routing_load_weight must be within [0, 1000]");
+  }
+  dispatcher_options.routing_load_weight = load_weight;
+  auto decisions = registry.AddCounter(
+      "tandem_gateway_routing_decisions_total",
+      "Prefill instance choices by reason: prefix (it holds some of the prompt), load (none "
+      "does), load_over_prefix (another holds more, but its queue costs more).");
+  if (!decisions.ok()) return Fail(std::string(decisions.status().message()));
+  tandem::metrics::Counter* by_reason[] = {&(*decisions)->Add({{"reason", "prefix"}}),
+                                           &(*decisions)->Add({{"reason", "load"}}),
+                                           &(*decisions)->Add({{"reason", "load_over_prefix"}})};
+  dispatcher_options.on_routing = [by_reason](tandem::gateway::RoutingReason reason) {
+    by_reason[static_cast<int>(reason)]->Increment();
+  };
   dispatcher_options.on_instances = [=](size_t prefill, size_t decode) {
     prefill_instances->Set(static_cast<double>(prefill));
     decode_instances->Set(static_cast<double>(decode));
