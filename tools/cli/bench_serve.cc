@@ -1,8 +1,9 @@
 // tandem bench serve: the serving benchmark (bench_serve_lib.h) against a running gateway or
 // tandem-serve, through the gRPC API (the SDK) or the OpenAI-compatible HTTP API.
 //   tandem bench serve --endpoint HOST:PORT [--backend grpc|http]
-//       [--dataset random --input_len N (--model DIR | --vocab_size V) | --dataset file
-//        --dataset_path FILE] [--output_len N --num_prompts N --request_rate R|inf
+//       [--dataset random|shared_prefix|multi_turn --input_len N [--prefix_len P]
+//        [--turns T] (--model DIR | --vocab_size V) | --dataset file --dataset_path FILE]
+//        [--output_len N --num_prompts N --request_rate R|inf
 //        --max_concurrency C --seed S --goodput ttft:MS,tpot:MS,e2el:MS --label TEXT
 //        --model_name NAME --timeout_s S --out RESULT.json]
 // Prints a summary table to stdout, a progress bar to stderr when stderr is a terminal, and
@@ -29,7 +30,13 @@ ABSL_FLAG(std::string, backend, "grpc",
           "OpenAI-compatible POST /v1/completions, streamed; --endpoint is then the HTTP port).");
 ABSL_FLAG(std::string, dataset, "random",
           "bench serve: random (--input_len random token ids per prompt, ids >= 3 below the "
-          "vocabulary size) or file (--dataset_path, one prompt a line, cycled).");
+          "vocabulary size), shared_prefix (one --prefix_len prefix of random ids, a system "
+          "prompt, then --input_len ids of each prompt's own), multi_turn (conversations of "
+          "--turns turns, each turn resending the history: the previous prompt, its reply and a "
+          "new --input_len question; gRPC only; --num_prompts counts turns) or file "
+          "(--dataset_path, one prompt a line, cycled).");
+ABSL_FLAG(int, prefix_len, 512, "bench serve: the shared prefix of --dataset shared_prefix.");
+ABSL_FLAG(int, turns, 4, "bench serve: turns of each conversation of --dataset multi_turn.");
 ABSL_FLAG(std::string, dataset_path, "", "bench serve: the prompt file of --dataset file.");
 ABSL_FLAG(int, input_len, 128, "bench serve: prompt tokens of each random prompt.");
 ABSL_FLAG(int, output_len, 64,
@@ -84,6 +91,24 @@ absl::StatusOr<std::vector<bench::Prompt>> Prompts(uint64_t seed) {
     }
     auto ids = bench::RandomPrompts(n, input_len, *vocab, seed);
     for (int i = 0; i < n; ++i) prompts[i].token_ids = std::move(ids[i]);
+  } else if (dataset == "shared_prefix" || dataset == "multi_turn") {
+    const int input_len = absl::GetFlag(FLAGS_input_len);
+    if (input_len < 1) return absl::InvalidArgumentError("--input_len must be at least 1");
+    auto vocab = VocabSize();
+    if (!vocab.ok()) return vocab.status();
+    if (*vocab <= bench::kFirstRandomTokenId) {
+      return absl::InvalidArgumentError(absl::StrCat("vocabulary size ", *vocab, " is too small"));
+    }
+    if (dataset == "shared_prefix") {
+      const int prefix_len = absl::GetFlag(FLAGS_prefix_len);
+      if (prefix_len < 1) return absl::InvalidArgumentError("--prefix_len must be at least 1");
+      auto ids = bench::SharedPrefixPrompts(n, prefix_len, input_len, *vocab, seed);
+      for (int i = 0; i < n; ++i) prompts[i].token_ids = std::move(ids[i]);
+    } else {
+      // Each turn's question; the prompts themselves are built as the replies come.
+      auto ids = bench::RandomPrompts(n, input_len, *vocab, seed);
+      for (int i = 0; i < n; ++i) prompts[i].token_ids = std::move(ids[i]);
+    }
   } else if (dataset == "file") {
     if (absl::GetFlag(FLAGS_dataset_path).empty()) {
       return absl::InvalidArgumentError("--dataset file needs --dataset_path FILE");
@@ -92,8 +117,8 @@ absl::StatusOr<std::vector<bench::Prompt>> Prompts(uint64_t seed) {
     if (!lines.ok()) return lines.status();
     for (int i = 0; i < n; ++i) prompts[i].text = (*lines)[i % lines->size()];
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dataset ", dataset, ": expected random or file"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dataset ", dataset, ": expected random, shared_prefix, multi_turn or file"));
   }
   return prompts;
 }
@@ -129,7 +154,15 @@ int BenchServe() {
   const uint64_t seed = static_cast<uint64_t>(std::max<int64_t>(absl::GetFlag(FLAGS_seed), 0));
   auto prompts = Prompts(seed);
   if (!prompts.ok()) return Report(prompts.status());
-  const std::vector<double> arrivals = bench::ArrivalTimes(num_prompts, *rate, seed);
+  // multi_turn: the requests are conversations, each a chain of --turns turns.
+  const bool multi_turn = absl::GetFlag(FLAGS_dataset) == "multi_turn";
+  const int turns = multi_turn ? absl::GetFlag(FLAGS_turns) : 1;
+  if (multi_turn && (turns < 1 || num_prompts % turns != 0 || backend != "grpc")) {
+    return Report(absl::InvalidArgumentError(
+        "--dataset multi_turn needs --backend grpc (the replies' token ids) and --turns of at "
+        "least 1 dividing --num_prompts"));
+  }
+  const std::vector<double> arrivals = bench::ArrivalTimes(num_prompts / turns, *rate, seed);
 
   bench::RequestOptions options;
   options.model = absl::GetFlag(FLAGS_model_name);
@@ -175,7 +208,9 @@ int BenchServe() {
   info.request_rate = *rate;
   info.max_concurrency = max_concurrency;
   info.num_prompts = num_prompts;
-  info.input_len = info.dataset == "random" ? absl::GetFlag(FLAGS_input_len) : 0;
+  info.input_len = info.dataset == "file" ? 0 : absl::GetFlag(FLAGS_input_len);
+  info.prefix_len = info.dataset == "shared_prefix" ? absl::GetFlag(FLAGS_prefix_len) : 0;
+  info.turns = multi_turn ? turns : 0;
   info.output_len = output_len;
   info.logprobs = options.logprobs;
   info.seed = seed;
@@ -187,11 +222,30 @@ int BenchServe() {
   std::vector<bench::RequestResult> results(num_prompts);
   const bool tty = isatty(STDERR_FILENO) == 1;
   const absl::Time start = absl::Now();
-  bench::Dispatch(
-      arrivals, max_concurrency, [&](int i) { results[i] = run((*prompts)[i]); },
-      [&](int done, int total) {
-        if (tty) DrawProgress(done, total, start);
-      });
+  // A conversation's turns go one after another, each resending the history.
+  auto send = [&](int i) {
+    if (!multi_turn) {
+      results[i] = run((*prompts)[i]);
+      return;
+    }
+    bench::Prompt turn = (*prompts)[i * turns];
+    for (int t = 0; t < turns; ++t) {
+      bench::RequestResult& r = results[i * turns + t];
+      r = run(turn);
+      if (!r.success) {
+        for (int rest = t + 1; rest < turns; ++rest) {
+          results[i * turns + rest].error = "an earlier turn of its conversation failed";
+        }
+        break;
+      }
+      if (t + 1 == turns) break;
+      turn.token_ids =
+          bench::NextTurn(turn.token_ids, r.output_ids, (*prompts)[i * turns + t + 1].token_ids);
+    }
+  };
+  bench::Dispatch(arrivals, max_concurrency, send, [&](int done, int total) {
+    if (tty) DrawProgress(done, total, start);
+  });
   const double duration = absl::ToDoubleSeconds(absl::Now() - start);
   if (tty) std::cerr << "\n";
 

@@ -68,6 +68,26 @@ std::vector<std::vector<int32_t>> RandomPrompts(int n, int input_len, int64_t vo
   return prompts;
 }
 
+std::vector<std::vector<int32_t>> SharedPrefixPrompts(int n, int prefix_len, int input_len,
+                                                      int64_t vocab_size, uint64_t seed) {
+  // The prefix is drawn as one more prompt of a stream of its own; the questions as
+  // RandomPrompts draws prompts.
+  const std::vector<int32_t> prefix =
+      RandomPrompts(1, prefix_len, vocab_size, Mix(seed ^ 0x707265666978ULL))[0];  // "prefix"
+  std::vector<std::vector<int32_t>> prompts = RandomPrompts(n, input_len, vocab_size, seed);
+  for (auto& prompt : prompts) prompt.insert(prompt.begin(), prefix.begin(), prefix.end());
+  return prompts;
+}
+
+std::vector<int32_t> NextTurn(const std::vector<int32_t>& previous_prompt,
+                              const std::vector<int32_t>& reply,
+                              const std::vector<int32_t>& question) {
+  std::vector<int32_t> prompt = previous_prompt;
+  prompt.insert(prompt.end(), reply.begin(), reply.end());
+  prompt.insert(prompt.end(), question.begin(), question.end());
+  return prompt;
+}
+
 absl::StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the prompt file ", path));
@@ -162,11 +182,13 @@ RequestResult RunGrpcRequest(sdk::Client& client, const Prompt& prompt,
 
   StreamTimer timer;
   std::optional<int64_t> prompt_tokens, completion_tokens;
+  std::vector<int32_t> output_ids;
   const absl::Time start = absl::Now();
   absl::Status status =
       client.GenerateStream(request, [&](const v1::GenerateStreamResponse& chunk) {
         if (chunk.token_ids_size() > 0) {
           timer.OnChunk(Seconds(absl::Now() - start), chunk.token_ids_size());
+          output_ids.insert(output_ids.end(), chunk.token_ids().begin(), chunk.token_ids().end());
         }
         if (chunk.has_usage()) {
           prompt_tokens = chunk.usage().prompt_tokens();
@@ -176,6 +198,7 @@ RequestResult RunGrpcRequest(sdk::Client& client, const Prompt& prompt,
   RequestResult result;
   result.e2el = Seconds(absl::Now() - start);
   Finish(std::move(status), timer, prompt_tokens, completion_tokens, prompt, &result);
+  result.output_ids = std::move(output_ids);
   return result;
 }
 
@@ -431,6 +454,8 @@ nlohmann::json ResultJson(const RunInfo& info, const Summary& summary, const Slo
       info.max_concurrency > 0 ? nlohmann::json(info.max_concurrency) : nlohmann::json(nullptr);
   j["num_prompts"] = info.num_prompts;
   j["input_len"] = info.input_len;
+  if (info.prefix_len > 0) j["prefix_len"] = info.prefix_len;
+  if (info.turns > 0) j["turns"] = info.turns;
   j["output_len"] = info.output_len;
   j["logprobs"] = info.logprobs >= 0 ? nlohmann::json(info.logprobs) : nlohmann::json(nullptr);
   j["seed"] = info.seed;

@@ -41,6 +41,18 @@ std::vector<double> ArrivalTimes(int n, double rate, uint64_t seed);
 std::vector<std::vector<int32_t>> RandomPrompts(int n, int input_len, int64_t vocab_size,
                                                 uint64_t seed);
 
+// `n` prompts sharing one prefix (a system prompt): `prefix_len` random ids, the same in every
+// prompt, then `input_len` random ids of each prompt's own (its question). From `seed`, as
+// RandomPrompts.
+std::vector<std::vector<int32_t>> SharedPrefixPrompts(int n, int prefix_len, int input_len,
+                                                      int64_t vocab_size, uint64_t seed);
+
+// The prompt of a conversation's next turn, which resends its history: the previous turn's
+// prompt, the reply generated for it, then the new question.
+std::vector<int32_t> NextTurn(const std::vector<int32_t>& previous_prompt,
+                              const std::vector<int32_t>& reply,
+                              const std::vector<int32_t>& question);
+
 // The non-blank lines of a text file (without their line ends); an error if there are none.
 absl::StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path);
 
@@ -57,11 +69,12 @@ absl::StatusOr<Slos> ParseSlos(absl::string_view text);
 // What one request did.
 struct RequestResult {
   bool success = false;
-  std::string error;          // why it failed; empty on success
-  int64_t prompt_tokens = 0;  // from the final usage (or the prompt's known length)
-  int64_t output_tokens = 0;  // from the final usage (or the tokens counted in the stream)
-  double ttft = 0;            // seconds from sending to the first token
-  double e2el = 0;            // seconds from sending to the end of the stream
+  std::string error;                // why it failed; empty on success
+  int64_t prompt_tokens = 0;        // from the final usage (or the prompt's known length)
+  int64_t output_tokens = 0;        // from the final usage (or the tokens counted in the stream)
+  std::vector<int32_t> output_ids;  // the generated token ids (gRPC backend only)
+  double ttft = 0;                  // seconds from sending to the first token
+  double e2el = 0;                  // seconds from sending to the end of the stream
   // Seconds between successive tokens: a chunk carrying n tokens after a gap g gives n
   // entries of g/n; tokens that arrive with the first token give entries of 0.
   std::vector<double> itls;
@@ -181,6 +194,8 @@ struct RunInfo {
   int max_concurrency = 0;  // 0 = no cap
   int num_prompts = 0;
   int input_len = 0;
+  int prefix_len = 0;  // shared_prefix: the prompts' common prefix
+  int turns = 0;       // multi_turn: turns of each conversation
   int output_len = 0;
   int logprobs = -1;
   uint64_t seed = 0;

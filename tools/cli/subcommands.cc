@@ -168,6 +168,8 @@ std::vector<Subcommand> MakeSubcommands() {
         {"dataset", ""},
         {"dataset_path", ""},
         {"input_len", ""},
+        {"prefix_len", ""},
+        {"turns", ""},
         {"output_len", ""},
         {"logprobs", ""},
         {"num_prompts", ""},

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <fstream>
@@ -87,6 +88,24 @@ TEST(RandomPromptsTest, SeededIdsAvoidSpecialTokens) {
     }
   }
   EXPECT_EQ(seen.size(), 97u);  // 800 draws cover the 97 ids
+}
+
+TEST(SharedPrefixPromptsTest, OnePrefixThenEachPromptsOwnIds) {
+  const auto prompts = SharedPrefixPrompts(4, 32, 8, 1000, 7);
+  ASSERT_EQ(prompts.size(), 4u);
+  for (const auto& p : prompts) {
+    ASSERT_EQ(p.size(), 40u);
+    EXPECT_TRUE(std::equal(p.begin(), p.begin() + 32, prompts[0].begin()));
+    for (int32_t id : p) EXPECT_TRUE(id >= kFirstRandomTokenId && id < 1000);
+  }
+  EXPECT_FALSE(std::equal(prompts[0].begin() + 32, prompts[0].end(), prompts[1].begin() + 32));
+  EXPECT_EQ(SharedPrefixPrompts(4, 32, 8, 1000, 7), prompts);  // seeded
+  EXPECT_NE(SharedPrefixPrompts(4, 32, 8, 1000, 8)[0], prompts[0]);
+}
+
+TEST(NextTurnTest, ResendsTheHistory) {
+  EXPECT_EQ(NextTurn({1, 2}, {3, 4, 5}, {6}), (std::vector<int32_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(NextTurn({1}, {}, {2}), (std::vector<int32_t>{1, 2}));
 }
 
 TEST(ParseTest, RequestRate) {
