@@ -1,4 +1,5 @@
 // tandem-prefill: runs the full expert pool over prompts and ships their KV cache to decode.
+#include <algorithm>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -12,7 +13,7 @@ ABSL_FLAG(std::string, model, "models/tiny-moe", "Model directory (Hugging Face 
 ABSL_FLAG(int, kv_block_size, 16, "Tokens per KV-cache block; must match the decode instances.");
 ABSL_FLAG(int, kv_blocks, 0,
           "KV-cache blocks of the local pool (prompts being computed or shipped, and the prefix "
-          "cache); 0 = enough for four prompts of the full context.");
+          "cache); 0 = 1024, or four prompts of the full context if that is more.");
 ABSL_FLAG(std::string, kv_dtype, "bf16",
           "How the KV cache stores keys and values: f32, bf16 or int8 (per-token, per-head "
           "scales); must match the decode instances (docs/kv-cache.md).");
@@ -60,8 +61,9 @@ int main(int argc, char** argv) {
   const int block_size = absl::GetFlag(FLAGS_kv_block_size);
   int blocks = absl::GetFlag(FLAGS_kv_blocks);
   if (blocks <= 0) {
-    blocks =
-        4 * static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
+    const int context_blocks =
+        static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
+    blocks = std::max(1024, 4 * context_blocks);
   }
   auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model), block_size, blocks,
                                                    {}, *kv_dtype);
