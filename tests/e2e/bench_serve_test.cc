@@ -97,6 +97,48 @@ TEST(BenchServeTest, RandomPromptsAgainstTandemServeOverGrpcAndOpenAiHttp) {
   }
 }
 
+TEST(BenchServeTest, SharedPrefixAndMultiTurnWorkloadsHitThePrefixCache) {
+  testing::ServiceSet services;
+  auto ports = services.Start("tandem-serve", {});
+  ASSERT_TRUE(ports.ok()) << ports.status();
+  auto run = [&](const std::string& name, std::vector<std::string> flags) {
+    const std::string out = services.dir() + "/" + name + ".json";
+    const std::string log = services.dir() + "/" + name + ".log";
+    std::vector<std::string> args = {"bench",
+                                     "serve",
+                                     absl::StrCat("--endpoint=127.0.0.1:", ports->grpc_port),
+                                     "--model=" + testing::SourceDir() + "/models/tiny-moe",
+                                     "--output_len=8",
+                                     "--request_rate=inf",
+                                     "--out=" + out};
+    args.insert(args.end(), flags.begin(), flags.end());
+    EXPECT_EQ(RunTandem(args, log, absl::Seconds(120)), 0) << Read(log);
+    return nlohmann::json::parse(Read(out), nullptr, false);
+  };
+  const double hits_before =
+      testing::MetricValue(ports->http_port, "tandem_prefix_cache_hit_tokens_total");
+  nlohmann::json r = run(
+      "shared", {"--dataset=shared_prefix", "--prefix_len=64", "--input_len=8", "--num_prompts=6"});
+  EXPECT_EQ(r["completed"], 6);
+  EXPECT_EQ(r["prefix_len"], 64);
+  EXPECT_EQ(r["total_input_tokens"], 6 * 72);
+  // The warm-up request computed the 64-token prefix: every counted request reuses it.
+  const double hits =
+      testing::MetricValue(ports->http_port, "tandem_prefix_cache_hit_tokens_total");
+  EXPECT_GE(hits - hits_before, 6 * 64);
+  // Two conversations of three turns; each turn resends the one before and its 8-token reply.
+  r = run("turns", {"--dataset=multi_turn", "--turns=3", "--input_len=16", "--num_prompts=6"});
+  EXPECT_EQ(r["completed"], 6);
+  EXPECT_EQ(r["turns"], 3);
+  EXPECT_EQ(r["total_input_tokens"], 2 * (16 + 40 + 64));
+  EXPECT_GT(testing::MetricValue(ports->http_port, "tandem_prefix_cache_hit_tokens_total"), hits);
+  // Turns chain on the replies' token ids: the HTTP backend has none.
+  EXPECT_EQ(RunTandem({"bench", "serve", absl::StrCat("--endpoint=127.0.0.1:", ports->http_port),
+                       "--backend=http", "--dataset=multi_turn", "--vocab_size=100"},
+                      services.dir() + "/bad.log", absl::Seconds(30)),
+            2);
+}
+
 TEST(BenchServeTest, UnreachableEndpointFailsFast) {
   testing::TempDir dir;
   const std::string log = dir.path() + "/bench.log";

@@ -81,7 +81,7 @@ absl::StatusOr<std::vector<bench::Prompt>> Prompts(uint64_t seed) {
   const std::string dataset = absl::GetFlag(FLAGS_dataset);
   const int n = absl::GetFlag(FLAGS_num_prompts);
   std::vector<bench::Prompt> prompts(n);
-  if (dataset == "random") {
+  if (dataset == "random" || dataset == "shared_prefix" || dataset == "multi_turn") {
     const int input_len = absl::GetFlag(FLAGS_input_len);
     if (input_len < 1) return absl::InvalidArgumentError("--input_len must be at least 1");
     auto vocab = VocabSize();
@@ -89,26 +89,16 @@ absl::StatusOr<std::vector<bench::Prompt>> Prompts(uint64_t seed) {
     if (*vocab <= bench::kFirstRandomTokenId) {
       return absl::InvalidArgumentError(absl::StrCat("vocabulary size ", *vocab, " is too small"));
     }
-    auto ids = bench::RandomPrompts(n, input_len, *vocab, seed);
-    for (int i = 0; i < n; ++i) prompts[i].token_ids = std::move(ids[i]);
-  } else if (dataset == "shared_prefix" || dataset == "multi_turn") {
-    const int input_len = absl::GetFlag(FLAGS_input_len);
-    if (input_len < 1) return absl::InvalidArgumentError("--input_len must be at least 1");
-    auto vocab = VocabSize();
-    if (!vocab.ok()) return vocab.status();
-    if (*vocab <= bench::kFirstRandomTokenId) {
-      return absl::InvalidArgumentError(absl::StrCat("vocabulary size ", *vocab, " is too small"));
-    }
+    // multi_turn: each turn's question; the prompts are built as the replies come.
+    std::vector<std::vector<int32_t>> ids;
     if (dataset == "shared_prefix") {
       const int prefix_len = absl::GetFlag(FLAGS_prefix_len);
       if (prefix_len < 1) return absl::InvalidArgumentError("--prefix_len must be at least 1");
-      auto ids = bench::SharedPrefixPrompts(n, prefix_len, input_len, *vocab, seed);
-      for (int i = 0; i < n; ++i) prompts[i].token_ids = std::move(ids[i]);
+      ids = bench::SharedPrefixPrompts(n, prefix_len, input_len, *vocab, seed);
     } else {
-      // Each turn's question; the prompts themselves are built as the replies come.
-      auto ids = bench::RandomPrompts(n, input_len, *vocab, seed);
-      for (int i = 0; i < n; ++i) prompts[i].token_ids = std::move(ids[i]);
+      ids = bench::RandomPrompts(n, input_len, *vocab, seed);
     }
+    for (int i = 0; i < n; ++i) prompts[i].token_ids = std::move(ids[i]);
   } else if (dataset == "file") {
     if (absl::GetFlag(FLAGS_dataset_path).empty()) {
       return absl::InvalidArgumentError("--dataset file needs --dataset_path FILE");
