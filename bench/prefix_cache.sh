@@ -16,8 +16,10 @@
 # from the instances' metrics). Needs a build (scripts/build.sh) and jq.
 #   bench/prefix_cache.sh [--rate 16] [--num_prompts 100] [--prefix_len 384]
 #                         [--question_len 32] [--turns 4] [--input_len 128] [--output_len 32]
-#                         [--only cache|prefill] [--out_dir DIR]
-# --only cache runs parts 1 and 2, --only prefill parts 3 and 4.
+#                         [--only cache|prefill] [--old_prefill PATH] [--out_dir DIR]
+# --only cache runs parts 1 and 2, --only prefill parts 3 and 4. --old_prefill adds part 3's
+# rows for another tandem-prefill binary (e.g. one built from a commit before issue #19, which
+# ran prompts one at a time and shipped each one's KV before computing the next).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=16
@@ -28,16 +30,17 @@ turns=4
 input_len=128
 output_len=32
 only=
+old_prefill=
 out_dir=
 while (($#)); do
   case $1 in
     --rate=* | --num_prompts=* | --prefix_len=* | --question_len=* | --turns=* | \
-      --input_len=* | --output_len=* | --only=* | --out_dir=*)
+      --input_len=* | --output_len=* | --only=* | --old_prefill=* | --out_dir=*)
       name=${1%%=*}
       printf -v "${name#--}" '%s' "${1#*=}"
       shift ;;
     --rate | --num_prompts | --prefix_len | --question_len | --turns | --input_len | \
-      --output_len | --only | --out_dir)
+      --output_len | --only | --old_prefill | --out_dir)
       (($# >= 2)) || { echo "$1 needs a value" >&2; exit 2; }
       printf -v "${1#--}" '%s' "$2"
       shift 2 ;;
@@ -82,11 +85,12 @@ run() {  # run LABEL WORKLOAD RATE ENDPOINT_SERVICE CACHE_SERVICES...
   read -r h q < <(hits "$@")
   rows+=("$(jq -r --arg w "$workload" --arg h "$h" --arg q "$q" '"| \(.label) | \($w) | \(.request_rate) | \(.completed) | \(.median_ttft_ms * 10 | round / 10) | \(.p99_ttft_ms * 10 | round / 10) | \(.total_input_tokens / .duration | round) | \(.output_throughput * 10 | round / 10) | \(if ($q | tonumber) > 0 then (($h | tonumber) / ($q | tonumber) * 1000 | round / 10 | tostring) + "%" else "-" end) |"' "$out")")
 }
-cluster() {  # cluster N_PREFILL PREFILL_FLAGS GATEWAY_FLAGS: prefill instances, a decode, a gateway
-  local n=$1 prefill_flags=$2 gateway_flags=$3 i targets=
+cluster() {  # cluster N_PREFILL PREFILL_FLAGS GATEWAY_FLAGS [PREFILL_BINARY]: prefill instances,
+  # a decode, a gateway
+  local n=$1 prefill_flags=$2 gateway_flags=$3 prefill_binary=${4:-tandem-prefill} i targets=
   for ((i = 1; i <= n; i++)); do
     # shellcheck disable=SC2086
-    start_as "prefill$i" tandem-prefill $prefill_flags
+    start_as "prefill$i" "$prefill_binary" $prefill_flags
     targets+="${targets:+,}127.0.0.1:$(port "prefill$i" grpc_port)"
   done
   start tandem-decode --max_running=64
@@ -114,6 +118,11 @@ for workload in shared_prefix multi_turn; do
 done
 for r in "$rate" inf; do
   [[ $only == cache ]] && break
+  if [[ -n $old_prefill ]]; then
+    cluster 1 "" "" "$old_prefill"
+    run "prefill --old_prefill" random "$r" tandem-gateway
+    stop_all
+  fi
   for running in 1 16; do
     cluster 1 "--prefix_cache=false --max_running=$running" ""
     run "prefill max_running $running" random "$r" tandem-gateway prefill1

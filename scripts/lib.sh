@@ -7,10 +7,11 @@ start() {  # start NAME ARGS...: $bin/NAME --model=$model ARGS, waits (15 s) for
   start_as "$1" "$@"
 }
 
-start_as() {  # start_as ALIAS NAME ARGS...: start NAME, known to port and metric as ALIAS
+start_as() {  # start_as ALIAS NAME ARGS...: start NAME (a path if it has a slash), as ALIAS
   local name=$1 binary=$2; shift 2
+  [[ $binary == */* ]] || binary=$bin/$binary
   rm -f "$run_dir/$name.ports"
-  "$bin/$binary" --model="$model" --port_file="$run_dir/$name.ports" "$@" >"$run_dir/$name.log" 2>&1 &
+  "$binary" --model="$model" --port_file="$run_dir/$name.ports" "$@" >"$run_dir/$name.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 300); do [[ -s "$run_dir/$name.ports" ]] && return; sleep 0.05; done
   echo "$name did not start:"; cat "$run_dir/$name.log"; exit 1
