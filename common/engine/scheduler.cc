@@ -211,10 +211,14 @@ void Scheduler::PublishBlocks(Sequence* seq) {
   }
 }
 
-void Scheduler::Preempt(Sequence* seq) {
+void Scheduler::DropKv(Sequence* seq) {
   seq->table.ReleaseAll(forward_->pool());
   seq->num_computed = 0;
   seq->published = 0;
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  DropKv(seq);
   seq->running = false;
   for (auto it = running_.begin(); it != running_.end(); ++it) {
     if (it->get() == seq) {
@@ -247,11 +251,15 @@ int Scheduler::Fit(const Sequence* seq, int len) const {
   return std::min(len, capacity - seq->num_computed);
 }
 
-void Scheduler::Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out) {
+int32_t Scheduler::Draw(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out) {
   const int32_t token = seq->sampler.Sample(logits);
   if (seq->params.logprobs >= 0)
     out->logprobs = ComputeLogprobs(logits, token, seq->params.logprobs);
-  Accept(seq, token, out);
+  return token;
+}
+
+void Scheduler::Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out) {
+  Accept(seq, Draw(seq, logits, out), out);
 }
 
 void Scheduler::Accept(Sequence* seq, int32_t token, SequenceOutput* out) {
@@ -345,9 +353,7 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
     const int reused = ReuseCachedPrefix(seq);
     const int len = chunk(seq);
     if (len < 1 || !seq->table.Reserve(forward_->pool(), seq->num_computed + len).ok()) {
-      seq->table.ReleaseAll(forward_->pool());  // cached blocks are taken again next time
-      seq->num_computed = 0;
-      seq->published = 0;
+      DropKv(seq);  // cached blocks are taken again next time
       break;
     }
     if (forward_->pool()->prefix_cache_enabled()) {
@@ -424,11 +430,7 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
     }
     if (seq->prefill_only) {
       // The first token, unchecked (the decoder applies the stop rules), and the prompt's KV.
-      const int32_t token = seq->sampler.Sample(row);
-      if (seq->params.logprobs >= 0) {
-        out.logprobs = ComputeLogprobs(row, token, seq->params.logprobs);
-      }
-      out.token = token;
+      out.token = Draw(seq, row, &out);
       out.finish = FinishReason::kLength;
       out.prompt_kv = std::make_shared<const PromptKv>(forward_->pool(), std::move(seq->table));
       seq->table = BlockTable();

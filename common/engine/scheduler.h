@@ -149,6 +149,8 @@ class Scheduler {
             const SchedulerConfig& config);
   // Frees `seq`'s blocks and puts it at the front of the waiting queue.
   void Preempt(Sequence* seq);
+  // Releases `seq`'s blocks: nothing of it is computed or published any more.
+  void DropKv(Sequence* seq);
   // Reserves KV for `seq` up to `num_tokens`, preempting newer running sequences if needed.
   // False when `seq` itself had to be preempted.
   bool ReserveOrPreempt(Sequence* seq, int num_tokens);
@@ -156,6 +158,8 @@ class Scheduler {
   int Fit(const Sequence* seq, int len) const;
   // Samples from `logits` and applies the stop rules; fills `out`.
   void Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out);
+  // Draws a token from `logits` (with its log-probabilities in `out` when asked), nothing else.
+  int32_t Draw(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out);
   // Appends `token` to `seq` and applies the stop rules; fills `out`.
   void Accept(Sequence* seq, int32_t token, SequenceOutput* out);
   void Remove(Sequence* seq);
