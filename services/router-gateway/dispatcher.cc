@@ -150,11 +150,14 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
   void Refresh(bool first);
   void CheckHealth();
   Pool DecodeOrder();
+  // A prompt's block keys (PrefixBlockKeys) by block size, each computed once per generation.
+  using PromptKeys = std::map<int, std::vector<uint64_t>>;
   // Healthy instances with room in their queue first, then as prefix_routing.h ranks them for
-  // `prompt`; `any_room` is false when every healthy instance is at its capacity.
-  Pool PrefillOrder(absl::Span<const int32_t> prompt, bool* any_room);
+  // `prompt` (whose keys it adds to `keys`); `any_room` is false when every healthy instance is
+  // at its capacity.
+  Pool PrefillOrder(absl::Span<const int32_t> prompt, PromptKeys* keys, bool* any_room);
   // `prompt` is on its way to `instance`: its blocks join the instance's prefix model.
-  void NotePrefill(const Instance* instance, absl::Span<const int32_t> prompt);
+  void NotePrefill(const Instance* instance, absl::Span<const int32_t> prompt, PromptKeys* keys);
   std::vector<std::string> Addresses(bool prefill) const;
 
   bool stopping() const {
@@ -353,8 +356,19 @@ Dispatcher::Core::Pool Dispatcher::Core::DecodeOrder() {
   return order;
 }
 
+namespace {
+
+const std::vector<uint64_t>& KeysFor(absl::Span<const int32_t> prompt, int block_size,
+                                     Dispatcher::Core::PromptKeys* keys) {
+  auto it = keys->find(block_size);
+  if (it == keys->end()) it = keys->emplace(block_size, PrefixBlockKeys(prompt, block_size)).first;
+  return it->second;
+}
+
+}  // namespace
+
 Dispatcher::Core::Pool Dispatcher::Core::PrefillOrder(absl::Span<const int32_t> prompt,
-                                                      bool* any_room) {
+                                                      PromptKeys* keys, bool* any_room) {
   absl::MutexLock lock(&mu_);
   Pool rotated;
   const uint64_t rotate = next_prefill_++;
@@ -365,7 +379,6 @@ Dispatcher::Core::Pool Dispatcher::Core::PrefillOrder(absl::Span<const int32_t> 
   // without a healthy instance the attempts go on and fail with their reasons.
   bool any_healthy = false, healthy_room = false;
   std::vector<PrefillCandidate> candidates;
-  std::map<int, std::vector<uint64_t>> keys_by_block_size;
   for (const auto& instance : rotated) {
     const Health& h = health_of_[instance.get()];
     PrefillCandidate c;
@@ -374,14 +387,9 @@ Dispatcher::Core::Pool Dispatcher::Core::PrefillOrder(absl::Span<const int32_t> 
     c.queued_tokens = instance->outstanding_tokens.load();
     c.queue_depth = std::max(h.queue_depth, instance->outstanding.load());
     if (options.prefill_routing == PrefillRouting::kKvAware && h.block_size > 0) {
-      auto keys = keys_by_block_size.find(h.block_size);
-      if (keys == keys_by_block_size.end()) {
-        keys =
-            keys_by_block_size.emplace(h.block_size, PrefixBlockKeys(prompt, h.block_size)).first;
-      }
       auto model = prefix_of_.find(instance.get());
       if (model != prefix_of_.end()) {
-        c.cached_tokens = model->second.Overlap(keys->second) * h.block_size;
+        c.cached_tokens = model->second.Overlap(KeysFor(prompt, h.block_size, keys)) * h.block_size;
       }
     }
     any_healthy |= c.healthy;
@@ -399,13 +407,14 @@ Dispatcher::Core::Pool Dispatcher::Core::PrefillOrder(absl::Span<const int32_t> 
   return order;
 }
 
-void Dispatcher::Core::NotePrefill(const Instance* instance, absl::Span<const int32_t> prompt) {
+void Dispatcher::Core::NotePrefill(const Instance* instance, absl::Span<const int32_t> prompt,
+                                   PromptKeys* keys) {
   if (options.prefill_routing != PrefillRouting::kKvAware) return;
   absl::MutexLock lock(&mu_);
   const int block_size = health_of_[instance].block_size;
   auto model = prefix_of_.find(instance);
   if (block_size < 1 || model == prefix_of_.end()) return;
-  model->second.Add(PrefixBlockKeys(prompt, block_size));
+  model->second.Add(KeysFor(prompt, block_size, keys));
 }
 
 bool Dispatcher::Core::Enter(uint64_t* id, std::function<void()> cancel) {
@@ -505,6 +514,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   uint64_t cancel_hook_ = 0;
 
   Core::Pool decode_order_, prefill_order_;
+  Core::PromptKeys prompt_keys_;  // the prompt's block keys, for prefill routing
   size_t next_prefill_ = 0;
   std::vector<std::string> failures_;
   bool all_decode_full_ = true;
@@ -554,7 +564,7 @@ void Generation::Start() {
   });
   decode_order_ = core_->DecodeOrder();
   bool any_room = false;
-  prefill_order_ = core_->PrefillOrder(request_.prompt, &any_room);
+  prefill_order_ = core_->PrefillOrder(request_.prompt, &prompt_keys_, &any_room);
   if (prefill_order_.empty() || decode_order_.empty()) {
     return Finish(absl::UnavailableError(
         "this gateway has no prefill or no decode instances (--prefill, --decode)"));
@@ -660,7 +670,7 @@ void Generation::Prefill() {
   const int64_t tokens = static_cast<int64_t>(request_.prompt.size());
   p->outstanding.fetch_add(1);
   p->outstanding_tokens.fetch_add(tokens);
-  core_->NotePrefill(p.get(), request_.prompt);
+  core_->NotePrefill(p.get(), request_.prompt, &prompt_keys_);
   p->prefill->async()->Prefill(context.get(), &prefill_request_, &prefilled_,
                                [self = shared_from_this(), p, context, tokens](grpc::Status s) {
                                  p->outstanding.fetch_sub(1);
