@@ -96,6 +96,24 @@ absl::Status ValidateTiers(const PruningPlan& plan, const tandem::v1::LayerPlan&
     return absl::InvalidArgumentError(
         absl::StrCat("the warm width ", width, " is outside [1, ", config.intermediate_size, ")"));
   }
+  const int top_k = static_cast<int>(config.num_experts_per_tok);
+  for (const auto& [name, widths] : {std::pair{"hot", &plan.tiers().hot_widths()},
+                                     {"warm", &plan.tiers().warm_widths()},
+                                     {"cold", &plan.tiers().cold_widths()}}) {
+    if (widths->empty()) continue;
+    if (widths->size() != top_k) {
+      return absl::InvalidArgumentError(absl::StrCat("the ", name, " widths give ", widths->size(),
+                                                     " ranks; the model routes ", top_k));
+    }
+    for (int r = 0; r < widths->size(); ++r) {
+      const int w = widths->Get(r);
+      if (w < (r == 0 ? 1 : 0) || w > config.intermediate_size) {
+        return absl::InvalidArgumentError(absl::StrCat("the ", name, " width of rank ", r, " is ",
+                                                       w, "; it must be in [", r == 0 ? 1 : 0, ", ",
+                                                       config.intermediate_size, "]"));
+      }
+    }
+  }
   const auto& retained = layer.retained_experts();
   int k = 0;
   for (int i = 0; i < retained.size(); ++i) {

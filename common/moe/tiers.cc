@@ -76,6 +76,12 @@ absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& optio
   settings->set_warm_share(options.warm_share);
   settings->set_warm_width(warm_width);
   settings->set_dominance(options.dominance);
+  settings->clear_hot_widths();
+  settings->clear_warm_widths();
+  settings->clear_cold_widths();
+  for (int w : options.hot_widths) settings->add_hot_widths(w);
+  for (int w : options.warm_widths) settings->add_warm_widths(w);
+  for (int w : options.cold_widths) settings->add_cold_widths(w);
   for (tandem::v1::LayerPlan& layer : *plan->mutable_layers()) {
     const LayerStats& s = stats.layers[layer.layer()];
     layer.clear_pairs();
@@ -124,6 +130,40 @@ absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& optio
   return ValidatePlan(*plan, config);
 }
 
+std::vector<std::vector<int>> RankWidths(const tandem::v1::PruningPlan& plan,
+                                         const model::ModelConfig& config) {
+  const int k = static_cast<int>(config.num_experts_per_tok);
+  const int full = static_cast<int>(config.intermediate_size);
+  std::vector<std::vector<int>> widths(4, std::vector<int>(k, full));
+  widths[tandem::v1::PAIR_TIER_WARM][1] = plan.tiers().warm_width();
+  widths[tandem::v1::PAIR_TIER_COLD][1] = 0;
+  const auto take = [&](const google::protobuf::RepeatedField<int32_t>& given, int tier) {
+    if (!given.empty()) widths[tier].assign(given.begin(), given.end());
+  };
+  take(plan.tiers().hot_widths(), tandem::v1::PAIR_TIER_HOT);
+  take(plan.tiers().warm_widths(), tandem::v1::PAIR_TIER_WARM);
+  take(plan.tiers().cold_widths(), tandem::v1::PAIR_TIER_COLD);
+  return widths;
+}
+
+double CalibrationByteShare(const tandem::v1::PruningPlan& plan, const model::ModelConfig& config) {
+  if (!plan.has_tiers()) return 1.0;
+  const std::vector<std::vector<int>> widths = RankWidths(plan, config);
+  std::vector<double> share(4, 0);
+  for (int tier = 1; tier < 4; ++tier) {
+    for (int w : widths[tier]) share[tier] += w;
+    share[tier] /= static_cast<double>(config.num_experts_per_tok * config.intermediate_size);
+  }
+  double tokens = 0, bytes = 0;
+  for (const tandem::v1::LayerPlan& layer : plan.layers()) {
+    for (const tandem::v1::ExpertPair& pair : layer.pairs()) {
+      tokens += static_cast<double>(pair.count());
+      bytes += static_cast<double>(pair.count()) * share[pair.tier()];
+    }
+  }
+  return tokens == 0 ? 1.0 : bytes / tokens;
+}
+
 std::vector<std::vector<double>> CachePriorities(const tandem::v1::PruningPlan& plan) {
   std::vector<std::vector<double>> weights(plan.num_layers(),
                                            std::vector<double>(plan.num_experts(), 1.0));
@@ -162,6 +202,7 @@ absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierWidthPolicy::Create(
   std::unique_ptr<TierWidthPolicy> policy(
       new TierWidthPolicy(experts, static_cast<int>(config.intermediate_size),
                           plan.tiers().warm_width(), config.norm_topk_prob));
+  policy->rank_widths_ = RankWidths(plan, config);
   policy->rules_.assign(plan.num_layers(), std::vector<PairRule>(experts * experts));
   for (const tandem::v1::LayerPlan& layer : plan.layers()) {
     for (const tandem::v1::ExpertPair& pair : layer.pairs()) {
@@ -174,36 +215,47 @@ absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierWidthPolicy::Create(
 void TierWidthPolicy::Widths(int layer, absl::Span<const int32_t> experts,
                              absl::Span<float> weights, absl::Span<int> widths) const {
   // The tier belongs to the token's two leading experts (the forward pass gives them in
-  // descending router weight); any after them run at full width.
+  // descending router weight).
   const int a = std::min(experts[0], experts[1]), b = std::max(experts[0], experts[1]);
   const PairRule& rule = rules_[layer][a * experts_ + b];
   // A pair the plan does not list (it holds a pruned expert: the mask keeps it from being
   // routed) runs at full width, as Hot.
-  const int dominant = rule.dominant == experts[1] ? 1 : 0;
-  const int auxiliary = 1 - dominant;
-  for (size_t j = 0; j < widths.size(); ++j) widths[j] = intermediate_;
-  switch (rule.tier) {
+  const int tier =
+      rule.tier == tandem::v1::PAIR_TIER_UNSPECIFIED ? tandem::v1::PAIR_TIER_HOT : rule.tier;
+  const std::vector<int>& by_rank = rank_widths_[tier];
+  // Rank 0 is the dominant, rank 1 the other leading expert, then router order.
+  const size_t dominant = rule.dominant == experts[1] ? 1 : 0;
+  int running = 0;
+  size_t last_running = 0;
+  for (size_t j = 0; j < widths.size(); ++j) {
+    const size_t rank = j < 2 ? (j == dominant ? 0 : 1) : j;
+    widths[j] = rank < by_rank.size() ? by_rank[rank] : intermediate_;
+    if (widths[j] > 0) ++running, last_running = j;
+  }
+  if (running < static_cast<int>(widths.size())) {
+    if (running == 1 && normalised_) {
+      for (float& w : weights) w = 0.0f;
+      weights[last_running] = 1.0f;  // exactly: renormalised over the one that runs
+    } else {
+      // Scale what runs back to the routed total (1 when renormalised, the top-k mass
+      // otherwise).
+      double total = 0, kept = 0;
+      for (size_t j = 0; j < weights.size(); ++j) {
+        total += weights[j];
+        if (widths[j] > 0) kept += weights[j];
+      }
+      const float scale = kept > 0 ? static_cast<float>(total / kept) : 1.0f;
+      for (size_t j = 0; j < weights.size(); ++j)
+        weights[j] = widths[j] > 0 ? weights[j] * scale : 0.0f;
+    }
+  }
+  switch (tier) {
     case tandem::v1::PAIR_TIER_WARM:
-      widths[auxiliary] = warm_width_;
       ++counts_.warm;
       break;
-    case tandem::v1::PAIR_TIER_COLD: {
-      widths[auxiliary] = 0;
-      if (weights.size() == 2 && normalised_) {
-        weights[dominant] = 1.0f;  // exactly: renormalised over the one that runs
-      } else {
-        // Scale what runs back to the routed total (1 when renormalised, the top-k mass
-        // otherwise).
-        double total = 0;
-        for (float w : weights) total += w;
-        const double running = total - weights[auxiliary];
-        const float scale = running > 0 ? static_cast<float>(total / running) : 1.0f;
-        for (size_t j = 0; j < weights.size(); ++j) weights[j] *= scale;
-      }
-      weights[auxiliary] = 0.0f;
+    case tandem::v1::PAIR_TIER_COLD:
       ++counts_.cold;
       break;
-    }
     default:
       ++counts_.hot;
       break;

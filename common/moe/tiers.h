@@ -1,11 +1,15 @@
-// Combination-aware mixed width (docs/design.md): every routed pair of retained experts
-// of a layer gets a tier from its calibration frequency, and one of its two experts is its
-// dominant. With top-k routing for k > 2 the pair is the token's two leading experts by router
-// weight (the calibration counts those pairs); the experts ranked after them run at full width.
-//   Hot   both experts at full width
-//   Warm  the dominant at full width, the auxiliary at the plan's warm width
-//   Cold  the dominant only; the weights of what runs are scaled to the routed total (1 for
-//         renormalised top-k: with top-2 the dominant's weight becomes 1)
+// Combination-aware mixed width (docs/design.md, docs/mixed-width.md): every routed pair of
+// retained experts of a layer gets a tier from its calibration frequency, and one of its two
+// experts is its dominant. A token's tier is its leading pair's (its two experts of highest
+// router weight: with top-2 its only pair; the calibration counts exactly those pairs), and
+// the tier gives a width to each router rank: rank 0 the pair's dominant, rank 1 its other
+// expert, ranks 2.. the rest in router order. The pair rule, and the default for every k:
+//   Hot   every rank at full width
+//   Warm  rank 1 (the auxiliary) at the plan's warm width, the rest full
+//   Cold  rank 1 skipped, the rest full; the weights of what runs are scaled to the routed
+//         total (1 for renormalised top-k: with top-2 the dominant's weight becomes 1)
+// A plan may give each tier its own widths by rank instead (TierSettings.hot_widths ...), e.g.
+// for top-8 a Warm token narrowing ranks 4-7 and a Cold one skipping them.
 // Tiers are cut by cumulative share of routed tokens: pairs by descending count, the most
 // frequent carrying hot_share of the tokens are Hot, the next warm_share Warm, the rest Cold
 // (pairs never seen in calibration included). The checkpoint must hold its neurons in
@@ -33,7 +37,18 @@ struct TierOptions {
   double warm_share = 0.2;
   int warm_width = 0;  // 0: half the intermediate size
   tandem::v1::Dominance dominance = tandem::v1::DOMINANCE_ROUTER_WEIGHT;
+  // Widths by router rank for each tier (top_k entries, 0 skips); empty: the pair rule.
+  std::vector<int> hot_widths = {}, warm_widths = {}, cold_widths = {};
 };
+
+// The widths by rank each tier of `plan` runs (index PairTier: HOT, WARM, COLD; entry 0 unused),
+// the plan's own or the pair rule's. The plan must have tiers.
+std::vector<std::vector<int>> RankWidths(const tandem::v1::PruningPlan& plan,
+                                         const model::ModelConfig& config);
+
+// The share of full-width expert bytes the plan's tiers run over its calibration tokens (every
+// listed pair weighted by its count): what its decoder is expected to load. 1 without tiers.
+double CalibrationByteShare(const tandem::v1::PruningPlan& plan, const model::ModelConfig& config);
 
 // How much masking each expert alone raises the mean loss (nats per token) of the full model
 // on `text_path` (the perplexity protocol): (layers, experts). For DOMINANCE_MASKING_LOSS; one
@@ -97,8 +112,9 @@ class TierWidthPolicy : public engine::ExpertWidthPolicy {
     int32_t dominant = -1;
   };
   const int experts_, intermediate_, warm_width_;
-  const bool normalised_;                     // norm_topk_prob: the routed weights sum to one
-  std::vector<std::vector<PairRule>> rules_;  // (layers) x (a * experts + b), a < b
+  const bool normalised_;                      // norm_topk_prob: the routed weights sum to one
+  std::vector<std::vector<PairRule>> rules_;   // (layers) x (a * experts + b), a < b
+  std::vector<std::vector<int>> rank_widths_;  // RankWidths
   mutable Counts counts_;
 };
 

@@ -205,5 +205,73 @@ TEST(TierWidthPolicyTest, TopKTiersTheLeadingPairAndRunsTheRestAtFullWidth) {
   EXPECT_THAT(AssignTiers(Stats(), {}, nullptr, *top1, &plan).message(), HasSubstr("k >= 2"));
 }
 
+// The top-k rule with the plan's own widths by rank (top-3, hand-built): rank 0 is the leading
+// pair's dominant whichever the router put first, rank 1 its other expert, rank 2 the third;
+// skipped ranks give their weight to what runs; the byte share the calibration predicts.
+TEST(TierWidthPolicyTest, TopKWidthsByRankFollowTheLeadingPairsTier) {
+  const model::ModelConfig config = TopThreeConfig(/*norm_topk_prob=*/true);
+  tandem::v1::PruningPlan plan = Plan({0, 1, 2, 3});
+  ASSERT_EQ(AssignTiers(Stats(),
+                        {.hot_share = 0.5,
+                         .warm_share = 0.3,
+                         .warm_width = 6,
+                         .hot_widths = {24, 24, 12},
+                         .warm_widths = {24, 12, 0},
+                         .cold_widths = {24, 0, 0}},
+                        nullptr, config, &plan),
+            absl::OkStatus());
+  EXPECT_THAT(plan.tiers().warm_widths(), ElementsAre(24, 12, 0));
+  auto policy = TierWidthPolicy::Create(plan, config);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  const std::vector<float> routed = {0.5f, 0.3f, 0.2f};
+  std::vector<float> weights = routed;
+  std::vector<int> widths(3, 24);
+  // (0, 1) Hot, dominant 1 though the router ranks 0 first: 1 is rank 0, 0 rank 1, 3 rank 2.
+  std::vector<int32_t> experts = {0, 1, 3};
+  (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+  EXPECT_THAT(widths, ElementsAre(24, 24, 12));
+  EXPECT_EQ(weights, routed);
+  // (0, 2) Warm, dominant 0: 0 full, 2 narrow, the third (3) skipped; 0 and 2 carry its weight.
+  experts = {2, 0, 3};
+  (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+  EXPECT_THAT(widths, ElementsAre(12, 24, 0));
+  EXPECT_FLOAT_EQ(weights[0], 0.625f);
+  EXPECT_FLOAT_EQ(weights[1], 0.375f);
+  EXPECT_EQ(weights[2], 0.0f);
+  // (2, 3) Cold, dominant 2 (second in the router's order): only 2 runs, with weight exactly 1.
+  weights = routed;
+  experts = {3, 2, 1};
+  (*policy)->Widths(0, experts, absl::MakeSpan(weights), absl::MakeSpan(widths));
+  EXPECT_THAT(widths, ElementsAre(0, 24, 0));
+  EXPECT_THAT(weights, ElementsAre(0.0f, 1.0f, 0.0f));
+  const TierWidthPolicy::Counts counts = (*policy)->counts();
+  EXPECT_EQ(counts.hot + counts.warm + counts.cold, 3);
+  EXPECT_EQ(counts.neurons, 60 + 36 + 24);
+  // Calibration: Hot (0,1) 50 tokens at 60/72, Warm (0,2) 30 at 36/72, Cold (1,2) 15 and (2,3) 5
+  // at 24/72.
+  EXPECT_DOUBLE_EQ(CalibrationByteShare(plan, config),
+                   (50.0 * 60 + 30.0 * 36 + 20.0 * 24) / (100.0 * 72));
+  // Without lists the pair rule, ranks after the pair full: (50*72 + 30*54 + 20*48) / 7200.
+  tandem::v1::PruningPlan pair_rule = Plan({0, 1, 2, 3});
+  ASSERT_EQ(AssignTiers(Stats(), {.hot_share = 0.5, .warm_share = 0.3, .warm_width = 6}, nullptr,
+                        config, &pair_rule),
+            absl::OkStatus());
+  EXPECT_DOUBLE_EQ(CalibrationByteShare(pair_rule, config),
+                   (50.0 * 72 + 30.0 * 54 + 20.0 * 48) / 7200.0);
+}
+
+TEST(TierWidthPolicyTest, BadWidthsByRankAreRefused) {
+  const model::ModelConfig config = TopThreeConfig(true);
+  for (const auto& [options, message] : std::vector<std::pair<TierOptions, std::string>>{
+           {{.hot_widths = {24, 24}}, "hot widths give 2 ranks"},
+           {{.warm_widths = {0, 24, 24}}, "warm width of rank 0 is 0"},
+           {{.cold_widths = {24, 25, 0}}, "cold width of rank 1 is 25"},
+           {{.cold_widths = {24, -1, 0}}, "cold width of rank 1 is -1"}}) {
+    tandem::v1::PruningPlan plan = Plan({0, 1, 2, 3});
+    EXPECT_THAT(AssignTiers(Stats(), options, nullptr, config, &plan).message(),
+                HasSubstr(message));
+  }
+}
+
 }  // namespace
 }  // namespace tandem::moe
