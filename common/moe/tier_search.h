@@ -1,0 +1,68 @@
+// Choosing tier cut-offs and widths by a budget (`tandem tier --max_accuracy_loss`,
+// `--max_expert_bytes`; docs/mixed-width.md, "Choosing a plan by a budget"). The candidates are
+// a grid over the tier shares, how many tail ranks a Warm token narrows and a Cold one skips,
+// and the narrow width; each is scored on calibration text (never the held-out text it is then
+// validated on) by an evaluator that gives its accuracy and the expert bytes it ran.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+#include "common/moe/calibration.h"
+#include "common/moe/tiers.h"
+#include "tandem/v1/pruning_plan.pb.h"
+
+namespace tandem::moe {
+
+// The candidate settings for a model, the pair rule's included: shares (hot, warm) in
+// {(0.9, 0.1), (0.7, 0.2), (0.5, 0.3), (0.3, 0.4), (0.1, 0.5)}, for every t in [1, top_k): Hot
+// runs every rank at full width, Warm narrows ranks [top_k - t, top_k) to the narrow width, Cold
+// skips them; narrow width half or a quarter of the expert. With top-2 that is the pair rule.
+std::vector<TierOptions> TierCandidates(const model::ModelConfig& config);
+
+// One candidate scored on the calibration text.
+struct TierTrial {
+  TierOptions options;
+  double predicted_byte_share = 0;  // CalibrationByteShare
+  double byte_share = 0;            // what the scoring run ran
+  double accuracy = 0;
+  double nll = 0;
+  double accuracy_loss = 0;  // (full - accuracy) / full
+};
+
+struct TierBudget {
+  // At most one of them set (>= 0): the fewest bytes whose accuracy loss is within it, or the
+  // least loss whose bytes are within it.
+  double max_accuracy_loss = -1;
+  double max_byte_share = -1;
+};
+
+struct TierScore {
+  double byte_share = 0;
+  double accuracy = 0;
+  double nll = 0;
+};
+// Scores `plan` (the candidate's tiers); the full model is scored with a plan without tiers.
+using TierEvaluator = std::function<absl::StatusOr<TierScore>(const tandem::v1::PruningPlan&)>;
+
+struct TierSelection {
+  tandem::v1::PruningPlan plan;  // the chosen candidate's
+  TierTrial chosen;
+  TierScore full;
+  std::vector<TierTrial> trials;  // every candidate scored, in the order scored
+};
+
+// Scores the candidates that the budget can choose between, fewest first: the candidates sorted
+// by predicted bytes, a bisection for the cheapest within an accuracy budget (loss is close to
+// monotone in bytes), then the four cheaper neighbours of the one found, since it is not
+// exactly; for a bytes budget, the eight dearest predicted within it and four predicted just
+// above it (a run's bytes differ from the prediction). INVALID_ARGUMENT for a bad budget;
+// FAILED_PRECONDITION naming the closest trial when no candidate meets it.
+absl::StatusOr<TierSelection> SelectTiers(const CalibrationStats& stats,
+                                          const tandem::v1::PruningPlan& base,
+                                          const model::ModelConfig& config,
+                                          const TierBudget& budget, const TierEvaluator& evaluate);
+
+}  // namespace tandem::moe

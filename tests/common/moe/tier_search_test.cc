@@ -1,0 +1,150 @@
+// Choosing tiers by a budget on a hand-built case: the candidate grid (the pair rule with
+// top-2, widths by rank with top-k), and against an evaluator whose loss falls with the bytes,
+// the cheapest candidate within an accuracy budget or the least loss within a bytes budget,
+// found with fewer scorings than candidates; bad and impossible budgets refused.
+#include "common/moe/tier_search.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::moe {
+namespace {
+
+using ::testing::HasSubstr;
+
+model::ModelConfig TopKConfig(int k) {
+  auto config = model::ParseModelConfig(absl::StrCat(
+      R"({"model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 64,
+      "moe_intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": )",
+      k, R"(, "vocab_size": 50, "max_position_embeddings": 64, "norm_topk_prob": true})"));
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+CalibrationStats Stats() {
+  CalibrationStats stats;
+  LayerStats layer;
+  layer.frequency = {80, 65, 50, 5};
+  layer.mass = layer.ean = layer.reap = {1, 1, 1, 1};
+  layer.neuron_importance.assign(4, std::vector<double>(24, 0));
+  layer.pairs = {{{0, 1}, 50}, {{0, 2}, 30}, {{1, 2}, 15}, {{2, 3}, 5}};
+  layer.pair_a_first = {{{0, 1}, 10}, {{0, 2}, 20}, {{1, 2}, 0}, {{2, 3}, 5}};
+  stats.layers = {layer};
+  return stats;
+}
+
+tandem::v1::PruningPlan Base() {
+  tandem::v1::PruningPlan plan;
+  plan.set_num_layers(1);
+  plan.set_num_experts(4);
+  plan.set_criterion(tandem::v1::PRUNING_CRITERION_FREQUENCY);
+  auto* layer = plan.add_layers();
+  for (int e : {0, 1, 2, 3}) layer->add_retained_experts(e);
+  return plan;
+}
+
+// Accuracy 0.2 at full width, losing 0.4 of it per share of bytes not run.
+constexpr double kFull = 0.2;
+double AccuracyAt(double share) { return kFull * (1 - 0.4 * (1 - share)); }
+
+struct Counting {
+  model::ModelConfig config;
+  int calls = 0;
+  TierEvaluator evaluator() {
+    return [this](const tandem::v1::PruningPlan& plan) -> absl::StatusOr<TierScore> {
+      ++calls;
+      const double share = CalibrationByteShare(plan, config);
+      return TierScore{share, AccuracyAt(share), 1.0};
+    };
+  }
+};
+
+TEST(TierCandidatesTest, PairRuleForTopTwoAndWidthsByRankForTopK) {
+  const std::vector<TierOptions> two = TierCandidates(TopKConfig(2));
+  EXPECT_EQ(two.size(), 5u * 1 * 2);  // shares x t in [1, 2) x narrow widths
+  for (const TierOptions& o : two) EXPECT_TRUE(o.warm_widths.empty());
+  const std::vector<TierOptions> three = TierCandidates(TopKConfig(3));
+  ASSERT_EQ(three.size(), 5u * 2 * 2);
+  // t = 2, narrow a quarter: Warm narrows ranks 1-2, Cold skips them.
+  EXPECT_EQ(three[3].warm_widths, (std::vector<int>{24, 6, 6}));
+  EXPECT_EQ(three[3].cold_widths, (std::vector<int>{24, 0, 0}));
+  EXPECT_EQ(three[3].hot_widths, (std::vector<int>{24, 24, 24}));
+}
+
+TEST(SelectTiersTest, CheapestWithinAnAccuracyBudget) {
+  for (int k : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("top-", k));
+    Counting counting{TopKConfig(k)};
+    for (double budget : {0.05, 0.1, 0.2}) {
+      counting.calls = 0;
+      auto selection = SelectTiers(Stats(), Base(), counting.config, {.max_accuracy_loss = budget},
+                                   counting.evaluator());
+      ASSERT_TRUE(selection.ok()) << selection.status();
+      // Brute force over the grid: the fewest bytes whose loss is within the budget.
+      double best = 2;
+      for (const TierOptions& o : TierCandidates(counting.config)) {
+        tandem::v1::PruningPlan plan = Base();
+        ASSERT_EQ(AssignTiers(Stats(), o, nullptr, counting.config, &plan), absl::OkStatus());
+        const double share = CalibrationByteShare(plan, counting.config);
+        if ((kFull - AccuracyAt(share)) / kFull <= budget) best = std::min(best, share);
+      }
+      EXPECT_DOUBLE_EQ(selection->chosen.byte_share, best) << budget;
+      EXPECT_LE(selection->chosen.accuracy_loss, budget);
+      EXPECT_DOUBLE_EQ(CalibrationByteShare(selection->plan, counting.config), best);
+      EXPECT_TRUE(selection->plan.has_tiers());
+      EXPECT_DOUBLE_EQ(selection->full.accuracy, kFull);
+      if (k == 3) {  // 20 candidates: the full model, a bisection and four neighbours
+        EXPECT_LT(counting.calls, 12);
+      }
+      EXPECT_EQ(static_cast<int>(selection->trials.size()) + 1, counting.calls);
+    }
+  }
+}
+
+TEST(SelectTiersTest, LeastLossWithinABytesBudget) {
+  Counting counting{TopKConfig(3)};
+  auto selection =
+      SelectTiers(Stats(), Base(), counting.config, {.max_byte_share = 0.8}, counting.evaluator());
+  ASSERT_TRUE(selection.ok()) << selection.status();
+  double best = 0;
+  for (const TierOptions& o : TierCandidates(counting.config)) {
+    tandem::v1::PruningPlan plan = Base();
+    ASSERT_EQ(AssignTiers(Stats(), o, nullptr, counting.config, &plan), absl::OkStatus());
+    const double share = CalibrationByteShare(plan, counting.config);
+    if (share <= 0.8) best = std::max(best, share);
+  }
+  EXPECT_DOUBLE_EQ(selection->chosen.byte_share, best);
+  EXPECT_LE(selection->chosen.byte_share, 0.8);
+  EXPECT_LT(best, 0.8);  // not the full model
+}
+
+TEST(SelectTiersTest, BadAndImpossibleBudgetsAreRefused) {
+  Counting counting{TopKConfig(3)};
+  EXPECT_EQ(SelectTiers(Stats(), Base(), counting.config, {}, counting.evaluator()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SelectTiers(Stats(), Base(), counting.config,
+                        {.max_accuracy_loss = 0.1, .max_byte_share = 0.5}, counting.evaluator())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // No candidate runs every byte, so none loses nothing.
+  auto none =
+      SelectTiers(Stats(), Base(), counting.config, {.max_accuracy_loss = 0}, counting.evaluator());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("closest"));
+  auto tiny =
+      SelectTiers(Stats(), Base(), counting.config, {.max_byte_share = 0.01}, counting.evaluator());
+  EXPECT_EQ(tiny.status().code(), absl::StatusCode::kFailedPrecondition);
+  // An evaluator's error is the selection's.
+  auto failing = SelectTiers(Stats(), Base(), counting.config, {.max_accuracy_loss = 0.1},
+                             [](const tandem::v1::PruningPlan&) -> absl::StatusOr<TierScore> {
+                               return absl::UnavailableError("scoring failed");
+                             });
+  EXPECT_EQ(failing.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem::moe
