@@ -1,8 +1,13 @@
 // tandem eval --model DIR --plan PLAN --text FILE --prompts FILE [--mode full,conventional,handoff]
-//             [--context N --max_tokens N --stop S1,S2 --out RESULT.json]
+//             [--context N --max_tokens N --stop S1,S2 --baselines uniform,adaptive
+//              --out RESULT.json]
 // Scores and generates with the full model and a pruning plan in each mode (common/moe/
-// evaluation.h) and prints one row per mode; --out writes every number as JSON.
+// evaluation.h) and prints one row per mode; --out writes every number as JSON. With a tiered
+// plan, --baselines also runs each pruned mode with the equal-bytes baselines
+// (common/moe/width_baselines.h) at the expert bytes the plan ran.
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <vector>
@@ -17,6 +22,7 @@
 #include "common/moe/evaluation.h"
 #include "common/moe/pruning_plan.h"
 #include "common/moe/tiers.h"
+#include "common/moe/width_baselines.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli/commands.h"
 
@@ -28,6 +34,10 @@ ABSL_FLAG(int, context, 128,
           "eval: prompt tokens of each scored window; the rest of the window is scored.");
 ABSL_FLAG(int, near_tokens, 32,
           "eval: also score the first N continuation tokens of each window on their own.");
+ABSL_FLAG(std::vector<std::string>, baselines, {},
+          "eval: with a tiered plan, also run each pruned mode with these equal-bytes baselines "
+          "at the expert bytes the plan ran, comma-separated: uniform (every routed expert "
+          "narrowed alike), adaptive (each token's lowest-weighted experts dropped).");
 ABSL_FLAG(std::vector<std::string>, stop, {},
           "eval: strings that end a continuation as EOS does, comma-separated (at most 4).");
 
@@ -121,30 +131,53 @@ int Eval() {
   std::cout << absl::StrCat("mode          perplexity  accuracy  ppl@", near_tokens, "  acc@",
                             near_tokens,
                             "  | length mean   p50   p90  hit-max  never-ended  exact  prefix\n");
-  for (moe::EvalMode mode : modes) {
-    const moe::PhaseOptions phases = moe::PhaseOptionsFor(mode, &plan, tiers.get(), overlay.get());
-    if (tiers != nullptr) tiers->ResetCounts();
+  const int top_k = static_cast<int>(model->weights->config.num_experts_per_tok);
+  const int intermediate = static_cast<int>(model->weights->config.intermediate_size);
+  bool uniform = false, adaptive = false;
+  for (const std::string& name : absl::GetFlag(FLAGS_baselines)) {
+    if (name == "uniform") {
+      uniform = true;
+    } else if (name == "adaptive") {
+      adaptive = true;
+    } else {
+      return Report(absl::InvalidArgumentError(
+          absl::StrCat("--baselines: \"", name, "\" is not uniform or adaptive")));
+    }
+  }
+  if ((uniform || adaptive) && tiers == nullptr) {
+    return Report(absl::InvalidArgumentError(
+        "--baselines compare with a tiered plan's expert bytes; --plan has no tiers"));
+  }
+  // One row: `mode` with `widths` as the pruned model's width policy; `counted` reads and
+  // resets what the policy ran (null: full width).
+  const auto run = [&](moe::EvalMode mode, const std::string& label,
+                       const engine::ExpertWidthPolicy* widths,
+                       const std::function<moe::WidthCounts()>& counted, bool tiered,
+                       nlohmann::json extra) -> absl::Status {
+    const moe::PhaseOptions phases = moe::PhaseOptionsFor(mode, &plan, widths, overlay.get());
+    if (counted) counted();
     engine::PerplexityOptions scoring;
     scoring.context = absl::GetFlag(FLAGS_context);
     scoring.context_moe = phases.prefill;
     scoring.moe = phases.decode;
     absl::StatusOr<engine::PerplexityResult> score =
         engine::EvaluatePerplexity(*model->weights, *model->tokenizer, text, scoring);
-    if (!score.ok()) return Report(score.status());
-    // The routed pairs of the scoring run by tier, and the expert neurons they ran against full
-    // width (in conventional mode the prompts' pairs too).
-    const moe::TierWidthPolicy::Counts counts =
-        tiers != nullptr ? tiers->counts() : moe::TierWidthPolicy::Counts{};
+    if (!score.ok()) return score.status();
+    // The expert neurons the scoring run ran against full width (in conventional mode the
+    // prompts' too), and for a tiered plan its routed pairs by tier.
+    const moe::TierWidthPolicy::Counts tier_counts =
+        tiered ? tiers->counts() : moe::TierWidthPolicy::Counts{};
+    const moe::WidthCounts counts = counted ? counted() : moe::WidthCounts{};
     absl::StatusOr<std::vector<moe::Continuation>> generated =
         mode == moe::EvalMode::kFull
             ? reference
             : moe::GenerateGreedy(*model->weights, *model->tokenizer, *prompts, phases, generation);
-    if (!generated.ok()) return Report(generated.status());
+    if (!generated.ok()) return generated.status();
     const moe::ScoreSummary near = moe::ScoreNearPrompt(*score, near_tokens);
     const moe::GenerationStats g = moe::Summarize(
         *generated, mode == moe::EvalMode::kFull ? nullptr : &*reference, generation.max_tokens);
     // Perplexities to 2 decimals, accuracies to 3, lengths to 1, shares to 2.
-    std::cout << std::left << std::setw(12) << moe::EvalModeName(mode) << std::right << std::fixed
+    std::cout << std::left << std::setw(12) << label << std::right << std::fixed
               << std::setprecision(2) << std::setw(12) << score->perplexity << std::setprecision(3)
               << std::setw(10) << score->accuracy << std::setprecision(2) << std::setw(8)
               << near.perplexity << std::setprecision(3) << std::setw(8) << near.accuracy << "  | "
@@ -154,35 +187,99 @@ int Eval() {
               << std::setw(7) << g.exact_agreement << std::setw(8) << g.prefix_agreement
               << std::endl;
     nlohmann::json tier_json = nullptr;
-    if (counts.total() > 0) {
-      const double pairs = static_cast<double>(counts.total());
-      const double width_share =
-          static_cast<double>(counts.neurons) /
-          (static_cast<double>(model->weights->config.num_experts_per_tok) * pairs *
-           static_cast<double>(model->weights->config.intermediate_size));
-      tier_json = {{"pairs", counts.total()},
-                   {"hot_share", counts.hot / pairs},
-                   {"warm_share", counts.warm / pairs},
-                   {"cold_share", counts.cold / pairs},
-                   {"expert_bytes_vs_full_width", width_share}};
+    const double byte_share = counts.ByteShare(top_k, intermediate);
+    if (tier_counts.total() > 0) {
+      const double pairs = static_cast<double>(tier_counts.total());
+      tier_json = {{"pairs", tier_counts.total()},
+                   {"hot_share", tier_counts.hot / pairs},
+                   {"warm_share", tier_counts.warm / pairs},
+                   {"cold_share", tier_counts.cold / pairs},
+                   {"expert_bytes_vs_full_width", byte_share}};
       std::cout << absl::StrCat(
-          "            tiers: hot ", absl::SixDigits(100 * counts.hot / pairs), "%, warm ",
-          absl::SixDigits(100 * counts.warm / pairs), "%, cold ",
-          absl::SixDigits(100 * counts.cold / pairs), "% of pairs; expert bytes ",
-          absl::SixDigits(100 * width_share), "% of full width\n");
+          "            tiers: hot ", absl::SixDigits(100 * tier_counts.hot / pairs), "%, warm ",
+          absl::SixDigits(100 * tier_counts.warm / pairs), "%, cold ",
+          absl::SixDigits(100 * tier_counts.cold / pairs), "% of pairs; expert bytes ",
+          absl::SixDigits(100 * byte_share), "% of full width\n");
+    } else if (counts.decisions > 0) {
+      std::cout << absl::StrCat("            expert bytes ", absl::SixDigits(100 * byte_share),
+                                "% of full width\n");
     }
-    doc["modes"].push_back({{"mode", std::string(moe::EvalModeName(mode))},
-                            {"tiers", tier_json},
-                            {"perplexity", score->perplexity},
-                            {"nll", score->nll},
-                            {"accuracy", score->accuracy},
-                            {"scored_tokens", score->tokens},
-                            {"near_prompt",
-                             {{"tokens", near.tokens},
-                              {"max_offset", near_tokens},
-                              {"perplexity", near.perplexity},
-                              {"accuracy", near.accuracy}}},
-                            {"generation", ToJson(g)}});
+    nlohmann::json row = {{"mode", std::string(moe::EvalModeName(mode))},
+                          {"label", label},
+                          {"tiers", tier_json},
+                          {"expert_bytes_vs_full_width",
+                           counts.decisions > 0 ? nlohmann::json(byte_share) : nlohmann::json(1.0)},
+                          {"perplexity", score->perplexity},
+                          {"nll", score->nll},
+                          {"accuracy", score->accuracy},
+                          {"scored_tokens", score->tokens},
+                          {"near_prompt",
+                           {{"tokens", near.tokens},
+                            {"max_offset", near_tokens},
+                            {"perplexity", near.perplexity},
+                            {"accuracy", near.accuracy}}},
+                          {"generation", ToJson(g)}};
+    row.update(extra);
+    doc["modes"].push_back(std::move(row));
+    return absl::OkStatus();
+  };
+  for (moe::EvalMode mode : modes) {
+    const std::string name(moe::EvalModeName(mode));
+    if (mode == moe::EvalMode::kFull || tiers == nullptr) {
+      if (absl::Status s = run(mode, name, nullptr, nullptr, false, nlohmann::json::object());
+          !s.ok()) {
+        return Report(s);
+      }
+      continue;
+    }
+    // The tiered plan, its routing recorded for the adaptive baseline's mass.
+    moe::RoutingRecorder recorder(tiers.get(), intermediate);
+    const auto tier_counts = [&] {
+      const moe::TierWidthPolicy::Counts c = tiers->counts();
+      tiers->ResetCounts();
+      return moe::WidthCounts{c.total(), c.neurons};
+    };
+    moe::WidthCounts plan_counts;
+    std::vector<float> routing;  // the scoring run's, not the generation's
+    const auto recorded = [&] {
+      plan_counts = tier_counts();
+      routing = recorder.weights();
+      recorder.Clear();
+      return plan_counts;
+    };
+    if (absl::Status s = run(mode, name, &recorder, recorded, true, nlohmann::json::object());
+        !s.ok()) {
+      return Report(s);
+    }
+    const double share = plan_counts.ByteShare(top_k, intermediate);
+    if (uniform) {
+      moe::UniformWidthPolicy policy(static_cast<int>(std::lround(share * intermediate)),
+                                     intermediate);
+      const auto counted = [&] {
+        const moe::WidthCounts c = policy.counts();
+        policy.ResetCounts();
+        return c;
+      };
+      if (absl::Status s = run(mode, name + "/uniform", &policy, counted, false,
+                               {{"baseline", "uniform"}, {"width", policy.width()}});
+          !s.ok()) {
+        return Report(s);
+      }
+    }
+    if (adaptive) {
+      const double mass = moe::AdaptiveMassForShare(routing, top_k, share);
+      moe::AdaptiveTopKPolicy policy(mass, intermediate, model->weights->config.norm_topk_prob);
+      const auto counted = [&] {
+        const moe::WidthCounts c = policy.counts();
+        policy.ResetCounts();
+        return c;
+      };
+      if (absl::Status s = run(mode, name + "/adaptive", &policy, counted, false,
+                               {{"baseline", "adaptive"}, {"mass", mass}});
+          !s.ok()) {
+        return Report(s);
+      }
+    }
   }
   std::cerr << absl::StrCat(prompts->size(), " prompts; ",
                             absl::FormatDuration(absl::Now() - start), "\n");

@@ -3,19 +3,31 @@
 // tandem pack --model DIR --out FILE
 //   every expert of DIR as an expert pack (common/moe/expert_store.h), for tandem-decode
 //   --expert_pack.
-// tandem tier --plan PLAN --stats STATS --out PLAN2 [--hot_share S --warm_share S
-//             --warm_width N --dominance router|masking --model DIR --text FILE]
+// tandem tier --plan PLAN --stats STATS --model DIR --out PLAN2 [--hot_share S --warm_share S
+//             --warm_width N --hot_widths W,.. --warm_widths W,.. --cold_widths W,..
+//             --dominance router|masking --text FILE]
 //   PLAN with a tier and a dominant expert for every pair of retained experts
 //   (common/moe/tiers.h); masking dominance measures each expert's masking loss on --text.
+// tandem tier --plan PLAN --stats STATS --model DIR --out PLAN2 --text CALIBRATION
+//             (--max_accuracy_loss L | --max_expert_bytes B) [--heldout_text FILE]
+//   The cut-offs and widths chosen by a budget (common/moe/tier_search.h), scored on --text
+//   and, when given, validated on --heldout_text.
 #include <iostream>
+#include <tuple>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/engine/generator.h"
+#include "common/engine/perplexity.h"
 #include "common/moe/expert_store.h"
 #include "common/moe/pruning_plan.h"
 #include "common/moe/reorder.h"
+#include "common/moe/tier_search.h"
 #include "common/moe/tiers.h"
 #include "tools/cli/commands.h"
 
@@ -29,7 +41,141 @@ ABSL_FLAG(std::string, dominance, "router",
           "tier: a pair's dominant expert by router (ranked first more often) or masking (masking "
           "it raises the loss on --text more; needs --model).");
 
+ABSL_FLAG(std::vector<std::string>, hot_widths, {},
+          "tier: neurons each router rank runs in a Hot token (top_k values, rank 0 the leading "
+          "pair's dominant; 0 skips); empty = every rank full.");
+ABSL_FLAG(std::vector<std::string>, warm_widths, {},
+          "tier: as --hot_widths for a Warm token; empty = rank 1 at --warm_width, the rest full.");
+ABSL_FLAG(std::vector<std::string>, cold_widths, {},
+          "tier: as --hot_widths for a Cold token; empty = rank 1 skipped, the rest full.");
+ABSL_FLAG(double, max_accuracy_loss, -1,
+          "tier: choose the cut-offs and widths with the fewest expert bytes whose top-1 accuracy "
+          "on --text is at most this share below the untiered plan's (e.g. 0.036); < 0 = off.");
+ABSL_FLAG(double, max_expert_bytes, -1,
+          "tier: choose the cut-offs and widths with the least accuracy loss on --text that run at "
+          "most this share of the full-width expert bytes; < 0 = off.");
+ABSL_FLAG(std::string, heldout_text, "",
+          "tier: text (not the calibration text) the chosen plan is validated on.");
+ABSL_DECLARE_FLAG(int, context);
+
 namespace tandem::cli {
+namespace {
+
+absl::StatusOr<std::vector<int>> ParseWidths(const std::vector<std::string>& values,
+                                             const char* flag) {
+  std::vector<int> out;
+  for (const std::string& v : values) {
+    int w = 0;
+    if (!absl::SimpleAtoi(v, &w)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", v, "\" is not a width"));
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+// Handoff scoring (the full model's prompt, the plan's continuation) of `plan` on `text`: its
+// accuracy, loss and the expert bytes it ran.
+absl::StatusOr<moe::TierScore> ScorePlan(const engine::LoadedModel& model,
+                                         const tandem::v1::PruningPlan& plan,
+                                         const std::string& text) {
+  const model::ModelConfig& config = model.weights->config;
+  absl::StatusOr<engine::ExpertMask> mask = moe::MaskFromPlan(plan, config);
+  if (!mask.ok()) return mask.status();
+  std::unique_ptr<moe::TierWidthPolicy> policy;
+  if (plan.has_tiers()) {
+    absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> made =
+        moe::TierWidthPolicy::Create(plan, config);
+    if (!made.ok()) return made.status();
+    policy = *std::move(made);
+  }
+  engine::PerplexityOptions scoring;
+  scoring.context = absl::GetFlag(FLAGS_context);
+  scoring.moe = {.mask = &*mask, .widths = policy.get()};
+  absl::StatusOr<engine::PerplexityResult> result =
+      engine::EvaluatePerplexity(*model.weights, *model.tokenizer, text, scoring);
+  if (!result.ok()) return result.status();
+  moe::TierScore score{1.0, result->accuracy, result->nll};
+  if (policy != nullptr && policy->counts().total() > 0) {
+    score.byte_share = static_cast<double>(policy->counts().neurons) /
+                       (static_cast<double>(policy->counts().total()) *
+                        static_cast<double>(config.num_experts_per_tok * config.intermediate_size));
+  }
+  return score;
+}
+
+std::string Describe(const moe::TierOptions& o) {
+  const auto list = [](const std::vector<int>& w) {
+    return w.empty() ? std::string("pair rule") : absl::StrJoin(w, ",");
+  };
+  return absl::StrCat("hot ", o.hot_share, " warm ", o.warm_share, " narrow ", o.warm_width,
+                      " | warm widths ", list(o.warm_widths), " | cold widths ",
+                      list(o.cold_widths));
+}
+
+// --max_accuracy_loss / --max_expert_bytes: choose, save and validate.
+int SelectByBudget(const moe::CalibrationStats& stats, const tandem::v1::PruningPlan& base,
+                   const std::string& model_dir, const std::string& out) {
+  const std::string text = absl::GetFlag(FLAGS_text);
+  if (text.empty()) {
+    return Report(absl::InvalidArgumentError(
+        "choosing tiers by a budget needs --text (calibration text to score candidates on)"));
+  }
+  absl::StatusOr<bool> reordered = moe::IsReordered(model_dir);
+  if (!reordered.ok()) return Report(reordered.status());
+  if (!*reordered) {
+    return Report(absl::InvalidArgumentError(
+        "tiers need a checkpoint with its neurons in importance order (tandem reorder); " +
+        model_dir + " is not one"));
+  }
+  absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
+  if (!model.ok()) return Report(model.status());
+  const model::ModelConfig& config = model->weights->config;
+  moe::TierBudget budget{absl::GetFlag(FLAGS_max_accuracy_loss),
+                         absl::GetFlag(FLAGS_max_expert_bytes)};
+  const absl::Time start = absl::Now();
+  absl::StatusOr<moe::TierSelection> selection = moe::SelectTiers(
+      stats, base, config, budget,
+      [&](const tandem::v1::PruningPlan& plan) { return ScorePlan(*model, plan, text); });
+  if (!selection.ok()) return Report(selection.status());
+  std::cout << absl::StrCat("untiered on ", text, ": accuracy ", selection->full.accuracy, ", nll ",
+                            selection->full.nll, "\n");
+  std::cout << "predicted bytes  ran bytes  accuracy  loss     candidate\n";
+  for (const moe::TierTrial& t : selection->trials) {
+    std::cout << absl::StrFormat("%15.3f  %9.3f  %8.4f  %6.2f%%  %s\n", t.predicted_byte_share,
+                                 t.byte_share, t.accuracy, 100 * t.accuracy_loss,
+                                 Describe(t.options));
+  }
+  const moe::TierTrial& c = selection->chosen;
+  std::cout << absl::StrFormat(
+      "chosen: %s; on the calibration text %.3f of the expert bytes, accuracy loss %.2f%% (%d "
+      "candidates scored in %s)\n",
+      Describe(c.options), c.byte_share, 100 * c.accuracy_loss, selection->trials.size(),
+      absl::FormatDuration(absl::Now() - start));
+  if (absl::Status s = moe::SavePlan(selection->plan, out); !s.ok()) return Report(s);
+  if (const std::string heldout = absl::GetFlag(FLAGS_heldout_text); !heldout.empty()) {
+    tandem::v1::PruningPlan untiered = base;
+    untiered.clear_tiers();
+    for (auto& layer : *untiered.mutable_layers()) layer.clear_pairs();
+    absl::StatusOr<moe::TierScore> full = ScorePlan(*model, untiered, heldout);
+    if (!full.ok()) return Report(full.status());
+    absl::StatusOr<moe::TierScore> chosen = ScorePlan(*model, selection->plan, heldout);
+    if (!chosen.ok()) return Report(chosen.status());
+    const double loss =
+        full->accuracy > 0 ? (full->accuracy - chosen->accuracy) / full->accuracy : 0.0;
+    std::cout << absl::StrFormat(
+        "held out (%s): accuracy %.4f untiered, %.4f chosen: loss %.2f%%, %.3f of the expert "
+        "bytes%s\n",
+        heldout, full->accuracy, chosen->accuracy, 100 * loss, chosen->byte_share,
+        budget.max_accuracy_loss >= 0 && loss > budget.max_accuracy_loss
+            ? " (over the budget on held-out text)"
+            : "");
+  }
+  std::cout << "plan in " << out << std::endl;
+  return 0;
+}
+
+}  // namespace
 
 int Reorder() {
   const std::string model = absl::GetFlag(FLAGS_model);
@@ -69,6 +215,14 @@ int Tier() {
     return Report(absl::InvalidArgumentError(
         "tier needs --plan PLAN, --stats STATS, --model DIR (the reordered checkpoint) and --out"));
   }
+  absl::StatusOr<moe::CalibrationStats> stats =
+      moe::LoadCalibrationStats(absl::GetFlag(FLAGS_stats));
+  if (!stats.ok()) return Report(stats.status());
+  absl::StatusOr<tandem::v1::PruningPlan> plan = moe::LoadPlan(plan_path);
+  if (!plan.ok()) return Report(plan.status());
+  if (absl::GetFlag(FLAGS_max_accuracy_loss) >= 0 || absl::GetFlag(FLAGS_max_expert_bytes) >= 0) {
+    return SelectByBudget(*stats, *plan, model_dir, out);
+  }
   moe::TierOptions options;
   options.hot_share = absl::GetFlag(FLAGS_hot_share);
   options.warm_share = absl::GetFlag(FLAGS_warm_share);
@@ -79,11 +233,14 @@ int Tier() {
   } else if (dominance != "router") {
     return Report(absl::InvalidArgumentError("--dominance must be router or masking"));
   }
-  absl::StatusOr<moe::CalibrationStats> stats =
-      moe::LoadCalibrationStats(absl::GetFlag(FLAGS_stats));
-  if (!stats.ok()) return Report(stats.status());
-  absl::StatusOr<tandem::v1::PruningPlan> plan = moe::LoadPlan(plan_path);
-  if (!plan.ok()) return Report(plan.status());
+  for (auto [values, flag, widths] :
+       {std::tuple{absl::GetFlag(FLAGS_hot_widths), "hot_widths", &options.hot_widths},
+        {absl::GetFlag(FLAGS_warm_widths), "warm_widths", &options.warm_widths},
+        {absl::GetFlag(FLAGS_cold_widths), "cold_widths", &options.cold_widths}}) {
+    absl::StatusOr<std::vector<int>> parsed = ParseWidths(values, flag);
+    if (!parsed.ok()) return Report(parsed.status());
+    *widths = *std::move(parsed);
+  }
   absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(model_dir + "/config.json");
   if (!config.ok()) return Report(config.status());
   std::vector<std::vector<double>> loss;
@@ -111,7 +268,10 @@ int Tier() {
     for (const auto& pair : layer.pairs()) ++pairs[pair.tier()];
   }
   std::cout << absl::StrCat("pairs: ", pairs[1], " hot, ", pairs[2], " warm, ", pairs[3],
-                            " cold (warm width ", plan->tiers().warm_width(), "); plan in ", out)
+                            " cold (warm width ", plan->tiers().warm_width(),
+                            "); calibration tokens run at ",
+                            absl::SixDigits(100 * moe::CalibrationByteShare(*plan, *config)),
+                            "% of the full-width expert bytes; plan in ", out)
             << std::endl;
   return 0;
 }

@@ -114,6 +114,7 @@ std::vector<Subcommand> MakeSubcommands() {
         {"context", ""},
         {"near_tokens", ""},
         {"stop", ""},
+        {"baselines", ""},
         {"max_tokens", "The budget continuations are judged by."},
         {"out", "Where the results go (JSON); empty = stdout only."},
         {"kernels", ""}}});
@@ -126,9 +127,12 @@ std::vector<Subcommand> MakeSubcommands() {
                   {"out", "The directory the reordered checkpoint is written to."}}});
   all.push_back({"tier",
                  "add mixed-width tiers to a pruning plan",
-                 "tandem tier --plan PLAN --stats STATS --out PLAN2 [--hot_share S --warm_share S]",
-                 "Each routed expert pair gets a width: Hot pairs run whole, Warm pairs run their\n"
-                 "auxiliary expert at --warm_width, the rest run the dominant expert alone.",
+                 "tandem tier --plan PLAN --stats STATS --model DIR --out PLAN2 [--hot_share S "
+                 "--warm_share S | --max_accuracy_loss L --text CALIBRATION]",
+                 "Each routed expert pair gets a tier, and a token's leading pair gives each of\n"
+                 "its router ranks a width: by default Hot runs all whole, Warm narrows rank 1 to\n"
+                 "--warm_width, Cold skips it (docs/mixed-width.md). With a budget the cut-offs\n"
+                 "and widths are chosen by scoring candidates on --text.",
                  {{"plan", "The pruning plan to add tiers to."},
                   {"stats", "Calibration statistics holding the expert pairs."},
                   {"out", "Where the tiered plan goes (proto JSON)."},
@@ -136,8 +140,17 @@ std::vector<Subcommand> MakeSubcommands() {
                   {"warm_share", ""},
                   {"warm_width", ""},
                   {"dominance", ""},
-                  {"model", "The model directory (--dominance masking)."},
-                  {"text", "The text file masking is measured on (--dominance masking)."}}});
+                  {"hot_widths", ""},
+                  {"warm_widths", ""},
+                  {"cold_widths", ""},
+                  {"max_accuracy_loss", ""},
+                  {"max_expert_bytes", ""},
+                  {"heldout_text", ""},
+                  {"context", "Prompt tokens of each scored window (with a budget)."},
+                  {"model", "The reordered model directory."},
+                  {"text",
+                   "The text masking is measured on (--dominance masking), or candidates are "
+                   "scored on (a budget): calibration text, not the held-out text."}}});
   all.push_back(
       {"pack",
        "a model's experts as an expert pack",
