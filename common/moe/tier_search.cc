@@ -11,16 +11,25 @@ namespace tandem::moe {
 std::vector<TierOptions> TierCandidates(const model::ModelConfig& config) {
   const int k = static_cast<int>(config.num_experts_per_tok);
   const int full = static_cast<int>(config.intermediate_size);
+  // Quantized experts run whole groups (a narrow load is a prefix of whole bundles).
+  const int group = config.quantization.experts && config.quantization.group_size > 0
+                        ? config.quantization.group_size
+                        : 1;
+  const auto width = [&](int numerator, int denominator) {
+    const int w = full * numerator / denominator;
+    return std::min(full, std::max(group, (w + group - 1) / group * group));
+  };
   std::vector<TierOptions> out;
   const std::pair<double, double> shares[] = {
       {0.9, 0.1}, {0.7, 0.2}, {0.5, 0.3}, {0.3, 0.4}, {0.1, 0.5}};
   for (const auto& [hot, warm] : shares) {
+    TierOptions base;
+    base.hot_share = hot;
+    base.warm_share = warm;
+    // Skipping: Warm narrows the last t ranks, Cold skips them.
     for (int t = 1; t < k; ++t) {
-      for (int narrow : {full / 2, full / 4}) {
-        if (narrow < 1) continue;
-        TierOptions o;
-        o.hot_share = hot;
-        o.warm_share = warm;
+      for (int narrow : {width(1, 2), width(1, 4)}) {
+        TierOptions o = base;
         o.warm_width = narrow;
         if (k > 2) {  // with top-2 the empty lists are this rule
           o.hot_widths.assign(k, full);
@@ -33,6 +42,20 @@ std::vector<TierOptions> TierCandidates(const model::ModelConfig& config) {
         }
         out.push_back(std::move(o));
       }
+    }
+    // Narrowing: Warm runs rank 0 whole and the rest at a, Cold rank 0 at a and the rest at b.
+    for (const auto& [a, b] : {std::pair{width(3, 4), width(1, 2)},
+                               {width(1, 2), width(1, 3)},
+                               {width(1, 2), width(1, 4)},
+                               {width(1, 3), width(1, 6)}}) {
+      TierOptions o = base;
+      o.warm_width = std::min(a, full - 1);
+      o.hot_widths.assign(k, full);
+      o.warm_widths.assign(k, a);
+      o.warm_widths[0] = full;
+      o.cold_widths.assign(k, b);
+      o.cold_widths[0] = a;
+      out.push_back(std::move(o));
     }
   }
   return out;

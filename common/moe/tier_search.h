@@ -16,10 +16,15 @@
 
 namespace tandem::moe {
 
-// The candidate settings for a model, the pair rule's included: shares (hot, warm) in
-// {(0.9, 0.1), (0.7, 0.2), (0.5, 0.3), (0.3, 0.4), (0.1, 0.5)}, for every t in [1, top_k): Hot
-// runs every rank at full width, Warm narrows ranks [top_k - t, top_k) to the narrow width, Cold
-// skips them; narrow width half or a quarter of the expert. With top-2 that is the pair rule.
+// The candidate settings for a model: tier shares (hot, warm) in {(0.9, 0.1), (0.7, 0.2),
+// (0.5, 0.3), (0.3, 0.4), (0.1, 0.5)}, each with
+//   skipping   for every t in [1, top_k): Hot runs every rank at full width, Warm narrows ranks
+//              [top_k - t, top_k) to half or a quarter of the expert, Cold skips them (with
+//              top-2, the pair rule)
+//   narrowing  for (a, b) in {(3/4, 1/2), (1/2, 1/3), (1/2, 1/4), (1/3, 1/6)} of the expert:
+//              Hot every rank full, Warm rank 0 full and the rest at a, Cold rank 0 at a and
+//              the rest at b
+// Widths of quantized experts are rounded up to whole groups.
 std::vector<TierOptions> TierCandidates(const model::ModelConfig& config);
 
 // One candidate scored on the calibration text.
