@@ -5,9 +5,11 @@
 // tandem-serve --plan token for token and holds half the routed experts; a streamed,
 // mixed-width decoder (tiers over each token's leading pair, the other six at full width, read
 // from an O_DIRECT pack into a cache of a quarter of the experts) equals colocated resident
-// serving with the same plan.
+// serving with the same plan, and so does one with int4 experts and top-k tiers (widths by
+// rank).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -143,6 +145,54 @@ TEST_F(FineGrainedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentM
   EXPECT_GT(misses, 0);
   EXPECT_GT(warm, 0);
   EXPECT_EQ(resident, 0);  // every routed expert streams; the shared experts stay with the model
+}
+
+// Top-k tiers with int4 experts: the reordered model quantized to int4, REAP keep 32 tiered with
+// widths by rank (Warm narrows ranks 4-7 and skips the last, Cold keeps ranks 0, 2-4), its pack
+// of int4 bundles streamed from O_DIRECT into a cache of a quarter of the pack: the
+// disaggregated cluster's greedy tokens equal colocated resident serving of the same int4
+// checkpoint and plan.
+TEST_F(FineGrainedClusterTest, StreamedTopKTieredInt4DecoderEqualsColocatedResident) {
+  testing::TempDir work;
+  auto prepared = testing::MakeMixedWidthModel(
+      work.path(), kModel, "reap-keep32.json", 4,
+      "--hot_share 0.3 --warm_share 0.4 --warm_width 32 "
+      "--warm_widths 96,96,96,96,64,64,32,0 --cold_widths 96,0,96,64,32,0,0,0");
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  const std::string plan = "--plan=" + prepared->plan;
+  const std::string cache =
+      absl::StrCat("--expert_cache_bytes=", std::filesystem::file_size(prepared->pack) / 4);
+  std::vector<std::vector<int32_t>> disaggregated, colocated;
+  double misses = -1, cold = -1, resident = -1, neurons = -1;
+  {
+    testing::ServiceSet set(prepared->model_dir);
+    auto cluster = StartCluster(set, {plan, "--expert_pack=" + prepared->pack, cache});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto client = testing::ConnectClient(cluster->gateway);
+    ASSERT_NE(client, nullptr);
+    disaggregated = GenerateAll(client.get());
+    misses = MetricValue(cluster->decode.http_port, "tandem_expert_cache_requests_total",
+                         "result=\"miss\"");
+    cold = MetricValue(cluster->decode.http_port, "tandem_expert_pairs_total", "tier=\"cold\"");
+    resident = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
+    neurons = MetricValue(cluster->decode.http_port, "tandem_expert_neurons_total");
+  }
+  {
+    testing::ServiceSet set(prepared->model_dir);
+    auto serve = set.Start("tandem-serve", {plan});
+    ASSERT_TRUE(serve.ok()) << serve.status();
+    auto client = testing::ConnectClient(*serve);
+    ASSERT_NE(client, nullptr);
+    colocated = GenerateAll(client.get());
+  }
+  ASSERT_EQ(disaggregated.size(), colocated.size());
+  for (size_t k = 0; k < colocated.size(); ++k) {
+    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
+  }
+  EXPECT_GT(misses, 0);
+  EXPECT_GT(cold, 0);
+  EXPECT_GT(neurons, 0);
+  EXPECT_EQ(resident, 0);
 }
 
 }  // namespace

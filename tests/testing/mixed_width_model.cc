@@ -26,7 +26,8 @@ MixedWidthModel::MixedWidthModel(MixedWidthModel&& other) noexcept
 
 absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir,
                                                     const std::string& model,
-                                                    const std::string& plan, int bits) {
+                                                    const std::string& plan, int bits,
+                                                    const std::string& tier_flags) {
   const std::string tandem = BinDir() + "/tandem";
   const std::string source = SourceDir() + "/models/" + model;
   const std::string stats = source + "/pruning/calibration-valid.json";
@@ -43,8 +44,7 @@ absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir,
                                     " --out ", out.model_dir));
   }
   commands.push_back(tandem + " tier --plan " + source + "/pruning/" + plan + " --stats " + stats +
-                     " --model " + out.model_dir + " --hot_share 0.3 --warm_share 0.4 --out " +
-                     out.plan);
+                     " --model " + out.model_dir + " " + tier_flags + " --out " + out.plan);
   commands.push_back(tandem + " pack --model " + out.model_dir + " --out " + pack);
   for (const std::string& command : commands) {
     if (std::system((command + " >> " + log + " 2>&1").c_str()) != 0) {

@@ -1,6 +1,7 @@
 // A shipped model prepared for a streamed, mixed-width decoder with the `tandem` CLI, as a user
 // would: its neurons reordered (tandem reorder), optionally quantized (tandem quantize --bits),
-// a shipped plan (by default tiny-moe's REAP keep-8) tiered at Hot 0.3 / Warm 0.4 (tandem tier),
+// a shipped plan (by default tiny-moe's REAP keep-8) tiered (by default Hot 0.3 / Warm 0.4:
+// tandem tier),
 // and the experts packed (tandem pack).
 #pragma once
 
@@ -25,9 +26,10 @@ struct MixedWidthModel {
 // (O_DIRECT needs a file system that supports it); errors carry the CLI's output. `model` is a
 // shipped model (models/MODEL) and `plan` one of its shipped plans (models/MODEL/pruning).
 // `bits` 8 or 4 quantizes the reordered checkpoint (experts and attention, groups of 32).
-absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(const std::string& work_dir,
-                                                    const std::string& model = "tiny-moe",
-                                                    const std::string& plan = "reap-keep8.json",
-                                                    int bits = 0);
+// `tier_flags` are the tiers' (tandem tier), e.g. widths by rank for a top-k model.
+absl::StatusOr<MixedWidthModel> MakeMixedWidthModel(
+    const std::string& work_dir, const std::string& model = "tiny-moe",
+    const std::string& plan = "reap-keep8.json", int bits = 0,
+    const std::string& tier_flags = "--hot_share 0.3 --warm_share 0.4");
 
 }  // namespace tandem::testing

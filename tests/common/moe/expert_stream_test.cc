@@ -19,6 +19,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/generator.h"
 #include "common/engine/quantize.h"
+#include "common/moe/pruning_plan.h"
+#include "common/moe/tiers.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 
@@ -51,13 +53,14 @@ struct StreamModel {
 
 class ExpertStreamTest : public ::testing::TestWithParam<int> {
  protected:
-  static StreamModel* Model(int bits) {
-    static std::map<int, StreamModel*>* models = new std::map<int, StreamModel*>();
-    if (auto it = models->find(bits); it != models->end()) return it->second;
-    std::string dir = testing::SourceDir() + "/models/tiny-moe";
+  static StreamModel* Model(int bits, const std::string& name = "tiny-moe") {
+    static std::map<std::pair<std::string, int>, StreamModel*>* models =
+        new std::map<std::pair<std::string, int>, StreamModel*>();
+    if (auto it = models->find({name, bits}); it != models->end()) return it->second;
+    std::string dir = testing::SourceDir() + "/models/" + name;
     if (bits != 0) {
-      const std::string quantized =
-          absl::StrCat(testing::BinDir(), "/expert_stream_test.", getpid(), ".int", bits);
+      const std::string quantized = absl::StrCat(testing::BinDir(), "/expert_stream_test.",
+                                                 getpid(), ".", name, ".int", bits);
       EXPECT_EQ(engine::QuantizeCheckpoint(dir, {.bits = bits, .group_size = 32}, quantized),
                 absl::OkStatus());
       dir = quantized;
@@ -74,11 +77,11 @@ class ExpertStreamTest : public ::testing::TestWithParam<int> {
     auto slim = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors, 0, none);
     EXPECT_TRUE(slim.ok()) << slim.status();
     model->slim = slim->release();
-    model->pack =
-        absl::StrCat(testing::BinDir(), "/expert_stream_test.", getpid(), ".", bits, ".pack");
+    model->pack = absl::StrCat(testing::BinDir(), "/expert_stream_test.", getpid(), ".", name, ".",
+                               bits, ".pack");
     EXPECT_EQ(WriteExpertPack(*model->full, model->pack), absl::OkStatus());
     Cleanup().push_back(model->pack);
-    (*models)[bits] = model;
+    (*models)[{name, bits}] = model;
     return model;
   }
   static std::vector<std::string>& Cleanup() {
@@ -346,6 +349,65 @@ TEST_P(ExpertStreamTest, ACacheTooSmallForALayerIsAClearError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, ExpertStreamTest, ::testing::Values(0, 8, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? std::string("bf16")
+                                                  : absl::StrCat("int", info.param);
+                         });
+
+// The fine-grained model (64 experts, top-8, a shared expert), bf16 and int4, decoding with
+// top-k tiers whose widths by rank narrow and skip ranks in every tier (a plan from its own
+// calibration statistics): streamed from the O_DIRECT pack through a cache of a quarter of the
+// experts, the logits equal the resident model's with the same plan, bit for bit. With int4 a
+// narrow width is a prefix of whole quantized bundles (32 neurons).
+class FineGrainedStreamTest : public ExpertStreamTest {
+ protected:
+  void SetUp() override {
+    StreamModel* model = Model(GetParam(), "tiny-fg-moe");
+    ASSERT_NE(model, nullptr);
+    full_ = model->full;
+    slim_ = model->slim;
+    pack_ = &model->pack;
+  }
+};
+
+TEST_P(FineGrainedStreamTest, TopKTiersStreamedEqualResident) {
+  const model::ModelConfig& c = full_->config;
+  ASSERT_EQ(c.num_experts_per_tok, 8);
+  auto calibration = LoadCalibrationStats(testing::SourceDir() +
+                                          "/models/tiny-fg-moe/pruning/calibration-valid.json");
+  ASSERT_TRUE(calibration.ok()) << calibration.status();
+  auto plan = MakePlan(*calibration, tandem::v1::PRUNING_CRITERION_FREQUENCY, 64);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(AssignTiers(*calibration,
+                        {.hot_share = 0.3,
+                         .warm_share = 0.4,
+                         .warm_width = 32,
+                         .hot_widths = {96, 96, 96, 96, 96, 96, 64, 64},
+                         .warm_widths = {96, 96, 96, 96, 64, 64, 32, 0},
+                         .cold_widths = {96, 0, 96, 64, 32, 0, 0, 0}},
+                        nullptr, c, &*plan),
+            absl::OkStatus());
+  auto tiers = TierWidthPolicy::Create(*plan, c);
+  ASSERT_TRUE(tiers.ok()) << tiers.status();
+  const auto resident = Run(*full_, nullptr, tiers->get());
+  const TierWidthPolicy::Counts counts = (*tiers)->counts();
+  EXPECT_GT(counts.hot, 0);
+  EXPECT_GT(counts.warm, 0);
+  EXPECT_GT(counts.cold, 0);
+  auto backing = DirectFileBacking(*pack_);
+  if (backing.status().code() == absl::StatusCode::kFailedPrecondition) {
+    backing = HostBacking(*pack_);  // no O_DIRECT on this file system: the same bytes from memory
+  }
+  ASSERT_TRUE(backing.ok()) << backing.status();
+  auto stream = ExpertStream::Create(backing->get(), ExpertBytes() / 4, true);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_EQ(Run(*slim_, stream->get(), tiers->get()), resident);
+  const StreamStats stats = (*stream)->stats();
+  EXPECT_GT(stats.cache.evictions, 0);
+  EXPECT_GT(stats.cache.widenings, 0);  // narrow copies were widened
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, FineGrainedStreamTest, ::testing::Values(0, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return info.param == 0 ? std::string("bf16")
                                                   : absl::StrCat("int", info.param);
