@@ -1,8 +1,9 @@
 #include "common/moe/tier_search.h"
 
 #include <algorithm>
-#include <map>
+#include <optional>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/status.h"
 
@@ -74,100 +75,75 @@ absl::StatusOr<TierSelection> SelectTiers(const CalibrationStats& stats,
   untiered.clear_tiers();
   for (auto& layer : *untiered.mutable_layers()) layer.clear_pairs();
   TierSelection selection;
-  ASSIGN_OR_RETURN(selection.full, evaluate(untiered));
-  if (selection.full.accuracy <= 0) {
-    return absl::FailedPreconditionError("the full model scores no token right on this text");
+  ASSIGN_OR_RETURN(TierScore screened_full, evaluate(untiered, true));
+  ASSIGN_OR_RETURN(selection.full, evaluate(untiered, false));
+  if (selection.full.accuracy <= 0 || screened_full.accuracy <= 0) {
+    return absl::FailedPreconditionError("the untiered plan scores no token right on this text");
   }
 
   struct Candidate {
     TierOptions options;
     tandem::v1::PruningPlan plan;
     double predicted = 0;
+    TierTrial screen;
   };
   std::vector<Candidate> candidates;
+  absl::flat_hash_set<std::string> seen;  // settings that make the same plan are scored once
   for (TierOptions& options : TierCandidates(config)) {
-    Candidate c{std::move(options), untiered, 0};
+    Candidate c{std::move(options), untiered, 0, {}};
     RETURN_IF_ERROR(AssignTiers(stats, c.options, nullptr, config, &c.plan));
+    tandem::v1::PruningPlan key = c.plan;
+    key.mutable_tiers()->clear_hot_share();
+    key.mutable_tiers()->clear_warm_share();
+    if (!seen.insert(key.SerializeAsString()).second) continue;
     c.predicted = CalibrationByteShare(c.plan, config);
     candidates.push_back(std::move(c));
   }
-  std::stable_sort(
-      candidates.begin(), candidates.end(),
-      [](const Candidate& x, const Candidate& y) { return x.predicted < y.predicted; });
-  std::map<size_t, TierTrial> scored;
-  const auto trial = [&](size_t i) -> absl::StatusOr<TierTrial> {
-    if (auto it = scored.find(i); it != scored.end()) return it->second;
-    ASSIGN_OR_RETURN(TierScore score, evaluate(candidates[i].plan));
-    TierTrial t{candidates[i].options,
-                candidates[i].predicted,
-                score.byte_share,
-                score.accuracy,
-                score.nll,
-                (selection.full.accuracy - score.accuracy) / selection.full.accuracy};
+  const auto score = [&](Candidate& c, bool screening) -> absl::StatusOr<TierTrial> {
+    ASSIGN_OR_RETURN(TierScore s, evaluate(c.plan, screening));
+    const double full = screening ? screened_full.accuracy : selection.full.accuracy;
+    TierTrial t{c.options, c.predicted, s.byte_share, s.accuracy, s.nll, (full - s.accuracy) / full,
+                screening};
     selection.trials.push_back(t);
-    scored[i] = t;
     return t;
   };
   const auto within = [&](const TierTrial& t) {
     return by_loss ? t.accuracy_loss <= budget.max_accuracy_loss
                    : t.byte_share <= budget.max_byte_share;
   };
-  const size_t n = candidates.size();
-  if (by_loss) {
-    // The cheapest candidate within the loss, assuming loss falls as bytes grow.
-    size_t lo = 0, hi = n - 1;
-    ASSIGN_OR_RETURN(TierTrial dearest, trial(hi));
-    if (within(dearest)) {
-      while (lo < hi) {
-        const size_t mid = (lo + hi) / 2;
-        ASSIGN_OR_RETURN(TierTrial t, trial(mid));
-        if (within(t)) {
-          hi = mid;
-        } else {
-          lo = mid + 1;
-        }
-      }
-      for (size_t i = lo; i > 0 && i + 4 > lo; --i) RETURN_IF_ERROR(trial(i - 1).status());
-    }
-  } else {
-    // Those predicted nearest the budget, dearest first (loss falls as bytes grow): eight within
-    // it and four just above it, since a run's bytes differ from the prediction.
-    int below = 0, above = 0;
-    for (size_t i = n; i > 0 && below < 8; --i) {
-      const double p = candidates[i - 1].predicted;
-      if (p > budget.max_byte_share + 0.03) continue;
-      int& taken = p > budget.max_byte_share ? above : below;
-      if (&taken == &above && above >= 4) continue;
-      RETURN_IF_ERROR(trial(i - 1).status());
-      ++taken;
-    }
+  std::vector<size_t> passing;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    ASSIGN_OR_RETURN(candidates[i].screen, score(candidates[i], true));
+    if (within(candidates[i].screen)) passing.push_back(i);
   }
-  const TierTrial* best = nullptr;
+  // The most promising first: fewest bytes within the loss, or least loss within the bytes.
+  std::stable_sort(passing.begin(), passing.end(), [&](size_t x, size_t y) {
+    const TierTrial &a = candidates[x].screen, &b = candidates[y].screen;
+    return by_loss ? a.byte_share < b.byte_share : a.accuracy_loss < b.accuracy_loss;
+  });
+  std::optional<TierTrial> best, closest;
   size_t best_index = 0;
-  for (const auto& [i, t] : scored) {
-    if (!within(t)) continue;
-    const bool better =
-        best == nullptr ||
-        (by_loss ? t.byte_share < best->byte_share ||
-                       (t.byte_share == best->byte_share && t.accuracy_loss < best->accuracy_loss)
-                 : t.accuracy_loss < best->accuracy_loss ||
-                       (t.accuracy_loss == best->accuracy_loss && t.byte_share < best->byte_share));
-    if (better) best = &t, best_index = i;
-  }
-  if (best == nullptr) {
-    const TierTrial* closest = nullptr;
-    for (const auto& [i, t] : scored) {
-      if (closest == nullptr || (by_loss ? t.accuracy_loss < closest->accuracy_loss
-                                         : t.byte_share < closest->byte_share)) {
-        closest = &t;
-      }
+  for (size_t n = 0; n < passing.size() && n < static_cast<size_t>(kChecks); ++n) {
+    ASSIGN_OR_RETURN(TierTrial t, score(candidates[passing[n]], false));
+    if (!closest ||
+        (by_loss ? t.accuracy_loss < closest->accuracy_loss : t.byte_share < closest->byte_share)) {
+      closest = t;
     }
+    if (!within(t)) continue;
+    if (!best ||
+        (by_loss ? t.byte_share < best->byte_share : t.accuracy_loss < best->accuracy_loss)) {
+      best = t;
+      best_index = passing[n];
+    }
+    if (by_loss) break;  // the fewest screened bytes that hold on the whole text
+  }
+  if (!best) {
     return absl::FailedPreconditionError(
-        closest == nullptr
-            ? std::string("no candidate was scored within the budget")
-            : absl::StrCat("no candidate meets the budget; the closest scored ran ",
-                           closest->byte_share, " of the expert bytes at an accuracy loss of ",
-                           closest->accuracy_loss));
+        !closest ? std::string("no candidate meets the budget on the screening text")
+                 : absl::StrCat("no candidate meets the budget on the whole text; the closest "
+                                "checked ran ",
+                                closest->byte_share, " of the expert bytes at an accuracy loss of ",
+                                closest->accuracy_loss));
   }
   selection.chosen = *best;
   selection.plan = candidates[best_index].plan;

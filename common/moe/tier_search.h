@@ -34,7 +34,8 @@ struct TierTrial {
   double byte_share = 0;            // what the scoring run ran
   double accuracy = 0;
   double nll = 0;
-  double accuracy_loss = 0;  // (full - accuracy) / full
+  double accuracy_loss = 0;  // (full - accuracy) / full, the untiered plan's on the same text
+  bool screening = false;    // scored on the screening text, not the whole calibration text
 };
 
 struct TierBudget {
@@ -49,22 +50,25 @@ struct TierScore {
   double accuracy = 0;
   double nll = 0;
 };
-// Scores `plan` (the candidate's tiers); the full model is scored with a plan without tiers.
-using TierEvaluator = std::function<absl::StatusOr<TierScore>(const tandem::v1::PruningPlan&)>;
+// Scores `plan` (the candidate's tiers; the full model is a plan without tiers) on the whole
+// calibration text, or when `screening` on a part of it (cheaper; the same part every time).
+using TierEvaluator =
+    std::function<absl::StatusOr<TierScore>(const tandem::v1::PruningPlan&, bool screening)>;
 
 struct TierSelection {
   tandem::v1::PruningPlan plan;  // the chosen candidate's
   TierTrial chosen;
-  TierScore full;
-  std::vector<TierTrial> trials;  // every candidate scored, in the order scored
+  TierScore full;                 // the untiered plan on the whole text
+  std::vector<TierTrial> trials;  // every scoring, in order: the screening, then the checks
 };
 
-// Scores the candidates that the budget can choose between, fewest first: the candidates sorted
-// by predicted bytes, a bisection for the cheapest within an accuracy budget (loss is close to
-// monotone in bytes), then the four cheaper neighbours of the one found, since it is not
-// exactly; for a bytes budget, the eight dearest predicted within it and four predicted just
-// above it (a run's bytes differ from the prediction). INVALID_ARGUMENT for a bad budget;
-// FAILED_PRECONDITION naming the closest trial when no candidate meets it.
+// Screens every candidate on the screening text (loss is not monotone in bytes across the
+// grid, so no candidate is skipped), then checks the most promising on the whole text: for an
+// accuracy budget, those within it on the screen, fewest bytes first, until one is within it
+// on the whole text (at most `kChecks`); for a bytes budget, the `kChecks` with the least
+// screened loss within it, the least whole-text loss among them chosen. INVALID_ARGUMENT for a
+// bad budget; FAILED_PRECONDITION naming the closest check when no candidate meets it.
+inline constexpr int kChecks = 4;
 absl::StatusOr<TierSelection> SelectTiers(const CalibrationStats& stats,
                                           const tandem::v1::PruningPlan& base,
                                           const model::ModelConfig& config,

@@ -12,11 +12,15 @@
 //             (--max_accuracy_loss L | --max_expert_bytes B) [--heldout_text FILE]
 //   The cut-offs and widths chosen by a budget (common/moe/tier_search.h), scored on --text
 //   and, when given, validated on --heldout_text.
+#include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -133,23 +137,43 @@ int SelectByBudget(const moe::CalibrationStats& stats, const tandem::v1::Pruning
   const model::ModelConfig& config = model->weights->config;
   moe::TierBudget budget{absl::GetFlag(FLAGS_max_accuracy_loss),
                          absl::GetFlag(FLAGS_max_expert_bytes)};
+  // Candidates are screened on the first quarter of the calibration documents (at least one).
+  std::vector<std::string> documents;
+  {
+    std::ifstream in(text);
+    if (!in) return Report(absl::NotFoundError("cannot read --text " + text));
+    for (std::string line; std::getline(in, line);) {
+      if (!absl::StripAsciiWhitespace(line).empty()) documents.push_back(line);
+    }
+  }
+  const std::string screen_path = out + ".screening.txt";
+  {
+    std::ofstream screen(screen_path);
+    for (size_t d = 0; d < std::max<size_t>(1, documents.size() / 4) && d < documents.size(); ++d) {
+      screen << documents[d] << "\n";
+    }
+    if (!screen) return Report(absl::PermissionDeniedError("cannot write " + screen_path));
+  }
+  const absl::Cleanup remove_screen = [&] { std::remove(screen_path.c_str()); };
   const absl::Time start = absl::Now();
   absl::StatusOr<moe::TierSelection> selection = moe::SelectTiers(
-      stats, base, config, budget,
-      [&](const tandem::v1::PruningPlan& plan) { return ScorePlan(*model, plan, text); });
+      stats, base, config, budget, [&](const tandem::v1::PruningPlan& plan, bool screening) {
+        return ScorePlan(*model, plan, screening ? screen_path : text);
+      });
   if (!selection.ok()) return Report(selection.status());
   std::cout << absl::StrCat("untiered on ", text, ": accuracy ", selection->full.accuracy, ", nll ",
                             selection->full.nll, "\n");
-  std::cout << "predicted bytes  ran bytes  accuracy  loss     candidate\n";
+  std::cout << "text    predicted bytes  ran bytes  accuracy  loss     candidate\n";
   for (const moe::TierTrial& t : selection->trials) {
-    std::cout << absl::StrFormat("%15.3f  %9.3f  %8.4f  %6.2f%%  %s\n", t.predicted_byte_share,
+    std::cout << absl::StrFormat("%-6s  %15.3f  %9.3f  %8.4f  %6.2f%%  %s\n",
+                                 t.screening ? "screen" : "whole", t.predicted_byte_share,
                                  t.byte_share, t.accuracy, 100 * t.accuracy_loss,
                                  Describe(t.options));
   }
   const moe::TierTrial& c = selection->chosen;
   std::cout << absl::StrFormat(
       "chosen: %s; on the calibration text %.3f of the expert bytes, accuracy loss %.2f%% (%d "
-      "candidates scored in %s)\n",
+      "scorings in %s)\n",
       Describe(c.options), c.byte_share, 100 * c.accuracy_loss, selection->trials.size(),
       absl::FormatDuration(absl::Now() - start));
   if (absl::Status s = moe::SavePlan(selection->plan, out); !s.ok()) return Report(s);

@@ -1,11 +1,14 @@
 // Choosing tiers by a budget on a hand-built case: the candidate grid (the pair rule with
 // top-2, widths by rank with top-k), and against an evaluator whose loss falls with the bytes,
-// the cheapest candidate within an accuracy budget or the least loss within a bytes budget,
-// found with fewer scorings than candidates; bad and impossible budgets refused.
+// the cheapest candidate within an accuracy budget or the least loss within a bytes budget;
+// every candidate screened, the choice checked on the whole text (an optimistic screen does
+// not get a plan over the budget chosen); bad and impossible budgets refused.
 #include "common/moe/tier_search.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
@@ -52,13 +55,17 @@ double AccuracyAt(double share) { return kFull * (1 - 0.4 * (1 - share)); }
 
 struct Counting {
   model::ModelConfig config;
-  int calls = 0;
+  double screen_optimism = 0;  // the screening text's accuracy this much above the whole's
+  int calls = 0, checks = 0;
   TierEvaluator evaluator() {
-    return [this](const tandem::v1::PruningPlan& plan) -> absl::StatusOr<TierScore> {
-      ++calls;
-      const double share = CalibrationByteShare(plan, config);
-      return TierScore{share, AccuracyAt(share), 1.0};
-    };
+    return
+        [this](const tandem::v1::PruningPlan& plan, bool screening) -> absl::StatusOr<TierScore> {
+          ++calls;
+          checks += !screening && plan.has_tiers();
+          const double share = CalibrationByteShare(plan, config);
+          const double optimism = screening && plan.has_tiers() ? screen_optimism : 0;
+          return TierScore{share, AccuracyAt(share) + optimism, 1.0};
+        };
   }
 };
 
@@ -84,7 +91,7 @@ TEST(SelectTiersTest, CheapestWithinAnAccuracyBudget) {
     SCOPED_TRACE(absl::StrCat("top-", k));
     Counting counting{TopKConfig(k)};
     for (double budget : {0.05, 0.1, 0.2}) {
-      counting.calls = 0;
+      counting.calls = counting.checks = 0;
       auto selection = SelectTiers(Stats(), Base(), counting.config, {.max_accuracy_loss = budget},
                                    counting.evaluator());
       ASSERT_TRUE(selection.ok()) << selection.status();
@@ -101,12 +108,44 @@ TEST(SelectTiersTest, CheapestWithinAnAccuracyBudget) {
       EXPECT_DOUBLE_EQ(CalibrationByteShare(selection->plan, counting.config), best);
       EXPECT_TRUE(selection->plan.has_tiers());
       EXPECT_DOUBLE_EQ(selection->full.accuracy, kFull);
-      if (k == 3) {  // 40 candidates: the full model, the dearest, a bisection, four neighbours
-        EXPECT_LE(counting.calls, 1 + 1 + 6 + 4);
-      }
-      EXPECT_EQ(static_cast<int>(selection->trials.size()) + 1, counting.calls);
+      // The untiered plan twice, every distinct candidate screened, one check (an exact screen).
+      EXPECT_LE(counting.calls, 2 + static_cast<int>(TierCandidates(counting.config).size()) + 1);
+      EXPECT_EQ(counting.checks, 1);
+      EXPECT_FALSE(selection->chosen.screening);
+      EXPECT_EQ(static_cast<int>(selection->trials.size()) + 2, counting.calls);
     }
   }
+}
+
+TEST(SelectTiersTest, AnOptimisticScreenIsCheckedOnTheWholeText) {
+  const model::ModelConfig config = TopKConfig(3);
+  std::vector<double> shares;
+  for (const TierOptions& o : TierCandidates(config)) {
+    tandem::v1::PruningPlan plan = Base();
+    ASSERT_EQ(AssignTiers(Stats(), o, nullptr, config, &plan), absl::OkStatus());
+    shares.push_back(CalibrationByteShare(plan, config));
+  }
+  std::sort(shares.begin(), shares.end());
+  shares.erase(std::unique(shares.begin(), shares.end()), shares.end());
+  ASSERT_GE(shares.size(), 4u);
+  // A budget the middle share s2 just meets, and a screen flattering every tiered plan so that
+  // the next cheaper share s1 passes it: s1 is checked first and fails on the whole text.
+  const double s1 = shares[shares.size() / 2 - 1], s2 = shares[shares.size() / 2];
+  const double budget = 0.4 * (1 - s2) + 1e-9;
+  Counting counting{config, kFull * 0.4 * (s2 - s1) + 1e-9};
+  auto selection =
+      SelectTiers(Stats(), Base(), config, {.max_accuracy_loss = budget}, counting.evaluator());
+  ASSERT_TRUE(selection.ok()) << selection.status();
+  EXPECT_DOUBLE_EQ(selection->chosen.byte_share, s2);
+  EXPECT_LE(selection->chosen.accuracy_loss, budget);
+  EXPECT_GT(counting.checks, 1);
+  EXPECT_LE(counting.checks, kChecks);
+  // Flattered beyond what kChecks checks can get past: no choice, and a message saying so.
+  Counting flattered{config, 0.05};
+  auto none =
+      SelectTiers(Stats(), Base(), config, {.max_accuracy_loss = 0.02}, flattered.evaluator());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("on the whole text"));
 }
 
 TEST(SelectTiersTest, LeastLossWithinABytesBudget) {
@@ -139,13 +178,13 @@ TEST(SelectTiersTest, BadAndImpossibleBudgetsAreRefused) {
   auto none =
       SelectTiers(Stats(), Base(), counting.config, {.max_accuracy_loss = 0}, counting.evaluator());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(none.status().message(), HasSubstr("closest"));
+  EXPECT_THAT(none.status().message(), HasSubstr("screening text"));
   auto tiny =
       SelectTiers(Stats(), Base(), counting.config, {.max_byte_share = 0.01}, counting.evaluator());
   EXPECT_EQ(tiny.status().code(), absl::StatusCode::kFailedPrecondition);
   // An evaluator's error is the selection's.
   auto failing = SelectTiers(Stats(), Base(), counting.config, {.max_accuracy_loss = 0.1},
-                             [](const tandem::v1::PruningPlan&) -> absl::StatusOr<TierScore> {
+                             [](const tandem::v1::PruningPlan&, bool) -> absl::StatusOr<TierScore> {
                                return absl::UnavailableError("scoring failed");
                              });
   EXPECT_EQ(failing.status().code(), absl::StatusCode::kUnavailable);
