@@ -1,8 +1,10 @@
 // Decode with host-offloaded experts (issue #7): expert weights (bf16, or int8 / int4 where the
 // model is quantized) streamed from a pack file read with O_DIRECT into a resident cache holding
 // --cache_fraction of all expert bytes (or --cache_bytes), full width
-// vs the tiered mixed width of --plan, each with and without the widest-first overlap, side by
-// side in one run, next to the fully resident model. Each batch's 128-token contexts are
+// vs the tiered mixed width of --plan, each with and without the widest-first overlap, and the
+// two equal-bytes baselines at the plan's calibration byte share (every expert narrowed alike;
+// adaptive top-k, its mass solved on the prefill's routing), with overlap, side by side in one
+// run, next to the fully resident model. Each batch's 128-token contexts are
 // prefilled once by the resident full model and every setting decodes from that KV cache in
 // turn (two rounds, order rotated).
 //
@@ -41,6 +43,7 @@
 #include "common/moe/expert_stream.h"
 #include "common/moe/pruning_plan.h"
 #include "common/moe/tiers.h"
+#include "common/moe/width_baselines.h"
 #include "common/util/status.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (neurons reordered: tandem reorder).");
@@ -181,16 +184,36 @@ int Run() {
       dir.c_str(), expert_bytes / 1e6, kernels::WeightFormatName(layout.format), cache_bytes / 1e6,
       100.0 * cache_bytes / expert_bytes, pack.c_str());
 
+  // The baselines at the bytes the plan's tiers run on its calibration tokens; a uniform width
+  // is whole bundles, as a narrow load reads them.
+  const int top_k = static_cast<int>(c.num_experts_per_tok);
+  const int inter = static_cast<int>(c.intermediate_size);
+  const double plan_share = CalibrationByteShare(*plan, c);
+  const int bundle = layout.bundle_neurons();
+  UniformWidthPolicy uniform(
+      std::max(bundle, static_cast<int>(std::lround(plan_share * inter / bundle)) * bundle), inter);
+  std::unique_ptr<AdaptiveTopKPolicy> adaptive;  // once the first prefill's routing is recorded
+  RoutingRecorder recorder(nullptr, inter);
+  std::printf(
+      "plan: %.1f%% of the expert bytes on its calibration tokens; uniform baseline %d of "
+      "%d neurons\n",
+      100 * plan_share, uniform.width(), inter);
+
+  enum class Widths { kFull, kTiers, kUniform, kAdaptive };
   struct Setting {
     std::string name;
-    bool streamed, mixed, overlap;
+    bool streamed;
+    Widths widths;
+    bool overlap;
   };
   const std::vector<Setting> settings = {
-      {"resident, full width", false, false, false},
-      {"streamed, full width, no overlap", true, false, false},
-      {"streamed, full width, overlap", true, false, true},
-      {"streamed, mixed width, no overlap", true, true, false},
-      {"streamed, mixed width, overlap", true, true, true},
+      {"resident, full width", false, Widths::kFull, false},
+      {"streamed, full width, no overlap", true, Widths::kFull, false},
+      {"streamed, full width, overlap", true, Widths::kFull, true},
+      {"streamed, mixed width, no overlap", true, Widths::kTiers, false},
+      {"streamed, mixed width, overlap", true, Widths::kTiers, true},
+      {"streamed, uniform width, overlap", true, Widths::kUniform, true},
+      {"streamed, adaptive top-k, overlap", true, Widths::kAdaptive, true},
   };
   const int context = absl::GetFlag(FLAGS_context);
   const int steps = absl::GetFlag(FLAGS_steps);
@@ -237,7 +260,14 @@ int Run() {
       inputs.push_back({prompts[s], 0, &tables[s]});
     }
     std::vector<std::vector<float>> logits;
-    if (absl::Status s = (*resident)->Step(inputs, {}, &logits); !s.ok()) return Fail(s);
+    if (absl::Status s = (*resident)->Step(inputs, {.widths = &recorder}, &logits); !s.ok()) {
+      return Fail(s);
+    }
+    if (adaptive == nullptr) {
+      adaptive = std::make_unique<AdaptiveTopKPolicy>(
+          AdaptiveMassForShare(recorder.weights(), top_k, plan_share), inter, c.norm_topk_prob);
+      std::printf("adaptive top-k baseline: mass %.4f\n", adaptive->mass());
+    }
     const auto prefill_logits = logits;
 
     struct Result {
@@ -266,7 +296,13 @@ int Run() {
         }
         engine::ForwardPass& fwd = setting.streamed ? **streaming : **resident;
         fwd.SetExpertProvider(stream.get());
-        const engine::MoeOptions moe{.widths = setting.mixed ? tiers->get() : nullptr};
+        const engine::ExpertWidthPolicy* widths =
+            setting.widths == Widths::kTiers ? tiers->get()
+            : setting.widths == Widths::kUniform
+                ? static_cast<const engine::ExpertWidthPolicy*>(&uniform)
+            : setting.widths == Widths::kAdaptive ? adaptive.get()
+                                                  : nullptr;
+        const engine::MoeOptions moe{.widths = widths};
         logits = prefill_logits;
         std::vector<int32_t> next(batch);
         StreamStats before;
@@ -325,6 +361,9 @@ int Run() {
       100.0 * counts.cold / counts.total(),
       100.0 * counts.neurons /
           (static_cast<double>(c.num_experts_per_tok) * counts.total() * c.intermediate_size));
+  std::printf("expert neurons run over the run: uniform %.0f%%, adaptive top-k %.0f%%\n",
+              100 * uniform.counts().ByteShare(top_k, inter),
+              adaptive ? 100 * adaptive->counts().ByteShare(top_k, inter) : 0.0);
   std::filesystem::remove(pack);
   return 0;
 }
