@@ -53,6 +53,52 @@ class FineGrainedClusterTest : public ::testing::Test {
     return ids;
   }
 
+  // The decoder's expert metrics after a streamed run.
+  struct StreamedRun {
+    double misses = -1, warm = -1, cold = -1, resident = -1, neurons = -1;
+  };
+  // Greedy continuations from a cluster whose decoder streams `prepared`'s pack through a cache
+  // of `cache_bytes` with its plan, expected to equal colocated tandem-serve with the plan and
+  // every expert resident.
+  StreamedRun StreamedAgainstColocated(const testing::MixedWidthModel& prepared,
+                                       int64_t cache_bytes) {
+    const std::string plan = "--plan=" + prepared.plan;
+    std::vector<std::vector<int32_t>> disaggregated, colocated;
+    StreamedRun run;
+    {
+      testing::ServiceSet set(prepared.model_dir);
+      auto cluster = StartCluster(set, {plan, "--expert_pack=" + prepared.pack,
+                                        absl::StrCat("--expert_cache_bytes=", cache_bytes)});
+      EXPECT_TRUE(cluster.ok()) << cluster.status();
+      if (!cluster.ok()) return run;
+      auto client = testing::ConnectClient(cluster->gateway);
+      EXPECT_NE(client, nullptr);
+      if (client == nullptr) return run;
+      disaggregated = GenerateAll(client.get());
+      const int port = cluster->decode.http_port;
+      run.misses = MetricValue(port, "tandem_expert_cache_requests_total", "result=\"miss\"");
+      run.warm = MetricValue(port, "tandem_expert_pairs_total", "tier=\"warm\"");
+      run.cold = MetricValue(port, "tandem_expert_pairs_total", "tier=\"cold\"");
+      run.resident = MetricValue(port, "tandem_experts_resident");
+      run.neurons = MetricValue(port, "tandem_expert_neurons_total");
+    }
+    {
+      testing::ServiceSet set(prepared.model_dir);
+      auto serve = set.Start("tandem-serve", {plan});
+      EXPECT_TRUE(serve.ok()) << serve.status();
+      if (!serve.ok()) return run;
+      auto client = testing::ConnectClient(*serve);
+      EXPECT_NE(client, nullptr);
+      if (client == nullptr) return run;
+      colocated = GenerateAll(client.get());
+    }
+    EXPECT_EQ(disaggregated.size(), colocated.size());
+    for (size_t k = 0; k < colocated.size() && k < disaggregated.size(); ++k) {
+      EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
+    }
+    return run;
+  }
+
   std::string model_dir_;
   nlohmann::json manifest_;
 };
@@ -113,38 +159,11 @@ TEST_F(FineGrainedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentM
   testing::TempDir work;
   auto prepared = testing::MakeMixedWidthModel(work.path(), kModel, "reap-keep32.json");
   ASSERT_TRUE(prepared.ok()) << prepared.status();
-  const std::string plan = "--plan=" + prepared->plan;
   // 6 layers x 64 experts x 3 x 96 x 192 x 2 bytes, a quarter of it.
-  const std::string cache = absl::StrCat("--expert_cache_bytes=", 6 * 64 * 3 * 96 * 192 * 2 / 4);
-  std::vector<std::vector<int32_t>> disaggregated, colocated;
-  double misses = -1, warm = -1, resident = -1;
-  {
-    testing::ServiceSet set(prepared->model_dir);
-    auto cluster = StartCluster(set, {plan, "--expert_pack=" + prepared->pack, cache});
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto client = testing::ConnectClient(cluster->gateway);
-    ASSERT_NE(client, nullptr);
-    disaggregated = GenerateAll(client.get());
-    misses = MetricValue(cluster->decode.http_port, "tandem_expert_cache_requests_total",
-                         "result=\"miss\"");
-    warm = MetricValue(cluster->decode.http_port, "tandem_expert_pairs_total", "tier=\"warm\"");
-    resident = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
-  }
-  {
-    testing::ServiceSet set(prepared->model_dir);
-    auto serve = set.Start("tandem-serve", {plan});
-    ASSERT_TRUE(serve.ok()) << serve.status();
-    auto client = testing::ConnectClient(*serve);
-    ASSERT_NE(client, nullptr);
-    colocated = GenerateAll(client.get());
-  }
-  ASSERT_EQ(disaggregated.size(), colocated.size());
-  for (size_t k = 0; k < colocated.size(); ++k) {
-    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
-  }
-  EXPECT_GT(misses, 0);
-  EXPECT_GT(warm, 0);
-  EXPECT_EQ(resident, 0);  // every routed expert streams; the shared experts stay with the model
+  const StreamedRun run = StreamedAgainstColocated(*prepared, 6 * 64 * 3 * 96 * 192 * 2 / 4);
+  EXPECT_GT(run.misses, 0);
+  EXPECT_GT(run.warm, 0);
+  EXPECT_EQ(run.resident, 0);  // every routed expert streams; the shared experts stay resident
 }
 
 // Top-k tiers with int4 experts: the reordered model quantized to int4, REAP keep 32 tiered with
@@ -159,40 +178,12 @@ TEST_F(FineGrainedClusterTest, StreamedTopKTieredInt4DecoderEqualsColocatedResid
       "--hot_share 0.3 --warm_share 0.4 --warm_width 32 "
       "--warm_widths 96,96,96,96,64,64,32,0 --cold_widths 96,0,96,64,32,0,0,0");
   ASSERT_TRUE(prepared.ok()) << prepared.status();
-  const std::string plan = "--plan=" + prepared->plan;
-  const std::string cache =
-      absl::StrCat("--expert_cache_bytes=", std::filesystem::file_size(prepared->pack) / 4);
-  std::vector<std::vector<int32_t>> disaggregated, colocated;
-  double misses = -1, cold = -1, resident = -1, neurons = -1;
-  {
-    testing::ServiceSet set(prepared->model_dir);
-    auto cluster = StartCluster(set, {plan, "--expert_pack=" + prepared->pack, cache});
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto client = testing::ConnectClient(cluster->gateway);
-    ASSERT_NE(client, nullptr);
-    disaggregated = GenerateAll(client.get());
-    misses = MetricValue(cluster->decode.http_port, "tandem_expert_cache_requests_total",
-                         "result=\"miss\"");
-    cold = MetricValue(cluster->decode.http_port, "tandem_expert_pairs_total", "tier=\"cold\"");
-    resident = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
-    neurons = MetricValue(cluster->decode.http_port, "tandem_expert_neurons_total");
-  }
-  {
-    testing::ServiceSet set(prepared->model_dir);
-    auto serve = set.Start("tandem-serve", {plan});
-    ASSERT_TRUE(serve.ok()) << serve.status();
-    auto client = testing::ConnectClient(*serve);
-    ASSERT_NE(client, nullptr);
-    colocated = GenerateAll(client.get());
-  }
-  ASSERT_EQ(disaggregated.size(), colocated.size());
-  for (size_t k = 0; k < colocated.size(); ++k) {
-    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
-  }
-  EXPECT_GT(misses, 0);
-  EXPECT_GT(cold, 0);
-  EXPECT_GT(neurons, 0);
-  EXPECT_EQ(resident, 0);
+  const StreamedRun run = StreamedAgainstColocated(
+      *prepared, static_cast<int64_t>(std::filesystem::file_size(prepared->pack) / 4));
+  EXPECT_GT(run.misses, 0);
+  EXPECT_GT(run.cold, 0);
+  EXPECT_GT(run.neurons, 0);
+  EXPECT_EQ(run.resident, 0);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "tests/common/moe/hand_built_tiers.h"
 
 namespace tandem::moe {
 namespace {
@@ -27,27 +28,9 @@ model::ModelConfig TopKConfig(int k) {
   return *config;
 }
 
-CalibrationStats Stats() {
-  CalibrationStats stats;
-  LayerStats layer;
-  layer.frequency = {80, 65, 50, 5};
-  layer.mass = layer.ean = layer.reap = {1, 1, 1, 1};
-  layer.neuron_importance.assign(4, std::vector<double>(24, 0));
-  layer.pairs = {{{0, 1}, 50}, {{0, 2}, 30}, {{1, 2}, 15}, {{2, 3}, 5}};
-  layer.pair_a_first = {{{0, 1}, 10}, {{0, 2}, 20}, {{1, 2}, 0}, {{2, 3}, 5}};
-  stats.layers = {layer};
-  return stats;
-}
+CalibrationStats Stats() { return testing::HandBuiltStats(); }
 
-tandem::v1::PruningPlan Base() {
-  tandem::v1::PruningPlan plan;
-  plan.set_num_layers(1);
-  plan.set_num_experts(4);
-  plan.set_criterion(tandem::v1::PRUNING_CRITERION_FREQUENCY);
-  auto* layer = plan.add_layers();
-  for (int e : {0, 1, 2, 3}) layer->add_retained_experts(e);
-  return plan;
-}
+tandem::v1::PruningPlan Base() { return testing::HandBuiltPlan(); }
 
 // Accuracy 0.2 at full width, losing 0.4 of it per share of bytes not run.
 constexpr double kFull = 0.2;

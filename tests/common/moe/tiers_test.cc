@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/moe/pruning_plan.h"
+#include "tests/common/moe/hand_built_tiers.h"
 
 namespace tandem::moe {
 namespace {
@@ -38,30 +39,10 @@ model::ModelConfig TopThreeConfig(bool norm_topk_prob) {
   return *config;
 }
 
-// 100 routed tokens: (0,1) 50, (0,2) 30, (1,2) 15, (2,3) 5; (0,3) and (1,3) never.
-CalibrationStats Stats() {
-  CalibrationStats stats;
-  LayerStats layer;
-  layer.frequency = {80, 65, 50, 5};
-  layer.mass = layer.ean = layer.reap = {1, 1, 1, 1};
-  layer.neuron_importance.assign(4, std::vector<double>(24, 0));
-  layer.pairs = {{{0, 1}, 50}, {{0, 2}, 30}, {{1, 2}, 15}, {{2, 3}, 5}};
-  // Ranked first: 0 over 1 in 10 of 50 (1 dominates), 0 over 2 in 20 of 30 (0), 1 over 2 in
-  // 0 of 15 (2), 2 over 3 in 5 of 5 (2).
-  layer.pair_a_first = {{{0, 1}, 10}, {{0, 2}, 20}, {{1, 2}, 0}, {{2, 3}, 5}};
-  stats.layers = {layer};
-  return stats;
-}
+// tests/common/moe/hand_built_tiers.h: 100 routed tokens over four experts.
+CalibrationStats Stats() { return testing::HandBuiltStats(); }
 
-tandem::v1::PruningPlan Plan(std::vector<int> retained) {
-  tandem::v1::PruningPlan plan;
-  plan.set_num_layers(1);
-  plan.set_num_experts(4);
-  plan.set_criterion(tandem::v1::PRUNING_CRITERION_FREQUENCY);
-  auto* layer = plan.add_layers();
-  for (int e : retained) layer->add_retained_experts(e);
-  return plan;
-}
+tandem::v1::PruningPlan Plan(std::vector<int> retained) { return testing::HandBuiltPlan(retained); }
 
 // (tier, dominant) of each pair, in order.
 std::vector<std::pair<PairTier, int>> Tiers(const tandem::v1::PruningPlan& plan) {
