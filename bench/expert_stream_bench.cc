@@ -358,9 +358,7 @@ int Run() {
       "\nmixed-width pairs over the run: hot %.0f%%, warm %.0f%%, cold %.0f%%; expert "
       "neurons run %.0f%% of full width\n",
       100.0 * counts.hot / counts.total(), 100.0 * counts.warm / counts.total(),
-      100.0 * counts.cold / counts.total(),
-      100.0 * counts.neurons /
-          (static_cast<double>(c.num_experts_per_tok) * counts.total() * c.intermediate_size));
+      100.0 * counts.cold / counts.total(), 100.0 * counts.widths().ByteShare(top_k, inter));
   std::printf("expert neurons run over the run: uniform %.0f%%, adaptive top-k %.0f%%\n",
               100 * uniform.counts().ByteShare(top_k, inter),
               adaptive ? 100 * adaptive->counts().ByteShare(top_k, inter) : 0.0);

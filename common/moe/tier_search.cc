@@ -71,9 +71,7 @@ absl::StatusOr<TierSelection> SelectTiers(const CalibrationStats& stats,
     return absl::InvalidArgumentError(
         "give one budget: a maximum accuracy loss, or a maximum share of expert bytes in [0, 1]");
   }
-  tandem::v1::PruningPlan untiered = base;
-  untiered.clear_tiers();
-  for (auto& layer : *untiered.mutable_layers()) layer.clear_pairs();
+  const tandem::v1::PruningPlan untiered = WithoutTiers(base);
   TierSelection selection;
   ASSIGN_OR_RETURN(TierScore screened_full, evaluate(untiered, true));
   ASSIGN_OR_RETURN(selection.full, evaluate(untiered, false));

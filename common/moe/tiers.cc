@@ -181,16 +181,53 @@ std::vector<std::vector<double>> CachePriorities(const tandem::v1::PruningPlan& 
   return weights;
 }
 
+tandem::v1::PruningPlan WithoutTiers(const tandem::v1::PruningPlan& plan) {
+  tandem::v1::PruningPlan untiered = plan;
+  untiered.clear_tiers();
+  for (tandem::v1::LayerPlan& layer : *untiered.mutable_layers()) layer.clear_pairs();
+  return untiered;
+}
+
+absl::Status RequireReordered(const std::string& model_dir) {
+  ASSIGN_OR_RETURN(bool reordered, IsReordered(model_dir));
+  if (!reordered) {
+    return absl::InvalidArgumentError(
+        "mixed-width tiers need a checkpoint with its neurons in importance order (make one "
+        "with tandem reorder and pass it as --model)");
+  }
+  return absl::OkStatus();
+}
+
+double WidthCounts::ByteShare(int top_k, int intermediate) const {
+  if (decisions == 0) return 0;
+  return static_cast<double>(neurons) /
+         (static_cast<double>(decisions) * top_k * static_cast<double>(intermediate));
+}
+
+void KeepRoutedWeight(absl::Span<const int> widths, absl::Span<float> weights, bool normalised) {
+  int running = 0;
+  size_t last_running = 0;
+  double total = 0, kept = 0;
+  for (size_t j = 0; j < weights.size(); ++j) {
+    total += weights[j];
+    if (widths[j] > 0) ++running, last_running = j, kept += weights[j];
+  }
+  if (running == static_cast<int>(weights.size())) return;
+  if (running == 1 && normalised) {
+    for (float& w : weights) w = 0.0f;
+    weights[last_running] = 1.0f;  // exactly: renormalised over the one that runs
+    return;
+  }
+  const float scale = kept > 0 ? static_cast<float>(total / kept) : 1.0f;
+  for (size_t j = 0; j < weights.size(); ++j)
+    weights[j] = widths[j] > 0 ? weights[j] * scale : 0.0f;
+}
+
 absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierPolicyFor(const tandem::v1::PruningPlan& plan,
                                                                const std::string& model_dir,
                                                                const model::ModelConfig& config) {
   if (!plan.has_tiers()) return nullptr;
-  ASSIGN_OR_RETURN(bool reordered, IsReordered(model_dir));
-  if (!reordered) {
-    return absl::InvalidArgumentError(
-        "the plan has mixed-width tiers, which need a checkpoint with its neurons in importance "
-        "order (make one with tandem reorder and pass it as --model)");
-  }
+  RETURN_IF_ERROR(RequireReordered(model_dir));
   return TierWidthPolicy::Create(plan, config);
 }
 
@@ -225,30 +262,11 @@ void TierWidthPolicy::Widths(int layer, absl::Span<const int32_t> experts,
   const std::vector<int>& by_rank = rank_widths_[tier];
   // Rank 0 is the dominant, rank 1 the other leading expert, then router order.
   const size_t dominant = rule.dominant == experts[1] ? 1 : 0;
-  int running = 0;
-  size_t last_running = 0;
   for (size_t j = 0; j < widths.size(); ++j) {
     const size_t rank = j < 2 ? (j == dominant ? 0 : 1) : j;
     widths[j] = rank < by_rank.size() ? by_rank[rank] : intermediate_;
-    if (widths[j] > 0) ++running, last_running = j;
   }
-  if (running < static_cast<int>(widths.size())) {
-    if (running == 1 && normalised_) {
-      for (float& w : weights) w = 0.0f;
-      weights[last_running] = 1.0f;  // exactly: renormalised over the one that runs
-    } else {
-      // Scale what runs back to the routed total (1 when renormalised, the top-k mass
-      // otherwise).
-      double total = 0, kept = 0;
-      for (size_t j = 0; j < weights.size(); ++j) {
-        total += weights[j];
-        if (widths[j] > 0) kept += weights[j];
-      }
-      const float scale = kept > 0 ? static_cast<float>(total / kept) : 1.0f;
-      for (size_t j = 0; j < weights.size(); ++j)
-        weights[j] = widths[j] > 0 ? weights[j] * scale : 0.0f;
-    }
-  }
+  KeepRoutedWeight(widths, weights, normalised_);
   switch (tier) {
     case tandem::v1::PAIR_TIER_WARM:
       ++counts_.warm;

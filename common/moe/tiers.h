@@ -65,6 +65,27 @@ absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& optio
                          const std::vector<std::vector<double>>* masking_loss,
                          const model::ModelConfig& config, tandem::v1::PruningPlan* plan);
 
+// `plan` without its tiers (and pairs): the same experts, every one at full width.
+tandem::v1::PruningPlan WithoutTiers(const tandem::v1::PruningPlan& plan);
+
+// OK when the checkpoint in `model_dir` holds its neurons in importance order (tandem
+// reorder), as tiers need; INVALID_ARGUMENT saying so otherwise.
+absl::Status RequireReordered(const std::string& model_dir);
+
+// What a width policy ran: routed (token, layer) decisions and neurons summed over them.
+struct WidthCounts {
+  int64_t decisions = 0;
+  int64_t neurons = 0;
+  // neurons over decisions x top_k x intermediate: the share of full-width expert bytes.
+  double ByteShare(int top_k, int intermediate) const;
+};
+
+// After a policy chose `widths` (0: skipped) for one token's routed `weights`: scales the
+// weights of the experts that run back to the routed total (1 when norm_topk_prob renormalises,
+// the top-k mass otherwise) and zeroes the skipped ones; a single expert running under
+// `normalised` gets exactly 1. Nothing changes when every expert runs.
+void KeepRoutedWeight(absl::Span<const int> widths, absl::Span<float> weights, bool normalised);
+
 // Replacement priority weights for an expert cache (ExpertCache::SetPriorityWeights) from a plan
 // with tiers: per (layer, expert), 1 + the calibration tokens of the pairs it is in, with a
 // pair's tokens counted fully for a Hot pair, for its dominant only in a Warm or Cold one (an
@@ -94,6 +115,7 @@ class TierWidthPolicy : public engine::ExpertWidthPolicy {
     int64_t hot = 0, warm = 0, cold = 0;
     int64_t neurons = 0;  // widths summed over every routed expert: what the pairs read
     int64_t total() const { return hot + warm + cold; }
+    WidthCounts widths() const { return {total(), neurons}; }
   };
   // Pairs seen since creation or the last ResetCounts (call from the stepping thread).
   Counts counts() const { return counts_; }

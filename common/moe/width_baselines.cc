@@ -5,12 +5,6 @@
 
 namespace tandem::moe {
 
-double WidthCounts::ByteShare(int top_k, int intermediate) const {
-  if (decisions == 0) return 0;
-  return static_cast<double>(neurons) /
-         (static_cast<double>(decisions) * top_k * static_cast<double>(intermediate));
-}
-
 UniformWidthPolicy::UniformWidthPolicy(int width, int intermediate)
     : width_(std::clamp(width, 1, intermediate)) {}
 
@@ -40,32 +34,16 @@ int AdaptiveKept(absl::Span<const float> weights, double mass) {
 void AdaptiveTopKPolicy::Widths(int, absl::Span<const int32_t>, absl::Span<float> weights,
                                 absl::Span<int> widths) const {
   const int kept = AdaptiveKept(weights, mass_);
-  double total = 0, running = 0;
-  for (size_t j = 0; j < weights.size(); ++j) {
-    total += weights[j];
-    if (static_cast<int>(j) < kept) running += weights[j];
-  }
   for (size_t j = 0; j < widths.size(); ++j) {
     widths[j] = static_cast<int>(j) < kept ? intermediate_ : 0;
   }
-  if (kept < static_cast<int>(weights.size())) {
-    if (kept == 1 && normalised_) {
-      for (float& w : weights) w = 0.0f;
-      weights[0] = 1.0f;
-    } else {
-      const float scale = running > 0 ? static_cast<float>(total / running) : 1.0f;
-      for (size_t j = 0; j < weights.size(); ++j) {
-        weights[j] = static_cast<int>(j) < kept ? weights[j] * scale : 0.0f;
-      }
-    }
-  }
+  KeepRoutedWeight(widths, weights, normalised_);
   ++counts_.decisions;
   counts_.neurons += static_cast<int64_t>(kept) * intermediate_;
 }
 
 void RoutingRecorder::Widths(int layer, absl::Span<const int32_t> experts,
                              absl::Span<float> weights, absl::Span<int> widths) const {
-  top_k_ = static_cast<int>(weights.size());
   weights_.insert(weights_.end(), weights.begin(), weights.end());
   if (inner_ != nullptr) {
     inner_->Widths(layer, experts, weights, widths);

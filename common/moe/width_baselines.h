@@ -13,16 +13,9 @@
 #include <vector>
 
 #include "common/engine/forward.h"
+#include "common/moe/tiers.h"
 
 namespace tandem::moe {
-
-// What a width policy ran: routed (token, layer) decisions and neurons summed over them.
-struct WidthCounts {
-  int64_t decisions = 0;
-  int64_t neurons = 0;
-  // neurons over decisions x top_k x intermediate: the share of full-width expert bytes.
-  double ByteShare(int top_k, int intermediate) const;
-};
 
 class UniformWidthPolicy : public engine::ExpertWidthPolicy {
  public:
@@ -70,13 +63,11 @@ class RoutingRecorder : public engine::ExpertWidthPolicy {
               absl::Span<int> widths) const override;
   // Every decision's top_k weights, back to back.
   const std::vector<float>& weights() const { return weights_; }
-  int top_k() const { return top_k_; }
   void Clear() { weights_.clear(); }
 
  private:
   const engine::ExpertWidthPolicy* const inner_;
   const int intermediate_;
-  mutable int top_k_ = 0;
   mutable std::vector<float> weights_;
 };
 

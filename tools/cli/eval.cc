@@ -235,9 +235,9 @@ int Eval() {
     // The tiered plan, its routing recorded for the adaptive baseline's mass.
     moe::RoutingRecorder recorder(tiers.get(), intermediate);
     const auto tier_counts = [&] {
-      const moe::TierWidthPolicy::Counts c = tiers->counts();
+      const moe::WidthCounts c = tiers->counts().widths();
       tiers->ResetCounts();
-      return moe::WidthCounts{c.total(), c.neurons};
+      return c;
     };
     moe::WidthCounts plan_counts;
     std::vector<float> routing;  // the scoring run's, not the generation's

@@ -101,9 +101,8 @@ absl::StatusOr<moe::TierScore> ScorePlan(const engine::LoadedModel& model,
   if (!result.ok()) return result.status();
   moe::TierScore score{1.0, result->accuracy, result->nll};
   if (policy != nullptr && policy->counts().total() > 0) {
-    score.byte_share = static_cast<double>(policy->counts().neurons) /
-                       (static_cast<double>(policy->counts().total()) *
-                        static_cast<double>(config.num_experts_per_tok * config.intermediate_size));
+    score.byte_share = policy->counts().widths().ByteShare(
+        static_cast<int>(config.num_experts_per_tok), static_cast<int>(config.intermediate_size));
   }
   return score;
 }
@@ -125,13 +124,8 @@ int SelectByBudget(const moe::CalibrationStats& stats, const tandem::v1::Pruning
     return Report(absl::InvalidArgumentError(
         "choosing tiers by a budget needs --text (calibration text to score candidates on)"));
   }
-  absl::StatusOr<bool> reordered = moe::IsReordered(model_dir);
-  if (!reordered.ok()) return Report(reordered.status());
-  if (!*reordered) {
-    return Report(absl::InvalidArgumentError(
-        "tiers need a checkpoint with its neurons in importance order (tandem reorder); " +
-        model_dir + " is not one"));
-  }
+  // Checked once here; the candidates' policies are made without reading the checkpoint again.
+  if (absl::Status s = moe::RequireReordered(model_dir); !s.ok()) return Report(s);
   absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
   if (!model.ok()) return Report(model.status());
   const model::ModelConfig& config = model->weights->config;
@@ -178,10 +172,7 @@ int SelectByBudget(const moe::CalibrationStats& stats, const tandem::v1::Pruning
       absl::FormatDuration(absl::Now() - start));
   if (absl::Status s = moe::SavePlan(selection->plan, out); !s.ok()) return Report(s);
   if (const std::string heldout = absl::GetFlag(FLAGS_heldout_text); !heldout.empty()) {
-    tandem::v1::PruningPlan untiered = base;
-    untiered.clear_tiers();
-    for (auto& layer : *untiered.mutable_layers()) layer.clear_pairs();
-    absl::StatusOr<moe::TierScore> full = ScorePlan(*model, untiered, heldout);
+    absl::StatusOr<moe::TierScore> full = ScorePlan(*model, moe::WithoutTiers(base), heldout);
     if (!full.ok()) return Report(full.status());
     absl::StatusOr<moe::TierScore> chosen = ScorePlan(*model, selection->plan, heldout);
     if (!chosen.ok()) return Report(chosen.status());
