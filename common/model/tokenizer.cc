@@ -261,7 +261,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
 // twice, with and without the pending ids, and emits the difference; the window starts at an
 // "anchor" id whose own text shields what follows from start-of-sequence handling.
 
-StreamingDetokenizer::StreamingDetokenizer(const Tokenizer* tokenizer) : tokenizer_(tokenizer) {}
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer* tokenizer) : tokenizer_(tokenizer) {
+  // "A" followed by an invalid byte: a per-byte decoder keeps the "A".
+  const int32_t a = tokenizer_->TokenToId("<0x41>");
+  const int32_t ff = tokenizer_->TokenToId("<0xFF>");
+  if (a >= 0 && ff >= 0 && tokenizer_->IsByte(a) && tokenizer_->IsByte(ff)) {
+    absl::StatusOr<std::string> text = tokenizer_->Decode({a, ff});
+    hold_byte_runs_ = text.ok() && !text->starts_with("A");
+  }
+}
 
 void StreamingDetokenizer::Reset() {
   ids_.clear();
@@ -285,6 +293,12 @@ absl::StatusOr<std::string> StreamingDetokenizer::Add(int32_t id) {
         "token id ", id, " is outside the vocabulary [0, ", tokenizer_->vocab_size(), ")"));
   }
   ids_.push_back(id);
+  if (hold_byte_runs_) {
+    // Special tokens decode to nothing, so a byte run continues past them.
+    size_t last = ids_.size();
+    while (last > 0 && tokenizer_->IsControl(ids_[last - 1])) --last;
+    if (last > 0 && tokenizer_->IsByte(ids_[last - 1])) return "";
+  }
   absl::StatusOr<std::string> emitted = tokenizer_->Decode(absl::MakeConstSpan(ids_).first(read_));
   if (!emitted.ok()) return emitted.status();
   absl::StatusOr<std::string> full = tokenizer_->Decode(ids_);

@@ -64,7 +64,8 @@ class Tokenizer {
 // until the character is complete, and a leading "▁" becomes a space exactly where Decode
 // would put one. The concatenation of all pieces (Add results, then Flush) equals
 // Decode(all ids). Text whose decoding ends in U+FFFD is held until the next id or Flush,
-// since more bytes may complete it. One instance per sequence; not thread-safe. The tokenizer
+// since more bytes may complete it (and, for tokenizer.json's ByteFallback decoder, a run of
+// byte pieces until it ends). One instance per sequence; not thread-safe. The tokenizer
 // must outlive it.
 class StreamingDetokenizer {
  public:
@@ -82,6 +83,10 @@ class StreamingDetokenizer {
   bool IsAnchor(int32_t id) const;
 
   const Tokenizer* tokenizer_;
+  // Whether a run of byte pieces decodes as a whole (Hugging Face's ByteFallback decoder
+  // turns every byte of a run into U+FFFD when any of it is not valid UTF-8, so a later byte
+  // can change the text of earlier ones): such runs are held until they end.
+  bool hold_byte_runs_ = false;
   // The ids from the stream start or the latest anchor on: the text of ids_[0, read_) has
   // been emitted, ids_[read_, end) are pending. Emitted text is recomputed as Decode(ids_[0,
   // read_)) so that the first piece's leading-space handling cancels out of each delta.
