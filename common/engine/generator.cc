@@ -24,11 +24,11 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir, const Loa
   LoadedModel loaded;
   ASSIGN_OR_RETURN(loaded.weights,
                    LoadModelWeights(model_dir, options.format, options.seed, options.only_experts));
-  ASSIGN_OR_RETURN(loaded.tokenizer, model::Tokenizer::Load(dir / "tokenizer.model"));
-  ASSIGN_OR_RETURN(loaded.add_bos, model::ReadAddBosToken(model_dir));
+  ASSIGN_OR_RETURN(loaded.tokenizer, model::Tokenizer::Load(model_dir));
+  loaded.add_bos = loaded.tokenizer->add_bos();
   if (loaded.tokenizer->vocab_size() > loaded.weights->config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        model_dir, "/tokenizer.model has ", loaded.tokenizer->vocab_size(),
+        model_dir, ": the tokenizer has ", loaded.tokenizer->vocab_size(),
         " pieces, more than the config's vocab_size ", loaded.weights->config.vocab_size));
   }
   return loaded;

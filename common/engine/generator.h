@@ -27,7 +27,7 @@ struct GenerationResult {
 };
 
 // A model directory loaded for the engine: config.json, model.safetensors (random weights for
-// LoadFormat::kDummy), tokenizer.model and tokenizer_config.json's add_bos_token.
+// LoadFormat::kDummy), the tokenizer (tokenizer.json or tokenizer.model) and whether it adds BOS.
 struct LoadedModel {
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<model::Tokenizer> tokenizer;
@@ -50,7 +50,8 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir,
 
 class Generator {
  public:
-  // Loads DIR (config.json, model.safetensors, tokenizer.model, tokenizer_config.json).
+  // Loads DIR (config.json, model.safetensors, tokenizer.json or tokenizer.model,
+  // tokenizer_config.json).
   // `prefill_chunk` bounds the tokens of one prefill step.
   static absl::StatusOr<std::unique_ptr<Generator>> Load(const std::string& model_dir,
                                                          int prefill_chunk = 256,

@@ -10,12 +10,14 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model/hf_tokenizer.h"
 #include "common/model/spm_backend.h"
-#include "nlohmann/json.hpp"
 
 namespace tandem::model {
 namespace {
@@ -106,18 +108,89 @@ absl::StatusOr<SpmBackendFactory> BackendFactory() {
   return factory;
 }
 
-}  // namespace
-
-Tokenizer::Tokenizer(std::unique_ptr<SpmBackend> backend) : backend_(std::move(backend)) {}
-
-Tokenizer::~Tokenizer() = default;
-
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", path));
+// A SentencePiece model. SentencePiece itself runs in libtandem_spm.so, loaded on first use
+// (see spm_backend.h for why).
+class SpmTokenizer final : public Tokenizer {
+ public:
+  SpmTokenizer(std::unique_ptr<SpmBackend> backend, const TokenizerConfig& config)
+      : backend_(std::move(backend)),
+        add_bos_(config.add_bos_token.value_or(true)),
+        add_eos_(config.add_eos_token.value_or(false)) {
+    const int32_t size = backend_->PieceSize();
+    pieces_.reserve(static_cast<size_t>(size));
+    for (int32_t id = 0; id < size; ++id) pieces_.emplace(IdToPiece(id), id);
   }
+
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
+    Collector out;
+    if (!backend_->Encode(text, &out)) {
+      return absl::InternalError(absl::StrCat("Encode: ", out.text()));
+    }
+    return std::move(out.ids());
+  }
+
+  absl::StatusOr<std::vector<int32_t>> EncodeWithSpecialTokens(
+      std::string_view text) const override {
+    absl::StatusOr<std::vector<int32_t>> ids = Encode(text);
+    if (!ids.ok()) return ids.status();
+    std::vector<int32_t> out;
+    if (add_bos_ && bos_id() >= 0) out.push_back(bos_id());
+    out.insert(out.end(), ids->begin(), ids->end());
+    if (add_eos_ && eos_id() >= 0) out.push_back(eos_id());
+    return out;
+  }
+
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override {
+    const int32_t size = vocab_size();
+    for (int32_t id : ids) {
+      if (id < 0 || id >= size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", size, ")"));
+      }
+    }
+    Collector out;
+    if (!backend_->Decode(ids.data(), ids.size(), &out)) {
+      return absl::InternalError(absl::StrCat("Decode: ", out.text()));
+    }
+    return std::move(out.text());
+  }
+
+  bool add_bos() const override { return add_bos_; }
+  int32_t vocab_size() const override { return backend_->PieceSize(); }
+  int32_t bos_id() const override { return backend_->BosId(); }
+  int32_t eos_id() const override { return backend_->EosId(); }
+  int32_t unk_id() const override { return backend_->UnkId(); }
+  int32_t pad_id() const override { return backend_->PadId(); }
+
+  std::string IdToPiece(int32_t id) const override {
+    if (id < 0 || id >= vocab_size()) return "";
+    Collector out;
+    backend_->IdToPiece(id, &out);
+    return std::move(out.text());
+  }
+
+  int32_t TokenToId(std::string_view piece) const override {
+    auto it = pieces_.find(std::string(piece));
+    return it == pieces_.end() ? -1 : it->second;
+  }
+
+  bool IsControl(int32_t id) const override {
+    return id >= 0 && id < vocab_size() && backend_->IsControl(id);
+  }
+
+  bool IsByte(int32_t id) const override {
+    return id >= 0 && id < vocab_size() && backend_->IsByte(id);
+  }
+
+ private:
+  std::unique_ptr<SpmBackend> backend_;  // in libtandem_spm.so, see spm_backend.h
+  bool add_bos_;
+  bool add_eos_;
+  absl::flat_hash_map<std::string, int32_t> pieces_;
+};
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& path,
+                                                             const TokenizerConfig& config) {
   absl::StatusOr<SpmBackendFactory> factory = BackendFactory();
   if (!factory.ok()) return factory.status();
   Collector error;
@@ -126,64 +199,58 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": not a SentencePiece model: ", error.text()));
   }
-  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(backend)));
+  return std::make_unique<SpmTokenizer>(std::move(backend), config);
 }
 
-absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
-  Collector out;
-  if (!backend_->Encode(text, &out))
-    return absl::InternalError(absl::StrCat("Encode: ", out.text()));
-  return std::move(out.ids());
+absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path.string(), ": read error"));
+  return std::move(text).str();
 }
 
-absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids) const {
-  const int32_t size = vocab_size();
-  for (int32_t id : ids) {
-    if (id < 0 || id >= size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", id, " is outside the vocabulary [0, ", size, ")"));
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", path));
+  }
+  std::filesystem::path file(path);
+  if (S_ISDIR(st.st_mode)) {
+    const std::filesystem::path dir(path);
+    if (std::filesystem::exists(dir / "tokenizer.json")) {
+      file = dir / "tokenizer.json";
+    } else if (std::filesystem::exists(dir / "tokenizer.model")) {
+      file = dir / "tokenizer.model";
+    } else {
+      return absl::NotFoundError(
+          absl::StrCat(path, ": neither tokenizer.json nor tokenizer.model is there"));
     }
   }
-  Collector out;
-  if (!backend_->Decode(ids.data(), ids.size(), &out)) {
-    return absl::InternalError(absl::StrCat("Decode: ", out.text()));
+  const std::filesystem::path config_path = file.parent_path() / "tokenizer_config.json";
+  std::string config_text;
+  if (std::filesystem::exists(config_path)) {
+    absl::StatusOr<std::string> text = ReadFile(config_path);
+    if (!text.ok()) return text.status();
+    config_text = std::move(*text);
   }
-  return std::move(out.text());
-}
-
-absl::StatusOr<bool> ReadAddBosToken(const std::string& model_dir) {
-  std::ifstream in(std::filesystem::path(model_dir) / "tokenizer_config.json");
-  if (!in) return true;
-  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return absl::InvalidArgumentError("tokenizer_config.json is not a JSON object");
+  absl::StatusOr<TokenizerConfig> config = ParseTokenizerConfig(config_text);
+  if (!config.ok()) return config.status();
+  if (file.extension() == ".json") {
+    absl::StatusOr<std::string> json = ReadFile(file);
+    if (!json.ok()) return json.status();
+    absl::StatusOr<std::unique_ptr<HfTokenizer>> hf = HfTokenizer::FromJson(*json, config_text);
+    if (!hf.ok()) {
+      return absl::Status(hf.status().code(),
+                          absl::StrCat(file.string(), ": ", hf.status().message()));
+    }
+    return std::unique_ptr<Tokenizer>(std::move(*hf));
   }
-  if (!doc.contains("add_bos_token")) return true;
-  if (!doc["add_bos_token"].is_boolean()) {
-    return absl::InvalidArgumentError("tokenizer_config.json: add_bos_token must be a boolean");
-  }
-  return doc["add_bos_token"].get<bool>();
-}
-
-int32_t Tokenizer::vocab_size() const { return backend_->PieceSize(); }
-int32_t Tokenizer::bos_id() const { return backend_->BosId(); }
-int32_t Tokenizer::eos_id() const { return backend_->EosId(); }
-int32_t Tokenizer::unk_id() const { return backend_->UnkId(); }
-int32_t Tokenizer::pad_id() const { return backend_->PadId(); }
-
-std::string Tokenizer::IdToPiece(int32_t id) const {
-  if (id < 0 || id >= vocab_size()) return "";
-  Collector out;
-  backend_->IdToPiece(id, &out);
-  return std::move(out.text());
-}
-
-bool Tokenizer::IsControl(int32_t id) const {
-  return id >= 0 && id < vocab_size() && backend_->IsControl(id);
-}
-
-bool Tokenizer::IsByte(int32_t id) const {
-  return id >= 0 && id < vocab_size() && backend_->IsByte(id);
+  return LoadSentencePiece(file.string(), *config);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -194,7 +261,15 @@ bool Tokenizer::IsByte(int32_t id) const {
 // twice, with and without the pending ids, and emits the difference; the window starts at an
 // "anchor" id whose own text shields what follows from start-of-sequence handling.
 
-StreamingDetokenizer::StreamingDetokenizer(const Tokenizer* tokenizer) : tokenizer_(tokenizer) {}
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer* tokenizer) : tokenizer_(tokenizer) {
+  // "A" followed by an invalid byte: a per-byte decoder keeps the "A".
+  const int32_t a = tokenizer_->TokenToId("<0x41>");
+  const int32_t ff = tokenizer_->TokenToId("<0xFF>");
+  if (a >= 0 && ff >= 0 && tokenizer_->IsByte(a) && tokenizer_->IsByte(ff)) {
+    absl::StatusOr<std::string> text = tokenizer_->Decode({a, ff});
+    hold_byte_runs_ = text.ok() && !text->starts_with("A");
+  }
+}
 
 void StreamingDetokenizer::Reset() {
   ids_.clear();
@@ -204,9 +279,12 @@ void StreamingDetokenizer::Reset() {
 bool StreamingDetokenizer::IsAnchor(int32_t id) const {
   // A visible, non-byte piece: after it SentencePiece no longer strips a leading space, and no
   // byte run can span it. (A lone "▁" decodes to nothing at a sequence start, so it is not.)
+  // A byte-level piece qualifies only when it holds whole characters: its text has no U+FFFD
+  // and does not start with a continuation byte, so no character spans it.
   if (tokenizer_->IsControl(id) || tokenizer_->IsByte(id)) return false;
   absl::StatusOr<std::string> text = tokenizer_->Decode({id});
-  return text.ok() && !text->empty();
+  return text.ok() && !text->empty() && text->find(kReplacementChar) == std::string::npos &&
+         (static_cast<unsigned char>((*text)[0]) & 0xC0) != 0x80;
 }
 
 absl::StatusOr<std::string> StreamingDetokenizer::Add(int32_t id) {
@@ -215,6 +293,12 @@ absl::StatusOr<std::string> StreamingDetokenizer::Add(int32_t id) {
         "token id ", id, " is outside the vocabulary [0, ", tokenizer_->vocab_size(), ")"));
   }
   ids_.push_back(id);
+  if (hold_byte_runs_) {
+    // Special tokens decode to nothing, so a byte run continues past them.
+    size_t last = ids_.size();
+    while (last > 0 && tokenizer_->IsControl(ids_[last - 1])) --last;
+    if (last > 0 && tokenizer_->IsByte(ids_[last - 1])) return "";
+  }
   absl::StatusOr<std::string> emitted = tokenizer_->Decode(absl::MakeConstSpan(ids_).first(read_));
   if (!emitted.ok()) return emitted.status();
   absl::StatusOr<std::string> full = tokenizer_->Decode(ids_);

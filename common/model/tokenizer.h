@@ -1,5 +1,6 @@
-// Text <-> token ids with a SentencePiece model (tokenizer.model in a Hugging Face model
-// directory), and incremental detokenization for streamed generation.
+// Text <-> token ids, behind one interface with two implementations: SentencePiece
+// (tokenizer.model, SpmTokenizer in tokenizer.cc) and Hugging Face tokenizer.json
+// (HfTokenizer, hf_tokenizer.h). Also incremental detokenization for streamed generation.
 #pragma once
 
 #include <cstdint>
@@ -14,52 +15,58 @@
 
 namespace tandem::model {
 
-class SpmBackend;
-
-// A loaded SentencePiece model. Immutable after Load, so thread-safe. SentencePiece itself
-// runs in libtandem_spm.so, loaded on first use (see spm_backend.h for why).
+// A loaded tokenizer. Immutable after loading, so thread-safe.
 class Tokenizer {
  public:
-  // NOT_FOUND when `path` does not exist; INVALID_ARGUMENT when it is not a SentencePiece model.
+  // `path` is a model directory (its tokenizer.json if present, else its tokenizer.model;
+  // NOT_FOUND naming both when neither exists) or a file (`*.json` is read as tokenizer.json,
+  // anything else as a SentencePiece model). tokenizer_config.json beside it, when present,
+  // supplies the special tokens and add_bos_token / add_eos_token. NOT_FOUND when `path` does
+  // not exist; INVALID_ARGUMENT when a file is malformed or uses an unsupported feature.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
 
-  ~Tokenizer();
+  virtual ~Tokenizer() = default;
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // Token ids of `text`, without BOS or EOS (callers add those).
-  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
-  // The text of `ids`. Control tokens (BOS, EOS) decode to nothing; byte pieces that do not
-  // form valid UTF-8 decode to U+FFFD. INVALID_ARGUMENT for an id outside [0, vocab_size).
-  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const;
+  // Token ids of `text`, without the BOS / EOS a post-processor adds (callers add those).
+  // Added tokens written in the text (e.g. "<|im_start|>") are matched as themselves.
+  virtual absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const = 0;
+  // Encode(text) framed as a single sequence with special tokens (BOS when add_bos(), ...).
+  virtual absl::StatusOr<std::vector<int32_t>> EncodeWithSpecialTokens(
+      std::string_view text) const = 0;
+  // The text of `ids`. Special / control tokens (BOS, EOS) decode to nothing; bytes that do
+  // not form valid UTF-8 decode to U+FFFD. INVALID_ARGUMENT for an id outside
+  // [0, vocab_size).
+  virtual absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const = 0;
 
-  int32_t vocab_size() const;
-  int32_t bos_id() const;  // -1 when the model has none
-  int32_t eos_id() const;  // -1 when the model has none
-  int32_t unk_id() const;
-  int32_t pad_id() const;  // -1 when the model has none
-  // The piece's surface form (with "▁" for a leading space), e.g. for debugging output.
-  std::string IdToPiece(int32_t id) const;
-  bool IsControl(int32_t id) const;  // BOS, EOS and other invisible tokens
-  bool IsByte(int32_t id) const;     // byte-fallback pieces such as <0xE6>
+  // Whether a single-sequence encode with special tokens starts with BOS.
+  virtual bool add_bos() const = 0;
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1 when the model has none
+  virtual int32_t eos_id() const = 0;  // -1 when the model has none
+  virtual int32_t unk_id() const = 0;  // -1 when the model has none
+  virtual int32_t pad_id() const = 0;  // -1 when the model has none
+  // The piece's surface form (e.g. with "▁" or "Ġ" for a leading space), for debugging
+  // output; empty for an id outside the vocabulary.
+  virtual std::string IdToPiece(int32_t id) const = 0;
+  // The id of the piece `piece` (as IdToPiece spells it); -1 when absent.
+  virtual int32_t TokenToId(std::string_view piece) const = 0;
+  virtual bool IsControl(int32_t id) const = 0;  // BOS, EOS and other special tokens
+  virtual bool IsByte(int32_t id) const = 0;     // byte-fallback pieces such as <0xE6>
 
- private:
-  explicit Tokenizer(std::unique_ptr<SpmBackend> backend);
-
-  std::unique_ptr<SpmBackend> backend_;  // in libtandem_spm.so, see spm_backend.h
+ protected:
+  Tokenizer() = default;
 };
 
-// tokenizer_config.json's add_bos_token in `model_dir` (true when the file or the key is
-// absent, as for Hugging Face's Llama tokenizer); INVALID_ARGUMENT when the file is malformed.
-absl::StatusOr<bool> ReadAddBosToken(const std::string& model_dir);
-
 // Turns a stream of generated ids into text pieces as soon as they are final. Each piece is
-// valid UTF-8: bytes of a character split across byte-fallback tokens are held until the
-// character is complete, and SentencePiece's word-leading "▁" becomes a space exactly where
-// Decode would put one. The concatenation of all pieces (Add results, then Flush) equals
-// Decode(all ids). Text whose decoding ends in U+FFFD is held until the next id or Flush, since
-// more bytes may complete it. One instance per sequence; not thread-safe. The tokenizer must
-// outlive it.
+// valid UTF-8: bytes of a character split across byte-fallback or byte-level tokens are held
+// until the character is complete, and a leading "▁" becomes a space exactly where Decode
+// would put one. The concatenation of all pieces (Add results, then Flush) equals
+// Decode(all ids). Text whose decoding ends in U+FFFD is held until the next id or Flush,
+// since more bytes may complete it (and, for tokenizer.json's ByteFallback decoder, a run of
+// byte pieces until it ends). One instance per sequence; not thread-safe. The tokenizer
+// must outlive it.
 class StreamingDetokenizer {
  public:
   explicit StreamingDetokenizer(const Tokenizer* tokenizer);
@@ -76,6 +83,10 @@ class StreamingDetokenizer {
   bool IsAnchor(int32_t id) const;
 
   const Tokenizer* tokenizer_;
+  // Whether a run of byte pieces decodes as a whole (Hugging Face's ByteFallback decoder
+  // turns every byte of a run into U+FFFD when any of it is not valid UTF-8, so a later byte
+  // can change the text of earlier ones): such runs are held until they end.
+  bool hold_byte_runs_ = false;
   // The ids from the stream start or the latest anchor on: the text of ids_[0, read_) has
   // been emitted, ids_[read_, end) are pending. Emitted text is recomputed as Decode(ids_[0,
   // read_)) so that the first piece's leading-space handling cancels out of each delta.

@@ -82,11 +82,9 @@ int main(int argc, char** argv) {
   if (!model_config.ok()) return Fail("--model: " + std::string(model_config.status().message()));
   config.model_config = *model_config;
   config.model_name = tandem::model::ModelNameFromDir(model_dir.string());
-  auto add_bos = tandem::model::ReadAddBosToken(model_dir.string());
-  if (!add_bos.ok()) return Fail("--model: " + std::string(add_bos.status().message()));
-  config.add_bos_token = *add_bos;
-  auto tokenizer = tandem::model::Tokenizer::Load((model_dir / "tokenizer.model").string());
+  auto tokenizer = tandem::model::Tokenizer::Load(model_dir.string());
   if (!tokenizer.ok()) return Fail("--model: " + std::string(tokenizer.status().message()));
+  config.add_bos_token = (*tokenizer)->add_bos();
   if (absl::Status s = tandem::gateway::ApplyGatewayFlags(&config); !s.ok()) {
     return Fail(std::string(s.message()));
   }

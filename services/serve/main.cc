@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
        .prefix_salt = 0,
        .cache_generated = decode_is_prefill});
   if (!scheduler.ok()) return fail("the scheduler", scheduler.status());
-  auto tokenizer = tandem::model::Tokenizer::Load(model_dir + "/tokenizer.model");
+  auto tokenizer = tandem::model::Tokenizer::Load(model_dir);
   if (!tokenizer.ok()) return fail("--model=" + model_dir, tokenizer.status());
 
   tandem::metrics::Registry registry(tandem::serving::ServiceLabels("serve", model_dir));

@@ -37,8 +37,7 @@ void CheckDecode(const Tokenizer& tok, const std::vector<int32_t>& ids) {
 
 const Tokenizer& Tiny() {
   static const Tokenizer* tok = [] {
-    absl::StatusOr<std::unique_ptr<Tokenizer>> loaded =
-        Tokenizer::Load(fuzz::TinyModelDir() + "/tokenizer.model");
+    absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = Tokenizer::Load(fuzz::TinyModelDir());
     FUZZ_CHECK(loaded.ok());
     return loaded->release();
   }();

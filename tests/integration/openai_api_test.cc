@@ -346,8 +346,7 @@ TEST_F(OpenAiApiTest, LoglikelihoodRequestEqualsTandemPerplexity) {
   const json perplexity = json::parse(in, nullptr, false);
   ASSERT_TRUE(perplexity.is_object()) << printed;
 
-  auto tokenizer =
-      model::Tokenizer::Load(testing::SourceDir() + "/models/tiny-moe/tokenizer.model");
+  auto tokenizer = model::Tokenizer::Load(testing::SourceDir() + "/models/tiny-moe");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   auto ids = (*tokenizer)->Encode(text);
   ASSERT_TRUE(ids.ok());

@@ -60,7 +60,7 @@ TEST(TinyMoeTest, EveryTensorMatchesTheConfigAndIsBf16) {
 TEST(TinyMoeTest, TokenizerMatchesConfigAndAddsBos) {
   auto config = LoadModelConfig(ModelDir() + "/config.json");
   ASSERT_TRUE(config.ok());
-  auto tokenizer = Tokenizer::Load(ModelDir() + "/tokenizer.model");
+  auto tokenizer = Tokenizer::Load(ModelDir());
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   EXPECT_EQ((*tokenizer)->vocab_size(), config->vocab_size);
   EXPECT_EQ((*tokenizer)->bos_id(), config->bos_token_id);

@@ -28,7 +28,7 @@ class SchedulerTest : public ::testing::Test {
     auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
-    auto tokenizer = model::Tokenizer::Load(dir + "/tokenizer.model");
+    auto tokenizer = model::Tokenizer::Load(dir);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = tokenizer->release();
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");

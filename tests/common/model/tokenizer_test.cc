@@ -54,24 +54,64 @@ void ExpectStreamMatchesDecode(const Tokenizer& tok, const std::vector<int32_t>&
   EXPECT_EQ(streamed, *whole) << "ids: " << id_list;
 }
 
-TEST(ReadAddBosTokenTest, DefaultsToTrueAndRejectsMalformedConfigs) {
+// add_bos() comes from tokenizer_config.json beside the model: add_bos_token, true when the
+// file or the key is absent (as for Hugging Face's Llama tokenizer).
+TEST(TokenizerTest, AddBosFollowsTheConfigAndRejectsMalformedConfigs) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("tandem_bos_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  EXPECT_TRUE(*ReadAddBosToken(dir.string()));  // no tokenizer_config.json
+  std::filesystem::copy_file(ModelPath(), dir / "tokenizer.model",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto add_bos = [&]() -> absl::StatusOr<bool> {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::Load(dir.string());
+    if (!tok.ok()) return tok.status();
+    return (*tok)->add_bos();
+  };
+  EXPECT_TRUE(*add_bos());  // no tokenizer_config.json
   auto write = [&](const std::string& text) {
     std::ofstream(dir / "tokenizer_config.json") << text;
   };
   write(R"({"add_bos_token": false})");
-  EXPECT_FALSE(*ReadAddBosToken(dir.string()));
+  EXPECT_FALSE(*add_bos());
   write(R"({"tokenizer_class": "LlamaTokenizer"})");
-  EXPECT_TRUE(*ReadAddBosToken(dir.string()));
+  EXPECT_TRUE(*add_bos());
   write(R"({"add_bos_token": "yes"})");
-  EXPECT_THAT(ReadAddBosToken(dir.string()).status().message(),
-              ::testing::HasSubstr("must be a boolean"));
+  EXPECT_THAT(add_bos().status().message(), ::testing::HasSubstr("must be a boolean"));
   write("not json");
-  EXPECT_EQ(ReadAddBosToken(dir.string()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(add_bos().status().code(), absl::StatusCode::kInvalidArgument);
   std::filesystem::remove_all(dir);
+}
+
+TEST(TokenizerTest, LoadsFromTheModelDirectory) {
+  const std::string file = ModelPath();
+  const std::string dir = std::filesystem::path(file).parent_path().string();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> by_dir = Tokenizer::Load(dir);
+  ASSERT_TRUE(by_dir.ok()) << by_dir.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> by_file = Tokenizer::Load(file);
+  ASSERT_TRUE(by_file.ok()) << by_file.status();
+  EXPECT_EQ((*by_dir)->vocab_size(), (*by_file)->vocab_size());
+  EXPECT_EQ(*(*by_dir)->Encode("Hello world"), *(*by_file)->Encode("Hello world"));
+  // TokenToId inverts IdToPiece.
+  for (int32_t id : {0, 1, 2, 100, (*by_dir)->vocab_size() - 1}) {
+    EXPECT_EQ((*by_dir)->TokenToId((*by_dir)->IdToPiece(id)), id);
+  }
+  EXPECT_EQ((*by_dir)->TokenToId("no such piece, surely"), -1);
+  // EncodeWithSpecialTokens frames with BOS when add_bos().
+  absl::StatusOr<std::vector<int32_t>> framed = (*by_dir)->EncodeWithSpecialTokens("Hello");
+  ASSERT_TRUE(framed.ok());
+  if ((*by_dir)->add_bos()) {
+    EXPECT_EQ(framed->front(), (*by_dir)->bos_id());
+  }
+
+  const std::filesystem::path empty =
+      std::filesystem::temp_directory_path() / ("tandem_empty_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(empty);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> none = Tokenizer::Load(empty.string());
+  std::filesystem::remove_all(empty);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("tokenizer.json"));
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("tokenizer.model"));
 }
 
 TEST(TokenizerTest, MissingFileIsNotFound) {
