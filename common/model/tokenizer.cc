@@ -118,15 +118,42 @@ class SpmTokenizer final : public Tokenizer {
         add_eos_(config.add_eos_token.value_or(false)) {
     const int32_t size = backend_->PieceSize();
     pieces_.reserve(static_cast<size_t>(size));
-    for (int32_t id = 0; id < size; ++id) pieces_.emplace(IdToPiece(id), id);
+    for (int32_t id = 0; id < size; ++id) {
+      pieces_.emplace(IdToPiece(id), id);
+      // Special tokens written in a text are read as themselves (Hugging Face's slow
+      // tokenizers keep them from being split): a chat template writes "<s>".
+      if (backend_->IsControl(id) || id == backend_->UnkId()) specials_.push_back(IdToPiece(id));
+    }
+    std::erase_if(specials_, [](const std::string& s) { return s.empty(); });
+    // Longest first, so that one special token that begins another does not cut it.
+    std::sort(specials_.begin(), specials_.end(),
+              [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   }
 
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text) const override {
-    Collector out;
-    if (!backend_->Encode(text, &out)) {
-      return absl::InternalError(absl::StrCat("Encode: ", out.text()));
+    std::vector<int32_t> ids;
+    size_t start = 0;
+    for (size_t at = 0; at < text.size();) {
+      const std::string* special = nullptr;
+      if (text[at] == '<') {
+        for (const std::string& s : specials_) {
+          if (text.substr(at).starts_with(s)) {
+            special = &s;
+            break;
+          }
+        }
+      }
+      if (special == nullptr) {
+        ++at;
+        continue;
+      }
+      if (absl::Status s = EncodePlain(text.substr(start, at - start), &ids); !s.ok()) return s;
+      ids.push_back(pieces_.at(*special));
+      at += special->size();
+      start = at;
     }
-    return std::move(out.ids());
+    if (absl::Status s = EncodePlain(text.substr(start), &ids); !s.ok()) return s;
+    return ids;
   }
 
   absl::StatusOr<std::vector<int32_t>> EncodeWithSpecialTokens(
@@ -183,10 +210,22 @@ class SpmTokenizer final : public Tokenizer {
   }
 
  private:
+  // SentencePiece's ids of text that holds no special token, appended to `ids`.
+  absl::Status EncodePlain(std::string_view text, std::vector<int32_t>* ids) const {
+    if (text.empty()) return absl::OkStatus();
+    Collector out;
+    if (!backend_->Encode(text, &out)) {
+      return absl::InternalError(absl::StrCat("Encode: ", out.text()));
+    }
+    ids->insert(ids->end(), out.ids().begin(), out.ids().end());
+    return absl::OkStatus();
+  }
+
   std::unique_ptr<SpmBackend> backend_;  // in libtandem_spm.so, see spm_backend.h
   bool add_bos_;
   bool add_eos_;
   absl::flat_hash_map<std::string, int32_t> pieces_;
+  std::vector<std::string> specials_;  // control and unknown pieces, longest first
 };
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& path,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -141,6 +142,23 @@ TEST(TokenizerTest, SpecialIds) {
   EXPECT_TRUE(tok.IsControl(tok.eos_id()));
   EXPECT_FALSE(tok.IsControl(-1));
   EXPECT_EQ(tok.IdToPiece(tok.vocab_size()), "");
+}
+
+// A chat template writes "<s>": special tokens in a text are read as themselves, and the text
+// around them is encoded as it would be alone.
+TEST(TokenizerTest, SpecialTokensInTheTextAreReadAsThemselves) {
+  LOAD_TOKENIZER(tok);
+  auto quote = tok.Encode("\"Where did you go?\" he asked.");
+  ASSERT_TRUE(quote.ok()) << quote.status();
+  auto with_bos = tok.Encode("<s>\"Where did you go?\" he asked.");
+  ASSERT_TRUE(with_bos.ok()) << with_bos.status();
+  std::vector<int32_t> expected = {tok.bos_id()};
+  expected.insert(expected.end(), quote->begin(), quote->end());
+  EXPECT_EQ(*with_bos, expected);
+  auto around = tok.Encode("a</s>b<s");
+  ASSERT_TRUE(around.ok());
+  EXPECT_EQ(std::count(around->begin(), around->end(), tok.eos_id()), 1);
+  EXPECT_EQ(std::count(around->begin(), around->end(), tok.bos_id()), 0);  // "<s" is text
 }
 
 TEST(TokenizerTest, AsciiRoundTrip) {
