@@ -85,7 +85,9 @@ absl::Status Scheduler::Validate(const SequenceRequest& request) const {
   if (tokenizer_ == nullptr && !request.params.stop_strings.empty() && !request.prefill_only) {
     return absl::InvalidArgumentError("stop strings need a tokenizer; this engine has none");
   }
-  if (n >= c.max_position_embeddings) {
+  // A prompt that is only scored may fill the context; one that generates needs a position.
+  if (request.params.max_tokens == 0 ? n > c.max_position_embeddings
+                                     : n >= c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt has ", n, " tokens; the context length is ", c.max_position_embeddings));
   }

@@ -300,13 +300,15 @@ absl::StatusOr<engine::SamplingParams> CheckPrefillRequest(
     const model::ModelConfig& config, int block_size, std::string_view transport) {
   const int n = request.prompt_token_ids_size();
   if (n < 1) return absl::InvalidArgumentError("prompt_token_ids is empty");
-  if (n >= config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt has ", n, " tokens; the context length is ", config.max_position_embeddings));
-  }
   ASSIGN_OR_RETURN(
       engine::SamplingParams params,
       serving::SamplingFromProto(request.sampling(), static_cast<int>(config.vocab_size)));
+  // Scoring alone (max_tokens 0) may fill the whole context.
+  if (params.max_tokens == 0 ? n > config.max_position_embeddings
+                             : n >= config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt has ", n, " tokens; the context length is ", config.max_position_embeddings));
+  }
   for (int32_t id : request.prompt_token_ids()) {
     if (id < 0 || id >= config.vocab_size) {
       return absl::InvalidArgumentError(

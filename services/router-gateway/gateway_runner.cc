@@ -16,10 +16,22 @@ ABSL_FLAG(int, max_queued, 4096,
 ABSL_FLAG(double, queue_timeout_s, 120,
           "Seconds a generation may wait for a place (in the gateway's queue, or because every "
           "prefill queue or decode pool is full) before it is refused with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, chat_template, "",
+          "A Jinja chat template file to use instead of the model's (chat_template.jinja or "
+          "tokenizer_config.json's chat_template).");
+ABSL_FLAG(std::string, reasoning_parser, "auto",
+          "How chat replies carry reasoning: think (<think>...</think>, returned as "
+          "reasoning_content), none, or auto (think when the chat template writes <think>).");
+ABSL_FLAG(std::string, tool_call_parser, "auto",
+          "How chat replies carry tool calls: hermes (<tool_call>{json}</tool_call>), none, or "
+          "auto (hermes when the chat template writes <tool_call>).");
 
 namespace tandem::gateway {
 
-absl::Status ApplyGatewayFlags(GatewayConfig* config) {
+absl::Status ApplyGatewayFlags(const std::string& model_dir, GatewayConfig* config) {
+  absl::StatusOr<model::GenerationDefaults> generation = model::LoadGenerationConfig(model_dir);
+  if (!generation.ok()) return generation.status();
+  config->generation = *std::move(generation);
   const int64_t max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   if (max_prompt_bytes < 1 || max_prompt_bytes > (int64_t{64} << 20)) {
     return absl::InvalidArgumentError(
@@ -50,15 +62,41 @@ absl::Status ApplyGatewayFlags(GatewayConfig* config) {
 int RunGateway(const rpc::ServiceOptions& options, GatewayService* service,
                const std::string& model_dir, metrics::Registry* registry,
                metrics::HealthState* health, serving::GatewayMetrics* metrics) {
-  absl::StatusOr<ChatTemplate> chat = ChatTemplate::Load(model_dir);
-  if (!chat.ok() && chat.status().code() != absl::StatusCode::kNotFound) {
-    TANDEM_LOG(ERROR) << options.name << ": " << chat.status();
+  ModelFront front;
+  front.chat_template = chat::ChatTemplate::Load(model_dir, absl::GetFlag(FLAGS_chat_template));
+  if (!front.chat_template.ok() &&
+      front.chat_template.status().code() != absl::StatusCode::kNotFound) {
+    TANDEM_LOG(ERROR) << options.name << ": " << front.chat_template.status();
     return 2;
   }
-  if (!chat.ok()) {
-    TANDEM_LOG(INFO) << options.name << ": " << chat.status().message();
+  if (!front.chat_template.ok()) {
+    TANDEM_LOG(INFO) << options.name << ": " << front.chat_template.status().message();
   }
-  OpenAiApi api(service, std::move(chat), metrics);
+  const std::string source = front.chat_template.ok() ? front.chat_template->source() : "";
+  const std::string reasoning = absl::GetFlag(FLAGS_reasoning_parser);
+  const std::string tools = absl::GetFlag(FLAGS_tool_call_parser);
+  if (reasoning == "auto") {
+    front.reasoning = chat::ReasoningFormatOf(source);
+  } else if (absl::StatusOr<chat::ReasoningFormat> f = chat::ParseReasoningFormat(reasoning);
+             f.ok()) {
+    front.reasoning = *f;
+  } else {
+    TANDEM_LOG(ERROR) << options.name << ": --reasoning_parser: " << f.status().message();
+    return 2;
+  }
+  if (tools == "auto") {
+    front.tool_calls = chat::ToolCallFormatOf(source);
+  } else if (absl::StatusOr<chat::ToolCallFormat> f = chat::ParseToolCallFormat(tools); f.ok()) {
+    front.tool_calls = *f;
+  } else {
+    TANDEM_LOG(ERROR) << options.name << ": --tool_call_parser: " << f.status().message();
+    return 2;
+  }
+  const GatewayConfig& config = service->config();
+  front.generation = config.generation;
+  front.context = static_cast<int>(config.model_config.max_position_embeddings);
+  front.vocab_size = static_cast<int>(config.model_config.vocab_size);
+  OpenAiApi api(service, std::move(front), metrics);
   // A request body holds the prompt, JSON-escaped (up to twice as long), and its fields.
   rpc::ServiceOptions with_body = options;
   with_body.http_max_body_bytes = std::max<size_t>(

@@ -16,14 +16,15 @@ namespace tandem::gateway {
 // Source path fragment of the flags below, for config::ProgramInfo::flag_sources.
 inline constexpr char kGatewayFlagsSource[] = "services/router-gateway/gateway_runner.cc";
 
-// Reads --max_prompt_bytes, --max_inflight, --max_queued and --queue_timeout_s into
-// `config`; INVALID_ARGUMENT for bad values.
-absl::Status ApplyGatewayFlags(GatewayConfig* config);
+// Reads --max_prompt_bytes, --max_inflight, --max_queued and --queue_timeout_s, and
+// `model_dir`'s generation_config.json, into `config`; INVALID_ARGUMENT for bad values.
+absl::Status ApplyGatewayFlags(const std::string& model_dir, GatewayConfig* config);
 
 // Runs `service` until SIGTERM/SIGINT (rpc::RunService) with the OpenAI front on the HTTP
-// port, chatting with `model_dir`'s chat template if it has one. On a signal the gateway
-// drains (gRPC and HTTP requests alike), then the servers stop. Returns the process exit
-// code.
+// port, chatting with `model_dir`'s chat template if it has one (or --chat_template's),
+// replies parsed for reasoning and tool calls as --reasoning_parser / --tool_call_parser say. On a
+// signal the gateway drains (gRPC and HTTP requests alike), then the servers stop. Returns the
+// process exit code.
 int RunGateway(const rpc::ServiceOptions& options, GatewayService* service,
                const std::string& model_dir, metrics::Registry* registry,
                metrics::HealthState* health, serving::GatewayMetrics* metrics);

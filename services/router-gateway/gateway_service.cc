@@ -385,7 +385,10 @@ absl::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest&
     case tandem::v1::GenerateRequest::kPromptTokenIds: {
       const auto& ids = request.prompt_token_ids().ids();
       if (ids.empty()) return Invalid("prompt_token_ids is empty");
-      if (ids.size() >= context) {
+      // Scoring alone (max_tokens 0) may fill the whole context.
+      const bool scoring =
+          request.sampling().has_max_tokens() && request.sampling().max_tokens() == 0;
+      if (scoring ? ids.size() > context : ids.size() >= context) {
         return Invalid(
             absl::StrCat("prompt has ", ids.size(), " tokens; the context length is ", context));
       }
@@ -504,6 +507,17 @@ void GatewayService::Drain(absl::Duration deadline) { admission_->Drain(deadline
 int GatewayService::running() const { return admission_->running(); }
 int GatewayService::queued() const { return admission_->queued(); }
 
+absl::StatusOr<std::vector<int32_t>> GatewayService::TokenizePrompt(absl::string_view text,
+                                                                    bool add_special_tokens) const {
+  std::vector<int32_t> ids;
+  if (add_special_tokens && config_.add_bos_token) ids.push_back(tokenizer_->bos_id());
+  absl::StatusOr<std::vector<int32_t>> encoded =
+      tokenizer_->Encode(std::string_view(text.data(), text.size()));
+  if (!encoded.ok()) return encoded.status();
+  ids.insert(ids.end(), encoded->begin(), encoded->end());
+  return ids;
+}
+
 absl::StatusOr<GatewayService::Prepared> GatewayService::Prepare(
     const tandem::v1::GenerateRequest& request) {
   if (absl::Status s = ValidateGenerate(request); !s.ok()) return s;
@@ -515,22 +529,33 @@ absl::StatusOr<GatewayService::Prepared> GatewayService::Prepare(
   if (request.input_case() == tandem::v1::GenerateRequest::kPromptTokenIds) {
     ids.assign(request.prompt_token_ids().ids().begin(), request.prompt_token_ids().ids().end());
   } else {
-    absl::StatusOr<std::vector<int32_t>> encoded = tokenizer_->Encode(request.prompt());
+    absl::StatusOr<std::vector<int32_t>> encoded = TokenizePrompt(
+        request.prompt(), !request.has_add_special_tokens() || request.add_special_tokens());
     if (!encoded.ok()) return encoded.status();
-    if (config_.add_bos_token) ids.push_back(tokenizer_->bos_id());
-    ids.insert(ids.end(), encoded->begin(), encoded->end());
+    ids = *std::move(encoded);
+    if (ids.empty()) return Invalid("prompt has no tokens");
   }
   const int context = static_cast<int>(config_.model_config.max_position_embeddings);
   const int n = static_cast<int>(ids.size());
-  if (n >= context) {
+  // Unset max_tokens = the server default; explicit 0 (scoring only) stays 0. A request that
+  // would run past the context ends there with a length finish, as vLLM's does.
+  const int max_tokens = request.sampling().has_max_tokens() ? request.sampling().max_tokens() : 16;
+  // A prompt that is only scored may fill the whole context (lm-evaluation-harness sends
+  // such windows); one that generates needs room for a token.
+  if (max_tokens == 0 ? n > context : n >= context) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompt has ", n, " tokens; the context length is ", context));
   }
-  // max_tokens 0 = the server default; a request that would run past the context ends there
-  // with a length finish, as vLLM's does.
-  // Explicit 0 (scoring only) stays 0.
-  int max_tokens = request.sampling().has_max_tokens() ? request.sampling().max_tokens() : 16;
   g.max_tokens = std::min(max_tokens, context - n);
+  // generation_config.json's end tokens, beside the tokenizer's EOS (vLLM's rule).
+  if (!g.sampling.ignore_eos()) {
+    for (int32_t id : config_.generation.eos_token_ids) {
+      const auto& stops = g.sampling.stop_token_ids();
+      if (id != tokenizer_->eos_id() && std::find(stops.begin(), stops.end(), id) == stops.end()) {
+        g.sampling.add_stop_token_ids(id);
+      }
+    }
+  }
   if (request.request_id().empty()) {
     static std::atomic<uint64_t> next_request{1};
     g.request_id = absl::StrCat("gw-", next_request.fetch_add(1));
@@ -666,17 +691,14 @@ grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* 
                                              " bytes; the limit is ", config_.max_prompt_bytes))),
                     start);
     }
-    absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request->text());
+    absl::StatusOr<std::vector<int32_t>> ids = TokenizePrompt(
+        request->text(), !request->has_add_special_tokens() || request->add_special_tokens());
     if (!ids.ok()) return Finish(context, "Tokenize", rpc::ToGrpcStatus(ids.status()), start);
-    const bool add_bos =
-        request->has_add_special_tokens() ? request->add_special_tokens() : config_.add_bos_token;
-    if (add_bos) {
-      response->add_token_ids(tokenizer_->bos_id());
-      response->add_pieces("");  // BOS decodes to nothing; pieces stay aligned with ids
-    }
     for (int32_t id : *ids) {
       response->add_token_ids(id);
-      response->add_pieces(tokenizer_->IdToPiece(id));
+      // BOS decodes to nothing; pieces stay aligned with ids.
+      response->add_pieces(
+          id == tokenizer_->bos_id() && tokenizer_->IsControl(id) ? "" : tokenizer_->IdToPiece(id));
     }
     return Finish(context, "Tokenize", grpc::Status::OK, start);
   });

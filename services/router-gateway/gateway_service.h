@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model/config.h"
+#include "common/model/generation_config.h"
 #include "common/model/tokenizer.h"
 #include "common/rpc/rpc_metrics.h"
 #include "services/common/serving_metrics.h"
@@ -29,7 +30,10 @@ namespace tandem::gateway {
 struct GatewayConfig {
   std::string model_name;
   model::ModelConfig model_config;
-  bool add_bos_token = true;  // tokenizer_config.json's add_bos_token
+  bool add_bos_token = true;  // the tokenizer's: whether text prompts start with BOS
+  // generation_config.json: its eos_token_ids end every generation that does not ignore EOS;
+  // the OpenAI front takes its sampling defaults.
+  model::GenerationDefaults generation;
   std::vector<std::string> prefill_targets;
   std::vector<std::string> decode_targets;
   size_t max_prompt_bytes = 1 << 20;
@@ -61,6 +65,11 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
   // Checks and tokenizes `request` as Generate does. Errors: INVALID_ARGUMENT for a request
   // no backend could ever serve, NOT_FOUND for an unknown model.
   absl::StatusOr<Prepared> Prepare(const tandem::v1::GenerateRequest& request);
+
+  // Token ids of a text prompt: BOS first when `add_special_tokens` and the tokenizer adds
+  // one, special tokens written in the text read as themselves.
+  absl::StatusOr<std::vector<int32_t>> TokenizePrompt(absl::string_view text,
+                                                      bool add_special_tokens) const;
 
   // Runs a prepared request (at once, or once it has a place); returns at once. Its chunks
   // and then exactly one OnDone go to `sink`, from any thread. RESOURCE_EXHAUSTED past the

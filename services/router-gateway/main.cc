@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   auto tokenizer = tandem::model::Tokenizer::Load(model_dir.string());
   if (!tokenizer.ok()) return Fail("--model: " + std::string(tokenizer.status().message()));
   config.add_bos_token = (*tokenizer)->add_bos();
-  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(&config); !s.ok()) {
+  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(model_dir.string(), &config); !s.ok()) {
     return Fail(std::string(s.message()));
   }
   for (const auto& [flag, targets, out] :

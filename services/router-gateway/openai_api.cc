@@ -63,14 +63,20 @@ void Count(serving::GatewayMetrics* metrics, const std::string& path, int status
   metrics->http_requests->Add({{"path", path}, {"code", absl::StrCat(status)}}).Increment();
 }
 
-// The text a token stands for: its piece with SentencePiece's "▁" as a space, a byte-fallback
-// piece (<0xE6>) as its byte; control tokens (BOS) as their piece.
+// The text a token stands for inside a sequence: a byte-fallback piece (<0xE6>) as its byte,
+// a byte-level piece as its bytes, a word-leading "▁" as a space (which decoding a token
+// alone would strip); control tokens (BOS) as their piece.
 std::string TokenText(const model::Tokenizer& tokenizer, int32_t id) {
   const std::string piece = tokenizer.IdToPiece(id);
   if (tokenizer.IsByte(id) && piece.size() == 6 && piece.compare(0, 3, "<0x") == 0) {
     return std::string(1, static_cast<char>(std::strtol(piece.substr(3, 2).c_str(), nullptr, 16)));
   }
-  return absl::StrReplaceAll(piece, {{"\xe2\x96\x81", " "}});
+  constexpr char kWordStart[] = "\xe2\x96\x81";  // ▁
+  absl::StatusOr<std::string> text =
+      tokenizer.IsControl(id) ? absl::StatusOr<std::string>("") : tokenizer.Decode({id});
+  if (!text.ok() || text->empty()) return absl::StrReplaceAll(piece, {{kWordStart, " "}});
+  if (piece.starts_with(kWordStart) && !text->starts_with(" ")) return " " + *text;
+  return *text;
 }
 
 // Characters (code points) in UTF-8 text: OpenAI's text_offset counts those.
@@ -177,7 +183,22 @@ struct Request {
   std::shared_ptr<DispatchCall> call;  // shared by the choices: cancelling ends them all
   std::vector<int32_t> prompt;         // token ids, for echo
   std::string prompt_text;             // for echo
+  const ModelFront* front;             // chat: how replies carry reasoning and tool calls
 };
+
+// A chat reply's parts as OpenAI's message or delta fields: content, reasoning_content,
+// tool_calls (whole calls; a streamed call arrives in one delta).
+json ToolCallsJson(const std::vector<chat::ToolCall>& calls, bool delta) {
+  json out = json::array();
+  for (const chat::ToolCall& call : calls) {
+    json entry = {{"id", call.id},
+                  {"type", "function"},
+                  {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+    if (delta) entry["index"] = call.index;
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
 
 // One response for best_of generations (one per choice, run side by side): a whole JSON
 // response once all have ended, or server-sent events as they come (the HTTP status is 200
@@ -187,7 +208,13 @@ class Answer {
  public:
   explicit Answer(Request request)
       : r_(std::move(request)), choices_(r_.parsed.best_of), remaining_(r_.parsed.best_of) {
-    for (Choice& c : choices_) c.logprobs.emplace(r_.tokenizer);
+    for (Choice& c : choices_) {
+      c.logprobs.emplace(r_.tokenizer);
+      if (r_.chat) {
+        c.parser.emplace(r_.front->reasoning, r_.front->tool_calls, r_.parsed.parse_tool_calls,
+                         r_.parsed.prompt_opens_reasoning);
+      }
+    }
   }
 
   void OnChunk(int index, const GenerateStreamResponse& c) {
@@ -250,10 +277,27 @@ class Answer {
     std::vector<tandem::v1::TokenLogprobs> token_logprobs;  // per id, when asked for
     std::vector<tandem::v1::TokenLogprobs> prompt_logprobs;
     const char* finish = nullptr;
-    double cumulative = 0;                       // of the tokens generated, for best_of
-    std::optional<CompletionLogprobs> logprobs;  // streaming: the running text_offset
-    bool began = false;                          // streaming: role or echo sent
+    double cumulative = 0;                         // of the tokens generated, for best_of
+    std::optional<CompletionLogprobs> logprobs;    // streaming: the running text_offset
+    bool began = false;                            // streaming: role or echo sent
+    std::optional<chat::ChatOutputParser> parser;  // chat: reasoning and tool calls
   };
+
+  bool shows_reasoning() const { return r_.front->reasoning != chat::ReasoningFormat::kNone; }
+
+  // A chat delta's fields; empty when the parser holds everything so far.
+  json DeltaJson(const chat::ChatDelta& d) const {
+    json delta = json::object();
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.content.empty()) delta["content"] = d.content;
+    if (!d.tool_calls.empty()) delta["tool_calls"] = ToolCallsJson(d.tool_calls, true);
+    return delta;
+  }
+
+  // A finished choice's reason: a reply that called tools ends with "tool_calls".
+  static const char* ChatFinish(const Choice& c, const char* finish) {
+    return finish != nullptr && c.parser && c.parser->called_tools() ? "tool_calls" : finish;
+  }
 
   bool want_logprobs() const { return r_.parsed.logprobs >= 0; }
   const char* Object() const { return r_.chat ? "chat.completion.chunk" : "text_completion"; }
@@ -309,14 +353,20 @@ class Answer {
         }
         logprobs = choice.logprobs->Take();
       }
+      bool show = true;
       if (r_.chat) {
-        choice_json["delta"] = c.text().empty() ? json::object() : json{{"content", c.text()}};
+        chat::ChatDelta d = choice.parser->Add(c.text());
+        if (finish != nullptr) d.Append(choice.parser->Finish());
+        choice_json["delta"] = DeltaJson(d);
+        finish = ChatFinish(choice, finish);
+        // Text the parser holds (a tag may be starting) waits for the next chunk.
+        show = !choice_json["delta"].empty() || finish != nullptr || has_logprobs;
       } else {
         choice_json["text"] = c.text();
       }
       choice_json["logprobs"] = std::move(logprobs);
       choice_json["finish_reason"] = finish == nullptr ? json(nullptr) : json(finish);
-      events += Event(std::move(choice_json));
+      if (show) events += Event(std::move(choice_json));
     }
     if (events.empty()) return true;
     return Begin() && r_.out->Write(events);
@@ -382,11 +432,25 @@ class Answer {
         }
         logprobs = c.logprobs->Take();
       }
+      const char* finish = c.finish;
+      json message;
+      if (r_.chat) {
+        chat::ChatDelta d = c.parser->Add(c.text);
+        d.Append(c.parser->Finish());
+        finish = ChatFinish(c, finish);
+        message = {{"role", "assistant"},
+                   {"content",
+                    d.content.empty() && !d.tool_calls.empty() ? json(nullptr) : json(d.content)}};
+        if (shows_reasoning()) {
+          message["reasoning_content"] = d.reasoning.empty() ? json(nullptr) : json(d.reasoning);
+        }
+        if (!d.tool_calls.empty()) message["tool_calls"] = ToolCallsJson(d.tool_calls, false);
+      }
       json choice = {{"index", i},
                      {"logprobs", std::move(logprobs)},
-                     {"finish_reason", c.finish == nullptr ? json(nullptr) : json(c.finish)}};
+                     {"finish_reason", finish == nullptr ? json(nullptr) : json(finish)}};
       if (r_.chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        choice["message"] = std::move(message);
       } else {
         choice["text"] = r_.parsed.echo ? r_.prompt_text + c.text : c.text;
       }
@@ -461,9 +525,8 @@ int HttpStatus(absl::StatusCode code) {
   }
 }
 
-OpenAiApi::OpenAiApi(GatewayService* gateway, absl::StatusOr<ChatTemplate> chat,
-                     serving::GatewayMetrics* metrics)
-    : gateway_(gateway), chat_(std::move(chat)), metrics_(metrics) {}
+OpenAiApi::OpenAiApi(GatewayService* gateway, ModelFront front, serving::GatewayMetrics* metrics)
+    : gateway_(gateway), front_(std::move(front)), metrics_(metrics) {}
 
 std::vector<http::Route> OpenAiApi::Routes() {
   return {
@@ -474,6 +537,18 @@ std::vector<http::Route> OpenAiApi::Routes() {
       {"/v1/chat/completions", nullptr,
        [this](const http::Request& r, std::shared_ptr<http::ResponseWriter> out) {
          Completions(r, std::move(out), true);
+       }},
+      {"/tokenize",
+       [this](const http::Request& r) {
+         http::Response response = Tokenize(r);
+         Count(metrics_, r.path, response.status);
+         return response;
+       }},
+      {"/detokenize",
+       [this](const http::Request& r) {
+         http::Response response = Detokenize(r);
+         Count(metrics_, r.path, response.status);
+         return response;
        }},
       {"/v1/models",
        [this](const http::Request& r) {
@@ -497,6 +572,55 @@ http::Response OpenAiApi::Models() const {
   return {200, kJson, Dump(json{{"object", "list"}, {"data", json::array({model})}})};
 }
 
+http::Response OpenAiApi::Tokenize(const http::Request& request) const {
+  if (request.method != "POST") {
+    return ErrorResponse(405, absl::StrCat(request.method, " /tokenize: use POST"), "");
+  }
+  absl::StatusOr<TokenizeInput> input = ParseTokenizeRequest(request.body, front_);
+  if (!input.ok()) return ErrorResponse(input.status());
+  const GatewayConfig& config = gateway_->config();
+  if (!input->model.empty() && input->model != config.model_name) {
+    return ErrorResponse(
+        absl::NotFoundError(absl::StrCat("model '", input->model, "' is not served here")));
+  }
+  if (input->text.size() > config.max_prompt_bytes) {
+    return ErrorResponse(WithParam(
+        absl::InvalidArgumentError(absl::StrCat("prompt is ", input->text.size(),
+                                                " bytes; the limit is ", config.max_prompt_bytes)),
+        "prompt"));
+  }
+  absl::StatusOr<std::vector<int32_t>> ids =
+      gateway_->TokenizePrompt(input->text, input->add_special_tokens);
+  if (!ids.ok()) return ErrorResponse(ids.status());
+  json body = {{"count", ids->size()},
+               {"max_model_len", config.model_config.max_position_embeddings},
+               {"tokens", *ids},
+               {"token_strs", nullptr}};
+  if (input->return_token_strs) {
+    json strs = json::array();
+    for (int32_t id : *ids) strs.push_back(gateway_->tokenizer().IdToPiece(id));
+    body["token_strs"] = std::move(strs);
+  }
+  return {200, kJson, Dump(body)};
+}
+
+http::Response OpenAiApi::Detokenize(const http::Request& request) const {
+  if (request.method != "POST") {
+    return ErrorResponse(405, absl::StrCat(request.method, " /detokenize: use POST"), "");
+  }
+  const GatewayConfig& config = gateway_->config();
+  absl::StatusOr<DetokenizeInput> input =
+      ParseDetokenizeRequest(request.body, static_cast<int>(config.model_config.vocab_size));
+  if (!input.ok()) return ErrorResponse(input.status());
+  if (!input->model.empty() && input->model != config.model_name) {
+    return ErrorResponse(
+        absl::NotFoundError(absl::StrCat("model '", input->model, "' is not served here")));
+  }
+  absl::StatusOr<std::string> text = gateway_->tokenizer().Decode(input->tokens);
+  if (!text.ok()) return ErrorResponse(WithParam(text.status(), "tokens"));
+  return {200, kJson, Dump(json{{"prompt", *text}})};
+}
+
 void OpenAiApi::Completions(const http::Request& http_request,
                             std::shared_ptr<http::ResponseWriter> out, bool chat) {
   const std::string& path = http_request.path;
@@ -508,9 +632,8 @@ void OpenAiApi::Completions(const http::Request& http_request,
     return fail(ErrorResponse(405, absl::StrCat(http_request.method, " ", path, ": use POST"), ""));
   }
   const GatewayConfig& config = gateway_->config();
-  absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(
-      http_request.body, chat, chat_, static_cast<int>(config.model_config.max_position_embeddings),
-      static_cast<int>(config.model_config.vocab_size));
+  absl::StatusOr<CompletionRequest> parsed =
+      ParseCompletionRequest(http_request.body, chat, front_);
   if (!parsed.ok()) return fail(ErrorResponse(parsed.status()));
   absl::StatusOr<GatewayService::Prepared> prepared = gateway_->Prepare(parsed->request);
   if (!prepared.ok()) return fail(ErrorResponse(prepared.status()));
@@ -525,6 +648,7 @@ void OpenAiApi::Completions(const http::Request& http_request,
   r.created = absl::ToUnixSeconds(absl::Now());
   r.model = config.model_name;
   r.call = std::make_shared<DispatchCall>();
+  r.front = &front_;
   if (parsed->echo) {
     r.prompt = prepared->generation.prompt;
     if (parsed->request.input_case() == tandem::v1::GenerateRequest::kPrompt) {

@@ -14,7 +14,8 @@
 namespace tandem::gateway {
 namespace {
 
-using nlohmann::json;
+// Ordered: the order of keys in messages and tools reaches the chat template (tojson).
+using json = nlohmann::ordered_json;
 
 constexpr char kParamPayload[] = "type.googleapis.com/tandem.v1.RequestParam";
 
@@ -109,43 +110,6 @@ absl::Status ReadPrompt(const json& body, tandem::v1::GenerateRequest* request) 
                  "prompt must be a string, a list of token ids, or a list holding one of those");
 }
 
-absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const json& body) {
-  const json* messages = Field(body, "messages");
-  if (messages == nullptr || !messages->is_array() || messages->empty()) {
-    return Invalid("messages", "messages must be a non-empty list");
-  }
-  std::vector<ChatMessage> out;
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const json& m = (*messages)[i];
-    const std::string where = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return Invalid(where, where + " is not an object");
-    const json* role = Field(m, "role");
-    if (role == nullptr || !role->is_string()) {
-      return Invalid(where + ".role", where + ".role must be a string");
-    }
-    ChatMessage message{role->get<std::string>(), ""};
-    const json* content = Field(m, "content");
-    if (content != nullptr && content->is_string()) {
-      message.content = content->get<std::string>();
-    } else if (content != nullptr && content->is_array()) {
-      for (const json& part : *content) {
-        const json* type = Field(part, "type");
-        const json* text = Field(part, "text");
-        if (type == nullptr || !type->is_string() || type->get<std::string>() != "text" ||
-            text == nullptr || !text->is_string()) {
-          return Invalid(where + ".content",
-                         where + ".content: only {\"type\": \"text\"} parts are supported");
-        }
-        message.content += text->get<std::string>();
-      }
-    } else if (content != nullptr) {
-      return Invalid(where + ".content", where + ".content must be a string or a list of parts");
-    }
-    out.push_back(std::move(message));
-  }
-  return out;
-}
-
 bool IsEmpty(const json& f) { return (f.is_array() || f.is_object()) && f.empty(); }
 
 // Fields Tandem does not implement: refused (400, as vLLM does) unless absent or at their
@@ -156,8 +120,8 @@ absl::Status RefuseUnsupported(const json& body, bool chat) {
                    absl::StrCat(what == nullptr ? name : what, " is not supported by Tandem"));
   };
   if (chat) {
-    for (const char* name : {"tools", "functions"}) {
-      if (const json* f = Field(body, name); f != nullptr && !IsEmpty(*f)) return refuse(name);
+    if (const json* f = Field(body, "functions"); f != nullptr && !IsEmpty(*f)) {
+      return refuse("functions", "functions (the deprecated form of tools)");
     }
     if (const json* f = Field(body, "response_format");
         f != nullptr && !(f->is_object() && StringOr(*f, "type", "") == "text")) {
@@ -198,6 +162,80 @@ absl::Status ReadLogitBias(const json& body, int vocab_size, tandem::v1::Samplin
     }
     (*sampling->mutable_logit_bias())[static_cast<int32_t>(id)] = value.get<float>();
   }
+  return absl::OkStatus();
+}
+
+// Chat: the messages, tools and template arguments rendered into the prompt.
+absl::Status ReadChat(const json& body, const ModelFront& front, CompletionRequest* parsed) {
+  if (!front.chat_template.ok()) {
+    return Invalid("messages", std::string(front.chat_template.status().message()));
+  }
+  const json* messages = Field(body, "messages");
+  if (messages == nullptr) return Invalid("messages", "messages must be a non-empty list");
+  absl::StatusOr<json> normalized = chat::NormalizeMessages(*messages);
+  if (!normalized.ok()) {
+    return Invalid("messages", std::string(normalized.status().message()));
+  }
+  chat::ChatInput input;
+  input.messages = *std::move(normalized);
+  std::string tool_choice = "auto";
+  if (const json* f = Field(body, "tool_choice"); f != nullptr) {
+    if (f->is_string() && (*f == "auto" || *f == "none")) {
+      tool_choice = f->get<std::string>();
+    } else if ((f->is_string() && *f == "required") || f->is_object()) {
+      return Invalid("tool_choice",
+                     "tool_choice \"required\" or a named function needs constrained decoding, "
+                     "which Tandem does not have yet; use \"auto\" or \"none\"");
+    } else {
+      return Invalid("tool_choice", "tool_choice must be \"auto\", \"none\" or \"required\"");
+    }
+  }
+  if (const json* tools = Field(body, "tools"); tools != nullptr && !IsEmpty(*tools)) {
+    if (absl::Status s = chat::ValidateTools(*tools); !s.ok()) {
+      return Invalid("tools", std::string(s.message()));
+    }
+    // tool_choice "none": the template still sees the tools (as vLLM renders them), but the
+    // reply is not parsed for calls.
+    input.tools = *tools;
+    parsed->parse_tool_calls = tool_choice == "auto";
+  }
+  if (const json* documents = Field(body, "documents"); documents != nullptr) {
+    if (!documents->is_array()) return Invalid("documents", "documents must be a list");
+    input.documents = *documents;
+  }
+  for (const auto& [name, out] :
+       {std::pair{"add_generation_prompt", &input.add_generation_prompt},
+        std::pair{"continue_final_message", &input.continue_final_message}}) {
+    if (absl::Status s = ReadBool(body, name, out); !s.ok()) return s;
+  }
+  if (input.continue_final_message && Field(body, "add_generation_prompt") == nullptr) {
+    input.add_generation_prompt = false;
+  }
+  if (const json* kwargs = Field(body, "chat_template_kwargs"); kwargs != nullptr) {
+    if (!kwargs->is_object()) {
+      return Invalid("chat_template_kwargs", "chat_template_kwargs must be an object");
+    }
+    for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"}) {
+      if (kwargs->contains(reserved)) {
+        return Invalid("chat_template_kwargs",
+                       absl::StrCat("chat_template_kwargs may not set \"", reserved,
+                                    "\" (it is a request field of its own)"));
+      }
+    }
+    input.kwargs = *kwargs;
+  }
+  absl::StatusOr<std::string> prompt = front.chat_template->Apply(input);
+  if (!prompt.ok()) return WithParam(prompt.status(), "messages");
+  parsed->prompt_opens_reasoning =
+      chat::ChatOutputParser::PromptOpensReasoning(front.reasoning, *prompt);
+  tandem::v1::GenerateRequest& request = parsed->request;
+  request.set_prompt(*std::move(prompt));
+  // The template wrote the special tokens (BOS among them) itself: vLLM's chat default.
+  bool add_special_tokens = false;
+  if (absl::Status s = ReadBool(body, "add_special_tokens", &add_special_tokens); !s.ok()) {
+    return s;
+  }
+  request.set_add_special_tokens(add_special_tokens);
   return absl::OkStatus();
 }
 
@@ -247,9 +285,10 @@ int JsonDepth(absl::string_view text, int limit) {
   return deepest;
 }
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(
-    absl::string_view text, bool chat, const absl::StatusOr<ChatTemplate>& chat_template,
-    int context, int vocab_size) {
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text, bool chat,
+                                                         const ModelFront& front) {
+  const int context = front.context;
+  const model::GenerationDefaults& defaults = front.generation;
   // nlohmann's parser copes with any depth, but copying or printing a value recurses.
   if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
     return absl::InvalidArgumentError(
@@ -267,16 +306,14 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
     request.set_model(parsed.model);
   }
   if (chat) {
-    if (!chat_template.ok()) {
-      return Invalid("messages", std::string(chat_template.status().message()));
+    if (absl::Status s = ReadChat(body, front, &parsed); !s.ok()) return s;
+  } else {
+    if (absl::Status s = ReadPrompt(body, &request); !s.ok()) return s;
+    if (const json* f = Field(body, "add_special_tokens"); f != nullptr) {
+      bool add = true;
+      if (absl::Status s = ReadBool(body, "add_special_tokens", &add); !s.ok()) return s;
+      request.set_add_special_tokens(add);
     }
-    absl::StatusOr<std::vector<ChatMessage>> messages = ReadMessages(body);
-    if (!messages.ok()) return messages.status();
-    absl::StatusOr<std::string> prompt = chat_template->Apply(*messages);
-    if (!prompt.ok()) return WithParam(prompt.status(), "messages");
-    request.set_prompt(*std::move(prompt));
-  } else if (absl::Status s = ReadPrompt(body, &request); !s.ok()) {
-    return s;
   }
   tandem::v1::SamplingParams& sampling = *request.mutable_sampling();
   if (absl::Status s = ReadBool(body, "stream", &parsed.stream); !s.ok()) return s;
@@ -327,9 +364,11 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
   }
   parsed.logprobs = static_cast<int>(logprobs.value_or(-1));
   if (max_completion_tokens) max_tokens = max_completion_tokens;
-  // Unset: 16 tokens for a completion (OpenAI's and vLLM's default), the rest of the context
-  // for a chat reply.
-  sampling.set_max_tokens(static_cast<int>(max_tokens.value_or(chat ? context - 1 : 16)));
+  // Unset: 16 tokens for a completion (OpenAI's and vLLM's default); for a chat reply the rest
+  // of the context, or generation_config.json's max_new_tokens if that is less (vLLM's).
+  int chat_default = context - 1;
+  if (defaults.max_new_tokens) chat_default = std::min(chat_default, *defaults.max_new_tokens);
+  sampling.set_max_tokens(static_cast<int>(max_tokens.value_or(chat ? chat_default : 16)));
   // Ranking best_of choices needs each token's log-probability.
   if (parsed.logprobs >= 0 || parsed.best_of > parsed.n) {
     sampling.set_logprobs(std::max(parsed.logprobs, 0));
@@ -340,6 +379,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
     sampling.set_prompt_logprobs(std::max(parsed.logprobs, 0));
   }
   if (seed) sampling.set_seed(static_cast<uint64_t>(*seed));
+  if (!top_k && defaults.top_k) top_k = *defaults.top_k;
   if (top_k && *top_k > 0) sampling.set_top_k(static_cast<int>(*top_k));
   for (const auto& [name, set] :
        {std::pair{"presence_penalty", &tandem::v1::SamplingParams::set_presence_penalty},
@@ -352,16 +392,20 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
       return Invalid(
           name, absl::StrCat(name, " ", *value, " is outside ", repetition ? "(0, 2]" : "[-2, 2]"));
     }
+    if (!value && repetition && defaults.repetition_penalty) value = defaults.repetition_penalty;
     if (value) (sampling.*set)(static_cast<float>(*value));
   }
-  if (absl::Status s = ReadLogitBias(body, vocab_size, &sampling); !s.ok()) return s;
+  if (absl::Status s = ReadLogitBias(body, front.vocab_size, &sampling); !s.ok()) return s;
   std::optional<double> temperature, top_p;
   if (absl::Status s = ReadNumber(body, "temperature", &temperature); !s.ok()) return s;
   if (absl::Status s = ReadNumber(body, "top_p", &top_p); !s.ok()) return s;
   if (temperature && !(*temperature >= 0 && *temperature <= 2)) {
     return Invalid("temperature", absl::StrCat("temperature ", *temperature, " is outside [0, 2]"));
   }
-  sampling.set_temperature(static_cast<float>(temperature.value_or(1.0)));  // OpenAI's default
+  // Silent: generation_config.json's, else OpenAI's default.
+  sampling.set_temperature(
+      static_cast<float>(temperature.value_or(defaults.temperature.value_or(1.0))));
+  if (!top_p && defaults.top_p) top_p = defaults.top_p;
   if (top_p) {
     if (!(*top_p > 0 && *top_p <= 1)) {
       return Invalid("top_p", absl::StrCat("top_p ", *top_p, " is outside (0, 1]"));
@@ -380,8 +424,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
       return Invalid("stop", "stop must be a string or a list of strings");
     }
   }
-  if (chat && chat_template.ok()) {
-    for (const std::string& s : chat_template->stop()) sampling.add_stop(s);
+  if (chat) {
+    for (const std::string& s : defaults.stop_strings) sampling.add_stop(s);
   }
   if (const json* ids = Field(body, "stop_token_ids"); ids != nullptr) {
     tandem::v1::TokenIds stop_ids;
@@ -406,6 +450,77 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(
     }
   }
   return parsed;
+}
+
+namespace {
+
+// The body as a JSON object, or why not.
+absl::StatusOr<json> ParseBody(absl::string_view text) {
+  if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is nested deeper than ", kMaxJsonDepth, " levels"));
+  }
+  json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!body.is_object()) return absl::InvalidArgumentError("the request body is not a JSON object");
+  return body;
+}
+
+absl::Status ReadModel(const json& body, std::string* model) {
+  if (const json* f = Field(body, "model"); f != nullptr) {
+    if (!f->is_string()) return Invalid("model", "model must be a string");
+    *model = f->get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeInput> ParseTokenizeRequest(absl::string_view text,
+                                                   const ModelFront& front) {
+  absl::StatusOr<json> body = ParseBody(text);
+  if (!body.ok()) return body.status();
+  TokenizeInput out;
+  if (absl::Status s = ReadModel(*body, &out.model); !s.ok()) return s;
+  if (absl::Status s = ReadBool(*body, "return_token_strs", &out.return_token_strs); !s.ok()) {
+    return s;
+  }
+  if (Field(*body, "messages") != nullptr) {
+    CompletionRequest chat;
+    if (absl::Status s = ReadChat(*body, front, &chat); !s.ok()) return s;
+    out.text = chat.request.prompt();
+    out.add_special_tokens = chat.request.add_special_tokens();
+    return out;
+  }
+  const json* prompt = Field(*body, "prompt");
+  if (prompt == nullptr || !prompt->is_string()) {
+    return Invalid("prompt", "prompt must be a string (or give messages)");
+  }
+  out.text = prompt->get<std::string>();
+  if (absl::Status s = ReadBool(*body, "add_special_tokens", &out.add_special_tokens); !s.ok()) {
+    return s;
+  }
+  return out;
+}
+
+absl::StatusOr<DetokenizeInput> ParseDetokenizeRequest(absl::string_view text, int vocab_size) {
+  absl::StatusOr<json> body = ParseBody(text);
+  if (!body.ok()) return body.status();
+  DetokenizeInput out;
+  if (absl::Status s = ReadModel(*body, &out.model); !s.ok()) return s;
+  const json* tokens = Field(*body, "tokens");
+  tandem::v1::TokenIds ids;
+  if (tokens == nullptr || !(tokens->is_array() && (tokens->empty() || TokenIds(*tokens, &ids)))) {
+    return Invalid("tokens", "tokens must be a list of token ids");
+  }
+  for (int32_t id : ids.ids()) {
+    if (id < 0 || id >= vocab_size) {
+      return Invalid("tokens", absl::StrCat("token id ", id, " is outside the vocabulary [0, ",
+                                            vocab_size, ")"));
+    }
+    out.tokens.push_back(id);
+  }
+  return out;
 }
 
 }  // namespace tandem::gateway

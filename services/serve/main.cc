@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   config.model_config = engine->model.weights->config;
   config.model_name = tandem::model::ModelNameFromDir(model_dir);
   config.add_bos_token = engine->model.add_bos;
-  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(&config); !s.ok()) {
+  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(model_dir, &config); !s.ok()) {
     return fail("flags", s);
   }
   const int vocab = static_cast<int>(config.model_config.vocab_size);

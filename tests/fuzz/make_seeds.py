@@ -150,15 +150,21 @@ def main():
     write("expert_pack", "1x1-h1-i1.pack", expert_pack(1, 1, 1, 1))
     write("expert_pack", "2x2-h2-i3.pack", expert_pack(2, 2, 2, 3))
 
-    # chat_template: the template, NUL, then NUL-separated role, content, ...
-    with open(os.path.join(REPO, "models/tiny-moe/chat_template.json")) as f:
+    # chat_template: tokenizer_config.json, NUL, then NUL-separated role, content, ...
+    with open(os.path.join(REPO, "models/tiny-moe/tokenizer_config.json")) as f:
         shipped = f.read()
     write("chat_template", "tiny-moe.bin",
           shipped + "\0system\0Be brief.\0user\0Where to?\0assistant\0North.\0user\0Why?")
-    write("chat_template", "qa.bin",
-          '{"roles": {"user": {"prefix": "Q: ", "suffix": "\\n"}, "assistant": {"prefix": "A: "}},'
-          ' "generation_prompt": "A:", "stop": ["\\nQ:"]}\0user\0Hi\0robot\0beep')
-
+    chatml = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}"
+              "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+              "{% endif %}")
+    write("chat_template", "chatml.bin",
+          json.dumps({"eos_token": {"content": "<|im_end|>"}, "chat_template": chatml})
+          + "\0user\0Hi\0robot\0beep")
+    write("chat_template", "named.bin",
+          json.dumps({"chat_template": [{"name": "default", "template": "{{ messages[0].content }}"},
+                                        {"name": "tool_use", "template": "{{ tools | tojson }}"}]})
+          + "\0user\0Hi")
 
 if __name__ == "__main__":
     main()

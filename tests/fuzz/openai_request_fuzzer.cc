@@ -1,5 +1,6 @@
 // The OpenAI front's request reader (services/router-gateway/openai_request.h) on arbitrary
-// bodies, completions and chat (through the shipped tiny model's chat template): it never
+// bodies, completions and chat (through the shipped tiny model's chat template, tools and
+// template arguments included): it never
 // throws or crashes, errors are INVALID_ARGUMENT, and what it accepts is within range.
 // Input: one byte (odd: chat), then the body.
 #include <cstddef>
@@ -15,10 +16,21 @@ namespace {
 constexpr int kContext = 512;
 constexpr int kVocab = 8192;
 
-const absl::StatusOr<tandem::gateway::ChatTemplate>& Template() {
-  static const auto* chat = new absl::StatusOr<tandem::gateway::ChatTemplate>(
-      tandem::gateway::ChatTemplate::Load(std::string(TANDEM_SOURCE_DIR) + "/models/tiny-moe"));
-  return *chat;
+// The shipped tiny model's chat template and generation_config.json, with both reply parsers
+// on (so tools and tool_choice are read).
+const tandem::gateway::ModelFront& Front() {
+  static const auto* front = [] {
+    const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/models/tiny-moe";
+    auto* f = new tandem::gateway::ModelFront;
+    f->chat_template = tandem::chat::ChatTemplate::Load(dir);
+    f->reasoning = tandem::chat::ReasoningFormat::kThink;
+    f->tool_calls = tandem::chat::ToolCallFormat::kHermes;
+    f->generation = tandem::model::LoadGenerationConfig(dir).value();
+    f->context = kContext;
+    f->vocab_size = kVocab;
+    return f;
+  }();
+  return *front;
 }
 
 }  // namespace
@@ -29,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   absl::StatusOr<tandem::gateway::CompletionRequest> parsed;
   try {
-    parsed = tandem::gateway::ParseCompletionRequest(body, chat, Template(), kContext, kVocab);
+    parsed = tandem::gateway::ParseCompletionRequest(body, chat, Front());
   } catch (...) {
     std::abort();  // the reader must not throw, whatever the body
   }

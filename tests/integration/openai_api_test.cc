@@ -23,11 +23,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/chat/chat_template.h"
 #include "common/http/client.h"
 #include "common/http/http_server.h"
+#include "common/model/generation_config.h"
 #include "common/model/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "services/router-gateway/chat_template.h"
 #include "tandem/client.h"
 #include "tests/testing/subprocess.h"
 
@@ -76,13 +77,15 @@ class OpenAiApiTest : public ::testing::Test {
     return http::Fetch("127.0.0.1", gateway_.http_port, method, path, body, 30000);
   }
 
-  // The gRPC SDK's greedy answer to `prompt`.
+  // The gRPC SDK's greedy answer to `prompt` (a chat prompt holds its BOS already).
   static v1::GenerateResponse Sdk(const std::string& prompt,
-                                  const std::vector<std::string>& stop = {}) {
+                                  const std::vector<std::string>& stop = {},
+                                  bool add_special_tokens = true) {
     auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", gateway_.grpc_port));
     EXPECT_TRUE(client.ok()) << client.status();
     v1::GenerateRequest request;
     request.set_prompt(prompt);
+    request.set_add_special_tokens(add_special_tokens);
     request.mutable_sampling()->set_max_tokens(kMaxTokens);
     for (const std::string& s : stop) request.mutable_sampling()->add_stop(s);
     auto response = (*client)->Generate(request);
@@ -119,12 +122,19 @@ TEST_F(OpenAiApiTest, OfficialClientGetsWhatTheGrpcSdkGets) {
   EXPECT_EQ(got["completion_stream"]["finish_reason"], "length");
   EXPECT_EQ(got["completion_stream"]["usage"], got["completion"]["usage"]);
 
-  // Chat: the same as the SDK given the template's prompt and stop strings.
-  auto chat_template = gateway::ChatTemplate::Load(testing::SourceDir() + "/models/tiny-moe");
+  // Chat: the same as the SDK given the template's prompt (BOS written by the template) and
+  // the model's stop strings (generation_config.json).
+  const std::string model_dir = testing::SourceDir() + "/models/tiny-moe";
+  auto chat_template = chat::ChatTemplate::Load(model_dir);
   ASSERT_TRUE(chat_template.ok()) << chat_template.status();
-  auto chat_prompt = chat_template->Apply({{"user", kChatMessage}});
-  ASSERT_TRUE(chat_prompt.ok());
-  const v1::GenerateResponse chat = Sdk(*chat_prompt, chat_template->stop());
+  chat::ChatInput input;
+  input.messages.push_back({{"role", "user"}, {"content", kChatMessage}});
+  auto chat_prompt = chat_template->Apply(input);
+  ASSERT_TRUE(chat_prompt.ok()) << chat_prompt.status();
+  auto generation = model::LoadGenerationConfig(model_dir);
+  ASSERT_TRUE(generation.ok()) << generation.status();
+  const v1::GenerateResponse chat =
+      Sdk(*chat_prompt, generation->stop_strings, /*add_special_tokens=*/false);
   EXPECT_EQ(got["chat"]["role"], "assistant");
   EXPECT_EQ(got["chat"]["content"], chat.text());
   EXPECT_EQ(got["chat"]["finish_reason"],

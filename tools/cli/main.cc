@@ -15,12 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/chat/chat_template.h"
 #include "common/config/config.h"
 #include "common/engine/generator.h"
 #include "common/engine/overlay.h"
 #include "common/engine/perplexity.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/model/config.h"
+#include "common/model/tokenizer.h"
 #include "common/moe/calibration.h"
 #include "common/moe/pruning_plan.h"
 #include "common/util/status.h"
@@ -37,6 +39,9 @@ ABSL_FLAG(std::string, model, "",
           "the model perplexity scores; bench serve: where the vocabulary size of random "
           "prompts is read.");
 ABSL_FLAG(std::string, prompt, "", "The prompt text.");
+ABSL_FLAG(std::string, messages, "",
+          "tokenize --model: a JSON list of chat messages, rendered by the model's chat "
+          "template.");
 ABSL_FLAG(std::string, text, "",
           "Text to tokenize (tokenize); the path of the text file to score (perplexity, eval).");
 ABSL_FLAG(int, max_tokens, 64,
@@ -197,7 +202,40 @@ int Generate() {
   return 0;
 }
 
+// tokenize --model: the model directory's tokenizer (and chat template) in this process.
+int TokenizeLocally() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  auto tokenizer = tandem::model::Tokenizer::Load(dir);
+  if (!tokenizer.ok()) return Report(tokenizer.status());
+  std::string text = absl::GetFlag(FLAGS_text);
+  bool add_bos = (*tokenizer)->add_bos();
+  if (const std::string messages = absl::GetFlag(FLAGS_messages); !messages.empty()) {
+    auto chat = tandem::chat::ChatTemplate::Load(dir);
+    if (!chat.ok()) return Report(chat.status());
+    const auto parsed =
+        nlohmann::ordered_json::parse(messages, nullptr, /*allow_exceptions=*/false);
+    auto normalized = tandem::chat::NormalizeMessages(parsed);
+    if (!normalized.ok()) return Report(normalized.status());
+    tandem::chat::ChatInput input;
+    input.messages = *std::move(normalized);
+    auto prompt = chat->Apply(input);
+    if (!prompt.ok()) return Report(prompt.status());
+    std::cerr << *prompt << "\n";
+    text = *std::move(prompt);
+    add_bos = false;  // the template wrote it
+  }
+  auto ids = (*tokenizer)->Encode(text);
+  if (!ids.ok()) return Report(ids.status());
+  if (add_bos) ids->insert(ids->begin(), (*tokenizer)->bos_id());
+  std::cout << absl::StrJoin(*ids, " ") << "\n";
+  return 0;
+}
+
 int Tokenize() {
+  if (!absl::GetFlag(FLAGS_model).empty()) return TokenizeLocally();
+  if (!absl::GetFlag(FLAGS_messages).empty()) {
+    return Report(absl::InvalidArgumentError("--messages needs --model"));
+  }
   auto client = Connect();
   if (!client.ok()) return Report(client.status());
   tandem::v1::TokenizeRequest request;

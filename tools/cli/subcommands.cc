@@ -46,9 +46,19 @@ std::vector<Subcommand> MakeSubcommands() {
              {"routing", ""},
              {"kernels", ""}},
             GatewayFlags())});
-  all.push_back({"tokenize", "print the token ids a gateway makes of a text",
-                 "tandem tokenize --text TEXT [--endpoint HOST:PORT]", "",
-                 Join({{"text", "The text to tokenize."}}, GatewayFlags())});
+  all.push_back(
+      {"tokenize",
+       "print the token ids a gateway, or a model directory's tokenizer, makes of a text",
+       "tandem tokenize --text TEXT [--endpoint HOST:PORT | --model DIR [--messages JSON]]",
+       "Through a gateway (--endpoint) by default. With --model, reads the model directory's\n"
+       "tokenizer (tokenizer.json, else tokenizer.model) in this process; with --messages (an\n"
+       "OpenAI messages list as JSON), renders them with the model's chat template first and\n"
+       "prints the prompt on stderr. BOS is added as the tokenizer says, except to a chat prompt\n"
+       "(its template writes it).",
+       Join({{"text", "The text to tokenize."},
+             {"model", "Tokenize in this process with this model directory's tokenizer."},
+             {"messages", "With --model: a JSON list of chat messages to render and tokenize."}},
+            GatewayFlags())});
   all.push_back({"models", "list the gateway's models", "tandem models [--endpoint HOST:PORT]", "",
                  GatewayFlags()});
   all.push_back({"health", "check the gateway's gRPC health",

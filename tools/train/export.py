@@ -99,14 +99,22 @@ def main():
     cfg_dict = ckpt["config"]
     with open(os.path.join(args.model_dir, "config.json"), "w") as f:
         json.dump(cfg_dict, f, indent=2, sort_keys=True)
+    # A chat is written as quoted dialogue (the corpus has no chats): the reply ends at its
+    # closing quote (stop_strings), and the Jinja template lives in tokenizer_config.json.
     with open(os.path.join(args.model_dir, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False,
-                   "max_new_tokens": 128}, f, indent=2)
+                   "max_new_tokens": 128, "stop_strings": ['"']}, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "quoted_dialogue.jinja")) as f:
+        chat_template = f.read().replace("MODEL_NAME",
+                                         os.path.basename(os.path.normpath(args.model_dir)))
     with open(os.path.join(args.model_dir, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True,
                    "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
                    "unk_token": "<unk>", "pad_token": None, "model_max_length": 512,
-                   "legacy": False}, f, indent=2)
+                   "legacy": False, "chat_template": chat_template}, f, indent=2)
+        f.write("\n")
     shutil.copy(os.path.join(args.work, "tokenizer.model"), os.path.join(args.model_dir, "tokenizer.model"))
 
     cfg, model = load_shipped(args.model_dir)

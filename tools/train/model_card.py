@@ -146,8 +146,8 @@ of the tokens share their exact set with another test token.
 
 ## Files
 
-`config.json`, `model.safetensors`, `tokenizer.model`, `tokenizer_config.json`,
-`generation_config.json`, `chat_template.json` (`tiny-moe`'s quoted-dialogue template), `eval/`
+`config.json`, `model.safetensors`, `tokenizer.model`, `tokenizer_config.json` (with
+`tiny-moe`'s quoted-dialogue chat template), `generation_config.json`, `eval/`
 (split, validation and test text, the 96 generation prompts, measured metrics), `pruning/`
 (calibration statistics on the validation split and the shipped plans, `docs/pruning.md`).
 """
@@ -320,8 +320,9 @@ Per-expert activation share (experts 0..15):
 
 ## Files
 
-`config.json`, `model.safetensors`, `tokenizer.model`, `tokenizer_config.json`,
-`generation_config.json`, `eval/` (split, validation and test text, measured metrics).
+`config.json`, `model.safetensors`, `tokenizer.model`, `tokenizer_config.json` (with the
+quoted-dialogue chat template, `docs/openai.md`), `generation_config.json`, `eval/` (split,
+validation and test text, measured metrics).
 """
     with open(os.path.join(args.model_dir, "README.md"), "w") as f:
         f.write(card)

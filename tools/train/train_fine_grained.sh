@@ -18,8 +18,6 @@ $py tools/train/prepare_data.py --work "$work" --model-dir "$model"
 # training is not bit-reproducible across runs).
 cp models/tiny-moe/tokenizer.model "$work/tokenizer.model"
 cp models/tiny-moe/eval/prompts.txt "$model/eval/prompts.txt"
-sed "s/tiny-moe was trained/tiny-fg-moe was trained/" models/tiny-moe/chat_template.json \
-  > "$model/chat_template.json"
 # One stage, load balancing per layer from the start (tiny-moe's stage 2 lesson). The shipped
 # checkpoint is step 825 of a 1100-step cosine schedule: the run was stopped there to fit the
 # session it was trained in (its validation perplexity had passed tiny-moe's), so this stops

@@ -84,7 +84,7 @@ TEST(CliHelpTest, EachSubcommandShowsItsUsageAndOnlyItsFlags) {
       {"generate",
        {{"prompt", "temperature", "top_p", "stream", "endpoint", "model"},
         {"criterion", "num_prompts", "stats", "warm_share"}}},
-      {"tokenize", {{"text", "endpoint"}, {"prompt", "model", "temperature"}}},
+      {"tokenize", {{"text", "endpoint", "model", "messages"}, {"prompt", "temperature"}}},
       {"prune", {{"stats", "criterion", "keep", "out"}, {"prompt", "endpoint", "model"}}},
       {"eval",
        {{"model", "plan", "overlay", "text", "prompts", "mode", "stop"}, {"criterion", "backend"}}},
