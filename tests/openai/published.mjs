@@ -1,9 +1,12 @@
 // Drives a Tandem server that serves a checkpoint as published (Qwen3's tokenizer.json and
-// Jinja chat template) through the official `openai` npm package, and computes what a reference
-// implementation of tokenizer.json and chat templates (@lenml/tokenizers, a transformers.js
-// fork) makes of the same conversations. Prints one JSON object for
+// Jinja chat template) through the official `openai` npm package, and computes what the
+// references make of the same conversations: Python's jinja2 configured as transformers
+// configures it (tests/common/chat/render_reference.py) renders them, and a reference
+// implementation of tokenizer.json (@lenml/tokenizers, a transformers.js fork; its own Jinja
+// cannot parse Qwen3's template) encodes the result. Prints one JSON object for
 // tests/integration/published_model_test.cc to compare.
 //   node tests/openai/published.mjs BASE_URL TOKENIZER_DIR
+import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -13,10 +16,35 @@ const [baseURL, tokenizerDir] = process.argv.slice(2);
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const { TokenizerLoader } = await import(
   join(repo, "tests/tokenizers/node_modules/@lenml/tokenizers/dist/main.mjs"));
+const tokenizerConfig = JSON.parse(readFileSync(join(tokenizerDir, "tokenizer_config.json"), "utf8"));
 const reference = TokenizerLoader.fromPreTrained({
   tokenizerJSON: JSON.parse(readFileSync(join(tokenizerDir, "tokenizer.json"), "utf8")),
-  tokenizerConfig: JSON.parse(readFileSync(join(tokenizerDir, "tokenizer_config.json"), "utf8")),
+  tokenizerConfig: { ...tokenizerConfig, chat_template: undefined },
 });
+// transformers' apply_chat_template: the special tokens, then the conversation's variables;
+// assistant tool calls' arguments as objects, as vLLM passes them.
+const render = (c) => {
+  const context = {};
+  for (const key of ["bos_token", "eos_token", "unk_token", "pad_token"]) {
+    const token = tokenizerConfig[key];
+    const text = typeof token === "string" ? token : token?.content;
+    if (typeof text === "string") context[key] = text;
+  }
+  Object.assign(context, {
+    messages: c.messages.map((m) => !m.tool_calls ? m : {
+      ...m,
+      tool_calls: m.tool_calls.map((t) => ({ ...t, function: { ...t.function,
+        arguments: JSON.parse(t.function.arguments) } })),
+    }),
+    tools: c.tools ?? null, documents: null, add_generation_prompt: true,
+    ...(c.chat_template_kwargs ?? {}),
+  });
+  const out = JSON.parse(execFileSync("/usr/bin/python3",
+    [join(repo, "tests/common/chat/render_reference.py")],
+    { input: JSON.stringify({ now: 0, cases: [{ template: tokenizerConfig.chat_template, context }] }) }));
+  if (!out[0].ok) throw new Error(out[0].error);
+  return out[0].output;
+};
 const client = new OpenAI({ baseURL, apiKey: "unused", maxRetries: 0, timeout: 120_000 });
 const root = baseURL.replace(/\/v1$/, "");
 const post = async (path, body) => {
@@ -71,16 +99,8 @@ out.models = (await client.models.list()).data.map((m) => m.id);
 const model = out.models[0];
 
 for (const [name, c] of Object.entries(conversations)) {
-  // The reference: HF conventions (arguments as objects in templates, as vLLM passes them).
-  const refMessages = c.messages.map((m) => !m.tool_calls ? m : {
-    ...m,
-    tool_calls: m.tool_calls.map((t) => ({ ...t, function: { ...t.function,
-      arguments: JSON.parse(t.function.arguments) } })),
-  });
-  const ids = reference.apply_chat_template(refMessages, {
-    tools: c.tools, add_generation_prompt: true, tokenize: true, return_tensor: false,
-    ...(c.chat_template_kwargs ?? {}),
-  });
+  // The reference: no special tokens added (the template wrote them).
+  const ids = reference.encode(render(c), { add_special_tokens: false });
   const ours = await post("/tokenize", {
     model, messages: c.messages, tools: c.tools, add_generation_prompt: true,
     chat_template_kwargs: c.chat_template_kwargs,
