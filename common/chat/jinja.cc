@@ -270,6 +270,23 @@ std::vector<std::string> SplitLines(std::string_view s, bool keepends) {
   return lines;
 }
 
+// The size str.replace would produce.
+size_t ReplacedSize(std::string_view s, std::string_view old, std::string_view repl,
+                    int64_t count) {
+  size_t n = 0;
+  if (old.empty()) {
+    n = CodePointCount(s) + 1;
+  } else {
+    for (size_t at = s.find(old);
+         at != std::string_view::npos && (count < 0 || static_cast<int64_t>(n) < count);
+         at = s.find(old, at + old.size())) {
+      ++n;
+    }
+  }
+  if (count >= 0) n = std::min<size_t>(n, count);
+  return s.size() - n * old.size() + n * repl.size();
+}
+
 std::string Replace(std::string_view s, std::string_view old, std::string_view repl,
                     int64_t count) {
   std::string out;
@@ -494,6 +511,10 @@ class Renderer {
     }
     return absl::OkStatus();
   }
+  static absl::StatusOr<Value> CheckDepth(Value v) {
+    if (DepthOf(v) > kMaxValueDepth) return Error("value nested too deeply");
+    return v;
+  }
   absl::Status Write(std::string_view s) {
     RETURN_IF_ERROR(CheckSize(out_->size() + s.size()));
     out_->append(s);
@@ -536,6 +557,9 @@ class Renderer {
       if (ns == nullptr || ns->kind != Kind::kNamespace) {
         return Error("cannot assign attribute on non-namespace object");
       }
+      // Unlike jinja2, a namespace may not hold a namespace: no cycles, and depths stay known.
+      if (HoldsNamespace(value)) return Error("a namespace cannot hold a namespace");
+      if (DepthOf(value) >= kMaxValueDepth) return Error("value nested too deeply");
       AsDict(*ns)->Set(Value::String(target.ns_attr), std::move(value));
       return absl::OkStatus();
     }
@@ -796,7 +820,7 @@ class Renderer {
           ASSIGN_OR_RETURN(Value v, Eval(*c, scope));
           items.push_back(std::move(v));
         }
-        return Value::List(std::move(items), e.type == ExprType::kTuple);
+        return CheckDepth(Value::List(std::move(items), e.type == ExprType::kTuple));
       }
       case ExprType::kDict: {
         auto dict = std::make_shared<DictObject>();
@@ -810,7 +834,7 @@ class Renderer {
         Value v;
         v.kind = Kind::kDict;
         v.obj = std::move(dict);
-        return v;
+        return CheckDepth(std::move(v));
       }
       case ExprType::kGetAttr: {
         ASSIGN_OR_RETURN(Value obj, Eval(*e.children[0], scope));
@@ -1425,7 +1449,8 @@ class Renderer {
     RETURN_IF_ERROR(Step());
     if (callee.kind == Kind::kFunction) {
       auto* f = static_cast<FunctionObject*>(callee.obj.get());
-      return f->fn(*this, args);
+      ASSIGN_OR_RETURN(Value v, f->fn(*this, args));
+      return CheckDepth(std::move(v));
     }
     if (callee.is_undefined()) return Error(callee.undefined_message());
     return Error(absl::StrCat("'", TypeName(callee), "' object is not callable"));
@@ -1539,6 +1564,7 @@ void Renderer::InstallGlobals() {
         }
         auto dict = std::make_shared<DictObject>();
         dict->entries = std::move(entries);
+        dict->Recompute();
         for (auto& [k, v] : args.kw) dict->Set(Value::String(k), v);
         Value v;
         v.kind = Kind::kDict;
@@ -1554,6 +1580,8 @@ void Renderer::InstallGlobals() {
           for (const auto& [k, v] : p.entries()) dict->Set(k, v);
         }
         for (auto& [k, v] : args.kw) dict->Set(Value::String(k), v);
+        if (dict->holds_ns) return Error("a namespace cannot hold a namespace");
+        dict->holds_ns = true;
         Value v;
         v.kind = Kind::kNamespace;
         v.obj = std::move(dict);
@@ -1646,7 +1674,8 @@ absl::StatusOr<bool> Renderer::Test(std::string_view name, const Value& v, CallV
 
 absl::StatusOr<Value> Renderer::Filter(const Expr& e, Value input, CallValues& args) {
   if (!e.known) return Error(absl::StrCat("no filter named '", e.name, "'"));
-  return ApplyFilter(e.name, input, args);
+  ASSIGN_OR_RETURN(Value v, ApplyFilter(e.name, input, args));
+  return CheckDepth(std::move(v));
 }
 
 absl::StatusOr<Value> Renderer::SortedList(std::vector<Value> items, const CallValues& args,
@@ -1715,7 +1744,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
       o.has_indent = true;
       if (a->is_int_like()) {
         o.indent = std::string(std::clamp<int64_t>(a->as_int(), 0, 64), ' ');
-      } else if (a->is_string()) {
+      } else if (a->is_string() && a->s().size() <= 1024) {
         o.indent = a->s();
       } else {
         return Error("tojson: indent must be an int or a string");
@@ -1732,6 +1761,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     }
     if (const Value* a = args.Get(3, "sort_keys")) o.sort_keys = Truthy(*a);
     std::string out;
+    o.max_bytes = limits_.max_output_bytes;
     RETURN_IF_ERROR(JsonDumps(v, o, &out));
     RETURN_IF_ERROR(CheckSize(out.size()));
     return Value::String(std::move(out));
@@ -1781,8 +1811,9 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
       if (!count->is_int_like()) return Error("replace(): count must be an integer");
       n = count->as_int();
     }
-    std::string out = Replace(Str(v), Str(*old), Str(*repl), n);
-    RETURN_IF_ERROR(CheckSize(out.size()));
+    const std::string subject = Str(v), from = Str(*old), to = Str(*repl);
+    RETURN_IF_ERROR(CheckSize(ReplacedSize(subject, from, to, n)));
+    std::string out = Replace(subject, from, to, n);
     return Value::String(std::move(out));
   }
   if (name == "first") {
@@ -2001,6 +2032,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     }
     std::string s = Str(v) + "\n";
     std::vector<std::string> lines = SplitLines(s, false);
+    RETURN_IF_ERROR(CheckSize(s.size() + (lines.size() + 1) * indention.size()));
     std::string rv;
     if (blank != nullptr && Truthy(*blank)) {
       rv = absl::StrJoin(lines, "\n" + indention);
@@ -2288,8 +2320,8 @@ absl::StatusOr<Value> Renderer::StrMethod(const std::string& s, const std::strin
     ASSIGN_OR_RETURN(const Value* old, need_str(0, "old"));
     ASSIGN_OR_RETURN(const Value* repl, need_str(1, "new"));
     ASSIGN_OR_RETURN(int64_t count, int_arg(2, "count", -1));
+    RETURN_IF_ERROR(CheckSize(ReplacedSize(s, old->s(), repl->s(), count)));
     std::string out = Replace(s, old->s(), repl->s(), count);
-    RETURN_IF_ERROR(CheckSize(out.size()));
     return Value::String(std::move(out));
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
@@ -2508,10 +2540,11 @@ absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& 
   if (!context.is_object() && !context.is_null()) {
     return absl::InvalidArgumentError("template context must be a JSON object");
   }
-  internal::Value globals =
+  absl::StatusOr<internal::Value> globals =
       context.is_null() ? internal::Value::Dict({}) : internal::FromJson(context);
+  if (!globals.ok()) return globals.status();
   const absl::Time now = limits.now ? limits.now() : absl::Now();
-  internal::Renderer renderer(limits, std::move(globals), now);
+  internal::Renderer renderer(limits, *std::move(globals), now);
   return renderer.Run(*program_);
 }
 

@@ -57,6 +57,7 @@ struct Expr {
   CallArgs args;         // kCall, kFilter, kTest
   bool negated = false;  // kTest
   bool known = true;     // kFilter, kTest: the name exists (else a runtime error)
+  int height = 1;        // of the tree below, this node included
 };
 
 struct Stmt;

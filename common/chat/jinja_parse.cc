@@ -1,4 +1,5 @@
 // jinja2's lexer and parser, for the syntax chat templates use.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -12,6 +13,7 @@ namespace tandem::chat::internal {
 namespace {
 
 constexpr int kMaxNesting = 150;
+constexpr int kMaxHeight = 200;
 
 enum class Tok {
   kData,
@@ -856,6 +858,7 @@ class Parser {
     }
     auto t = Make(ExprType::kTuple, line);
     t->children = std::move(items);
+    RETURN_IF_ERR(Seal(*t));
     return t;
   }
 
@@ -879,6 +882,7 @@ class Parser {
       c->children.push_back(std::move(cond));
       c->children.push_back(std::move(expr));
       c->children.push_back(std::move(other));
+      RETURN_IF_ERR(Seal(*c));
       expr = std::move(c);
     }
     return expr;
@@ -893,6 +897,7 @@ class Parser {
       auto e = Make(ExprType::kOr, line);
       e->children.push_back(std::move(left));
       e->children.push_back(std::move(right));
+      RETURN_IF_ERR(Seal(*e));
       left = std::move(e);
     }
     return left;
@@ -907,6 +912,7 @@ class Parser {
       auto e = Make(ExprType::kAnd, line);
       e->children.push_back(std::move(left));
       e->children.push_back(std::move(right));
+      RETURN_IF_ERR(Seal(*e));
       left = std::move(e);
     }
     return left;
@@ -921,6 +927,7 @@ class Parser {
       ASSIGN_OR_RET(inner, ParseNot());
       auto e = Make(ExprType::kNot, line);
       e->children.push_back(std::move(inner));
+      RETURN_IF_ERR(Seal(*e));
       return e;
     }
     return ParseCompare();
@@ -954,6 +961,7 @@ class Parser {
       }
       cmp->ops.push_back(op);
       cmp->children.push_back(std::move(right));
+      RETURN_IF_ERR(Seal(*cmp));
     }
     if (cmp != nullptr) return cmp;
     return left;
@@ -964,7 +972,30 @@ class Parser {
     e->name = std::move(op);
     e->children.push_back(std::move(a));
     e->children.push_back(std::move(b));
+    if (!Seal(*e).ok() && deep_line_ == 0) deep_line_ = line;
     return e;
+  }
+
+  // Sets e.height; expressions nested deeper than kMaxHeight are refused (evaluating and
+  // destroying them recurses).
+  absl::Status Seal(Expr& e) {
+    int h = 0;
+    auto see = [&](const ExprPtr& c) {
+      if (c != nullptr) h = std::max(h, c->height);
+    };
+    for (const ExprPtr& c : e.children) see(c);
+    for (const ExprPtr& c : e.slice_parts) see(c);
+    for (const ExprPtr& c : e.args.positional) see(c);
+    for (const auto& [k, c] : e.args.keyword) see(c);
+    see(e.args.star_args);
+    see(e.args.star_kwargs);
+    e.height = h + 1;
+    if (e.height > kMaxHeight) return SyntaxError(e.line, "expression nested too deeply");
+    return absl::OkStatus();
+  }
+  absl::Status CheckDeep() const {
+    if (deep_line_ != 0) return SyntaxError(deep_line_, "expression nested too deeply");
+    return absl::OkStatus();
   }
 
   absl::StatusOr<ExprPtr> ParseMath1() {
@@ -975,6 +1006,7 @@ class Parser {
       Advance();
       ASSIGN_OR_RET(right, ParseConcat());
       left = Binary(op, std::move(left), std::move(right), line);
+      RETURN_IF_ERR(CheckDeep());
     }
     return left;
   }
@@ -986,6 +1018,7 @@ class Parser {
       Advance();
       ASSIGN_OR_RET(right, ParseMath2());
       left = Binary("~", std::move(left), std::move(right), line);
+      RETURN_IF_ERR(CheckDeep());
     }
     return left;
   }
@@ -998,6 +1031,7 @@ class Parser {
       Advance();
       ASSIGN_OR_RET(right, ParsePow());
       left = Binary(op, std::move(left), std::move(right), line);
+      RETURN_IF_ERR(CheckDeep());
     }
     return left;
   }
@@ -1009,6 +1043,7 @@ class Parser {
       Advance();
       ASSIGN_OR_RET(right, ParseUnary(true));
       left = Binary("**", std::move(left), std::move(right), line);
+      RETURN_IF_ERR(CheckDeep());
     }
     return left;
   }
@@ -1024,6 +1059,7 @@ class Parser {
       ASSIGN_OR_RET(inner, ParseUnary(false));
       node = Make(neg ? ExprType::kNeg : ExprType::kPos, line);
       node->children.push_back(std::move(inner));
+      RETURN_IF_ERR(Seal(*node));
     } else {
       ASSIGN_OR_RET(primary, ParsePrimary());
       node = std::move(primary);
@@ -1086,6 +1122,7 @@ class Parser {
         e->children.push_back(std::move(item));
       }
       Advance();
+      RETURN_IF_ERR(Seal(*e));
       return e;
     }
     if (IsOp("{")) {
@@ -1101,6 +1138,7 @@ class Parser {
         e->children.push_back(std::move(value));
       }
       Advance();
+      RETURN_IF_ERR(Seal(*e));
       return e;
     }
     return Unexpected();
@@ -1115,6 +1153,7 @@ class Parser {
           auto e = Make(ExprType::kGetAttr, line);
           e->name = Cur().text;
           e->children.push_back(std::move(node));
+          RETURN_IF_ERR(Seal(*e));
           node = std::move(e);
           Advance();
         } else if (Cur().type == Tok::kInt) {
@@ -1123,6 +1162,7 @@ class Parser {
           auto k = Make(ExprType::kConst, line);
           k->value = Cur().value;
           e->children.push_back(std::move(k));
+          RETURN_IF_ERR(Seal(*e));
           node = std::move(e);
           Advance();
         } else {
@@ -1184,6 +1224,7 @@ class Parser {
     RETURN_IF_ERR(ExpectOp("]"));
     if (!is_tuple && parts[0]->type == ExprType::kSlice) {
       parts[0]->children.push_back(std::move(*node));
+      RETURN_IF_ERR(Seal(*parts[0]));
       *node = std::move(parts[0]);
       return absl::OkStatus();
     }
@@ -1200,6 +1241,7 @@ class Parser {
     } else {
       e->children.push_back(std::move(parts[0]));
     }
+    RETURN_IF_ERR(Seal(*e));
     *node = std::move(e);
     return absl::OkStatus();
   }
@@ -1243,6 +1285,7 @@ class Parser {
     auto e = Make(ExprType::kCall, Cur().line);
     RETURN_IF_ERR(ParseCallArgs(&e->args));
     e->children.push_back(std::move(callee));
+    RETURN_IF_ERR(Seal(*e));
     return e;
   }
 
@@ -1267,6 +1310,7 @@ class Parser {
     }
     if (IsOp("(")) RETURN_IF_ERR(ParseCallArgs(&e->args));
     e->children.push_back(std::move(input));
+    RETURN_IF_ERR(Seal(*e));
     return e;
   }
 
@@ -1299,6 +1343,7 @@ class Parser {
           e->args.positional.push_back(std::move(post));
         }
         e->children.push_back(std::move(node));
+        RETURN_IF_ERR(Seal(*e));
         node = std::move(e);
       } else if (IsOp("(")) {
         ASSIGN_OR_RET(call, ParseCall(std::move(node)));
@@ -1314,6 +1359,7 @@ class Parser {
   int depth_ = 0;
   int soft_ = 0;
   int loop_depth_ = 0;
+  int deep_line_ = 0;
 };
 
 }  // namespace

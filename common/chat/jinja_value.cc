@@ -14,6 +14,10 @@ namespace tandem::chat::internal {
 Value Value::List(std::vector<Value> items, bool tuple) {
   auto list = std::make_shared<ListObject>();
   list->items = std::move(items);
+  for (const Value& item : list->items) {
+    list->depth = std::max(list->depth, DepthOf(item) + 1);
+    list->holds_ns |= HoldsNamespace(item);
+  }
   Value v;
   v.kind = Kind::kList;
   v.tuple = tuple;
@@ -24,6 +28,7 @@ Value Value::List(std::vector<Value> items, bool tuple) {
 Value Value::Dict(std::vector<std::pair<Value, Value>> items) {
   auto dict = std::make_shared<DictObject>();
   dict->entries = std::move(items);
+  dict->Recompute();
   Value v;
   v.kind = Kind::kDict;
   v.obj = std::move(dict);
@@ -33,6 +38,7 @@ Value Value::Dict(std::vector<std::pair<Value, Value>> items) {
 Value Value::Namespace(std::vector<std::pair<Value, Value>> items) {
   Value v = Dict(std::move(items));
   v.kind = Kind::kNamespace;
+  v.obj->holds_ns = true;
   return v;
 }
 
@@ -50,7 +56,16 @@ const Value* DictObject::FindString(std::string_view key) const {
   return nullptr;
 }
 
+void DictObject::Recompute() {
+  for (const auto& [k, v] : entries) {
+    depth = std::max(depth, std::max(DepthOf(k), DepthOf(v)) + 1);
+    holds_ns |= HoldsNamespace(k) || HoldsNamespace(v);
+  }
+}
+
 void DictObject::Set(const Value& key, Value value) {
+  depth = std::max(depth, std::max(DepthOf(key), DepthOf(value)) + 1);
+  holds_ns |= HoldsNamespace(key) || HoldsNamespace(value);
   for (auto& [k, v] : entries) {
     if (Equal(k, key)) {
       v = std::move(value);
@@ -403,6 +418,10 @@ std::string JsonFloat(double d) {
 
 absl::Status Dump(const Value& v, const JsonOptions& o, int level, std::string* out) {
   if (level > 512) return absl::InvalidArgumentError("tojson: value nested too deeply");
+  if (out->size() > o.max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("template output exceeds max_output_bytes (", o.max_bytes, ")"));
+  }
   auto newline = [&](int lvl) {
     out->push_back('\n');
     for (int i = 0; i < lvl; ++i) *out += o.indent;
@@ -497,7 +516,10 @@ absl::Status JsonDumps(const Value& v, const JsonOptions& options, std::string* 
   return Dump(v, options, 0, out);
 }
 
-Value FromJson(const nlohmann::ordered_json& j) {
+absl::StatusOr<Value> FromJson(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxValueDepth) {
+    return absl::InvalidArgumentError("template context is nested too deeply");
+  }
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return Value::None();
@@ -517,14 +539,20 @@ Value FromJson(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(FromJson(e));
+      for (const auto& e : j) {
+        absl::StatusOr<Value> v = FromJson(e, depth + 1);
+        if (!v.ok()) return v.status();
+        items.push_back(*std::move(v));
+      }
       return Value::List(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       std::vector<std::pair<Value, Value>> entries;
       entries.reserve(j.size());
       for (auto it = j.begin(); it != j.end(); ++it) {
-        entries.emplace_back(Value::String(it.key()), FromJson(it.value()));
+        absl::StatusOr<Value> v = FromJson(it.value(), depth + 1);
+        if (!v.ok()) return v.status();
+        entries.emplace_back(Value::String(it.key()), *std::move(v));
       }
       return Value::Dict(std::move(entries));
     }

@@ -38,7 +38,12 @@ enum class Kind {
 
 struct Object {
   virtual ~Object() = default;
+  int depth = 1;          // containers: 1 + the deepest container inside
+  bool holds_ns = false;  // containers: a namespace is inside (or this is one)
 };
+
+// Values nest at most this deep (printing, comparing and freeing them recurse).
+constexpr int kMaxValueDepth = 100;
 
 struct Value {
   Kind kind = Kind::kUndefined;
@@ -114,6 +119,7 @@ struct DictObject : Object {
   const Value* Find(const Value& key) const;
   const Value* FindString(std::string_view key) const;
   void Set(const Value& key, Value value);
+  void Recompute();  // depth and holds_ns from the entries
 };
 
 inline const std::vector<Value>& Value::items() const {
@@ -123,6 +129,8 @@ inline const std::vector<std::pair<Value, Value>>& Value::entries() const {
   return static_cast<const DictObject*>(obj.get())->entries;
 }
 inline DictObject* AsDict(const Value& v) { return static_cast<DictObject*>(v.obj.get()); }
+inline int DepthOf(const Value& v) { return v.obj != nullptr ? v.obj->depth : 0; }
+inline bool HoldsNamespace(const Value& v) { return v.obj != nullptr && v.obj->holds_ns; }
 
 // Python's truthiness.
 bool Truthy(const Value& v);
@@ -146,11 +154,13 @@ struct JsonOptions {
   std::string item_separator = ", ";
   std::string key_separator = ": ";
   bool sort_keys = false;
+  size_t max_bytes = SIZE_MAX;  // longer output is RESOURCE_EXHAUSTED
 };
 // Python's json.dumps; INVALID_ARGUMENT for values JSON cannot hold.
 absl::Status JsonDumps(const Value& v, const JsonOptions& options, std::string* out);
 
-Value FromJson(const nlohmann::ordered_json& j);
+// INVALID_ARGUMENT when nested deeper than kMaxValueDepth.
+absl::StatusOr<Value> FromJson(const nlohmann::ordered_json& j, int depth = 0);
 
 // UTF-8 as Python's code points. Invalid bytes decode to 0x110000 + byte and encode back.
 std::vector<char32_t> Decode(std::string_view s);
