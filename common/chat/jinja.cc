@@ -117,7 +117,13 @@ std::string Upper(std::string_view s) {
     for (char c : s) out.push_back(c >= 'a' && c <= 'z' ? c - 32 : c);
     return out;
   }
-  for (char32_t c : Decode(s)) AppendCodePoint(PyUpper(c), &out);
+  for (char32_t c : Decode(s)) {
+    if (c == 0xdf) {
+      out += "SS";  // Python: 'ß'.upper() == 'SS'
+    } else {
+      AppendCodePoint(PyUpper(c), &out);
+    }
+  }
   return out;
 }
 

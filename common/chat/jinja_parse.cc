@@ -243,6 +243,11 @@ class Lexer {
         return SyntaxError(begin_line, kind == '%' ? "unexpected end of template, expected '%}'"
                                                    : "unexpected end of template, expected '}}'");
       }
+      // As in jinja2, the end of the tag is only looked for where brackets balance.
+      if (!brackets_.empty()) {
+        RETURN_IF_ERR(LexToken());
+        continue;
+      }
       const char close = kind == '%' ? '%' : '}';
       const std::string end2 = std::string(1, close) + "}";
       if (src_.compare(pos_, 3, "-" + end2) == 0) {
@@ -292,6 +297,18 @@ class Lexer {
       }
     }
     if (std::string_view("+-/*%~[](){}><=.:|,;").find(c) != std::string_view::npos) {
+      if (c == '(' || c == '[' || c == '{') {
+        brackets_.push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
+      } else if (c == ')' || c == ']' || c == '}') {
+        if (brackets_.empty()) {
+          return SyntaxError(line_, absl::StrCat("unexpected '", std::string(1, c), "'"));
+        }
+        if (brackets_.back() != c) {
+          return SyntaxError(line_, absl::StrCat("unexpected '", std::string(1, c), "', expected '",
+                                                 std::string(1, brackets_.back()), "'"));
+        }
+        brackets_.pop_back();
+      }
       Emit(Tok::kOp, std::string(1, c));
       ++pos_;
       return absl::OkStatus();
@@ -453,6 +470,7 @@ class Lexer {
   size_t pos_ = 0;
   int line_ = 1;
   std::vector<Token> tokens_;
+  std::string brackets_;  // the closing brackets expected, innermost last
 };
 
 class Parser {

@@ -488,6 +488,87 @@ std::vector<Case> SyntheticCases() {
       "{% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}inner {{ n }}{% endcall %}",
       "{% macro row(a) %}[{{ a }}|{{ varargs }}|{{ kwargs }}]{% endmacro %}{{ row(1, 2, 3, k=4) }}",
       "{% generation %}gen {{ n }}{% endgeneration %} after",
+      // More edge cases.
+      "{{ '%.2f' % 3.14159 }} {{ '%s-%s' % ('a', 1) }} {{ '%d%%' % 50 }} {{ '%(a)s' % {'a': 'x'} "
+      "}}",
+      "{{ '%s %s' % ('a',) }}",
+      "{{ 1e308 * 10 }} {{ -1e308 * 10 }} {{ 123456789.123 }} {{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} "
+      "{{ 0.00001 }}",
+      "{{ 'abc' | first }} {{ none | string }} {{ none | lower }} {{ true | int }} {{ -2.5 | round "
+      "}} {{ 3 | float }}",
+      "{{ d | join(',') }} {{ ['a', 'A', 'b'] | unique | list }} {{ ['1', '2'] | map('int') | sum "
+      "}}",
+      "{{ [1, 'a'] | sort }}",
+      "{{ [none, 1] | map('default', 'x') | list }} {{ x | default(none) }}",
+      "{% macro m(a, b) %}[{{ a }}|{{ b }}]{% endmacro %}{{ m(1) }}",
+      "{{ loop }}|{% for i in [1] %}{% endfor %}{{ i }}|",
+      "{% for c in 'abc' if c != 'b' %}{{ c }}{{ loop.last }}{% endfor %}",
+      "{% if x is defined and x %}yes{% else %}no{% endif %} {% if nil is none and not nil "
+      "%}none{% endif %}",
+      "{%- set date_string = strftime_now('%d %b %Y') -%}\nToday: {{ date_string }}\n",
+      "{{ people | tojson(indent=4) }}",
+      "{{ ['a', 'code_interpreter', 'b'] | reject('equalto', 'code_interpreter') | join(', ') }}",
+      "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] | trim }}\n{% endfor "
+      "%}{% if add_generation_prompt is not defined or add_generation_prompt %}Assistant:{% endif "
+      "%}",
+      "{%- for message in messages -%}\n  {%- if loop.index0 % 2 == 0 -%}\n    [{{ loop.index0 "
+      "}}]{{ message.content }}\n  {%- endif %}\n{% endfor -%}",
+      "  {%- if true %}\n  a\n  {%- endif %}\n  b\n",
+      "{% if true %}   {% endif %}|{% if true %}\n   {% endif %}|",
+      "x {% if true -%}\n\n  y\n{%- endif %} z",
+      "{{- 'a' -}}\n\n{{- 'b' }}\n{# comment\n spanning #}\nc",
+      "{% set x = 'outer' %}{% macro m() %}{% set x = 'inner' %}{{ x }}{% endmacro %}{{ m() }}{{ x "
+      "}}",
+      "{% set ns = namespace(items=[]) %}{% for i in range(3) %}{% set ns.items = ns.items + [i * "
+      "2] %}{% endfor %}{{ ns.items }}",
+      "{% set d2 = {'k': 'v', 'n': [1, 2]} %}{{ d2.k }}{{ d2['n'][1] }}{{ d2 | length }}",
+      "{{ 'A-b_c D' | lower | replace('-', ' ') | title }} {{ 'hello' | upper | reverse | lower }}",
+      "{{ messages | map(attribute='role') | join('/') }} {{ messages | map(attribute='missing') | "
+      "list }}",
+      "{{ (messages | last).content }} {{ (messages | first)['role'] }} {{ messages[-2:] | length "
+      "}}",
+      "{% for key, value in {'a': 1, 'b': [2]}.items() %}{{ key }}:{{ value | tojson }} {% endfor "
+      "%}",
+      "{{ '\\u00e9' == 'é' }} {{ 'é' | length }} {{ '🎉🎉' | length }} {{ 'aé🎉'[1] }} {{ 'aé🎉' | "
+      "list }}",
+      "{{ 'Straße'.upper() }} {{ 'ÀÉÎ'.lower() }} {{ 'ΑΒΓ'.lower() }} {{ 'привет'.upper() }}",
+      "{{ 'a\\tb' }}|{{ ['a\\tb'] }}|{{ 'x\\\\y' }}|{{ ['x\\\\y'] }}",
+      "{{ 10 ** 18 }} {{ -(2 ** 62) }} {{ 9007199254740993 }} {{ 2 ** 0.5 }} {{ 4 ** 0.5 }}",
+      "{{ 5 // 0.5 }} {{ -5 // 2.0 }} {{ 5.5 % -2 }} {{ -0.0 }} {{ 0 * -1.0 }}",
+      "{{ [1, 2] == [1, 2] }} {{ (1, 2) == [1, 2] }} {{ {'a': 1} == {'a': 1.0} }} {{ 'a' != 'a' }}",
+      "{{ [1, [2, 3]] | tojson }} {{ [(1, 2)] | tojson }} {{ 'a' | tojson(indent=2) }}",
+      "{{ d | tojson(indent='\\t') }}",
+      "{{ {'b': 1, 'a': {'d': 1, 'c': 2}} | tojson(sort_keys=true) }}",
+      "{{ 'abc' is in 'xabcx' }} {{ 1 is in [1] }} {{ 'k' in {'k': 1} }}",
+      "{{ tools | length }} {% if tools %}T{% else %}F{% endif %} {{ tools is not none }}",
+      "{% set content = messages[1].content %}{% if content is string %}{{ content | length }}{% "
+      "endif %}",
+      "{{ messages[0].content.split(' ') }} {{ 'a b'.split(' ')[-1] }} {{ "
+      "'x</think>y'.split('</think>')[0] }}",
+      "{{ 'abc'.startswith('') }} {{ ''.endswith('') }} {{ 'a'.startswith(('b', 'a')) }}",
+      "{{ '  a  b  '.split(' ') }} {{ 'a\\n\\nb'.split('\\n') }} {{ ''.split() }} {{ ''.split(',') "
+      "}}",
+      "{{ 'x' * 0 }}|{{ 'x' * -1 }}|{{ [1] * 0 }}",
+      "{% for i in range(3) %}{{ i }}{% else %}never{% endfor %}{% for i in range(0) %}{% else "
+      "%}else{% endfor %}",
+      "{% for x in [[1, 2], [3]] %}{% for y in x %}{{ loop.length }}{% endfor %}{{ loop.length "
+      "}};{% endfor %}",
+      "{{ ''.join(['a', 'b']) }} {{ ', '.join(d) }} {{ '.'.join('abc') }}",
+      "{{ ','.join([1, 2]) }}",
+      "{{ '%s' % none }} {{ '%r' % 'x' }} {{ '%5s|%-5s|' % ('a', 'b') }} {{ '%x %o %X' % (255, 8, "
+      "255) }}",
+      "{{ 'abc' ~ 1.5 ~ [1] ~ {'a': 1} }}",
+      "{{ not none }} {{ not 0.0 }} {{ not [0] }} {{ 'a' or 'b' }} {{ '' or 0 or [] }}",
+      "{{ none is not none }} {{ 'x' is not string }} {{ x is not defined }}",
+      "{{ messages | length > 2 }} {{ messages | selectattr('role', 'in', ['user', 'system']) | "
+      "list | length }}",
+      "{{ ('%s' | format('x')) }} {{ '{} {}'.format(1, 'a') }}",
+      "{{ [3, 1, 2] | sort | first }} {{ [3, 1, 2] | max }} {{ ['b', 'a'] | min }} {{ [] | max }}|",
+      "{{ 'a' if 'b' else 'c' if 'd' else 'e' }} {{ (1 if true else 2) + 1 }}",
+      "{{ n > 5 and n < 10 }} {{ n >= 7 >= 7 }} {{ 1 <= 1.0 }} {{ [1] <= [1] }}",
+      "{%- for m in messages %}{%- if m.role == 'user' %}{{- '[INST] ' + m.content + ' [/INST]' "
+      "}}{%- elif m.role == 'assistant' %}{{- ' ' + m.content + eos_token }}{%- else %}{{- "
+      "raise_exception('Only user and assistant roles are supported!') }}{%- endif %}{%- endfor %}",
       // Errors.
       "{{ raise_exception('custom failure') }}",
       "{% if true %}unclosed",
