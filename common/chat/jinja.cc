@@ -730,8 +730,10 @@ class Renderer {
       if (i < n) {
         scope->Set(s.params[i], args.pos[i]);
         set[i] = true;
-      } else {
+      } else if (s.uses_varargs) {
         varargs.push_back(args.pos[i]);
+      } else {
+        return Error(absl::StrCat("macro '", s.text, "' takes not more than ", n, " argument(s)"));
       }
     }
     for (auto& [k, v] : args.kw) {
@@ -744,10 +746,12 @@ class Renderer {
         }
         scope->Set(k, v);
         set[idx] = true;
-      } else if (k == "caller") {
+      } else if (k == "caller" && s.uses_caller) {
         scope->Set("caller", v);
-      } else {
+      } else if (s.uses_kwargs) {
         kwargs.emplace_back(Value::String(k), v);
+      } else {
+        return Error(absl::StrCat("macro '", s.text, "' takes no keyword argument '", k, "'"));
       }
     }
     for (size_t i = 0; i < n; ++i) {
@@ -761,8 +765,11 @@ class Renderer {
                                                               "' was not provided")));
       }
     }
-    scope->Set("varargs", Value::List(std::move(varargs), true));
-    scope->Set("kwargs", Value::Dict(std::move(kwargs)));
+    if (s.uses_varargs) scope->Set("varargs", Value::List(std::move(varargs), true));
+    if (s.uses_kwargs) scope->Set("kwargs", Value::Dict(std::move(kwargs)));
+    if (s.uses_caller && scope->Find("caller") == nullptr) {
+      scope->Set("caller", Value::Undefined("No caller defined"));
+    }
     const Flow saved = flow_;
     flow_ = Flow::kNormal;
     ASSIGN_OR_RETURN(std::string text, Capture(s.bodies[0], scope));

@@ -95,6 +95,9 @@ struct Stmt {
   std::vector<ExprPtr> filters;     // kFilter exprs with null input
   std::vector<std::string> params;  // kMacro, kCallBlock
   bool has_else = false;
+  // kMacro, kCallBlock: the body reads varargs, kwargs, caller (jinja2 refuses extra
+  // arguments otherwise).
+  bool uses_varargs = false, uses_kwargs = false, uses_caller = false;
 };
 
 struct Program {

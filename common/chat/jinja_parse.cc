@@ -473,6 +473,46 @@ class Lexer {
   std::string brackets_;  // the closing brackets expected, innermost last
 };
 
+// Whether an expression or body reads the variable `name`.
+bool Mentions(const Expr* e, std::string_view name);
+bool Mentions(const Body& body, std::string_view name) {
+  for (const auto& st : body) {
+    for (const ExprPtr& e : st->exprs) {
+      if (Mentions(e.get(), name)) return true;
+    }
+    for (const ExprPtr& e : st->filters) {
+      if (Mentions(e.get(), name)) return true;
+    }
+    for (const Body& b : st->bodies) {
+      if (Mentions(b, name)) return true;
+    }
+  }
+  return false;
+}
+bool Mentions(const Expr* e, std::string_view name) {
+  if (e == nullptr) return false;
+  if (e->type == ExprType::kName && e->name == name) return true;
+  for (const ExprPtr& c : e->children) {
+    if (Mentions(c.get(), name)) return true;
+  }
+  for (const ExprPtr& c : e->slice_parts) {
+    if (Mentions(c.get(), name)) return true;
+  }
+  for (const ExprPtr& c : e->args.positional) {
+    if (Mentions(c.get(), name)) return true;
+  }
+  for (const auto& [k, c] : e->args.keyword) {
+    if (Mentions(c.get(), name)) return true;
+  }
+  return Mentions(e->args.star_args.get(), name) || Mentions(e->args.star_kwargs.get(), name);
+}
+
+void MarkSpecialNames(Stmt* s) {
+  s->uses_varargs = Mentions(s->bodies[0], "varargs");
+  s->uses_kwargs = Mentions(s->bodies[0], "kwargs");
+  s->uses_caller = Mentions(s->bodies[0], "caller");
+}
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
@@ -703,6 +743,7 @@ class Parser {
       ASSIGN_OR_RET(body, Subparse({"endmacro"}, &end));
       loop_depth_ = saved_loop;
       s->bodies.push_back(std::move(body));
+      MarkSpecialNames(s.get());
       RETURN_IF_ERR(EndTag());
       return s;
     }
@@ -718,6 +759,7 @@ class Parser {
       ASSIGN_OR_RET(body, Subparse({"endcall"}, &end));
       loop_depth_ = saved_loop;
       s->bodies.push_back(std::move(body));
+      MarkSpecialNames(s.get());
       RETURN_IF_ERR(EndTag());
       return s;
     }

@@ -569,6 +569,11 @@ std::vector<Case> SyntheticCases() {
       "{%- for m in messages %}{%- if m.role == 'user' %}{{- '[INST] ' + m.content + ' [/INST]' "
       "}}{%- elif m.role == 'assistant' %}{{- ' ' + m.content + eos_token }}{%- else %}{{- "
       "raise_exception('Only user and assistant roles are supported!') }}{%- endif %}{%- endfor %}",
+      "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}",
+      "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, b=2) }}",
+      "{% macro m(a) %}{{ a }}{{ kwargs }}{% endmacro %}{{ m(1, b=2) }}",
+      "{% macro m() %}x{% endmacro %}{% call m() %}body{% endcall %}",
+      "{% macro m() %}[{{ caller() if caller is defined else 'none' }}]{% endmacro %}{{ m() }}",
       // Errors.
       "{{ raise_exception('custom failure') }}",
       "{% if true %}unclosed",
