@@ -486,6 +486,13 @@ class Renderer {
       : limits_(limits), globals_(std::move(globals)), now_(now) {
     InstallGlobals();
   }
+  // Macros hold the scope they were defined in, which may hold them: clearing the scopes
+  // they captured breaks those cycles.
+  ~Renderer() {
+    for (const ScopePtr& scope : captured_) scope->vars.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   absl::StatusOr<std::string> Run(const Program& program) {
     std::string out;
@@ -707,6 +714,7 @@ class Renderer {
 
   Value MakeMacro(const Stmt& s, const ScopePtr& scope, bool is_caller = false) {
     const Stmt* stmt = &s;
+    captured_.push_back(scope);
     // The caller of a call block takes the call block's parameters; defaults follow the call.
     const size_t defaults_offset = is_caller ? 1 : 0;
     return MakeFunction(
@@ -1507,6 +1515,7 @@ class Renderer {
   Value globals_;
   absl::Time now_;
   std::vector<std::pair<std::string, Value>> builtins_;
+  std::vector<ScopePtr> captured_;
   std::string* out_ = nullptr;
   Flow flow_ = Flow::kNormal;
   int64_t steps_ = 0;
