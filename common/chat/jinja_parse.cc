@@ -40,9 +40,34 @@ absl::Status SyntaxError(int line, std::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", Sv(message)));
 }
 
-bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+// Python's whitespace (str.isspace, the regex \s jinja2's lexer uses): the byte length of the
+// whitespace character at s[i], or 0.
+size_t SpaceAt(std::string_view s, size_t i) {
+  if (i >= s.size()) return 0;
+  const unsigned char c = s[i];
+  if (c < 0x80) return (c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f)) ? 1 : 0;
+  const size_t len = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : 0;
+  if (len == 0 || i + len > s.size()) return 0;
+  const std::vector<char32_t> cps = Decode(s.substr(i, len));
+  return cps.size() == 1 && IsPySpace(cps[0]) ? len : 0;
 }
+// The byte length of the whitespace character that ends at s[end - 1], or 0.
+size_t SpaceBefore(std::string_view s, size_t end) {
+  for (size_t len = 1; len <= 3 && len <= end; ++len) {
+    if (SpaceAt(s, end - len) == len) return len;
+  }
+  return 0;
+}
+bool AllSpace(std::string_view s, size_t from) {
+  if (from >= s.size()) return false;
+  for (size_t i = from; i < s.size();) {
+    const size_t k = SpaceAt(s, i);
+    if (k == 0) return false;
+    i += k;
+  }
+  return true;
+}
+
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
@@ -106,13 +131,12 @@ class Lexer {
       const bool raw = kind == '%' && MatchRaw(after, "raw", &raw_end);
       if (sign == '-') {
         size_t n = text.size();
-        while (n > 0 && IsSpace(text[n - 1])) --n;
+        while (const size_t k = SpaceBefore(text, n)) n -= k;
         text.resize(n);
       } else if (sign != '+' && options_.lstrip_blocks && kind != '{') {
         const size_t l_pos = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
         if (l_pos > 0 || line_starting) {
-          bool all_space = l_pos < text.size();
-          for (size_t i = l_pos; i < text.size(); ++i) all_space &= IsSpace(text[i]);
+          const bool all_space = AllSpace(text, l_pos);
           if (all_space) text.resize(l_pos);
         }
       }
@@ -147,14 +171,14 @@ class Lexer {
   // At `p`: whitespace, `word`, whitespace, then -%} or %}; *end is past it (and past the
   // whitespace a -%} strips).
   bool MatchRaw(size_t p, std::string_view word, size_t* end) const {
-    while (p < src_.size() && IsSpace(src_[p])) ++p;
+    while (const size_t k = SpaceAt(src_, p)) p += k;
     if (src_.compare(p, word.size(), word) != 0) return false;
     p += word.size();
     if (p < src_.size() && IsNameChar(src_[p])) return false;
-    while (p < src_.size() && IsSpace(src_[p])) ++p;
+    while (const size_t k = SpaceAt(src_, p)) p += k;
     if (src_.compare(p, 3, "-%}") == 0) {
       p += 3;
-      while (p < src_.size() && IsSpace(src_[p])) ++p;
+      while (const size_t k = SpaceAt(src_, p)) p += k;
     } else if (src_.compare(p, 2, "%}") == 0) {
       p += 2;
     } else {
@@ -172,16 +196,16 @@ class Lexer {
       size_t q = p + 2;
       char sign = 0;
       if (q < src_.size() && (src_[q] == '-' || src_[q] == '+')) sign = src_[q++];
-      while (q < src_.size() && IsSpace(src_[q])) ++q;
+      while (const size_t k = SpaceAt(src_, q)) q += k;
       if (src_.compare(q, 6, "endraw") != 0) continue;
       q += 6;
-      while (q < src_.size() && IsSpace(src_[q])) ++q;
+      while (const size_t k = SpaceAt(src_, q)) q += k;
       size_t end;
       if (src_.compare(q, 3, "+%}") == 0) {
         end = q + 3;
       } else if (src_.compare(q, 3, "-%}") == 0) {
         end = q + 3;
-        while (end < src_.size() && IsSpace(src_[end])) ++end;
+        while (const size_t k = SpaceAt(src_, end)) end += k;
       } else if (src_.compare(q, 2, "%}") == 0) {
         end = q + 2;
         if (options_.trim_blocks && end < src_.size() && src_[end] == '\n') ++end;
@@ -191,14 +215,13 @@ class Lexer {
       std::string text = src_.substr(pos_, p - pos_);
       if (sign == '-') {
         size_t n = text.size();
-        while (n > 0 && IsSpace(text[n - 1])) --n;
+        while (const size_t k = SpaceBefore(text, n)) n -= k;
         text.resize(n);
       } else if (sign != '+' && options_.lstrip_blocks) {
         const size_t nl = text.rfind('\n');
         const size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
         if (l_pos > 0) {  // line_starting is false right after the raw tag
-          bool all_space = l_pos < text.size();
-          for (size_t i = l_pos; i < text.size(); ++i) all_space &= IsSpace(text[i]);
+          const bool all_space = AllSpace(text, l_pos);
           if (all_space) text.resize(l_pos);
         }
       }
@@ -217,7 +240,7 @@ class Lexer {
         end = p + 3;
       } else if (src_.compare(p, 3, "-#}") == 0) {
         end = p + 3;
-        while (end < src_.size() && IsSpace(src_[end])) ++end;
+        while (const size_t k = SpaceAt(src_, end)) end += k;
       } else if (src_.compare(p, 2, "#}") == 0) {
         end = p + 2;
         if (options_.trim_blocks && end < src_.size() && src_[end] == '\n') ++end;
@@ -235,9 +258,9 @@ class Lexer {
     const int begin_line = line_;
     Emit(kind == '%' ? Tok::kBlockBegin : Tok::kVarBegin, kind == '%' ? "{%" : "{{");
     for (;;) {
-      while (pos_ < src_.size() && IsSpace(src_[pos_])) {
+      while (const size_t k = SpaceAt(src_, pos_)) {
         line_ += src_[pos_] == '\n';
-        ++pos_;
+        pos_ += k;
       }
       if (pos_ >= src_.size()) {
         return SyntaxError(begin_line, kind == '%' ? "unexpected end of template, expected '%}'"
@@ -253,9 +276,9 @@ class Lexer {
       if (src_.compare(pos_, 3, "-" + end2) == 0) {
         Emit(kind == '%' ? Tok::kBlockEnd : Tok::kVarEnd, end2);
         pos_ += 3;
-        while (pos_ < src_.size() && IsSpace(src_[pos_])) {
+        while (const size_t k = SpaceAt(src_, pos_)) {
           line_ += src_[pos_] == '\n';
-          ++pos_;
+          pos_ += k;
         }
         return absl::OkStatus();
       }

@@ -574,6 +574,15 @@ std::vector<Case> SyntheticCases() {
       "{% macro m(a) %}{{ a }}{{ kwargs }}{% endmacro %}{{ m(1, b=2) }}",
       "{% macro m() %}x{% endmacro %}{% call m() %}body{% endcall %}",
       "{% macro m() %}[{{ caller() if caller is defined else 'none' }}]{% endmacro %}{{ m() }}",
+      "a\u3000\u00a0 {%- if true -%} \u2003\nb{% endif %}|\n\u3000{% if true %}c{% endif "
+      "%}|\n\u00a0 {# x #}d",
+      "{{\u3000'wide space'\u00a0}} {%\u2003if true %}ok{% endif %}",
+      "  {% raw -%}  raw  {%- endraw %}|\n  {% raw %}\nr\n  {% endraw %}\nafter",
+      "{% for i in [1, 2] +%}\n{{ i }}{% endfor %}|{% if true %}{%+ if true %}x{% endif %}{% endif "
+      "%}",
+      "   {% if true %}lead{% endif %}\n\t{% if true %}\ttab{% endif %}",
+      "{# only a comment #}",
+      "{{ 'a' }}\n{# c #}\n{{ 'b' }}\n  {#- c #}\n{{ 'c' }}",
       // Errors.
       "{{ raise_exception('custom failure') }}",
       "{% if true %}unclosed",
