@@ -277,6 +277,205 @@ TEST(JinjaReference, PublishedChatTemplates) {
               cases.size(), python_errors);
 }
 
+// Templates in the style of other published models (Llama 3.1 with tools, Mistral, Phi-3, a
+// ChatML template with macros), over the same conversations.
+TEST(JinjaReference, ChatStyleTemplates) {
+  const std::vector<std::pair<std::string, std::string>> templates = {
+      {"llama3.1", R"JINJA({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{%- if tools_in_user_message and not tools is none %}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)JINJA"},
+      {"mistral", R"JINJA({%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+)JINJA"},
+      {"phi3",
+       R"JINJA({% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>
+' + message['content'] + '<|end|>
+'}}{% elif message['role'] == 'user' %}{{'<|user|>
+' + message['content'] + '<|end|>
+'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>
+' + message['content'] + '<|end|>
+'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>
+' }}{% else %}{{ eos_token }}{% endif %})JINJA"},
+      {"chatml_tools", R"JINJA({%- macro render_content(content) -%}
+    {%- if content is string -%}{{ content }}
+    {%- elif content is iterable -%}
+        {%- for part in content if part.type == 'text' -%}{{ part.text }}{{ '\n' if not loop.last }}{%- endfor -%}
+    {%- else -%}{{ content | string }}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(system='', tool_names=[]) -%}
+{%- for message in messages if message.role == 'system' -%}
+    {%- set ns.system = ns.system ~ render_content(message.content) -%}
+{%- endfor -%}
+{%- if tools is defined and tools -%}
+    {%- for tool in tools -%}{%- set ns.tool_names = ns.tool_names + [tool.function.name] -%}{%- endfor -%}
+<|im_start|>system
+{{ ns.system ~ ('\n\n' if ns.system) }}Tools: {{ ns.tool_names | join(', ') }}
+{% for tool in tools %}{{ tool | tojson(separators=(',', ':'), sort_keys=true) }}
+{% endfor %}<|im_end|>
+{% elif ns.system %}
+<|im_start|>system
+{{ ns.system }}<|im_end|>
+{% endif -%}
+{%- for message in messages if message.role != 'system' -%}
+<|im_start|>{{ message.role }}
+{% if message.tool_calls is defined and message.tool_calls -%}
+{%- for call in message.tool_calls -%}
+<tool_call>{{ {'name': call.function.name, 'arguments': call.function.arguments if call.function.arguments is mapping else call.function.arguments | string} | tojson }}</tool_call>
+{% endfor -%}
+{%- else -%}
+{{ render_content(message.content) | trim }}
+{% endif -%}
+<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% endif -%}
+{%- endif -%})JINJA"}};
+  std::vector<Case> cases;
+  for (const auto& [name, source] : templates) {
+    for (const auto& [conv_name, messages] : Conversations()) {
+      for (int variant = 0; variant < 4; ++variant) {
+        Json context = {{"messages", messages},
+                        {"bos_token", "<s>"},
+                        {"eos_token", "</s>"},
+                        {"add_generation_prompt", variant % 2 == 1}};
+        if (variant >= 2) {
+          context["tools"] = WeatherTools();
+          context["enable_thinking"] = false;
+        }
+        cases.push_back(
+            {absl::StrCat(name, "/", conv_name, " variant=", variant), source, std::move(context)});
+      }
+    }
+  }
+  int python_errors = 0;
+  const int matched = CompareAll(cases, &python_errors);
+  EXPECT_EQ(matched, static_cast<int>(cases.size()));
+  std::printf("chat-style templates: %d of %zu cases match (%d where jinja2 raises)\n", matched,
+              cases.size(), python_errors);
+}
+
 // ---------------------------------------------------------------------------------------------
 // (b) Synthetic templates.
 
