@@ -353,8 +353,8 @@ std::string HtmlEscape(std::string_view s) {
 absl::StatusOr<std::vector<int64_t>> SliceIndices(int64_t len, const Value& start,
                                                   const Value& stop, const Value& step) {
   for (const Value* v : {&start, &stop, &step}) {
-    if (!v->is_none() && !v->is_undefined() && !v->is_int_like()) {
-      return Error("slice indices must be integers or None");
+    if (!v->is_none() && !v->is_int_like()) {
+      return Error("slice indices must be integers or None or have an __index__ method");
     }
   }
   int64_t st = step.is_int_like() ? step.as_int() : 1;
@@ -1628,6 +1628,18 @@ void Renderer::InstallGlobals() {
 // Tests.
 
 absl::StatusOr<bool> Renderer::Test(std::string_view name, const Value& v, CallValues& args) {
+  static constexpr std::string_view kNoArgs[] = {
+      "defined", "undefined", "none", "string", "number",   "integer",  "float",
+      "mapping", "boolean",   "true", "false",  "iterable", "sequence", "callable",
+      "escaped", "odd",       "even", "lower",  "upper",    "filter",   "test"};
+  if (std::find(std::begin(kNoArgs), std::end(kNoArgs), name) != std::end(kNoArgs) &&
+      !(args.pos.empty() && args.kw.empty())) {
+    return Error(absl::StrCat("test '", Sv(name), "' takes no arguments"));
+  }
+  if (std::find(std::begin(kNoArgs), std::end(kNoArgs), name) == std::end(kNoArgs) &&
+      args.pos.size() + args.kw.size() > 1) {
+    return Error(absl::StrCat("test '", Sv(name), "' takes one argument"));
+  }
   const Value* arg = args.Get(0, "value");
   auto need_arg = [&]() -> absl::Status {
     if (arg == nullptr) return Error(absl::StrCat("test '", Sv(name), "' needs an argument"));
@@ -1752,9 +1764,75 @@ absl::StatusOr<Value> Renderer::SortedList(std::vector<Value> items, const CallV
   return Value::List(std::move(out));
 }
 
+// The parameters of a filter after its input, as jinja2 (and transformers' tojson) declare
+// them; null for filters taking *args/**kwargs.
+const std::vector<std::string_view>* FilterParams(std::string_view name) {
+  using P = std::vector<std::string_view>;
+  static const auto* table = new std::vector<std::pair<std::string_view, P>>{
+      {"tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}},
+      {"length", {}},
+      {"count", {}},
+      {"string", {}},
+      {"safe", {}},
+      {"escape", {}},
+      {"e", {}},
+      {"forceescape", {}},
+      {"upper", {}},
+      {"lower", {}},
+      {"capitalize", {}},
+      {"title", {}},
+      {"list", {}},
+      {"items", {}},
+      {"reverse", {}},
+      {"abs", {}},
+      {"wordcount", {}},
+      {"first", {}},
+      {"last", {}},
+      {"default", {"default_value", "boolean"}},
+      {"d", {"default_value", "boolean"}},
+      {"trim", {"chars"}},
+      {"replace", {"old", "new", "count"}},
+      {"join", {"d", "attribute"}},
+      {"sort", {"reverse", "case_sensitive", "attribute"}},
+      {"dictsort", {"case_sensitive", "by", "reverse"}},
+      {"unique", {"case_sensitive", "attribute"}},
+      {"round", {"precision", "method"}},
+      {"int", {"default", "base"}},
+      {"float", {"default"}},
+      {"indent", {"width", "first", "blank"}},
+      {"center", {"width"}},
+      {"sum", {"attribute", "start"}},
+      {"min", {"case_sensitive", "attribute"}},
+      {"max", {"case_sensitive", "attribute"}},
+      {"attr", {"name"}},
+      {"batch", {"linecount", "fill_with"}},
+      {"truncate", {"length", "killwords", "end", "leeway"}}};
+  for (const auto& [n, params] : *table) {
+    if (n == name) return &params;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& v,
                                             CallValues& args) {
   RETURN_IF_ERROR(Step());
+  if (const std::vector<std::string_view>* params = FilterParams(name)) {
+    if (args.pos.size() > params->size()) {
+      return Error(absl::StrCat("filter '", Sv(name), "' takes at most ", params->size(),
+                                " argument(s), got ", args.pos.size()));
+    }
+    for (size_t i = 0; i < args.kw.size(); ++i) {
+      const auto it = std::find(params->begin(), params->end(), args.kw[i].first);
+      if (it == params->end()) {
+        return Error(absl::StrCat("filter '", Sv(name), "' got an unexpected keyword argument '",
+                                  args.kw[i].first, "'"));
+      }
+      if (static_cast<size_t>(it - params->begin()) < args.pos.size()) {
+        return Error(absl::StrCat("filter '", Sv(name), "' got multiple values for argument '",
+                                  args.kw[i].first, "'"));
+      }
+    }
+  }
   auto str_arg = [&](size_t i, std::string_view n, std::string def) {
     const Value* a = args.Get(i, n);
     return a == nullptr ? def : Str(*a);

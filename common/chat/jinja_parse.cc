@@ -191,6 +191,7 @@ class Lexer {
   absl::Status LexRaw(size_t begin_end) {
     CountLines(pos_, begin_end);
     pos_ = begin_end;
+    if (pos_ >= src_.size()) return absl::OkStatus();  // jinja2 stops quietly here
     // The body runs to {%[-+]? endraw [-+]?%}.
     for (size_t p = src_.find("{%", pos_); p != std::string::npos; p = src_.find("{%", p + 1)) {
       size_t q = p + 2;
@@ -234,6 +235,7 @@ class Lexer {
   }
 
   absl::Status LexComment() {
+    if (pos_ >= src_.size()) return absl::OkStatus();  // jinja2 stops quietly here
     for (size_t p = pos_; p < src_.size(); ++p) {
       size_t end = 0;
       if (src_.compare(p, 3, "+#}") == 0) {
