@@ -978,11 +978,13 @@ class Renderer {
               absl::StrCat("'in <string>' requires string as left operand, not ", TypeName(item)));
         }
         return container.s().find(item.s()) != std::string::npos;
-      case Kind::kList:
-        for (const Value& v : container.items()) {
+      case Kind::kList: {
+        ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(container));
+        for (const Value& v : items) {
           if (Equal(v, item)) return true;
         }
         return false;
+      }
       case Kind::kDict:
         return AsDict(container)->Find(item) != nullptr;
       default:
@@ -1042,7 +1044,7 @@ class Renderer {
         RETURN_IF_ERROR(CheckSize(a.s().size() + b.s().size()));
         return Value::String(a.s() + b.s());
       }
-      if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
+      if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
         RETURN_IF_ERROR(Step(static_cast<int64_t>(a.items().size() + b.items().size())));
         std::vector<Value> items = a.items();
         items.insert(items.end(), b.items().begin(), b.items().end());
@@ -1066,8 +1068,12 @@ class Renderer {
         return Value::Int(r);
       }
       if (nums) return Value::Float(a.as_double() * b.as_double());
-      if ((a.is_string() || a.is_list()) && b.is_int_like()) return Repeat(a, b.as_int());
-      if ((b.is_string() || b.is_list()) && a.is_int_like()) return Repeat(b, a.as_int());
+      if ((a.is_string() || (a.is_list() && !a.generator)) && b.is_int_like()) {
+        return Repeat(a, b.as_int());
+      }
+      if ((b.is_string() || (b.is_list() && !b.generator)) && a.is_int_like()) {
+        return Repeat(b, a.as_int());
+      }
       return BinaryTypeError(op, a, b);
     }
     if (op == "/") {
@@ -1252,6 +1258,10 @@ class Renderer {
       case Kind::kUndefined:
         return std::vector<Value>{};
       case Kind::kList:
+        if (v.generator) {
+          const absl::Status& error = static_cast<const ListObject*>(v.obj.get())->error;
+          if (!error.ok()) return error;
+        }
         return v.items();
       case Kind::kDict: {
         std::vector<Value> keys;
@@ -1292,7 +1302,7 @@ class Renderer {
       }
       return Value::String(std::move(out));
     }
-    if (obj.is_list()) {
+    if (obj.is_list() && !obj.generator) {
       ASSIGN_OR_RETURN(std::vector<int64_t> idx, SliceIndices(obj.items().size(), a, b, c));
       std::vector<Value> out;
       out.reserve(idx.size());
@@ -1300,7 +1310,7 @@ class Renderer {
       return Value::List(std::move(out), obj.tuple);
     }
     if (obj.is_dict()) return Error("unhashable type: 'slice'");
-    return Value::Undefined(absl::StrCat("'", TypeRepr(obj), "' object is not subscriptable"));
+    return Error(absl::StrCat("'", TypeName(obj), "' object is not subscriptable"));
   }
 
   static Value NoAttribute(const Value& obj, std::string_view name) {
@@ -1427,6 +1437,7 @@ class Renderer {
 
   absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
     if (obj.is_undefined()) return Error(obj.undefined_message());
+    if (obj.generator) return Error("'generator' object is not subscriptable");
     switch (obj.kind) {
       case Kind::kDict:
         if (const Value* v = AsDict(obj)->Find(key)) return *v;
@@ -1504,6 +1515,7 @@ class Renderer {
   // ---- filters, tests, methods (jinja_builtins below)
   absl::StatusOr<Value> Filter(const Expr& e, Value input, CallValues& args);
   absl::StatusOr<Value> ApplyFilter(std::string_view name, const Value& input, CallValues& args);
+  absl::StatusOr<Value> ApplyFilterNow(std::string_view name, const Value& input, CallValues& args);
   absl::StatusOr<bool> Test(std::string_view name, const Value& input, CallValues& args);
   absl::StatusOr<Value> CallMethod(const Value& self, const std::string& name, CallValues& args);
   absl::StatusOr<Value> StrMethod(const std::string& s, const std::string& name, CallValues& args);
@@ -1660,7 +1672,7 @@ absl::StatusOr<bool> Renderer::Test(std::string_view name, const Value& v, CallV
     return v.is_undefined() || v.is_string() || v.is_list() || v.is_dict();
   }
   if (name == "sequence") {
-    return v.is_undefined() || v.is_string() || v.is_list() || v.is_dict();
+    return v.is_undefined() || v.is_string() || (v.is_list() && !v.generator) || v.is_dict();
   }
   if (name == "callable") return v.kind == Kind::kFunction;
   if (name == "escaped") return false;
@@ -1750,6 +1762,8 @@ absl::StatusOr<Value> Renderer::SortedList(std::vector<Value> items, const CallV
   absl::Status error;
   std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
     if (!error.ok()) return false;
+    // jinja2 sorts by lists of keys, which compare equal elements with == first.
+    if (Equal(a.first, b.first)) return false;
     absl::StatusOr<bool> r = rev ? Less(b.first, a.first) : Less(a.first, b.first);
     if (!r.ok()) {
       error = r.status();
@@ -1816,6 +1830,23 @@ const std::vector<std::string_view>* FilterParams(std::string_view name) {
 absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& v,
                                             CallValues& args) {
   RETURN_IF_ERROR(Step());
+  // These are generators in jinja2: always true, and their errors only surface when consumed.
+  static constexpr std::string_view kGenerators[] = {"map",        "select", "reject", "selectattr",
+                                                     "rejectattr", "unique", "items",  "batch"};
+  if (std::find(std::begin(kGenerators), std::end(kGenerators), name) != std::end(kGenerators)) {
+    absl::StatusOr<Value> r = ApplyFilterNow(name, v, args);
+    if (!r.ok()) {
+      if (r.status().code() != absl::StatusCode::kInvalidArgument) return r.status();
+      return Value::FailedGenerator(r.status());
+    }
+    r->generator = true;
+    return r;
+  }
+  return ApplyFilterNow(name, v, args);
+}
+
+absl::StatusOr<Value> Renderer::ApplyFilterNow(std::string_view name, const Value& v,
+                                               CallValues& args) {
   if (const std::vector<std::string_view>* params = FilterParams(name)) {
     if (args.pos.size() > params->size()) {
       return Error(absl::StrCat("filter '", Sv(name), "' takes at most ", params->size(),
@@ -1873,6 +1904,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
       case Kind::kString:
         return Value::Int(CodePointCount(v.s()));
       case Kind::kList:
+        if (v.generator) return Error("object of type 'generator' has no len()");
         return Value::Int(v.items().size());
       case Kind::kDict:
         return Value::Int(v.entries().size());
@@ -1917,7 +1949,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     return Value::String(std::move(out));
   }
   if (name == "first") {
-    if (v.is_list()) {
+    if (v.is_list() && !v.generator) {
       if (v.items().empty()) return Value::Undefined("No first item, sequence was empty.");
       return v.items()[0];
     }
@@ -1927,6 +1959,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
   }
   if (name == "last") {
     if (v.is_undefined()) return Error(v.undefined_message());
+    if (v.generator) return Error("'generator' object is not reversible");
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     if (items.empty()) return Value::Undefined("No last item, sequence was empty.");
     return items.back();
@@ -1967,6 +2000,10 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     }
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     std::reverse(items.begin(), items.end());
+    // reversed() of a list, dict or undefined is an iterator; of anything else, a list.
+    if (v.is_undefined() || v.is_dict() || (v.is_list() && !v.generator)) {
+      return Value::Generator(std::move(items));
+    }
     return Value::List(std::move(items));
   }
   if (name == "sort") {
@@ -2130,7 +2167,11 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     } else {
       return Error("indent: width must be an int or a string");
     }
-    std::string s = Str(v) + "\n";
+    if (!v.is_string()) {
+      if (v.is_undefined()) return Error(v.undefined_message());
+      return Error(absl::StrCat("'", TypeName(v), "' object has no attribute 'splitlines'"));
+    }
+    std::string s = v.s() + "\n";
     std::vector<std::string> lines = SplitLines(s, false);
     RETURN_IF_ERROR(CheckSize(s.size() + (lines.size() + 1) * indention.size()));
     std::string rv;
@@ -2262,7 +2303,17 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     const Value* leeway = args.Get(3, "leeway");
     const int64_t len = length != nullptr && length->is_int_like() ? length->as_int() : 255;
     const int64_t lee = leeway != nullptr && leeway->is_int_like() ? leeway->as_int() : 5;
-    const std::vector<char32_t> cps = Decode(Str(v));
+    if (!v.is_string()) {
+      // jinja2 takes len() of the value and returns it unchanged when short enough.
+      int64_t n = -1;
+      if (v.is_list() && !v.generator) n = v.items().size();
+      if (v.is_dict()) n = v.entries().size();
+      if (v.is_undefined()) n = 0;
+      if (n < 0) return Error(absl::StrCat("object of type '", TypeName(v), "' has no len()"));
+      if (n <= len + lee) return v;
+      return Error("truncate: value is not a string");
+    }
+    const std::vector<char32_t> cps = Decode(v.s());
     const int64_t end_len = CodePointCount(end);
     if (len < end_len) return Error("expected length >= len(end)");
     if (lee < 0) return Error("expected leeway >= 0");

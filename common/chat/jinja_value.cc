@@ -25,6 +25,18 @@ Value Value::List(std::vector<Value> items, bool tuple) {
   return v;
 }
 
+Value Value::Generator(std::vector<Value> items) {
+  Value v = List(std::move(items));
+  v.generator = true;
+  return v;
+}
+
+Value Value::FailedGenerator(absl::Status error) {
+  Value v = Generator({});
+  static_cast<ListObject*>(v.obj.get())->error = std::move(error);
+  return v;
+}
+
 Value Value::Dict(std::vector<std::pair<Value, Value>> items) {
   auto dict = std::make_shared<DictObject>();
   dict->entries = std::move(items);
@@ -89,7 +101,7 @@ bool Truthy(const Value& v) {
     case Kind::kString:
       return !v.str->empty();
     case Kind::kList:
-      return !v.items().empty();
+      return v.generator || !v.items().empty();
     case Kind::kDict:
       return !v.entries().empty();
     default:
@@ -110,6 +122,7 @@ bool Equal(const Value& a, const Value& b) {
     case Kind::kString:
       return a.str == b.str || *a.str == *b.str;
     case Kind::kList: {
+      if (a.generator || b.generator) return a.obj == b.obj;
       if (a.tuple != b.tuple) return false;
       const auto& x = a.items();
       const auto& y = b.items();
@@ -140,7 +153,7 @@ absl::StatusOr<bool> Less(const Value& a, const Value& b) {
     return a.as_double() < b.as_double();
   }
   if (a.is_string() && b.is_string()) return *a.str < *b.str;  // UTF-8 order is code point order
-  if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
+  if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
     const auto& x = a.items();
     const auto& y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -172,7 +185,7 @@ std::string TypeName(const Value& v) {
     case Kind::kString:
       return "str";
     case Kind::kList:
-      return v.tuple ? "tuple" : "list";
+      return v.generator ? "generator" : v.tuple ? "tuple" : "list";
     case Kind::kDict:
       return "dict";
     case Kind::kNamespace:
@@ -288,6 +301,10 @@ void AppendRepr(const Value& v, std::string* out) {
       AppendStringRepr(*v.str, out);
       return;
     case Kind::kList: {
+      if (v.generator) {
+        *out += "<generator object>";
+        return;
+      }
       out->push_back(v.tuple ? '(' : '[');
       const auto& items = v.items();
       for (size_t i = 0; i < items.size(); ++i) {
@@ -443,6 +460,9 @@ absl::Status Dump(const Value& v, const JsonOptions& o, int level, std::string* 
       JsonString(*v.str, o.ensure_ascii, out);
       return absl::OkStatus();
     case Kind::kList: {
+      if (v.generator) {
+        return absl::InvalidArgumentError("Object of type generator is not JSON serializable");
+      }
       const auto& items = v.items();
       if (items.empty()) {
         *out += "[]";

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
@@ -47,8 +48,10 @@ constexpr int kMaxValueDepth = 100;
 
 struct Value {
   Kind kind = Kind::kUndefined;
-  bool tuple = false;  // a kList that is a Python tuple
-  bool flag = false;   // kBool's value
+  bool tuple = false;      // a kList that is a Python tuple
+  bool generator = false;  // a kList that is a Python iterator (select, map, ...): always true,
+                           // no len(), not subscriptable
+  bool flag = false;       // kBool's value
   int64_t i = 0;
   double f = 0;
   // kString: the text; kUndefined: the message jinja2 raises when it is used (may be null).
@@ -90,6 +93,8 @@ struct Value {
     return v;
   }
   static Value List(std::vector<Value> items, bool tuple = false);
+  static Value Generator(std::vector<Value> items);
+  static Value FailedGenerator(absl::Status error);
   static Value Dict(std::vector<std::pair<Value, Value>> items);
   static Value Namespace(std::vector<std::pair<Value, Value>> items);
 
@@ -112,6 +117,7 @@ struct Value {
 
 struct ListObject : Object {
   std::vector<Value> items;
+  absl::Status error;  // a generator's: raised when it is consumed
 };
 
 struct DictObject : Object {
