@@ -986,6 +986,9 @@ class Renderer {
         return false;
       }
       case Kind::kDict:
+        if ((item.is_list() && !item.tuple) || item.is_dict() || item.kind == Kind::kNamespace) {
+          return Error(absl::StrCat("unhashable type: '", TypeName(item), "'"));
+        }
         return AsDict(container)->Find(item) != nullptr;
       default:
         return Error(absl::StrCat("argument of type '", TypeName(container), "' is not iterable"));
@@ -1145,6 +1148,9 @@ class Renderer {
     } else {
       list.push_back(args);
     }
+    // Python treats any non-tuple with __getitem__ (a list too) as a mapping: no "not all
+    // arguments converted" error for it.
+    const bool mapping_like = mapping != nullptr || (args.is_list() && !args.tuple);
     size_t next = 0;
     std::string out;
     for (size_t i = 0; i < fmt.size(); ++i) {
@@ -1246,7 +1252,7 @@ class Renderer {
       }
       RETURN_IF_ERROR(CheckSize(out.size()));
     }
-    if (mapping == nullptr && next < list.size()) {
+    if (!mapping_like && next < list.size()) {
       return Error("not all arguments converted during string formatting");
     }
     return Value::String(std::move(out));
@@ -1583,7 +1589,11 @@ void Renderer::InstallGlobals() {
         for (int64_t k = 0; k < static_cast<int64_t>(count); ++k) {
           items.push_back(Value::Int(start + k * step));
         }
-        return Value::List(std::move(items));
+        Value range = Value::List(std::move(items));
+        static_cast<ListObject*>(range.obj.get())->repr =
+            step == 1 ? absl::StrCat("range(", start, ", ", stop, ")")
+                      : absl::StrCat("range(", start, ", ", stop, ", ", step, ")");
+        return range;
       }));
   builtins_.emplace_back(
       "dict", MakeFunction("dict", [](Renderer&, CallValues& args) -> absl::StatusOr<Value> {
@@ -2037,6 +2047,7 @@ absl::StatusOr<Value> Renderer::ApplyFilterNow(std::string_view name, const Valu
     return Value::List(std::move(out));
   }
   if (name == "map") {
+    if (!Truthy(v)) return Value::List({});  // jinja2: `if value: for item in value: ...`
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     std::vector<Value> out;
     const Value* attribute = nullptr;
@@ -2069,6 +2080,7 @@ absl::StatusOr<Value> Renderer::ApplyFilterNow(std::string_view name, const Valu
   if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
     const bool attr = name == "selectattr" || name == "rejectattr";
     const bool keep_if = name == "select" || name == "selectattr";
+    if (!Truthy(v)) return Value::List({});  // jinja2: `if value: for item in value: ...`
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     size_t next = 0;
     const Value* attribute = nullptr;

@@ -305,6 +305,10 @@ void AppendRepr(const Value& v, std::string* out) {
         *out += "<generator object>";
         return;
       }
+      if (const std::string& r = static_cast<const ListObject*>(v.obj.get())->repr; !r.empty()) {
+        *out += r;
+        return;
+      }
       out->push_back(v.tuple ? '(' : '[');
       const auto& items = v.items();
       for (size_t i = 0; i < items.size(); ++i) {
@@ -462,6 +466,9 @@ absl::Status Dump(const Value& v, const JsonOptions& o, int level, std::string* 
     case Kind::kList: {
       if (v.generator) {
         return absl::InvalidArgumentError("Object of type generator is not JSON serializable");
+      }
+      if (!static_cast<const ListObject*>(v.obj.get())->repr.empty()) {
+        return absl::InvalidArgumentError("Object of type range is not JSON serializable");
       }
       const auto& items = v.items();
       if (items.empty()) {

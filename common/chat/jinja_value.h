@@ -118,6 +118,7 @@ struct Value {
 struct ListObject : Object {
   std::vector<Value> items;
   absl::Status error;  // a generator's: raised when it is consumed
+  std::string repr;    // what Python prints instead of a list (a range's "range(0, 3)")
 };
 
 struct DictObject : Object {
