@@ -1005,6 +1005,11 @@ class Renderer {
                               TypeName(b), "'"));
   }
 
+  // A list or tuple (not a generator or range, which Python does not add or repeat).
+  static bool IsSequence(const Value& v) {
+    return v.is_list() && !v.generator && static_cast<const ListObject*>(v.obj.get())->repr.empty();
+  }
+
   absl::StatusOr<Value> Repeat(const Value& seq, int64_t n) {
     if (n < 0) n = 0;
     if (seq.is_string()) {
@@ -1047,7 +1052,7 @@ class Renderer {
         RETURN_IF_ERROR(CheckSize(a.s().size() + b.s().size()));
         return Value::String(a.s() + b.s());
       }
-      if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
+      if (IsSequence(a) && IsSequence(b) && a.tuple == b.tuple) {
         RETURN_IF_ERROR(Step(static_cast<int64_t>(a.items().size() + b.items().size())));
         std::vector<Value> items = a.items();
         items.insert(items.end(), b.items().begin(), b.items().end());
@@ -1071,12 +1076,8 @@ class Renderer {
         return Value::Int(r);
       }
       if (nums) return Value::Float(a.as_double() * b.as_double());
-      if ((a.is_string() || (a.is_list() && !a.generator)) && b.is_int_like()) {
-        return Repeat(a, b.as_int());
-      }
-      if ((b.is_string() || (b.is_list() && !b.generator)) && a.is_int_like()) {
-        return Repeat(b, a.as_int());
-      }
+      if ((a.is_string() || IsSequence(a)) && b.is_int_like()) return Repeat(a, b.as_int());
+      if ((b.is_string() || IsSequence(b)) && a.is_int_like()) return Repeat(b, a.as_int());
       return BinaryTypeError(op, a, b);
     }
     if (op == "/") {
@@ -2142,6 +2143,7 @@ absl::StatusOr<Value> Renderer::ApplyFilterNow(std::string_view name, const Valu
     const Value* def = args.Get(0, "default");
     const Value* base = args.Get(1, "base");
     const Value fallback = def == nullptr ? Value::Int(0) : *def;
+    if (v.is_undefined()) return Error(v.undefined_message());
     if (v.is_int_like()) return Value::Int(v.as_int());
     if (v.kind == Kind::kFloat) {
       if (!std::isfinite(v.f) || std::fabs(v.f) >= 9.2e18) return fallback;
@@ -2160,6 +2162,7 @@ absl::StatusOr<Value> Renderer::ApplyFilterNow(std::string_view name, const Valu
   }
   if (name == "float") {
     const Value* def = args.Get(0, "default");
+    if (v.is_undefined()) return Error(v.undefined_message());
     if (v.is_number()) return Value::Float(v.as_double());
     double d;
     if (v.is_string() && ParsePyFloat(v.s(), &d)) return Value::Float(d);

@@ -790,6 +790,28 @@ std::vector<Case> SyntheticCases() {
       "text\n\t\t{#-",
       "a\n  {%- raw %}\n",
       "{{ d | tojson(2) }} {{ items | sort(true) }} {{ 'ab' | center(6) }}|",
+      // Found by comparing random templates with jinja2.
+      "{% if [] | select %}T{% else %}F{% endif %} {% if 0 | map('string') %}T{% else %}F{% endif "
+      "%}",
+      "{% if messages | selectattr('role', 'eq', 'nobody') %}always true{% endif %}",
+      "{{ messages | selectattr('role') | length }}",
+      "{{ (messages | selectattr('role') | list)[0].role }} {{ messages | selectattr('role') | "
+      "first }}",
+      "{% if items | items %}deferred{% endif %}",
+      "{{ x | float }}",
+      "{{ x | int }}",
+      "{{ range(3) }} {{ range(1, 9, 2) }} {{ range(3) | string | wordcount }}",
+      "{{ range(3) | tojson }}",
+      "{{ true * range(3) }}",
+      "{{ 'abc' % [1] }} {{ 'abc' % {'a': 1} }}",
+      "{{ 'abc' % 1 }}",
+      "{{ [1] in {'a': 1} }}",
+      "{{ n[1:] }}",
+      "{{ x | reverse | list }} {% if x | reverse %}iterator{% endif %} {{ items | reverse | list "
+      "}}",
+      "{{ people | sort(attribute='missing') | map(attribute='name') | join }}",
+      "{{ 'ab' | indent }} {{ items | truncate(9) }}",
+      "{{ people[0] | indent }}",
       // Errors.
       "{{ raise_exception('custom failure') }}",
       "{% if true %}unclosed",
