@@ -686,15 +686,19 @@ class Renderer {
       }
       items = std::move(kept);
     }
-    if (items.empty()) {
-      if (s.has_else) return ExecBody(s.bodies[1], Child(scope));
-      return absl::OkStatus();
-    }
+    // As jinja2 compiles it, the else block runs unless an iteration ran its body to the end
+    // (so also when every iteration ends in continue, or the first in break).
+    auto run_else = [&]() -> absl::Status {
+      if (!s.has_else) return absl::OkStatus();
+      return ExecBody(s.bodies[1], Child(scope));
+    };
+    if (items.empty()) return run_else();
     auto loop = std::make_shared<LoopObject>();
     loop->items = std::move(items);
     Value loop_value;
     loop_value.kind = Kind::kLoop;
     loop_value.obj = loop;
+    bool completed = false;
     for (size_t i = 0; i < loop->items.size(); ++i) {
       RETURN_IF_ERROR(Step());
       loop->index0 = i;
@@ -703,12 +707,14 @@ class Renderer {
       RETURN_IF_ERROR(Assign(s.targets[0], loop->items[i], iter_scope));
       iter_scope->Set("loop", loop_value);
       RETURN_IF_ERROR(ExecBody(s.bodies[0], iter_scope));
+      if (flow_ == Flow::kNormal) completed = true;
       if (flow_ == Flow::kBreak) {
         flow_ = Flow::kNormal;
         break;
       }
       flow_ = Flow::kNormal;
     }
+    if (!completed) return run_else();
     return absl::OkStatus();
   }
 
@@ -1969,7 +1975,7 @@ absl::StatusOr<Value> Renderer::ApplyFilterNow(std::string_view name, const Valu
     return items[0];
   }
   if (name == "last") {
-    if (v.is_undefined()) return Error(v.undefined_message());
+    if (v.is_undefined()) return Value::Undefined("No last item, sequence was empty.");
     if (v.generator) return Error("'generator' object is not reversible");
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     if (items.empty()) return Value::Undefined("No last item, sequence was empty.");

@@ -812,6 +812,12 @@ std::vector<Case> SyntheticCases() {
       "{{ people | sort(attribute='missing') | map(attribute='name') | join }}",
       "{{ 'ab' | indent }} {{ items | truncate(9) }}",
       "{{ people[0] | indent }}",
+      "{% for i in items %}{% continue %}{% else %}else after continues{% endfor %}",
+      "{% for i in items %}{% break %}{% else %}else after break{% endfor %}",
+      "{% for i in items %}{% if i == 2 %}{% continue %}{% endif %}{% else %}no else{% endfor %}",
+      "{% for j in [1] %}{% for i in [] %}{% else %}outer {{ loop.index }}{% endfor %}{% endfor %}",
+      "{% for i in [] %}{% else %}{{ loop.index }}{% endfor %}",
+      "{{ '' | first | last }}|{{ x | last }}|",
       // Errors.
       "{{ raise_exception('custom failure') }}",
       "{% if true %}unclosed",
