@@ -1691,7 +1691,7 @@ absl::StatusOr<bool> Renderer::Test(std::string_view name, const Value& v, CallV
   if (name == "sequence") {
     return v.is_undefined() || v.is_string() || (v.is_list() && !v.generator) || v.is_dict();
   }
-  if (name == "callable") return v.kind == Kind::kFunction;
+  if (name == "callable") return v.kind == Kind::kFunction || v.is_undefined();  // __call__
   if (name == "escaped") return false;
   if (name == "odd" || name == "even") {
     ASSIGN_OR_RETURN(Value m, Binary("%", v, Value::Int(2)));

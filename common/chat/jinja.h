@@ -22,6 +22,9 @@
 //    (plus 'ß' -> 'SS'); isalpha/isdigit are approximations of Python's.
 //  - Generators (select, map, ...) print as "<generator object>" (jinja2 adds an address) and
 //    can be iterated more than once; dict.items()/keys()/values() are lists, not views.
+//  - safe/escape return plain strings: jinja2's Markup (which escapes what is added to it and
+//    prints as Markup('...') inside lists) is not modelled; autoescape is off, as in
+//    transformers.
 //  - str.format supports only {}, {0} and {name} fields, without format specs.
 //  - Not supported: recursive for loops, include/import/extends/block, the filters not listed
 //    missing from IsKnownFilter in jinja.cc (groupby, slice, pprint, urlize, xmlattr, ...).

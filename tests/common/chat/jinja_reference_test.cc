@@ -818,6 +818,7 @@ std::vector<Case> SyntheticCases() {
       "{% for j in [1] %}{% for i in [] %}{% else %}outer {{ loop.index }}{% endfor %}{% endfor %}",
       "{% for i in [] %}{% else %}{{ loop.index }}{% endfor %}",
       "{{ '' | first | last }}|{{ x | last }}|",
+      "{{ x is callable }} {{ 2 | attr('a') is callable }} {{ d.get is callable }}",
       // Errors.
       "{{ raise_exception('custom failure') }}",
       "{% if true %}unclosed",
