@@ -67,9 +67,10 @@ std::vector<Reference> RenderWithPython(const std::vector<Case>& cases) {
   for (const Case& c : cases) {
     request["cases"].push_back({{"template", c.source}, {"context", c.context}});
   }
-  const std::string dir = ::testing::TempDir();
-  const std::string in_path = dir + "/jinja_reference_in.json";
-  const std::string out_path = dir + "/jinja_reference_out.json";
+  // Per process: CTest may run the cases of this file in parallel.
+  const std::string prefix = ::testing::TempDir() + "/jinja_reference_" + std::to_string(getpid());
+  const std::string in_path = prefix + "_in.json";
+  const std::string out_path = prefix + "_out.json";
   {
     std::ofstream in(in_path, std::ios::binary);
     in << request.dump();
@@ -80,6 +81,8 @@ std::vector<Reference> RenderWithPython(const std::vector<Case>& cases) {
     return {};
   }
   const Json results = Json::parse(ReadFile(out_path), nullptr, /*allow_exceptions=*/false);
+  std::remove(in_path.c_str());
+  std::remove(out_path.c_str());
   if (!results.is_array() || results.size() != cases.size()) {
     ADD_FAILURE() << "render_reference.py gave no result per case";
     return {};
