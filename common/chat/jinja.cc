@@ -723,7 +723,7 @@ class Renderer {
     captured_.push_back(scope);
     // The caller of a call block takes the call block's parameters; defaults follow the call.
     const size_t defaults_offset = is_caller ? 1 : 0;
-    return MakeFunction(
+    Value macro = MakeFunction(
         is_caller ? "caller" : s.text,
         [stmt, scope, defaults_offset](Renderer& r, CallValues& args) -> absl::StatusOr<Value> {
           RETURN_IF_ERROR(r.Enter());
@@ -731,6 +731,10 @@ class Renderer {
           r.Leave();
           return result;
         });
+    // What jinja2 prints for it.
+    macro.str = std::make_shared<const std::string>(
+        absl::StrCat("<Macro '", is_caller ? "caller" : s.text, "'>"));
+    return macro;
   }
 
   absl::StatusOr<Value> InvokeMacro(const Stmt& s, const ScopePtr& defining, size_t defaults_offset,

@@ -362,7 +362,7 @@ void AppendStr(const Value& v, std::string* out) {
       *out += *v.str;
       return;
     case Kind::kFunction:
-      *out += "<function>";
+      *out += v.str != nullptr ? *v.str : "<function>";
       return;
     case Kind::kLoop:
       *out += "<LoopContext>";

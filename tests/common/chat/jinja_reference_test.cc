@@ -822,6 +822,7 @@ std::vector<Case> SyntheticCases() {
       "{% for i in [] %}{% else %}{{ loop.index }}{% endfor %}",
       "{{ '' | first | last }}|{{ x | last }}|",
       "{{ x is callable }} {{ 2 | attr('a') is callable }} {{ d.get is callable }}",
+      "{% macro f() %}{% endmacro %}{{ f }} {{ [f] }} {{ f is callable }}",
       // Errors.
       "{{ raise_exception('custom failure') }}",
       "{% if true %}unclosed",
