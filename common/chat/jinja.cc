@@ -117,7 +117,13 @@ std::string Upper(std::string_view s) {
     for (char c : s) out.push_back(c >= 'a' && c <= 'z' ? c - 32 : c);
     return out;
   }
-  for (char32_t c : Decode(s)) AppendCodePoint(PyUpper(c), &out);
+  for (char32_t c : Decode(s)) {
+    if (c == 0xdf) {
+      out += "SS";  // Python: 'ß'.upper() == 'SS'
+    } else {
+      AppendCodePoint(PyUpper(c), &out);
+    }
+  }
   return out;
 }
 
@@ -270,6 +276,23 @@ std::vector<std::string> SplitLines(std::string_view s, bool keepends) {
   return lines;
 }
 
+// The size str.replace would produce.
+size_t ReplacedSize(std::string_view s, std::string_view old, std::string_view repl,
+                    int64_t count) {
+  size_t n = 0;
+  if (old.empty()) {
+    n = CodePointCount(s) + 1;
+  } else {
+    for (size_t at = s.find(old);
+         at != std::string_view::npos && (count < 0 || static_cast<int64_t>(n) < count);
+         at = s.find(old, at + old.size())) {
+      ++n;
+    }
+  }
+  if (count >= 0) n = std::min<size_t>(n, count);
+  return s.size() - n * old.size() + n * repl.size();
+}
+
 std::string Replace(std::string_view s, std::string_view old, std::string_view repl,
                     int64_t count) {
   std::string out;
@@ -330,8 +353,8 @@ std::string HtmlEscape(std::string_view s) {
 absl::StatusOr<std::vector<int64_t>> SliceIndices(int64_t len, const Value& start,
                                                   const Value& stop, const Value& step) {
   for (const Value* v : {&start, &stop, &step}) {
-    if (!v->is_none() && !v->is_undefined() && !v->is_int_like()) {
-      return Error("slice indices must be integers or None");
+    if (!v->is_none() && !v->is_int_like()) {
+      return Error("slice indices must be integers or None or have an __index__ method");
     }
   }
   int64_t st = step.is_int_like() ? step.as_int() : 1;
@@ -463,6 +486,13 @@ class Renderer {
       : limits_(limits), globals_(std::move(globals)), now_(now) {
     InstallGlobals();
   }
+  // Macros hold the scope they were defined in, which may hold them: clearing the scopes
+  // they captured breaks those cycles.
+  ~Renderer() {
+    for (const ScopePtr& scope : captured_) scope->vars.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   absl::StatusOr<std::string> Run(const Program& program) {
     std::string out;
@@ -493,6 +523,10 @@ class Renderer {
                                                        limits_.max_output_bytes, ")"));
     }
     return absl::OkStatus();
+  }
+  static absl::StatusOr<Value> CheckDepth(Value v) {
+    if (DepthOf(v) > kMaxValueDepth) return Error("value nested too deeply");
+    return v;
   }
   absl::Status Write(std::string_view s) {
     RETURN_IF_ERROR(CheckSize(out_->size() + s.size()));
@@ -536,6 +570,9 @@ class Renderer {
       if (ns == nullptr || ns->kind != Kind::kNamespace) {
         return Error("cannot assign attribute on non-namespace object");
       }
+      // Unlike jinja2, a namespace may not hold a namespace: no cycles, and depths stay known.
+      if (HoldsNamespace(value)) return Error("a namespace cannot hold a namespace");
+      if (DepthOf(value) >= kMaxValueDepth) return Error("value nested too deeply");
       AsDict(*ns)->Set(Value::String(target.ns_attr), std::move(value));
       return absl::OkStatus();
     }
@@ -649,15 +686,19 @@ class Renderer {
       }
       items = std::move(kept);
     }
-    if (items.empty()) {
-      if (s.has_else) return ExecBody(s.bodies[1], Child(scope));
-      return absl::OkStatus();
-    }
+    // As jinja2 compiles it, the else block runs unless an iteration ran its body to the end
+    // (so also when every iteration ends in continue, or the first in break).
+    auto run_else = [&]() -> absl::Status {
+      if (!s.has_else) return absl::OkStatus();
+      return ExecBody(s.bodies[1], Child(scope));
+    };
+    if (items.empty()) return run_else();
     auto loop = std::make_shared<LoopObject>();
     loop->items = std::move(items);
     Value loop_value;
     loop_value.kind = Kind::kLoop;
     loop_value.obj = loop;
+    bool completed = false;
     for (size_t i = 0; i < loop->items.size(); ++i) {
       RETURN_IF_ERROR(Step());
       loop->index0 = i;
@@ -666,20 +707,23 @@ class Renderer {
       RETURN_IF_ERROR(Assign(s.targets[0], loop->items[i], iter_scope));
       iter_scope->Set("loop", loop_value);
       RETURN_IF_ERROR(ExecBody(s.bodies[0], iter_scope));
+      if (flow_ == Flow::kNormal) completed = true;
       if (flow_ == Flow::kBreak) {
         flow_ = Flow::kNormal;
         break;
       }
       flow_ = Flow::kNormal;
     }
+    if (!completed) return run_else();
     return absl::OkStatus();
   }
 
   Value MakeMacro(const Stmt& s, const ScopePtr& scope, bool is_caller = false) {
     const Stmt* stmt = &s;
+    captured_.push_back(scope);
     // The caller of a call block takes the call block's parameters; defaults follow the call.
     const size_t defaults_offset = is_caller ? 1 : 0;
-    return MakeFunction(
+    Value macro = MakeFunction(
         is_caller ? "caller" : s.text,
         [stmt, scope, defaults_offset](Renderer& r, CallValues& args) -> absl::StatusOr<Value> {
           RETURN_IF_ERROR(r.Enter());
@@ -687,6 +731,10 @@ class Renderer {
           r.Leave();
           return result;
         });
+    // What jinja2 prints for it.
+    macro.str = std::make_shared<const std::string>(
+        absl::StrCat("<Macro '", is_caller ? "caller" : s.text, "'>"));
+    return macro;
   }
 
   absl::StatusOr<Value> InvokeMacro(const Stmt& s, const ScopePtr& defining, size_t defaults_offset,
@@ -700,8 +748,10 @@ class Renderer {
       if (i < n) {
         scope->Set(s.params[i], args.pos[i]);
         set[i] = true;
-      } else {
+      } else if (s.uses_varargs) {
         varargs.push_back(args.pos[i]);
+      } else {
+        return Error(absl::StrCat("macro '", s.text, "' takes not more than ", n, " argument(s)"));
       }
     }
     for (auto& [k, v] : args.kw) {
@@ -714,10 +764,12 @@ class Renderer {
         }
         scope->Set(k, v);
         set[idx] = true;
-      } else if (k == "caller") {
+      } else if (k == "caller" && s.uses_caller) {
         scope->Set("caller", v);
-      } else {
+      } else if (s.uses_kwargs) {
         kwargs.emplace_back(Value::String(k), v);
+      } else {
+        return Error(absl::StrCat("macro '", s.text, "' takes no keyword argument '", k, "'"));
       }
     }
     for (size_t i = 0; i < n; ++i) {
@@ -731,8 +783,11 @@ class Renderer {
                                                               "' was not provided")));
       }
     }
-    scope->Set("varargs", Value::List(std::move(varargs), true));
-    scope->Set("kwargs", Value::Dict(std::move(kwargs)));
+    if (s.uses_varargs) scope->Set("varargs", Value::List(std::move(varargs), true));
+    if (s.uses_kwargs) scope->Set("kwargs", Value::Dict(std::move(kwargs)));
+    if (s.uses_caller && scope->Find("caller") == nullptr) {
+      scope->Set("caller", Value::Undefined("No caller defined"));
+    }
     const Flow saved = flow_;
     flow_ = Flow::kNormal;
     ASSIGN_OR_RETURN(std::string text, Capture(s.bodies[0], scope));
@@ -796,7 +851,7 @@ class Renderer {
           ASSIGN_OR_RETURN(Value v, Eval(*c, scope));
           items.push_back(std::move(v));
         }
-        return Value::List(std::move(items), e.type == ExprType::kTuple);
+        return CheckDepth(Value::List(std::move(items), e.type == ExprType::kTuple));
       }
       case ExprType::kDict: {
         auto dict = std::make_shared<DictObject>();
@@ -810,7 +865,7 @@ class Renderer {
         Value v;
         v.kind = Kind::kDict;
         v.obj = std::move(dict);
-        return v;
+        return CheckDepth(std::move(v));
       }
       case ExprType::kGetAttr: {
         ASSIGN_OR_RETURN(Value obj, Eval(*e.children[0], scope));
@@ -933,12 +988,17 @@ class Renderer {
               absl::StrCat("'in <string>' requires string as left operand, not ", TypeName(item)));
         }
         return container.s().find(item.s()) != std::string::npos;
-      case Kind::kList:
-        for (const Value& v : container.items()) {
+      case Kind::kList: {
+        ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(container));
+        for (const Value& v : items) {
           if (Equal(v, item)) return true;
         }
         return false;
+      }
       case Kind::kDict:
+        if ((item.is_list() && !item.tuple) || item.is_dict() || item.kind == Kind::kNamespace) {
+          return Error(absl::StrCat("unhashable type: '", TypeName(item), "'"));
+        }
         return AsDict(container)->Find(item) != nullptr;
       default:
         return Error(absl::StrCat("argument of type '", TypeName(container), "' is not iterable"));
@@ -953,6 +1013,11 @@ class Renderer {
     }
     return Error(absl::StrCat("unsupported operand type(s) for ", op, ": '", TypeName(a), "' and '",
                               TypeName(b), "'"));
+  }
+
+  // A list or tuple (not a generator or range, which Python does not add or repeat).
+  static bool IsSequence(const Value& v) {
+    return v.is_list() && !v.generator && static_cast<const ListObject*>(v.obj.get())->repr.empty();
   }
 
   absl::StatusOr<Value> Repeat(const Value& seq, int64_t n) {
@@ -997,7 +1062,7 @@ class Renderer {
         RETURN_IF_ERROR(CheckSize(a.s().size() + b.s().size()));
         return Value::String(a.s() + b.s());
       }
-      if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
+      if (IsSequence(a) && IsSequence(b) && a.tuple == b.tuple) {
         RETURN_IF_ERROR(Step(static_cast<int64_t>(a.items().size() + b.items().size())));
         std::vector<Value> items = a.items();
         items.insert(items.end(), b.items().begin(), b.items().end());
@@ -1021,8 +1086,8 @@ class Renderer {
         return Value::Int(r);
       }
       if (nums) return Value::Float(a.as_double() * b.as_double());
-      if ((a.is_string() || a.is_list()) && b.is_int_like()) return Repeat(a, b.as_int());
-      if ((b.is_string() || b.is_list()) && a.is_int_like()) return Repeat(b, a.as_int());
+      if ((a.is_string() || IsSequence(a)) && b.is_int_like()) return Repeat(a, b.as_int());
+      if ((b.is_string() || IsSequence(b)) && a.is_int_like()) return Repeat(b, a.as_int());
       return BinaryTypeError(op, a, b);
     }
     if (op == "/") {
@@ -1094,6 +1159,9 @@ class Renderer {
     } else {
       list.push_back(args);
     }
+    // Python treats any non-tuple with __getitem__ (a list too) as a mapping: no "not all
+    // arguments converted" error for it.
+    const bool mapping_like = mapping != nullptr || (args.is_list() && !args.tuple);
     size_t next = 0;
     std::string out;
     for (size_t i = 0; i < fmt.size(); ++i) {
@@ -1195,7 +1263,7 @@ class Renderer {
       }
       RETURN_IF_ERROR(CheckSize(out.size()));
     }
-    if (mapping == nullptr && next < list.size()) {
+    if (!mapping_like && next < list.size()) {
       return Error("not all arguments converted during string formatting");
     }
     return Value::String(std::move(out));
@@ -1207,6 +1275,10 @@ class Renderer {
       case Kind::kUndefined:
         return std::vector<Value>{};
       case Kind::kList:
+        if (v.generator) {
+          const absl::Status& error = static_cast<const ListObject*>(v.obj.get())->error;
+          if (!error.ok()) return error;
+        }
         return v.items();
       case Kind::kDict: {
         std::vector<Value> keys;
@@ -1247,7 +1319,7 @@ class Renderer {
       }
       return Value::String(std::move(out));
     }
-    if (obj.is_list()) {
+    if (obj.is_list() && !obj.generator) {
       ASSIGN_OR_RETURN(std::vector<int64_t> idx, SliceIndices(obj.items().size(), a, b, c));
       std::vector<Value> out;
       out.reserve(idx.size());
@@ -1255,7 +1327,7 @@ class Renderer {
       return Value::List(std::move(out), obj.tuple);
     }
     if (obj.is_dict()) return Error("unhashable type: 'slice'");
-    return Value::Undefined(absl::StrCat("'", TypeRepr(obj), "' object is not subscriptable"));
+    return Error(absl::StrCat("'", TypeName(obj), "' object is not subscriptable"));
   }
 
   static Value NoAttribute(const Value& obj, std::string_view name) {
@@ -1382,6 +1454,7 @@ class Renderer {
 
   absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
     if (obj.is_undefined()) return Error(obj.undefined_message());
+    if (obj.generator) return Error("'generator' object is not subscriptable");
     switch (obj.kind) {
       case Kind::kDict:
         if (const Value* v = AsDict(obj)->Find(key)) return *v;
@@ -1425,7 +1498,8 @@ class Renderer {
     RETURN_IF_ERROR(Step());
     if (callee.kind == Kind::kFunction) {
       auto* f = static_cast<FunctionObject*>(callee.obj.get());
-      return f->fn(*this, args);
+      ASSIGN_OR_RETURN(Value v, f->fn(*this, args));
+      return CheckDepth(std::move(v));
     }
     if (callee.is_undefined()) return Error(callee.undefined_message());
     return Error(absl::StrCat("'", TypeName(callee), "' object is not callable"));
@@ -1458,6 +1532,7 @@ class Renderer {
   // ---- filters, tests, methods (jinja_builtins below)
   absl::StatusOr<Value> Filter(const Expr& e, Value input, CallValues& args);
   absl::StatusOr<Value> ApplyFilter(std::string_view name, const Value& input, CallValues& args);
+  absl::StatusOr<Value> ApplyFilterNow(std::string_view name, const Value& input, CallValues& args);
   absl::StatusOr<bool> Test(std::string_view name, const Value& input, CallValues& args);
   absl::StatusOr<Value> CallMethod(const Value& self, const std::string& name, CallValues& args);
   absl::StatusOr<Value> StrMethod(const std::string& s, const std::string& name, CallValues& args);
@@ -1469,6 +1544,7 @@ class Renderer {
   Value globals_;
   absl::Time now_;
   std::vector<std::pair<std::string, Value>> builtins_;
+  std::vector<ScopePtr> captured_;
   std::string* out_ = nullptr;
   Flow flow_ = Flow::kNormal;
   int64_t steps_ = 0;
@@ -1524,7 +1600,11 @@ void Renderer::InstallGlobals() {
         for (int64_t k = 0; k < static_cast<int64_t>(count); ++k) {
           items.push_back(Value::Int(start + k * step));
         }
-        return Value::List(std::move(items));
+        Value range = Value::List(std::move(items));
+        static_cast<ListObject*>(range.obj.get())->repr =
+            step == 1 ? absl::StrCat("range(", start, ", ", stop, ")")
+                      : absl::StrCat("range(", start, ", ", stop, ", ", step, ")");
+        return range;
       }));
   builtins_.emplace_back(
       "dict", MakeFunction("dict", [](Renderer&, CallValues& args) -> absl::StatusOr<Value> {
@@ -1539,6 +1619,7 @@ void Renderer::InstallGlobals() {
         }
         auto dict = std::make_shared<DictObject>();
         dict->entries = std::move(entries);
+        dict->Recompute();
         for (auto& [k, v] : args.kw) dict->Set(Value::String(k), v);
         Value v;
         v.kind = Kind::kDict;
@@ -1554,6 +1635,8 @@ void Renderer::InstallGlobals() {
           for (const auto& [k, v] : p.entries()) dict->Set(k, v);
         }
         for (auto& [k, v] : args.kw) dict->Set(Value::String(k), v);
+        if (dict->holds_ns) return Error("a namespace cannot hold a namespace");
+        dict->holds_ns = true;
         Value v;
         v.kind = Kind::kNamespace;
         v.obj = std::move(dict);
@@ -1578,6 +1661,18 @@ void Renderer::InstallGlobals() {
 // Tests.
 
 absl::StatusOr<bool> Renderer::Test(std::string_view name, const Value& v, CallValues& args) {
+  static constexpr std::string_view kNoArgs[] = {
+      "defined", "undefined", "none", "string", "number",   "integer",  "float",
+      "mapping", "boolean",   "true", "false",  "iterable", "sequence", "callable",
+      "escaped", "odd",       "even", "lower",  "upper",    "filter",   "test"};
+  if (std::find(std::begin(kNoArgs), std::end(kNoArgs), name) != std::end(kNoArgs) &&
+      !(args.pos.empty() && args.kw.empty())) {
+    return Error(absl::StrCat("test '", Sv(name), "' takes no arguments"));
+  }
+  if (std::find(std::begin(kNoArgs), std::end(kNoArgs), name) == std::end(kNoArgs) &&
+      args.pos.size() + args.kw.size() > 1) {
+    return Error(absl::StrCat("test '", Sv(name), "' takes one argument"));
+  }
   const Value* arg = args.Get(0, "value");
   auto need_arg = [&]() -> absl::Status {
     if (arg == nullptr) return Error(absl::StrCat("test '", Sv(name), "' needs an argument"));
@@ -1598,9 +1693,9 @@ absl::StatusOr<bool> Renderer::Test(std::string_view name, const Value& v, CallV
     return v.is_undefined() || v.is_string() || v.is_list() || v.is_dict();
   }
   if (name == "sequence") {
-    return v.is_undefined() || v.is_string() || v.is_list() || v.is_dict();
+    return v.is_undefined() || v.is_string() || (v.is_list() && !v.generator) || v.is_dict();
   }
-  if (name == "callable") return v.kind == Kind::kFunction;
+  if (name == "callable") return v.kind == Kind::kFunction || v.is_undefined();  // __call__
   if (name == "escaped") return false;
   if (name == "odd" || name == "even") {
     ASSIGN_OR_RETURN(Value m, Binary("%", v, Value::Int(2)));
@@ -1646,7 +1741,8 @@ absl::StatusOr<bool> Renderer::Test(std::string_view name, const Value& v, CallV
 
 absl::StatusOr<Value> Renderer::Filter(const Expr& e, Value input, CallValues& args) {
   if (!e.known) return Error(absl::StrCat("no filter named '", e.name, "'"));
-  return ApplyFilter(e.name, input, args);
+  ASSIGN_OR_RETURN(Value v, ApplyFilter(e.name, input, args));
+  return CheckDepth(std::move(v));
 }
 
 absl::StatusOr<Value> Renderer::SortedList(std::vector<Value> items, const CallValues& args,
@@ -1687,6 +1783,8 @@ absl::StatusOr<Value> Renderer::SortedList(std::vector<Value> items, const CallV
   absl::Status error;
   std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
     if (!error.ok()) return false;
+    // jinja2 sorts by lists of keys, which compare equal elements with == first.
+    if (Equal(a.first, b.first)) return false;
     absl::StatusOr<bool> r = rev ? Less(b.first, a.first) : Less(a.first, b.first);
     if (!r.ok()) {
       error = r.status();
@@ -1701,9 +1799,92 @@ absl::StatusOr<Value> Renderer::SortedList(std::vector<Value> items, const CallV
   return Value::List(std::move(out));
 }
 
+// The parameters of a filter after its input, as jinja2 (and transformers' tojson) declare
+// them; null for filters taking *args/**kwargs.
+const std::vector<std::string_view>* FilterParams(std::string_view name) {
+  using P = std::vector<std::string_view>;
+  static const auto* table = new std::vector<std::pair<std::string_view, P>>{
+      {"tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}},
+      {"length", {}},
+      {"count", {}},
+      {"string", {}},
+      {"safe", {}},
+      {"escape", {}},
+      {"e", {}},
+      {"forceescape", {}},
+      {"upper", {}},
+      {"lower", {}},
+      {"capitalize", {}},
+      {"title", {}},
+      {"list", {}},
+      {"items", {}},
+      {"reverse", {}},
+      {"abs", {}},
+      {"wordcount", {}},
+      {"first", {}},
+      {"last", {}},
+      {"default", {"default_value", "boolean"}},
+      {"d", {"default_value", "boolean"}},
+      {"trim", {"chars"}},
+      {"replace", {"old", "new", "count"}},
+      {"join", {"d", "attribute"}},
+      {"sort", {"reverse", "case_sensitive", "attribute"}},
+      {"dictsort", {"case_sensitive", "by", "reverse"}},
+      {"unique", {"case_sensitive", "attribute"}},
+      {"round", {"precision", "method"}},
+      {"int", {"default", "base"}},
+      {"float", {"default"}},
+      {"indent", {"width", "first", "blank"}},
+      {"center", {"width"}},
+      {"sum", {"attribute", "start"}},
+      {"min", {"case_sensitive", "attribute"}},
+      {"max", {"case_sensitive", "attribute"}},
+      {"attr", {"name"}},
+      {"batch", {"linecount", "fill_with"}},
+      {"truncate", {"length", "killwords", "end", "leeway"}}};
+  for (const auto& [n, params] : *table) {
+    if (n == name) return &params;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& v,
                                             CallValues& args) {
   RETURN_IF_ERROR(Step());
+  // These are generators in jinja2: always true, and their errors only surface when consumed.
+  static constexpr std::string_view kGenerators[] = {"map",        "select", "reject", "selectattr",
+                                                     "rejectattr", "unique", "items",  "batch"};
+  if (std::find(std::begin(kGenerators), std::end(kGenerators), name) != std::end(kGenerators)) {
+    absl::StatusOr<Value> r = ApplyFilterNow(name, v, args);
+    if (!r.ok()) {
+      if (r.status().code() != absl::StatusCode::kInvalidArgument) return r.status();
+      return Value::FailedGenerator(r.status());
+    }
+    r->generator = true;
+    return r;
+  }
+  return ApplyFilterNow(name, v, args);
+}
+
+absl::StatusOr<Value> Renderer::ApplyFilterNow(std::string_view name, const Value& v,
+                                               CallValues& args) {
+  if (const std::vector<std::string_view>* params = FilterParams(name)) {
+    if (args.pos.size() > params->size()) {
+      return Error(absl::StrCat("filter '", Sv(name), "' takes at most ", params->size(),
+                                " argument(s), got ", args.pos.size()));
+    }
+    for (size_t i = 0; i < args.kw.size(); ++i) {
+      const auto it = std::find(params->begin(), params->end(), args.kw[i].first);
+      if (it == params->end()) {
+        return Error(absl::StrCat("filter '", Sv(name), "' got an unexpected keyword argument '",
+                                  args.kw[i].first, "'"));
+      }
+      if (static_cast<size_t>(it - params->begin()) < args.pos.size()) {
+        return Error(absl::StrCat("filter '", Sv(name), "' got multiple values for argument '",
+                                  args.kw[i].first, "'"));
+      }
+    }
+  }
   auto str_arg = [&](size_t i, std::string_view n, std::string def) {
     const Value* a = args.Get(i, n);
     return a == nullptr ? def : Str(*a);
@@ -1715,7 +1896,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
       o.has_indent = true;
       if (a->is_int_like()) {
         o.indent = std::string(std::clamp<int64_t>(a->as_int(), 0, 64), ' ');
-      } else if (a->is_string()) {
+      } else if (a->is_string() && a->s().size() <= 1024) {
         o.indent = a->s();
       } else {
         return Error("tojson: indent must be an int or a string");
@@ -1732,6 +1913,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     }
     if (const Value* a = args.Get(3, "sort_keys")) o.sort_keys = Truthy(*a);
     std::string out;
+    o.max_bytes = limits_.max_output_bytes;
     RETURN_IF_ERROR(JsonDumps(v, o, &out));
     RETURN_IF_ERROR(CheckSize(out.size()));
     return Value::String(std::move(out));
@@ -1743,6 +1925,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
       case Kind::kString:
         return Value::Int(CodePointCount(v.s()));
       case Kind::kList:
+        if (v.generator) return Error("object of type 'generator' has no len()");
         return Value::Int(v.items().size());
       case Kind::kDict:
         return Value::Int(v.entries().size());
@@ -1781,12 +1964,13 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
       if (!count->is_int_like()) return Error("replace(): count must be an integer");
       n = count->as_int();
     }
-    std::string out = Replace(Str(v), Str(*old), Str(*repl), n);
-    RETURN_IF_ERROR(CheckSize(out.size()));
+    const std::string subject = Str(v), from = Str(*old), to = Str(*repl);
+    RETURN_IF_ERROR(CheckSize(ReplacedSize(subject, from, to, n)));
+    std::string out = Replace(subject, from, to, n);
     return Value::String(std::move(out));
   }
   if (name == "first") {
-    if (v.is_list()) {
+    if (v.is_list() && !v.generator) {
       if (v.items().empty()) return Value::Undefined("No first item, sequence was empty.");
       return v.items()[0];
     }
@@ -1795,7 +1979,8 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     return items[0];
   }
   if (name == "last") {
-    if (v.is_undefined()) return Error(v.undefined_message());
+    if (v.is_undefined()) return Value::Undefined("No last item, sequence was empty.");
+    if (v.generator) return Error("'generator' object is not reversible");
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     if (items.empty()) return Value::Undefined("No last item, sequence was empty.");
     return items.back();
@@ -1836,6 +2021,10 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     }
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     std::reverse(items.begin(), items.end());
+    // reversed() of a list, dict or undefined is an iterator; of anything else, a list.
+    if (v.is_undefined() || v.is_dict() || (v.is_list() && !v.generator)) {
+      return Value::Generator(std::move(items));
+    }
     return Value::List(std::move(items));
   }
   if (name == "sort") {
@@ -1869,6 +2058,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     return Value::List(std::move(out));
   }
   if (name == "map") {
+    if (!Truthy(v)) return Value::List({});  // jinja2: `if value: for item in value: ...`
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     std::vector<Value> out;
     const Value* attribute = nullptr;
@@ -1901,6 +2091,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
   if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
     const bool attr = name == "selectattr" || name == "rejectattr";
     const bool keep_if = name == "select" || name == "selectattr";
+    if (!Truthy(v)) return Value::List({});  // jinja2: `if value: for item in value: ...`
     ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
     size_t next = 0;
     const Value* attribute = nullptr;
@@ -1962,6 +2153,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     const Value* def = args.Get(0, "default");
     const Value* base = args.Get(1, "base");
     const Value fallback = def == nullptr ? Value::Int(0) : *def;
+    if (v.is_undefined()) return Error(v.undefined_message());
     if (v.is_int_like()) return Value::Int(v.as_int());
     if (v.kind == Kind::kFloat) {
       if (!std::isfinite(v.f) || std::fabs(v.f) >= 9.2e18) return fallback;
@@ -1980,6 +2172,7 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
   }
   if (name == "float") {
     const Value* def = args.Get(0, "default");
+    if (v.is_undefined()) return Error(v.undefined_message());
     if (v.is_number()) return Value::Float(v.as_double());
     double d;
     if (v.is_string() && ParsePyFloat(v.s(), &d)) return Value::Float(d);
@@ -1999,8 +2192,13 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     } else {
       return Error("indent: width must be an int or a string");
     }
-    std::string s = Str(v) + "\n";
+    if (!v.is_string()) {
+      if (v.is_undefined()) return Error(v.undefined_message());
+      return Error(absl::StrCat("'", TypeName(v), "' object has no attribute 'splitlines'"));
+    }
+    std::string s = v.s() + "\n";
     std::vector<std::string> lines = SplitLines(s, false);
+    RETURN_IF_ERROR(CheckSize(s.size() + (lines.size() + 1) * indention.size()));
     std::string rv;
     if (blank != nullptr && Truthy(*blank)) {
       rv = absl::StrJoin(lines, "\n" + indention);
@@ -2130,7 +2328,17 @@ absl::StatusOr<Value> Renderer::ApplyFilter(std::string_view name, const Value& 
     const Value* leeway = args.Get(3, "leeway");
     const int64_t len = length != nullptr && length->is_int_like() ? length->as_int() : 255;
     const int64_t lee = leeway != nullptr && leeway->is_int_like() ? leeway->as_int() : 5;
-    const std::vector<char32_t> cps = Decode(Str(v));
+    if (!v.is_string()) {
+      // jinja2 takes len() of the value and returns it unchanged when short enough.
+      int64_t n = -1;
+      if (v.is_list() && !v.generator) n = v.items().size();
+      if (v.is_dict()) n = v.entries().size();
+      if (v.is_undefined()) n = 0;
+      if (n < 0) return Error(absl::StrCat("object of type '", TypeName(v), "' has no len()"));
+      if (n <= len + lee) return v;
+      return Error("truncate: value is not a string");
+    }
+    const std::vector<char32_t> cps = Decode(v.s());
     const int64_t end_len = CodePointCount(end);
     if (len < end_len) return Error("expected length >= len(end)");
     if (lee < 0) return Error("expected leeway >= 0");
@@ -2288,8 +2496,8 @@ absl::StatusOr<Value> Renderer::StrMethod(const std::string& s, const std::strin
     ASSIGN_OR_RETURN(const Value* old, need_str(0, "old"));
     ASSIGN_OR_RETURN(const Value* repl, need_str(1, "new"));
     ASSIGN_OR_RETURN(int64_t count, int_arg(2, "count", -1));
+    RETURN_IF_ERROR(CheckSize(ReplacedSize(s, old->s(), repl->s(), count)));
     std::string out = Replace(s, old->s(), repl->s(), count);
-    RETURN_IF_ERROR(CheckSize(out.size()));
     return Value::String(std::move(out));
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
@@ -2508,10 +2716,11 @@ absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& 
   if (!context.is_object() && !context.is_null()) {
     return absl::InvalidArgumentError("template context must be a JSON object");
   }
-  internal::Value globals =
+  absl::StatusOr<internal::Value> globals =
       context.is_null() ? internal::Value::Dict({}) : internal::FromJson(context);
+  if (!globals.ok()) return globals.status();
   const absl::Time now = limits.now ? limits.now() : absl::Now();
-  internal::Renderer renderer(limits, std::move(globals), now);
+  internal::Renderer renderer(limits, *std::move(globals), now);
   return renderer.Run(*program_);
 }
 

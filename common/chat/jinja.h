@@ -15,6 +15,25 @@
 //    RenderLimits is RESOURCE_EXHAUSTED naming the limit, or DEADLINE_EXCEEDED.
 //  - Values come from `context` (a JSON object): objects are ordered dicts, arrays lists,
 //    integers stay integers and floats floats (printed as Python's repr), null is None.
+//
+// Known differences from jinja2 (none of them seen in published chat templates):
+//  - Integers are 64-bit: arithmetic that overflows is an error (Python has big integers).
+//  - Unicode case mapping (upper, lower, title, ...) covers ASCII, Latin-1, Greek and Cyrillic
+//    (plus 'ß' -> 'SS'); isalpha/isdigit are approximations of Python's.
+//  - Generators (select, map, ...) print as "<generator object>" (jinja2 adds an address) and
+//    can be iterated more than once; dict.items()/keys()/values() are lists, not views.
+//  - safe/escape return plain strings: jinja2's Markup (which escapes what is added to it and
+//    prints as Markup('...') inside lists) is not modelled; autoescape is off, as in
+//    transformers.
+//  - str.format supports only {}, {0} and {name} fields, without format specs.
+//  - Not supported: recursive for loops, include/import/extends/block, the filters not listed
+//    missing from IsKnownFilter in jinja.cc (groupby, slice, pprint, urlize, xmlattr, ...).
+//  - A namespace may not hold a namespace (jinja2 allows it); values nest at most 100 deep and
+//    expressions 200 deep (jinja2 would hit Python's recursion limit much later).
+//  - Constant folding: jinja2 evaluates constant subexpressions while compiling, with lenient
+//    rules (e.g. `(1)[1:]` is undefined there but an error at run time); this engine always
+//    applies the run-time rules.
+//  - Rendering recurses: about 3 KB of stack per macro call level (max_depth 256 -> ~1 MB).
 #pragma once
 
 #include <cstddef>

@@ -57,6 +57,7 @@ struct Expr {
   CallArgs args;         // kCall, kFilter, kTest
   bool negated = false;  // kTest
   bool known = true;     // kFilter, kTest: the name exists (else a runtime error)
+  int height = 1;        // of the tree below, this node included
 };
 
 struct Stmt;
@@ -94,6 +95,9 @@ struct Stmt {
   std::vector<ExprPtr> filters;     // kFilter exprs with null input
   std::vector<std::string> params;  // kMacro, kCallBlock
   bool has_else = false;
+  // kMacro, kCallBlock: the body reads varargs, kwargs, caller (jinja2 refuses extra
+  // arguments otherwise).
+  bool uses_varargs = false, uses_kwargs = false, uses_caller = false;
 };
 
 struct Program {

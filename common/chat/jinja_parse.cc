@@ -1,4 +1,5 @@
 // jinja2's lexer and parser, for the syntax chat templates use.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -12,6 +13,7 @@ namespace tandem::chat::internal {
 namespace {
 
 constexpr int kMaxNesting = 150;
+constexpr int kMaxHeight = 200;
 
 enum class Tok {
   kData,
@@ -38,9 +40,34 @@ absl::Status SyntaxError(int line, std::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", Sv(message)));
 }
 
-bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+// Python's whitespace (str.isspace, the regex \s jinja2's lexer uses): the byte length of the
+// whitespace character at s[i], or 0.
+size_t SpaceAt(std::string_view s, size_t i) {
+  if (i >= s.size()) return 0;
+  const unsigned char c = s[i];
+  if (c < 0x80) return (c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f)) ? 1 : 0;
+  const size_t len = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : 0;
+  if (len == 0 || i + len > s.size()) return 0;
+  const std::vector<char32_t> cps = Decode(s.substr(i, len));
+  return cps.size() == 1 && IsPySpace(cps[0]) ? len : 0;
 }
+// The byte length of the whitespace character that ends at s[end - 1], or 0.
+size_t SpaceBefore(std::string_view s, size_t end) {
+  for (size_t len = 1; len <= 3 && len <= end; ++len) {
+    if (SpaceAt(s, end - len) == len) return len;
+  }
+  return 0;
+}
+bool AllSpace(std::string_view s, size_t from) {
+  if (from >= s.size()) return false;
+  for (size_t i = from; i < s.size();) {
+    const size_t k = SpaceAt(s, i);
+    if (k == 0) return false;
+    i += k;
+  }
+  return true;
+}
+
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
@@ -104,13 +131,12 @@ class Lexer {
       const bool raw = kind == '%' && MatchRaw(after, "raw", &raw_end);
       if (sign == '-') {
         size_t n = text.size();
-        while (n > 0 && IsSpace(text[n - 1])) --n;
+        while (const size_t k = SpaceBefore(text, n)) n -= k;
         text.resize(n);
       } else if (sign != '+' && options_.lstrip_blocks && kind != '{') {
         const size_t l_pos = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
         if (l_pos > 0 || line_starting) {
-          bool all_space = l_pos < text.size();
-          for (size_t i = l_pos; i < text.size(); ++i) all_space &= IsSpace(text[i]);
+          const bool all_space = AllSpace(text, l_pos);
           if (all_space) text.resize(l_pos);
         }
       }
@@ -145,14 +171,14 @@ class Lexer {
   // At `p`: whitespace, `word`, whitespace, then -%} or %}; *end is past it (and past the
   // whitespace a -%} strips).
   bool MatchRaw(size_t p, std::string_view word, size_t* end) const {
-    while (p < src_.size() && IsSpace(src_[p])) ++p;
+    while (const size_t k = SpaceAt(src_, p)) p += k;
     if (src_.compare(p, word.size(), word) != 0) return false;
     p += word.size();
     if (p < src_.size() && IsNameChar(src_[p])) return false;
-    while (p < src_.size() && IsSpace(src_[p])) ++p;
+    while (const size_t k = SpaceAt(src_, p)) p += k;
     if (src_.compare(p, 3, "-%}") == 0) {
       p += 3;
-      while (p < src_.size() && IsSpace(src_[p])) ++p;
+      while (const size_t k = SpaceAt(src_, p)) p += k;
     } else if (src_.compare(p, 2, "%}") == 0) {
       p += 2;
     } else {
@@ -165,21 +191,22 @@ class Lexer {
   absl::Status LexRaw(size_t begin_end) {
     CountLines(pos_, begin_end);
     pos_ = begin_end;
+    if (pos_ >= src_.size()) return absl::OkStatus();  // jinja2 stops quietly here
     // The body runs to {%[-+]? endraw [-+]?%}.
     for (size_t p = src_.find("{%", pos_); p != std::string::npos; p = src_.find("{%", p + 1)) {
       size_t q = p + 2;
       char sign = 0;
       if (q < src_.size() && (src_[q] == '-' || src_[q] == '+')) sign = src_[q++];
-      while (q < src_.size() && IsSpace(src_[q])) ++q;
+      while (const size_t k = SpaceAt(src_, q)) q += k;
       if (src_.compare(q, 6, "endraw") != 0) continue;
       q += 6;
-      while (q < src_.size() && IsSpace(src_[q])) ++q;
+      while (const size_t k = SpaceAt(src_, q)) q += k;
       size_t end;
       if (src_.compare(q, 3, "+%}") == 0) {
         end = q + 3;
       } else if (src_.compare(q, 3, "-%}") == 0) {
         end = q + 3;
-        while (end < src_.size() && IsSpace(src_[end])) ++end;
+        while (const size_t k = SpaceAt(src_, end)) end += k;
       } else if (src_.compare(q, 2, "%}") == 0) {
         end = q + 2;
         if (options_.trim_blocks && end < src_.size() && src_[end] == '\n') ++end;
@@ -189,14 +216,13 @@ class Lexer {
       std::string text = src_.substr(pos_, p - pos_);
       if (sign == '-') {
         size_t n = text.size();
-        while (n > 0 && IsSpace(text[n - 1])) --n;
+        while (const size_t k = SpaceBefore(text, n)) n -= k;
         text.resize(n);
       } else if (sign != '+' && options_.lstrip_blocks) {
         const size_t nl = text.rfind('\n');
         const size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
         if (l_pos > 0) {  // line_starting is false right after the raw tag
-          bool all_space = l_pos < text.size();
-          for (size_t i = l_pos; i < text.size(); ++i) all_space &= IsSpace(text[i]);
+          const bool all_space = AllSpace(text, l_pos);
           if (all_space) text.resize(l_pos);
         }
       }
@@ -209,13 +235,14 @@ class Lexer {
   }
 
   absl::Status LexComment() {
+    if (pos_ >= src_.size()) return absl::OkStatus();  // jinja2 stops quietly here
     for (size_t p = pos_; p < src_.size(); ++p) {
       size_t end = 0;
       if (src_.compare(p, 3, "+#}") == 0) {
         end = p + 3;
       } else if (src_.compare(p, 3, "-#}") == 0) {
         end = p + 3;
-        while (end < src_.size() && IsSpace(src_[end])) ++end;
+        while (const size_t k = SpaceAt(src_, end)) end += k;
       } else if (src_.compare(p, 2, "#}") == 0) {
         end = p + 2;
         if (options_.trim_blocks && end < src_.size() && src_[end] == '\n') ++end;
@@ -233,22 +260,27 @@ class Lexer {
     const int begin_line = line_;
     Emit(kind == '%' ? Tok::kBlockBegin : Tok::kVarBegin, kind == '%' ? "{%" : "{{");
     for (;;) {
-      while (pos_ < src_.size() && IsSpace(src_[pos_])) {
+      while (const size_t k = SpaceAt(src_, pos_)) {
         line_ += src_[pos_] == '\n';
-        ++pos_;
+        pos_ += k;
       }
       if (pos_ >= src_.size()) {
         return SyntaxError(begin_line, kind == '%' ? "unexpected end of template, expected '%}'"
                                                    : "unexpected end of template, expected '}}'");
+      }
+      // As in jinja2, the end of the tag is only looked for where brackets balance.
+      if (!brackets_.empty()) {
+        RETURN_IF_ERR(LexToken());
+        continue;
       }
       const char close = kind == '%' ? '%' : '}';
       const std::string end2 = std::string(1, close) + "}";
       if (src_.compare(pos_, 3, "-" + end2) == 0) {
         Emit(kind == '%' ? Tok::kBlockEnd : Tok::kVarEnd, end2);
         pos_ += 3;
-        while (pos_ < src_.size() && IsSpace(src_[pos_])) {
+        while (const size_t k = SpaceAt(src_, pos_)) {
           line_ += src_[pos_] == '\n';
-          ++pos_;
+          pos_ += k;
         }
         return absl::OkStatus();
       }
@@ -290,6 +322,18 @@ class Lexer {
       }
     }
     if (std::string_view("+-/*%~[](){}><=.:|,;").find(c) != std::string_view::npos) {
+      if (c == '(' || c == '[' || c == '{') {
+        brackets_.push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
+      } else if (c == ')' || c == ']' || c == '}') {
+        if (brackets_.empty()) {
+          return SyntaxError(line_, absl::StrCat("unexpected '", std::string(1, c), "'"));
+        }
+        if (brackets_.back() != c) {
+          return SyntaxError(line_, absl::StrCat("unexpected '", std::string(1, c), "', expected '",
+                                                 std::string(1, brackets_.back()), "'"));
+        }
+        brackets_.pop_back();
+      }
       Emit(Tok::kOp, std::string(1, c));
       ++pos_;
       return absl::OkStatus();
@@ -451,7 +495,48 @@ class Lexer {
   size_t pos_ = 0;
   int line_ = 1;
   std::vector<Token> tokens_;
+  std::string brackets_;  // the closing brackets expected, innermost last
 };
+
+// Whether an expression or body reads the variable `name`.
+bool Mentions(const Expr* e, std::string_view name);
+bool Mentions(const Body& body, std::string_view name) {
+  for (const auto& st : body) {
+    for (const ExprPtr& e : st->exprs) {
+      if (Mentions(e.get(), name)) return true;
+    }
+    for (const ExprPtr& e : st->filters) {
+      if (Mentions(e.get(), name)) return true;
+    }
+    for (const Body& b : st->bodies) {
+      if (Mentions(b, name)) return true;
+    }
+  }
+  return false;
+}
+bool Mentions(const Expr* e, std::string_view name) {
+  if (e == nullptr) return false;
+  if (e->type == ExprType::kName && e->name == name) return true;
+  for (const ExprPtr& c : e->children) {
+    if (Mentions(c.get(), name)) return true;
+  }
+  for (const ExprPtr& c : e->slice_parts) {
+    if (Mentions(c.get(), name)) return true;
+  }
+  for (const ExprPtr& c : e->args.positional) {
+    if (Mentions(c.get(), name)) return true;
+  }
+  for (const auto& [k, c] : e->args.keyword) {
+    if (Mentions(c.get(), name)) return true;
+  }
+  return Mentions(e->args.star_args.get(), name) || Mentions(e->args.star_kwargs.get(), name);
+}
+
+void MarkSpecialNames(Stmt* s) {
+  s->uses_varargs = Mentions(s->bodies[0], "varargs");
+  s->uses_kwargs = Mentions(s->bodies[0], "kwargs");
+  s->uses_caller = Mentions(s->bodies[0], "caller");
+}
 
 class Parser {
  public:
@@ -683,6 +768,7 @@ class Parser {
       ASSIGN_OR_RET(body, Subparse({"endmacro"}, &end));
       loop_depth_ = saved_loop;
       s->bodies.push_back(std::move(body));
+      MarkSpecialNames(s.get());
       RETURN_IF_ERR(EndTag());
       return s;
     }
@@ -698,6 +784,7 @@ class Parser {
       ASSIGN_OR_RET(body, Subparse({"endcall"}, &end));
       loop_depth_ = saved_loop;
       s->bodies.push_back(std::move(body));
+      MarkSpecialNames(s.get());
       RETURN_IF_ERR(EndTag());
       return s;
     }
@@ -856,6 +943,7 @@ class Parser {
     }
     auto t = Make(ExprType::kTuple, line);
     t->children = std::move(items);
+    RETURN_IF_ERR(Seal(*t));
     return t;
   }
 
@@ -879,6 +967,7 @@ class Parser {
       c->children.push_back(std::move(cond));
       c->children.push_back(std::move(expr));
       c->children.push_back(std::move(other));
+      RETURN_IF_ERR(Seal(*c));
       expr = std::move(c);
     }
     return expr;
@@ -893,6 +982,7 @@ class Parser {
       auto e = Make(ExprType::kOr, line);
       e->children.push_back(std::move(left));
       e->children.push_back(std::move(right));
+      RETURN_IF_ERR(Seal(*e));
       left = std::move(e);
     }
     return left;
@@ -907,6 +997,7 @@ class Parser {
       auto e = Make(ExprType::kAnd, line);
       e->children.push_back(std::move(left));
       e->children.push_back(std::move(right));
+      RETURN_IF_ERR(Seal(*e));
       left = std::move(e);
     }
     return left;
@@ -921,6 +1012,7 @@ class Parser {
       ASSIGN_OR_RET(inner, ParseNot());
       auto e = Make(ExprType::kNot, line);
       e->children.push_back(std::move(inner));
+      RETURN_IF_ERR(Seal(*e));
       return e;
     }
     return ParseCompare();
@@ -954,6 +1046,7 @@ class Parser {
       }
       cmp->ops.push_back(op);
       cmp->children.push_back(std::move(right));
+      RETURN_IF_ERR(Seal(*cmp));
     }
     if (cmp != nullptr) return cmp;
     return left;
@@ -964,7 +1057,30 @@ class Parser {
     e->name = std::move(op);
     e->children.push_back(std::move(a));
     e->children.push_back(std::move(b));
+    if (!Seal(*e).ok() && deep_line_ == 0) deep_line_ = line;
     return e;
+  }
+
+  // Sets e.height; expressions nested deeper than kMaxHeight are refused (evaluating and
+  // destroying them recurses).
+  absl::Status Seal(Expr& e) {
+    int h = 0;
+    auto see = [&](const ExprPtr& c) {
+      if (c != nullptr) h = std::max(h, c->height);
+    };
+    for (const ExprPtr& c : e.children) see(c);
+    for (const ExprPtr& c : e.slice_parts) see(c);
+    for (const ExprPtr& c : e.args.positional) see(c);
+    for (const auto& [k, c] : e.args.keyword) see(c);
+    see(e.args.star_args);
+    see(e.args.star_kwargs);
+    e.height = h + 1;
+    if (e.height > kMaxHeight) return SyntaxError(e.line, "expression nested too deeply");
+    return absl::OkStatus();
+  }
+  absl::Status CheckDeep() const {
+    if (deep_line_ != 0) return SyntaxError(deep_line_, "expression nested too deeply");
+    return absl::OkStatus();
   }
 
   absl::StatusOr<ExprPtr> ParseMath1() {
@@ -975,6 +1091,7 @@ class Parser {
       Advance();
       ASSIGN_OR_RET(right, ParseConcat());
       left = Binary(op, std::move(left), std::move(right), line);
+      RETURN_IF_ERR(CheckDeep());
     }
     return left;
   }
@@ -986,6 +1103,7 @@ class Parser {
       Advance();
       ASSIGN_OR_RET(right, ParseMath2());
       left = Binary("~", std::move(left), std::move(right), line);
+      RETURN_IF_ERR(CheckDeep());
     }
     return left;
   }
@@ -998,6 +1116,7 @@ class Parser {
       Advance();
       ASSIGN_OR_RET(right, ParsePow());
       left = Binary(op, std::move(left), std::move(right), line);
+      RETURN_IF_ERR(CheckDeep());
     }
     return left;
   }
@@ -1009,6 +1128,7 @@ class Parser {
       Advance();
       ASSIGN_OR_RET(right, ParseUnary(true));
       left = Binary("**", std::move(left), std::move(right), line);
+      RETURN_IF_ERR(CheckDeep());
     }
     return left;
   }
@@ -1024,6 +1144,7 @@ class Parser {
       ASSIGN_OR_RET(inner, ParseUnary(false));
       node = Make(neg ? ExprType::kNeg : ExprType::kPos, line);
       node->children.push_back(std::move(inner));
+      RETURN_IF_ERR(Seal(*node));
     } else {
       ASSIGN_OR_RET(primary, ParsePrimary());
       node = std::move(primary);
@@ -1086,6 +1207,7 @@ class Parser {
         e->children.push_back(std::move(item));
       }
       Advance();
+      RETURN_IF_ERR(Seal(*e));
       return e;
     }
     if (IsOp("{")) {
@@ -1101,6 +1223,7 @@ class Parser {
         e->children.push_back(std::move(value));
       }
       Advance();
+      RETURN_IF_ERR(Seal(*e));
       return e;
     }
     return Unexpected();
@@ -1115,6 +1238,7 @@ class Parser {
           auto e = Make(ExprType::kGetAttr, line);
           e->name = Cur().text;
           e->children.push_back(std::move(node));
+          RETURN_IF_ERR(Seal(*e));
           node = std::move(e);
           Advance();
         } else if (Cur().type == Tok::kInt) {
@@ -1123,6 +1247,7 @@ class Parser {
           auto k = Make(ExprType::kConst, line);
           k->value = Cur().value;
           e->children.push_back(std::move(k));
+          RETURN_IF_ERR(Seal(*e));
           node = std::move(e);
           Advance();
         } else {
@@ -1184,6 +1309,7 @@ class Parser {
     RETURN_IF_ERR(ExpectOp("]"));
     if (!is_tuple && parts[0]->type == ExprType::kSlice) {
       parts[0]->children.push_back(std::move(*node));
+      RETURN_IF_ERR(Seal(*parts[0]));
       *node = std::move(parts[0]);
       return absl::OkStatus();
     }
@@ -1200,6 +1326,7 @@ class Parser {
     } else {
       e->children.push_back(std::move(parts[0]));
     }
+    RETURN_IF_ERR(Seal(*e));
     *node = std::move(e);
     return absl::OkStatus();
   }
@@ -1243,6 +1370,7 @@ class Parser {
     auto e = Make(ExprType::kCall, Cur().line);
     RETURN_IF_ERR(ParseCallArgs(&e->args));
     e->children.push_back(std::move(callee));
+    RETURN_IF_ERR(Seal(*e));
     return e;
   }
 
@@ -1267,6 +1395,7 @@ class Parser {
     }
     if (IsOp("(")) RETURN_IF_ERR(ParseCallArgs(&e->args));
     e->children.push_back(std::move(input));
+    RETURN_IF_ERR(Seal(*e));
     return e;
   }
 
@@ -1299,6 +1428,7 @@ class Parser {
           e->args.positional.push_back(std::move(post));
         }
         e->children.push_back(std::move(node));
+        RETURN_IF_ERR(Seal(*e));
         node = std::move(e);
       } else if (IsOp("(")) {
         ASSIGN_OR_RET(call, ParseCall(std::move(node)));
@@ -1314,6 +1444,7 @@ class Parser {
   int depth_ = 0;
   int soft_ = 0;
   int loop_depth_ = 0;
+  int deep_line_ = 0;
 };
 
 }  // namespace

@@ -14,6 +14,10 @@ namespace tandem::chat::internal {
 Value Value::List(std::vector<Value> items, bool tuple) {
   auto list = std::make_shared<ListObject>();
   list->items = std::move(items);
+  for (const Value& item : list->items) {
+    list->depth = std::max(list->depth, DepthOf(item) + 1);
+    list->holds_ns |= HoldsNamespace(item);
+  }
   Value v;
   v.kind = Kind::kList;
   v.tuple = tuple;
@@ -21,9 +25,22 @@ Value Value::List(std::vector<Value> items, bool tuple) {
   return v;
 }
 
+Value Value::Generator(std::vector<Value> items) {
+  Value v = List(std::move(items));
+  v.generator = true;
+  return v;
+}
+
+Value Value::FailedGenerator(absl::Status error) {
+  Value v = Generator({});
+  static_cast<ListObject*>(v.obj.get())->error = std::move(error);
+  return v;
+}
+
 Value Value::Dict(std::vector<std::pair<Value, Value>> items) {
   auto dict = std::make_shared<DictObject>();
   dict->entries = std::move(items);
+  dict->Recompute();
   Value v;
   v.kind = Kind::kDict;
   v.obj = std::move(dict);
@@ -33,6 +50,7 @@ Value Value::Dict(std::vector<std::pair<Value, Value>> items) {
 Value Value::Namespace(std::vector<std::pair<Value, Value>> items) {
   Value v = Dict(std::move(items));
   v.kind = Kind::kNamespace;
+  v.obj->holds_ns = true;
   return v;
 }
 
@@ -50,7 +68,16 @@ const Value* DictObject::FindString(std::string_view key) const {
   return nullptr;
 }
 
+void DictObject::Recompute() {
+  for (const auto& [k, v] : entries) {
+    depth = std::max(depth, std::max(DepthOf(k), DepthOf(v)) + 1);
+    holds_ns |= HoldsNamespace(k) || HoldsNamespace(v);
+  }
+}
+
 void DictObject::Set(const Value& key, Value value) {
+  depth = std::max(depth, std::max(DepthOf(key), DepthOf(value)) + 1);
+  holds_ns |= HoldsNamespace(key) || HoldsNamespace(value);
   for (auto& [k, v] : entries) {
     if (Equal(k, key)) {
       v = std::move(value);
@@ -74,7 +101,7 @@ bool Truthy(const Value& v) {
     case Kind::kString:
       return !v.str->empty();
     case Kind::kList:
-      return !v.items().empty();
+      return v.generator || !v.items().empty();
     case Kind::kDict:
       return !v.entries().empty();
     default:
@@ -95,6 +122,7 @@ bool Equal(const Value& a, const Value& b) {
     case Kind::kString:
       return a.str == b.str || *a.str == *b.str;
     case Kind::kList: {
+      if (a.generator || b.generator) return a.obj == b.obj;
       if (a.tuple != b.tuple) return false;
       const auto& x = a.items();
       const auto& y = b.items();
@@ -125,7 +153,7 @@ absl::StatusOr<bool> Less(const Value& a, const Value& b) {
     return a.as_double() < b.as_double();
   }
   if (a.is_string() && b.is_string()) return *a.str < *b.str;  // UTF-8 order is code point order
-  if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
+  if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
     const auto& x = a.items();
     const auto& y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -157,7 +185,7 @@ std::string TypeName(const Value& v) {
     case Kind::kString:
       return "str";
     case Kind::kList:
-      return v.tuple ? "tuple" : "list";
+      return v.generator ? "generator" : v.tuple ? "tuple" : "list";
     case Kind::kDict:
       return "dict";
     case Kind::kNamespace:
@@ -273,6 +301,14 @@ void AppendRepr(const Value& v, std::string* out) {
       AppendStringRepr(*v.str, out);
       return;
     case Kind::kList: {
+      if (v.generator) {
+        *out += "<generator object>";
+        return;
+      }
+      if (const std::string& r = static_cast<const ListObject*>(v.obj.get())->repr; !r.empty()) {
+        *out += r;
+        return;
+      }
       out->push_back(v.tuple ? '(' : '[');
       const auto& items = v.items();
       for (size_t i = 0; i < items.size(); ++i) {
@@ -326,7 +362,7 @@ void AppendStr(const Value& v, std::string* out) {
       *out += *v.str;
       return;
     case Kind::kFunction:
-      *out += "<function>";
+      *out += v.str != nullptr ? *v.str : "<function>";
       return;
     case Kind::kLoop:
       *out += "<LoopContext>";
@@ -403,6 +439,10 @@ std::string JsonFloat(double d) {
 
 absl::Status Dump(const Value& v, const JsonOptions& o, int level, std::string* out) {
   if (level > 512) return absl::InvalidArgumentError("tojson: value nested too deeply");
+  if (out->size() > o.max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("template output exceeds max_output_bytes (", o.max_bytes, ")"));
+  }
   auto newline = [&](int lvl) {
     out->push_back('\n');
     for (int i = 0; i < lvl; ++i) *out += o.indent;
@@ -424,6 +464,12 @@ absl::Status Dump(const Value& v, const JsonOptions& o, int level, std::string* 
       JsonString(*v.str, o.ensure_ascii, out);
       return absl::OkStatus();
     case Kind::kList: {
+      if (v.generator) {
+        return absl::InvalidArgumentError("Object of type generator is not JSON serializable");
+      }
+      if (!static_cast<const ListObject*>(v.obj.get())->repr.empty()) {
+        return absl::InvalidArgumentError("Object of type range is not JSON serializable");
+      }
       const auto& items = v.items();
       if (items.empty()) {
         *out += "[]";
@@ -497,7 +543,10 @@ absl::Status JsonDumps(const Value& v, const JsonOptions& options, std::string* 
   return Dump(v, options, 0, out);
 }
 
-Value FromJson(const nlohmann::ordered_json& j) {
+absl::StatusOr<Value> FromJson(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxValueDepth) {
+    return absl::InvalidArgumentError("template context is nested too deeply");
+  }
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return Value::None();
@@ -517,14 +566,20 @@ Value FromJson(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(FromJson(e));
+      for (const auto& e : j) {
+        absl::StatusOr<Value> v = FromJson(e, depth + 1);
+        if (!v.ok()) return v.status();
+        items.push_back(*std::move(v));
+      }
       return Value::List(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       std::vector<std::pair<Value, Value>> entries;
       entries.reserve(j.size());
       for (auto it = j.begin(); it != j.end(); ++it) {
-        entries.emplace_back(Value::String(it.key()), FromJson(it.value()));
+        absl::StatusOr<Value> v = FromJson(it.value(), depth + 1);
+        if (!v.ok()) return v.status();
+        entries.emplace_back(Value::String(it.key()), *std::move(v));
       }
       return Value::Dict(std::move(entries));
     }

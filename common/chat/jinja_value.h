@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
@@ -38,12 +39,19 @@ enum class Kind {
 
 struct Object {
   virtual ~Object() = default;
+  int depth = 1;          // containers: 1 + the deepest container inside
+  bool holds_ns = false;  // containers: a namespace is inside (or this is one)
 };
+
+// Values nest at most this deep (printing, comparing and freeing them recurse).
+constexpr int kMaxValueDepth = 100;
 
 struct Value {
   Kind kind = Kind::kUndefined;
-  bool tuple = false;  // a kList that is a Python tuple
-  bool flag = false;   // kBool's value
+  bool tuple = false;      // a kList that is a Python tuple
+  bool generator = false;  // a kList that is a Python iterator (select, map, ...): always true,
+                           // no len(), not subscriptable
+  bool flag = false;       // kBool's value
   int64_t i = 0;
   double f = 0;
   // kString: the text; kUndefined: the message jinja2 raises when it is used (may be null).
@@ -85,6 +93,8 @@ struct Value {
     return v;
   }
   static Value List(std::vector<Value> items, bool tuple = false);
+  static Value Generator(std::vector<Value> items);
+  static Value FailedGenerator(absl::Status error);
   static Value Dict(std::vector<std::pair<Value, Value>> items);
   static Value Namespace(std::vector<std::pair<Value, Value>> items);
 
@@ -107,6 +117,8 @@ struct Value {
 
 struct ListObject : Object {
   std::vector<Value> items;
+  absl::Status error;  // a generator's: raised when it is consumed
+  std::string repr;    // what Python prints instead of a list (a range's "range(0, 3)")
 };
 
 struct DictObject : Object {
@@ -114,6 +126,7 @@ struct DictObject : Object {
   const Value* Find(const Value& key) const;
   const Value* FindString(std::string_view key) const;
   void Set(const Value& key, Value value);
+  void Recompute();  // depth and holds_ns from the entries
 };
 
 inline const std::vector<Value>& Value::items() const {
@@ -123,6 +136,8 @@ inline const std::vector<std::pair<Value, Value>>& Value::entries() const {
   return static_cast<const DictObject*>(obj.get())->entries;
 }
 inline DictObject* AsDict(const Value& v) { return static_cast<DictObject*>(v.obj.get()); }
+inline int DepthOf(const Value& v) { return v.obj != nullptr ? v.obj->depth : 0; }
+inline bool HoldsNamespace(const Value& v) { return v.obj != nullptr && v.obj->holds_ns; }
 
 // Python's truthiness.
 bool Truthy(const Value& v);
@@ -146,11 +161,13 @@ struct JsonOptions {
   std::string item_separator = ", ";
   std::string key_separator = ": ";
   bool sort_keys = false;
+  size_t max_bytes = SIZE_MAX;  // longer output is RESOURCE_EXHAUSTED
 };
 // Python's json.dumps; INVALID_ARGUMENT for values JSON cannot hold.
 absl::Status JsonDumps(const Value& v, const JsonOptions& options, std::string* out);
 
-Value FromJson(const nlohmann::ordered_json& j);
+// INVALID_ARGUMENT when nested deeper than kMaxValueDepth.
+absl::StatusOr<Value> FromJson(const nlohmann::ordered_json& j, int depth = 0);
 
 // UTF-8 as Python's code points. Invalid bytes decode to 0x110000 + byte and encode back.
 std::vector<char32_t> Decode(std::string_view s);

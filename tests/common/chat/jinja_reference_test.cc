@@ -67,9 +67,10 @@ std::vector<Reference> RenderWithPython(const std::vector<Case>& cases) {
   for (const Case& c : cases) {
     request["cases"].push_back({{"template", c.source}, {"context", c.context}});
   }
-  const std::string dir = ::testing::TempDir();
-  const std::string in_path = dir + "/jinja_reference_in.json";
-  const std::string out_path = dir + "/jinja_reference_out.json";
+  // Per process: CTest may run the cases of this file in parallel.
+  const std::string prefix = ::testing::TempDir() + "/jinja_reference_" + std::to_string(getpid());
+  const std::string in_path = prefix + "_in.json";
+  const std::string out_path = prefix + "_out.json";
   {
     std::ofstream in(in_path, std::ios::binary);
     in << request.dump();
@@ -80,6 +81,8 @@ std::vector<Reference> RenderWithPython(const std::vector<Case>& cases) {
     return {};
   }
   const Json results = Json::parse(ReadFile(out_path), nullptr, /*allow_exceptions=*/false);
+  std::remove(in_path.c_str());
+  std::remove(out_path.c_str());
   if (!results.is_array() || results.size() != cases.size()) {
     ADD_FAILURE() << "render_reference.py gave no result per case";
     return {};
@@ -274,6 +277,205 @@ TEST(JinjaReference, PublishedChatTemplates) {
   EXPECT_EQ(matched, static_cast<int>(cases.size()));
   EXPECT_GT(python_errors, 0);  // gemma3's raise_exception on two user turns, at least
   std::printf("published templates: %d of %zu cases match (%d where jinja2 raises)\n", matched,
+              cases.size(), python_errors);
+}
+
+// Templates in the style of other published models (Llama 3.1 with tools, Mistral, Phi-3, a
+// ChatML template with macros), over the same conversations.
+TEST(JinjaReference, ChatStyleTemplates) {
+  const std::vector<std::pair<std::string, std::string>> templates = {
+      {"llama3.1", R"JINJA({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{%- if tools_in_user_message and not tools is none %}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)JINJA"},
+      {"mistral", R"JINJA({%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+)JINJA"},
+      {"phi3",
+       R"JINJA({% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>
+' + message['content'] + '<|end|>
+'}}{% elif message['role'] == 'user' %}{{'<|user|>
+' + message['content'] + '<|end|>
+'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>
+' + message['content'] + '<|end|>
+'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>
+' }}{% else %}{{ eos_token }}{% endif %})JINJA"},
+      {"chatml_tools", R"JINJA({%- macro render_content(content) -%}
+    {%- if content is string -%}{{ content }}
+    {%- elif content is iterable -%}
+        {%- for part in content if part.type == 'text' -%}{{ part.text }}{{ '\n' if not loop.last }}{%- endfor -%}
+    {%- else -%}{{ content | string }}
+    {%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(system='', tool_names=[]) -%}
+{%- for message in messages if message.role == 'system' -%}
+    {%- set ns.system = ns.system ~ render_content(message.content) -%}
+{%- endfor -%}
+{%- if tools is defined and tools -%}
+    {%- for tool in tools -%}{%- set ns.tool_names = ns.tool_names + [tool.function.name] -%}{%- endfor -%}
+<|im_start|>system
+{{ ns.system ~ ('\n\n' if ns.system) }}Tools: {{ ns.tool_names | join(', ') }}
+{% for tool in tools %}{{ tool | tojson(separators=(',', ':'), sort_keys=true) }}
+{% endfor %}<|im_end|>
+{% elif ns.system %}
+<|im_start|>system
+{{ ns.system }}<|im_end|>
+{% endif -%}
+{%- for message in messages if message.role != 'system' -%}
+<|im_start|>{{ message.role }}
+{% if message.tool_calls is defined and message.tool_calls -%}
+{%- for call in message.tool_calls -%}
+<tool_call>{{ {'name': call.function.name, 'arguments': call.function.arguments if call.function.arguments is mapping else call.function.arguments | string} | tojson }}</tool_call>
+{% endfor -%}
+{%- else -%}
+{{ render_content(message.content) | trim }}
+{% endif -%}
+<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% endif -%}
+{%- endif -%})JINJA"}};
+  std::vector<Case> cases;
+  for (const auto& [name, source] : templates) {
+    for (const auto& [conv_name, messages] : Conversations()) {
+      for (int variant = 0; variant < 4; ++variant) {
+        Json context = {{"messages", messages},
+                        {"bos_token", "<s>"},
+                        {"eos_token", "</s>"},
+                        {"add_generation_prompt", variant % 2 == 1}};
+        if (variant >= 2) {
+          context["tools"] = WeatherTools();
+          context["enable_thinking"] = false;
+        }
+        cases.push_back(
+            {absl::StrCat(name, "/", conv_name, " variant=", variant), source, std::move(context)});
+      }
+    }
+  }
+  int python_errors = 0;
+  const int matched = CompareAll(cases, &python_errors);
+  EXPECT_EQ(matched, static_cast<int>(cases.size()));
+  std::printf("chat-style templates: %d of %zu cases match (%d where jinja2 raises)\n", matched,
               cases.size(), python_errors);
 }
 
@@ -488,6 +690,139 @@ std::vector<Case> SyntheticCases() {
       "{% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}inner {{ n }}{% endcall %}",
       "{% macro row(a) %}[{{ a }}|{{ varargs }}|{{ kwargs }}]{% endmacro %}{{ row(1, 2, 3, k=4) }}",
       "{% generation %}gen {{ n }}{% endgeneration %} after",
+      // More edge cases.
+      "{{ '%.2f' % 3.14159 }} {{ '%s-%s' % ('a', 1) }} {{ '%d%%' % 50 }} {{ '%(a)s' % {'a': 'x'} "
+      "}}",
+      "{{ '%s %s' % ('a',) }}",
+      "{{ 1e308 * 10 }} {{ -1e308 * 10 }} {{ 123456789.123 }} {{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} "
+      "{{ 0.00001 }}",
+      "{{ 'abc' | first }} {{ none | string }} {{ none | lower }} {{ true | int }} {{ -2.5 | round "
+      "}} {{ 3 | float }}",
+      "{{ d | join(',') }} {{ ['a', 'A', 'b'] | unique | list }} {{ ['1', '2'] | map('int') | sum "
+      "}}",
+      "{{ [1, 'a'] | sort }}",
+      "{{ [none, 1] | map('default', 'x') | list }} {{ x | default(none) }}",
+      "{% macro m(a, b) %}[{{ a }}|{{ b }}]{% endmacro %}{{ m(1) }}",
+      "{{ loop }}|{% for i in [1] %}{% endfor %}{{ i }}|",
+      "{% for c in 'abc' if c != 'b' %}{{ c }}{{ loop.last }}{% endfor %}",
+      "{% if x is defined and x %}yes{% else %}no{% endif %} {% if nil is none and not nil "
+      "%}none{% endif %}",
+      "{%- set date_string = strftime_now('%d %b %Y') -%}\nToday: {{ date_string }}\n",
+      "{{ people | tojson(indent=4) }}",
+      "{{ ['a', 'code_interpreter', 'b'] | reject('equalto', 'code_interpreter') | join(', ') }}",
+      "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] | trim }}\n{% endfor "
+      "%}{% if add_generation_prompt is not defined or add_generation_prompt %}Assistant:{% endif "
+      "%}",
+      "{%- for message in messages -%}\n  {%- if loop.index0 % 2 == 0 -%}\n    [{{ loop.index0 "
+      "}}]{{ message.content }}\n  {%- endif %}\n{% endfor -%}",
+      "  {%- if true %}\n  a\n  {%- endif %}\n  b\n",
+      "{% if true %}   {% endif %}|{% if true %}\n   {% endif %}|",
+      "x {% if true -%}\n\n  y\n{%- endif %} z",
+      "{{- 'a' -}}\n\n{{- 'b' }}\n{# comment\n spanning #}\nc",
+      "{% set x = 'outer' %}{% macro m() %}{% set x = 'inner' %}{{ x }}{% endmacro %}{{ m() }}{{ x "
+      "}}",
+      "{% set ns = namespace(items=[]) %}{% for i in range(3) %}{% set ns.items = ns.items + [i * "
+      "2] %}{% endfor %}{{ ns.items }}",
+      "{% set d2 = {'k': 'v', 'n': [1, 2]} %}{{ d2.k }}{{ d2['n'][1] }}{{ d2 | length }}",
+      "{{ 'A-b_c D' | lower | replace('-', ' ') | title }} {{ 'hello' | upper | reverse | lower }}",
+      "{{ messages | map(attribute='role') | join('/') }} {{ messages | map(attribute='missing') | "
+      "list }}",
+      "{{ (messages | last).content }} {{ (messages | first)['role'] }} {{ messages[-2:] | length "
+      "}}",
+      "{% for key, value in {'a': 1, 'b': [2]}.items() %}{{ key }}:{{ value | tojson }} {% endfor "
+      "%}",
+      "{{ '\\u00e9' == 'é' }} {{ 'é' | length }} {{ '🎉🎉' | length }} {{ 'aé🎉'[1] }} {{ 'aé🎉' | "
+      "list }}",
+      "{{ 'Straße'.upper() }} {{ 'ÀÉÎ'.lower() }} {{ 'ΑΒΓ'.lower() }} {{ 'привет'.upper() }}",
+      "{{ 'a\\tb' }}|{{ ['a\\tb'] }}|{{ 'x\\\\y' }}|{{ ['x\\\\y'] }}",
+      "{{ 10 ** 18 }} {{ -(2 ** 62) }} {{ 9007199254740993 }} {{ 2 ** 0.5 }} {{ 4 ** 0.5 }}",
+      "{{ 5 // 0.5 }} {{ -5 // 2.0 }} {{ 5.5 % -2 }} {{ -0.0 }} {{ 0 * -1.0 }}",
+      "{{ [1, 2] == [1, 2] }} {{ (1, 2) == [1, 2] }} {{ {'a': 1} == {'a': 1.0} }} {{ 'a' != 'a' }}",
+      "{{ [1, [2, 3]] | tojson }} {{ [(1, 2)] | tojson }} {{ 'a' | tojson(indent=2) }}",
+      "{{ d | tojson(indent='\\t') }}",
+      "{{ {'b': 1, 'a': {'d': 1, 'c': 2}} | tojson(sort_keys=true) }}",
+      "{{ 'abc' is in 'xabcx' }} {{ 1 is in [1] }} {{ 'k' in {'k': 1} }}",
+      "{{ tools | length }} {% if tools %}T{% else %}F{% endif %} {{ tools is not none }}",
+      "{% set content = messages[1].content %}{% if content is string %}{{ content | length }}{% "
+      "endif %}",
+      "{{ messages[0].content.split(' ') }} {{ 'a b'.split(' ')[-1] }} {{ "
+      "'x</think>y'.split('</think>')[0] }}",
+      "{{ 'abc'.startswith('') }} {{ ''.endswith('') }} {{ 'a'.startswith(('b', 'a')) }}",
+      "{{ '  a  b  '.split(' ') }} {{ 'a\\n\\nb'.split('\\n') }} {{ ''.split() }} {{ ''.split(',') "
+      "}}",
+      "{{ 'x' * 0 }}|{{ 'x' * -1 }}|{{ [1] * 0 }}",
+      "{% for i in range(3) %}{{ i }}{% else %}never{% endfor %}{% for i in range(0) %}{% else "
+      "%}else{% endfor %}",
+      "{% for x in [[1, 2], [3]] %}{% for y in x %}{{ loop.length }}{% endfor %}{{ loop.length "
+      "}};{% endfor %}",
+      "{{ ''.join(['a', 'b']) }} {{ ', '.join(d) }} {{ '.'.join('abc') }}",
+      "{{ ','.join([1, 2]) }}",
+      "{{ '%s' % none }} {{ '%r' % 'x' }} {{ '%5s|%-5s|' % ('a', 'b') }} {{ '%x %o %X' % (255, 8, "
+      "255) }}",
+      "{{ 'abc' ~ 1.5 ~ [1] ~ {'a': 1} }}",
+      "{{ not none }} {{ not 0.0 }} {{ not [0] }} {{ 'a' or 'b' }} {{ '' or 0 or [] }}",
+      "{{ none is not none }} {{ 'x' is not string }} {{ x is not defined }}",
+      "{{ messages | length > 2 }} {{ messages | selectattr('role', 'in', ['user', 'system']) | "
+      "list | length }}",
+      "{{ ('%s' | format('x')) }} {{ '{} {}'.format(1, 'a') }}",
+      "{{ [3, 1, 2] | sort | first }} {{ [3, 1, 2] | max }} {{ ['b', 'a'] | min }} {{ [] | max }}|",
+      "{{ 'a' if 'b' else 'c' if 'd' else 'e' }} {{ (1 if true else 2) + 1 }}",
+      "{{ n > 5 and n < 10 }} {{ n >= 7 >= 7 }} {{ 1 <= 1.0 }} {{ [1] <= [1] }}",
+      "{%- for m in messages %}{%- if m.role == 'user' %}{{- '[INST] ' + m.content + ' [/INST]' "
+      "}}{%- elif m.role == 'assistant' %}{{- ' ' + m.content + eos_token }}{%- else %}{{- "
+      "raise_exception('Only user and assistant roles are supported!') }}{%- endif %}{%- endfor %}",
+      "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}",
+      "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, b=2) }}",
+      "{% macro m(a) %}{{ a }}{{ kwargs }}{% endmacro %}{{ m(1, b=2) }}",
+      "{% macro m() %}x{% endmacro %}{% call m() %}body{% endcall %}",
+      "{% macro m() %}[{{ caller() if caller is defined else 'none' }}]{% endmacro %}{{ m() }}",
+      "a\u3000\u00a0 {%- if true -%} \u2003\nb{% endif %}|\n\u3000{% if true %}c{% endif "
+      "%}|\n\u00a0 {# x #}d",
+      "{{\u3000'wide space'\u00a0}} {%\u2003if true %}ok{% endif %}",
+      "  {% raw -%}  raw  {%- endraw %}|\n  {% raw %}\nr\n  {% endraw %}\nafter",
+      "{% for i in [1, 2] +%}\n{{ i }}{% endfor %}|{% if true %}{%+ if true %}x{% endif %}{% endif "
+      "%}",
+      "   {% if true %}lead{% endif %}\n\t{% if true %}\ttab{% endif %}",
+      "{# only a comment #}",
+      "{{ 'a' }}\n{# c #}\n{{ 'b' }}\n  {#- c #}\n{{ 'c' }}",
+      "{{ s[:nope:-1] }}",
+      "{{ d | tojson(kndent=2) }}",
+      "{{ items | join(', ', 'x', 'y') }}",
+      "{{ x is defined 1 }}",
+      "{{ 1 is divisibleby(2, 3) }}",
+      "text\n\t\t{#-",
+      "a\n  {%- raw %}\n",
+      "{{ d | tojson(2) }} {{ items | sort(true) }} {{ 'ab' | center(6) }}|",
+      // Found by comparing random templates with jinja2.
+      "{% if [] | select %}T{% else %}F{% endif %} {% if 0 | map('string') %}T{% else %}F{% endif "
+      "%}",
+      "{% if messages | selectattr('role', 'eq', 'nobody') %}always true{% endif %}",
+      "{{ messages | selectattr('role') | length }}",
+      "{{ (messages | selectattr('role') | list)[0].role }} {{ messages | selectattr('role') | "
+      "first }}",
+      "{% if items | items %}deferred{% endif %}",
+      "{{ x | float }}",
+      "{{ x | int }}",
+      "{{ range(3) }} {{ range(1, 9, 2) }} {{ range(3) | string | wordcount }}",
+      "{{ range(3) | tojson }}",
+      "{{ true * range(3) }}",
+      "{{ 'abc' % [1] }} {{ 'abc' % {'a': 1} }}",
+      "{{ 'abc' % 1 }}",
+      "{{ [1] in {'a': 1} }}",
+      "{{ n[1:] }}",
+      "{{ x | reverse | list }} {% if x | reverse %}iterator{% endif %} {{ items | reverse | list "
+      "}}",
+      "{{ people | sort(attribute='missing') | map(attribute='name') | join }}",
+      "{{ 'ab' | indent }} {{ items | truncate(9) }}",
+      "{{ people[0] | indent }}",
+      "{% for i in items %}{% continue %}{% else %}else after continues{% endfor %}",
+      "{% for i in items %}{% break %}{% else %}else after break{% endfor %}",
+      "{% for i in items %}{% if i == 2 %}{% continue %}{% endif %}{% else %}no else{% endfor %}",
+      "{% for j in [1] %}{% for i in [] %}{% else %}outer {{ loop.index }}{% endfor %}{% endfor %}",
+      "{% for i in [] %}{% else %}{{ loop.index }}{% endfor %}",
+      "{{ '' | first | last }}|{{ x | last }}|",
+      "{{ x is callable }} {{ 2 | attr('a') is callable }} {{ d.get is callable }}",
+      "{% macro f() %}{% endmacro %}{{ f }} {{ [f] }} {{ f is callable }}",
       // Errors.
       "{{ raise_exception('custom failure') }}",
       "{% if true %}unclosed",
