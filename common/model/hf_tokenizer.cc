@@ -214,7 +214,10 @@ absl::StatusOr<int64_t> GetInt(const Json& obj, const std::string& name, const s
   return it->get<int64_t>();
 }
 
+// A component's type. Sequences nest components; deeper than any real file is refused (the
+// parsers recurse).
 absl::StatusOr<std::string> GetType(const Json& obj, const std::string& key) {
+  if (std::count(key.begin(), key.end(), '.') > 16) return Invalid(key, "nests too deeply");
   if (!obj.is_object()) return Invalid(key, "must be an object");
   return GetString(obj, "type", key);
 }
@@ -1772,6 +1775,13 @@ absl::StatusOr<std::unique_ptr<HfTokenizer::Impl>> Build(std::string_view tokeni
   int32_t size = 0;
   for (const auto& [piece, id] : impl->bpe.vocab) size = std::max(size, id + 1);
   for (const AddedToken& token : impl->added) size = std::max(size, token.id + 1);
+  // Published vocabularies are dense; a few ids far beyond the rest would only make the
+  // id -> piece table huge.
+  const size_t entries = impl->bpe.vocab.size() + impl->added.size();
+  if (static_cast<size_t>(size) > 2 * entries + 1024) {
+    return Invalid("model.vocab",
+                   absl::StrCat("ids reach ", size - 1, " for ", entries, " tokens: too sparse"));
+  }
   impl->pieces.resize(static_cast<size_t>(size));
   impl->special.assign(static_cast<size_t>(size), 0);
   impl->byte_piece.assign(static_cast<size_t>(size), 0);

@@ -495,6 +495,16 @@ TEST(HfTokenizerLoadTest, MalformedDocumentsAreRefusedNamingTheKey) {
   doc["model"]["vocab"]["b"] = "one";
   EXPECT_THAT(error(doc), HasSubstr("model.vocab[\"b\"]"));
   doc = Doc({"a"});
+  doc["model"]["vocab"]["b"] = 1 << 29;
+  EXPECT_THAT(error(doc), HasSubstr("too sparse"));
+  doc = Doc({"a"});
+  Json nested = {{"type", "Lowercase"}};
+  for (int i = 0; i < 40; ++i) {
+    nested = {{"type", "Sequence"}, {"normalizers", Json::array({nested})}};
+  }
+  doc["normalizer"] = nested;
+  EXPECT_THAT(error(doc), HasSubstr("nests too deeply"));
+  doc = Doc({"a"});
   doc["model"]["unk_token"] = "<unk>";
   EXPECT_THAT(error(doc), HasSubstr("model.unk_token"));
   doc = Doc({"a"});
