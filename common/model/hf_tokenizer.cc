@@ -214,7 +214,10 @@ absl::StatusOr<int64_t> GetInt(const Json& obj, const std::string& name, const s
   return it->get<int64_t>();
 }
 
+// A component's type. Sequences nest components; deeper than any real file is refused (the
+// parsers recurse).
 absl::StatusOr<std::string> GetType(const Json& obj, const std::string& key) {
+  if (std::count(key.begin(), key.end(), '.') > 16) return Invalid(key, "nests too deeply");
   if (!obj.is_object()) return Invalid(key, "must be an object");
   return GetString(obj, "type", key);
 }
@@ -223,10 +226,61 @@ absl::StatusOr<std::string> GetType(const Json& obj, const std::string& key) {
 // PCRE2 regular expressions (the tokenizers library uses Oniguruma; PCRE2 with UTF and UCP
 // gives the same classes for the patterns published tokenizers use).
 
+// Oniguruma's Unicode \s is the White_Space property and its \w the Word property; PCRE2's
+// (with UCP) differ at the edges (PCRE2's \s takes U+180E, its \w no marks). So those
+// escapes become explicit classes before compiling. (\S and \W inside a class are left as
+// they are: no published pattern has them.)
+constexpr char kSpaceClass[] =
+    R"(\t-\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+constexpr char kWordClass[] = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D})";
+
+std::string OnigurumaClasses(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[i + 1];
+      const bool space = e == 's' || e == 'S', word = e == 'w' || e == 'W';
+      const char* set = space ? kSpaceClass : word ? kWordClass : nullptr;
+      const bool negated = e == 'S' || e == 'W';
+      if (set != nullptr && !in_class) {
+        absl::StrAppend(&out, negated ? "[^" : "[", set, "]");
+      } else if (set != nullptr && !negated) {
+        out += set;
+      } else {
+        out.append(pattern, i, 2);
+      }
+      ++i;
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out.push_back(c);
+      // A leading "^" and then a leading "]" belong to the class.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out.push_back(pattern[++i]);
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out.push_back(pattern[++i]);
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);  // a POSIX class such as [:alpha:]
+      if (end != std::string::npos) {
+        out.append(pattern, i, end + 2 - i);
+        i = end + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
 class Regex {
  public:
-  static absl::StatusOr<std::unique_ptr<Regex>> Compile(const std::string& pattern,
+  static absl::StatusOr<std::unique_ptr<Regex>> Compile(const std::string& written,
                                                         const std::string& key) {
+    const std::string pattern = OnigurumaClasses(written);
     int error = 0;
     PCRE2_SIZE offset = 0;
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -234,8 +288,10 @@ class Regex {
     if (code == nullptr) {
       std::array<PCRE2_UCHAR, 256> message{};
       pcre2_get_error_message(error, message.data(), message.size());
-      return Invalid(key, absl::StrCat("does not compile at offset ", offset, ": ",
-                                       reinterpret_cast<const char*>(message.data())));
+      return Invalid(key, absl::StrCat("does not compile",
+                                       pattern == written ? absl::StrCat(" at offset ", offset)
+                                                          : std::string(),
+                                       ": ", reinterpret_cast<const char*>(message.data())));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
     return std::unique_ptr<Regex>(new Regex(code));
@@ -1719,6 +1775,13 @@ absl::StatusOr<std::unique_ptr<HfTokenizer::Impl>> Build(std::string_view tokeni
   int32_t size = 0;
   for (const auto& [piece, id] : impl->bpe.vocab) size = std::max(size, id + 1);
   for (const AddedToken& token : impl->added) size = std::max(size, token.id + 1);
+  // Published vocabularies are dense; a few ids far beyond the rest would only make the
+  // id -> piece table huge.
+  const size_t entries = impl->bpe.vocab.size() + impl->added.size();
+  if (static_cast<size_t>(size) > 2 * entries + 1024) {
+    return Invalid("model.vocab",
+                   absl::StrCat("ids reach ", size - 1, " for ", entries, " tokens: too sparse"));
+  }
   impl->pieces.resize(static_cast<size_t>(size));
   impl->special.assign(static_cast<size_t>(size), 0);
   impl->byte_piece.assign(static_cast<size_t>(size), 0);

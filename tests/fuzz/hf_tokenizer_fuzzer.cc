@@ -16,7 +16,11 @@ namespace {
 
 using testing::IsValidUtf8;
 
-void CheckDecode(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+// `exact`: the streamed pieces must add up to Decode. That holds for decoders that work per
+// token or per byte run, as every published one does, but not for any chain a fuzzed document
+// can write (Fuse before ByteLevel makes each byte's decoding depend on the whole text), so
+// for those only the pieces' validity is checked.
+void CheckDecode(const Tokenizer& tok, const std::vector<int32_t>& ids, bool exact = true) {
   absl::StatusOr<std::string> whole = tok.Decode(ids);
   FUZZ_CHECK(whole.ok());
   FUZZ_CHECK(IsValidUtf8(*whole));
@@ -32,11 +36,11 @@ void CheckDecode(const Tokenizer& tok, const std::vector<int32_t>& ids) {
   FUZZ_CHECK(rest.ok());
   FUZZ_CHECK(IsValidUtf8(*rest));
   streamed += *rest;
-  FUZZ_CHECK(streamed == *whole);
+  FUZZ_CHECK(!exact || streamed == *whole);
 }
 
 // Encodes `text` (refused exactly when it is not valid UTF-8), checks the ids, decodes them.
-std::vector<int32_t> CheckEncode(const Tokenizer& tok, std::string_view text) {
+std::vector<int32_t> CheckEncode(const Tokenizer& tok, std::string_view text, bool exact = true) {
   absl::StatusOr<std::vector<int32_t>> ids = tok.Encode(text);
   if (!IsValidUtf8(text)) {
     FUZZ_CHECK(ids.status().code() == absl::StatusCode::kInvalidArgument);
@@ -48,7 +52,7 @@ std::vector<int32_t> CheckEncode(const Tokenizer& tok, std::string_view text) {
     return {};
   }
   for (int32_t id : *ids) FUZZ_CHECK(id >= 0 && id < tok.vocab_size());
-  CheckDecode(tok, *ids);
+  CheckDecode(tok, *ids, exact);
   return *ids;
 }
 
@@ -135,9 +139,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<std::unique_ptr<HfTokenizer>> loaded = HfTokenizer::FromJson(text, "");
   if (loaded.ok()) {
     for (std::string_view sample : {"Hello, world! 123", " \t\n東京🙂", "é\xCC\x81 <s>"}) {
-      CheckEncode(**loaded, sample);
+      CheckEncode(**loaded, sample, /*exact=*/false);
     }
-    CheckEncode(**loaded, text.substr(0, 256));
+    CheckEncode(**loaded, text.substr(0, 256), /*exact=*/false);
   } else {
     FUZZ_CHECK(loaded.status().code() == absl::StatusCode::kInvalidArgument);
   }

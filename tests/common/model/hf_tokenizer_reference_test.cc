@@ -342,6 +342,50 @@ TEST_P(ReferenceTest, EncodesAsTheReferenceDoes) {
   EXPECT_EQ(lossy, 0u) << "of " << checked << " chunks checked";
 }
 
+// Inputs where the reference (JavaScript regular expressions) and the tokenizers library
+// (Oniguruma) read \s differently: JavaScript's \s takes U+FEFF but not U+0085, Oniguruma's
+// (White_Space) the reverse. We follow the library: each input must encode as its pieces
+// under the library's pre-tokenization, encoded one by one. The reference's answer is
+// printed, not required (see the report in the test log).
+TEST(ReferenceDifferencesTest, WhitespaceClassFollowsTheLibrary) {
+  const fs::path dir = PackageDir("qwen3");
+  ASSERT_TRUE(fs::exists(dir / "tokenizer.json")) << "run scripts/setup.sh";
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = Tokenizer::Load(dir.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Tokenizer& tok = **loaded;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"a \uFEFFb", {"a", " \uFEFF", "b"}},
+      {"x \u0085y", {"x", " ", "\u0085y"}},
+      {"a \u180Eb", {"a", " \u180E", "b"}},
+  };
+  std::vector<std::string> texts;
+  for (const auto& [text, pieces] : cases) texts.push_back(text);
+  const fs::path tmp = fs::temp_directory_path() / ("tandem_hfdiff_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "chunks.json") << nlohmann::json(texts).dump();
+  const std::string command =
+      "node " + (SourceDir() / "tests/common/model/tokenizer_reference.mjs").string() + " " +
+      dir.string() + " " + (tmp / "chunks.json").string() + " " + (tmp / "out.json").string();
+  ASSERT_EQ(std::system(command.c_str()), 0) << command << " failed: run scripts/setup.sh";
+  const nlohmann::json reference = nlohmann::json::parse(ReadFile(tmp / "out.json"));
+  fs::remove_all(tmp);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [text, pieces] = cases[i];
+    std::vector<int32_t> expected;
+    for (const std::string& piece : pieces) {
+      absl::StatusOr<std::vector<int32_t>> ids = tok.Encode(piece);
+      ASSERT_TRUE(ids.ok());
+      expected.insert(expected.end(), ids->begin(), ids->end());
+    }
+    absl::StatusOr<std::vector<int32_t>> ours = tok.Encode(text);
+    ASSERT_TRUE(ours.ok());
+    EXPECT_EQ(*ours, expected) << Escaped(text);
+    const bool agrees = reference["ids"][i].get<std::vector<int32_t>>() == *ours;
+    std::printf("%s: the reference %s\n", Escaped(text).c_str(),
+                agrees ? "agrees" : "disagrees (it reads \\s as JavaScript does)");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Published, ReferenceTest,
                          ::testing::Values("qwen3", "deepseek_v3", "gptoss", "llama3", "gemma3"),
                          [](const ::testing::TestParamInfo<std::string>& info) {

@@ -311,6 +311,29 @@ TEST(HfPreTokenizerTest, RegexSplitUsesUnicodeClasses) {
   EXPECT_EQ(Pieces(*tok, "aé 121"), "a|é| |12|1");
 }
 
+// \s and \w as Oniguruma (the tokenizers library's regex engine) reads them: White_Space
+// (U+0085 yes; U+180E, which PCRE2 would take, and U+FEFF no) and Word (marks included).
+TEST(HfPreTokenizerTest, RegexClassesFollowOniguruma) {
+  Json doc = Doc({"a", "b", "a\u180Eb", "a\uFEFFb", "e\u0301x", "e", "x", "\u0301"});
+  doc["model"]["ignore_merges"] = true;
+  const auto removing = [&](const std::string& regex, const std::string& text) {
+    doc["pre_tokenizer"] = {{"type", "Split"},
+                            {"pattern", {{"Regex", regex}}},
+                            {"behavior", "Removed"},
+                            {"invert", false}};
+    auto tok = Make(doc);
+    return tok == nullptr ? "" : Pieces(*tok, text);
+  };
+  EXPECT_EQ(removing(R"(\s+)", "a\u0085b"), "a|b");
+  EXPECT_EQ(removing(R"(\s+)", "a\u180Eb"), "a\u180Eb");
+  EXPECT_EQ(removing(R"(\s+)", "a\uFEFFb"), "a\uFEFFb");
+  EXPECT_EQ(removing(R"([\s]+)", "a\u0085b"), "a|b");
+  EXPECT_EQ(removing(R"([\s]+)", "a\u180Eb"), "a\u180Eb");
+  EXPECT_EQ(removing(R"(\W+)", "e\u0301x"), "e\u0301x");
+  EXPECT_EQ(removing(R"([^\w]+)", "e\u0301x"), "e\u0301x");
+  EXPECT_EQ(removing(R"(\S+)", "a\u180Eb"), "");
+}
+
 TEST(HfPreTokenizerTest, ByteLevelMapsBytesAndSplitsLikeGpt2) {
   // The byte-level alphabet: every byte's character, as GPT-2's table spells it.
   std::vector<std::string> vocab;
@@ -471,6 +494,16 @@ TEST(HfTokenizerLoadTest, MalformedDocumentsAreRefusedNamingTheKey) {
   doc = Doc({"a"});
   doc["model"]["vocab"]["b"] = "one";
   EXPECT_THAT(error(doc), HasSubstr("model.vocab[\"b\"]"));
+  doc = Doc({"a"});
+  doc["model"]["vocab"]["b"] = 1 << 29;
+  EXPECT_THAT(error(doc), HasSubstr("too sparse"));
+  doc = Doc({"a"});
+  Json nested = {{"type", "Lowercase"}};
+  for (int i = 0; i < 40; ++i) {
+    nested = {{"type", "Sequence"}, {"normalizers", Json::array({nested})}};
+  }
+  doc["normalizer"] = nested;
+  EXPECT_THAT(error(doc), HasSubstr("nests too deeply"));
   doc = Doc({"a"});
   doc["model"]["unk_token"] = "<unk>";
   EXPECT_THAT(error(doc), HasSubstr("model.unk_token"));
