@@ -222,6 +222,25 @@ absl::StatusOr<std::string> GetType(const Json& obj, const std::string& key) {
   return GetString(obj, "type", key);
 }
 
+// The steps of a Sequence component (its list `field`), each read by `parse`.
+template <typename T>
+absl::StatusOr<std::vector<std::unique_ptr<T>>> ParseSteps(
+    const Json& obj, const std::string& key, const char* field,
+    absl::StatusOr<std::unique_ptr<T>> (*parse)(const Json&, const std::string&)) {
+  auto it = obj.find(field);
+  if (it == obj.end() || !it->is_array()) {
+    return Invalid(absl::StrCat(key, ".", field), "must be a list");
+  }
+  std::vector<std::unique_ptr<T>> steps;
+  for (size_t i = 0; i < it->size(); ++i) {
+    absl::StatusOr<std::unique_ptr<T>> step =
+        parse((*it)[i], absl::StrCat(key, ".", field, "[", i, "]"));
+    if (!step.ok()) return step.status();
+    steps.push_back(std::move(*step));
+  }
+  return steps;
+}
+
 // ---------------------------------------------------------------------------------------------
 // PCRE2 regular expressions (the tokenizers library uses Oniguruma; PCRE2 with UTF and UCP
 // gives the same classes for the patterns published tokenizers use).
@@ -540,16 +559,10 @@ absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const Json& obj,
   }
   if (unicode != nullptr) return std::make_unique<UnicodeNormalizer>(unicode);
   if (*type == "Sequence") {
-    auto it = obj.find("normalizers");
-    if (it == obj.end() || !it->is_array()) return Invalid(key + ".normalizers", "must be a list");
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (size_t i = 0; i < it->size(); ++i) {
-      absl::StatusOr<std::unique_ptr<Normalizer>> step =
-          ParseNormalizer((*it)[i], absl::StrCat(key, ".normalizers[", i, "]"));
-      if (!step.ok()) return step.status();
-      steps.push_back(std::move(*step));
-    }
-    return std::make_unique<SequenceNormalizer>(std::move(steps));
+    absl::StatusOr<std::vector<std::unique_ptr<Normalizer>>> steps =
+        ParseSteps<Normalizer>(obj, key, "normalizers", ParseNormalizer);
+    if (!steps.ok()) return steps.status();
+    return std::make_unique<SequenceNormalizer>(std::move(*steps));
   }
   if (*type == "Replace") {
     auto it = obj.find("pattern");
@@ -890,18 +903,10 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const Json& obj,
   absl::StatusOr<std::string> type = GetType(obj, key);
   if (!type.ok()) return type.status();
   if (*type == "Sequence") {
-    auto it = obj.find("pretokenizers");
-    if (it == obj.end() || !it->is_array()) {
-      return Invalid(key + ".pretokenizers", "must be a list");
-    }
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (size_t i = 0; i < it->size(); ++i) {
-      absl::StatusOr<std::unique_ptr<PreTokenizer>> step =
-          ParsePreTokenizer((*it)[i], absl::StrCat(key, ".pretokenizers[", i, "]"));
-      if (!step.ok()) return step.status();
-      steps.push_back(std::move(*step));
-    }
-    return std::make_unique<SequencePreTokenizer>(std::move(steps));
+    absl::StatusOr<std::vector<std::unique_ptr<PreTokenizer>>> steps =
+        ParseSteps<PreTokenizer>(obj, key, "pretokenizers", ParsePreTokenizer);
+    if (!steps.ok()) return steps.status();
+    return std::make_unique<SequencePreTokenizer>(std::move(*steps));
   }
   if (*type == "Split") {
     auto it = obj.find("pattern");
@@ -1147,16 +1152,10 @@ absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const Json& obj, const std
   absl::StatusOr<std::string> type = GetType(obj, key);
   if (!type.ok()) return type.status();
   if (*type == "Sequence") {
-    auto it = obj.find("decoders");
-    if (it == obj.end() || !it->is_array()) return Invalid(key + ".decoders", "must be a list");
-    std::vector<std::unique_ptr<Decoder>> steps;
-    for (size_t i = 0; i < it->size(); ++i) {
-      absl::StatusOr<std::unique_ptr<Decoder>> step =
-          ParseDecoder((*it)[i], absl::StrCat(key, ".decoders[", i, "]"));
-      if (!step.ok()) return step.status();
-      steps.push_back(std::move(*step));
-    }
-    return std::make_unique<SequenceDecoder>(std::move(steps));
+    absl::StatusOr<std::vector<std::unique_ptr<Decoder>>> steps =
+        ParseSteps<Decoder>(obj, key, "decoders", ParseDecoder);
+    if (!steps.ok()) return steps.status();
+    return std::make_unique<SequenceDecoder>(std::move(*steps));
   }
   if (*type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (*type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();

@@ -9,6 +9,7 @@
 
 #include "common/model/hf_tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/testing/stream_decode.h"
 #include "tests/testing/utf8.h"
 
 namespace tandem::model {
@@ -24,19 +25,10 @@ void CheckDecode(const Tokenizer& tok, const std::vector<int32_t>& ids, bool exa
   absl::StatusOr<std::string> whole = tok.Decode(ids);
   FUZZ_CHECK(whole.ok());
   FUZZ_CHECK(IsValidUtf8(*whole));
-  StreamingDetokenizer stream(&tok);
-  std::string streamed;
-  for (int32_t id : ids) {
-    absl::StatusOr<std::string> piece = stream.Add(id);
-    FUZZ_CHECK(piece.ok());
-    FUZZ_CHECK(IsValidUtf8(*piece));
-    streamed += *piece;
-  }
-  absl::StatusOr<std::string> rest = stream.Flush();
-  FUZZ_CHECK(rest.ok());
-  FUZZ_CHECK(IsValidUtf8(*rest));
-  streamed += *rest;
-  FUZZ_CHECK(!exact || streamed == *whole);
+  absl::StatusOr<testing::StreamedText> streamed = testing::StreamDecode(tok, ids);
+  FUZZ_CHECK(streamed.ok());
+  FUZZ_CHECK(streamed->pieces_valid);
+  FUZZ_CHECK(!exact || streamed->text == *whole);
 }
 
 // Encodes `text` (refused exactly when it is not valid UTF-8), checks the ids, decodes them.

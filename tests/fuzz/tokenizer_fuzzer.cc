@@ -8,6 +8,7 @@
 
 #include "common/model/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/testing/stream_decode.h"
 #include "tests/testing/utf8.h"
 
 namespace tandem::model {
@@ -20,19 +21,10 @@ void CheckDecode(const Tokenizer& tok, const std::vector<int32_t>& ids) {
   absl::StatusOr<std::string> whole = tok.Decode(ids);
   FUZZ_CHECK(whole.ok());
   FUZZ_CHECK(IsValidUtf8(*whole));
-  StreamingDetokenizer stream(&tok);
-  std::string streamed;
-  for (int32_t id : ids) {
-    absl::StatusOr<std::string> piece = stream.Add(id);
-    FUZZ_CHECK(piece.ok());
-    FUZZ_CHECK(IsValidUtf8(*piece));
-    streamed += *piece;
-  }
-  absl::StatusOr<std::string> rest = stream.Flush();
-  FUZZ_CHECK(rest.ok());
-  FUZZ_CHECK(IsValidUtf8(*rest));
-  streamed += *rest;
-  FUZZ_CHECK(streamed == *whole);
+  absl::StatusOr<testing::StreamedText> streamed = testing::StreamDecode(tok, ids);
+  FUZZ_CHECK(streamed.ok());
+  FUZZ_CHECK(streamed->pieces_valid);
+  FUZZ_CHECK(streamed->text == *whole);
 }
 
 const Tokenizer& Tiny() {

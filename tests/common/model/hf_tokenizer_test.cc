@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/stream_decode.h"
 #include "tests/testing/utf8.h"
 
 namespace tandem::model {
@@ -89,21 +90,12 @@ std::string Pieces(const Tokenizer& tok, const std::string& text) {
 
 // Streams `ids`; checks each piece is valid UTF-8 and that they add up to Decode(ids).
 void ExpectStreamMatchesDecode(const Tokenizer& tok, const std::vector<int32_t>& ids) {
-  StreamingDetokenizer stream(&tok);
-  std::string streamed;
-  for (int32_t id : ids) {
-    absl::StatusOr<std::string> piece = stream.Add(id);
-    ASSERT_TRUE(piece.ok()) << piece.status();
-    EXPECT_TRUE(IsValidUtf8(*piece)) << "piece after id " << id << " is not valid UTF-8";
-    streamed += *piece;
-  }
-  absl::StatusOr<std::string> rest = stream.Flush();
-  ASSERT_TRUE(rest.ok()) << rest.status();
-  EXPECT_TRUE(IsValidUtf8(*rest));
-  streamed += *rest;
+  absl::StatusOr<testing::StreamedText> streamed = testing::StreamDecode(tok, ids);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_TRUE(streamed->pieces_valid) << "a piece is not valid UTF-8";
   absl::StatusOr<std::string> whole = tok.Decode(ids);
   ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(streamed, *whole);
+  EXPECT_EQ(streamed->text, *whole);
 }
 
 std::unique_ptr<Tokenizer> LoadPublished(const std::string& name) {
@@ -388,7 +380,7 @@ TEST(HfPreTokenizerTest, ByteLevelMapsBytesAndSplitsLikeGpt2) {
 TEST(HfPreTokenizerTest, MetaspacePrependSchemes) {
   Json doc = Doc({"a", "b", "▁", "▁a", "▁b", "<x>"});
   doc["model"]["ignore_merges"] = true;
-  doc["added_tokens"] = {Added(5, "<x>")};
+  doc["added_tokens"] = Json::array({Added(5, "<x>")});
   doc["decoder"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "always"}};
   const auto run = [&](const std::string& scheme, const std::string& text) {
     doc["pre_tokenizer"] = {

@@ -1,4 +1,5 @@
 #include "common/model/tokenizer.h"
+#include "tests/testing/stream_decode.h"
 #include "tests/testing/utf8.h"
 
 #include <gmock/gmock.h>
@@ -36,23 +37,14 @@ std::string ModelPath() {
 
 // Streams `ids` through a StreamingDetokenizer; checks each piece and the whole against Decode.
 void ExpectStreamMatchesDecode(const Tokenizer& tok, const std::vector<int32_t>& ids) {
-  StreamingDetokenizer stream(&tok);
-  std::string streamed;
-  for (int32_t id : ids) {
-    absl::StatusOr<std::string> piece = stream.Add(id);
-    ASSERT_TRUE(piece.ok()) << piece.status();
-    EXPECT_TRUE(IsValidUtf8(*piece)) << "piece after id " << id << " is not valid UTF-8";
-    streamed += *piece;
-  }
-  absl::StatusOr<std::string> rest = stream.Flush();
-  ASSERT_TRUE(rest.ok()) << rest.status();
-  EXPECT_TRUE(IsValidUtf8(*rest));
-  streamed += *rest;
+  absl::StatusOr<testing::StreamedText> streamed = testing::StreamDecode(tok, ids);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_TRUE(streamed->pieces_valid) << "a piece is not valid UTF-8";
   absl::StatusOr<std::string> whole = tok.Decode(ids);
   ASSERT_TRUE(whole.ok()) << whole.status();
   std::string id_list;
   for (int32_t id : ids) id_list += std::to_string(id) + " ";
-  EXPECT_EQ(streamed, *whole) << "ids: " << id_list;
+  EXPECT_EQ(streamed->text, *whole) << "ids: " << id_list;
 }
 
 // add_bos() comes from tokenizer_config.json beside the model: add_bos_token, true when the
