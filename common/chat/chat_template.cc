@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/model/hf_tokenizer.h"
 
 namespace tandem::chat {
 namespace {
@@ -31,16 +32,6 @@ absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
 
 absl::Status Invalid(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, " ", what));
-}
-
-// A special token in tokenizer_config.json: a string, or an AddedToken object {"content": ...}.
-ordered_json TokenText(const ordered_json& value) {
-  if (value.is_string()) return value;
-  if (value.is_object()) {
-    const auto content = value.find("content");
-    if (content != value.end() && content->is_string()) return *content;
-  }
-  return nullptr;
 }
 
 }  // namespace
@@ -77,11 +68,13 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::string& model_dir,
       return absl::InvalidArgumentError(
           absl::StrCat(config_path.string(), " is not a JSON object"));
     }
-    for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
-      const auto it = config.find(key);
-      if (it == config.end()) continue;
-      ordered_json token = TokenText(*it);
-      if (!token.is_null()) special[key] = std::move(token);
+    // The special tokens as the tokenizer reads them (strings or {"content": ...} objects).
+    absl::StatusOr<model::TokenizerConfig> tokens = model::ParseTokenizerConfig(*text);
+    if (!tokens.ok()) return tokens.status();
+    for (const auto& [key, token] :
+         {std::pair{"bos_token", &tokens->bos_token}, std::pair{"eos_token", &tokens->eos_token},
+          std::pair{"unk_token", &tokens->unk_token}, std::pair{"pad_token", &tokens->pad_token}}) {
+      if (token->has_value()) special[key] = **token;
     }
     if (const auto it = config.find("chat_template"); it != config.end()) from_config = *it;
   }

@@ -165,6 +165,19 @@ absl::Status ReadLogitBias(const json& body, int vocab_size, tandem::v1::Samplin
   return absl::OkStatus();
 }
 
+// The body as a JSON object, or why not (nlohmann's parser copes with any depth, but
+// copying or printing a value recurses, so deep nesting is refused first).
+absl::StatusOr<json> ParseBody(absl::string_view text) {
+  if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is nested deeper than ", kMaxJsonDepth, " levels"));
+  }
+  json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!body.is_object()) return absl::InvalidArgumentError("the request body is not a JSON object");
+  return body;
+}
+
 // Chat: the messages, tools and template arguments rendered into the prompt.
 absl::Status ReadChat(const json& body, const ModelFront& front, CompletionRequest* parsed) {
   if (!front.chat_template.ok()) {
@@ -289,14 +302,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
                                                          const ModelFront& front) {
   const int context = front.context;
   const model::GenerationDefaults& defaults = front.generation;
-  // nlohmann's parser copes with any depth, but copying or printing a value recurses.
-  if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the request body is nested deeper than ", kMaxJsonDepth, " levels"));
-  }
-  const json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
-  if (!body.is_object()) return absl::InvalidArgumentError("the request body is not a JSON object");
+  absl::StatusOr<json> parsed_body = ParseBody(text);
+  if (!parsed_body.ok()) return parsed_body.status();
+  const json& body = *parsed_body;
   if (absl::Status s = RefuseUnsupported(body, chat); !s.ok()) return s;
   CompletionRequest parsed;
   tandem::v1::GenerateRequest& request = parsed.request;
@@ -453,18 +461,6 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
 }
 
 namespace {
-
-// The body as a JSON object, or why not.
-absl::StatusOr<json> ParseBody(absl::string_view text) {
-  if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the request body is nested deeper than ", kMaxJsonDepth, " levels"));
-  }
-  json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
-  if (!body.is_object()) return absl::InvalidArgumentError("the request body is not a JSON object");
-  return body;
-}
 
 absl::Status ReadModel(const json& body, std::string* model) {
   if (const json* f = Field(body, "model"); f != nullptr) {
