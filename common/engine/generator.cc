@@ -25,7 +25,6 @@ absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir, const Loa
   ASSIGN_OR_RETURN(loaded.weights,
                    LoadModelWeights(model_dir, options.format, options.seed, options.only_experts));
   ASSIGN_OR_RETURN(loaded.tokenizer, model::Tokenizer::Load(model_dir));
-  loaded.add_bos = loaded.tokenizer->add_bos();
   if (loaded.tokenizer->vocab_size() > loaded.weights->config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         model_dir, ": the tokenizer has ", loaded.tokenizer->vocab_size(),
@@ -43,7 +42,6 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const std::string& mo
   ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelDir(model_dir, options));
   g->weights_ = std::move(loaded.weights);
   g->tokenizer_ = std::move(loaded.tokenizer);
-  g->add_bos_ = loaded.add_bos;
   const model::ModelConfig& config = g->weights_->config;
   const int context = static_cast<int>(config.max_position_embeddings);
   KvCacheConfig kv{static_cast<int>(config.num_hidden_layers),
@@ -69,7 +67,7 @@ absl::StatusOr<GenerationResult> Generator::Generate(
     return absl::InvalidArgumentError("max_tokens must be at least 1 to generate");
   }
   GenerationResult result;
-  if (add_bos_) result.prompt_ids.push_back(tokenizer_->bos_id());
+  if (tokenizer_->add_bos()) result.prompt_ids.push_back(tokenizer_->bos_id());
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_->Encode(prompt));
   result.prompt_ids.insert(result.prompt_ids.end(), ids.begin(), ids.end());
   const int n = static_cast<int>(result.prompt_ids.size());

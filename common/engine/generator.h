@@ -27,11 +27,11 @@ struct GenerationResult {
 };
 
 // A model directory loaded for the engine: config.json, model.safetensors (random weights for
-// LoadFormat::kDummy), the tokenizer (tokenizer.json or tokenizer.model) and whether it adds BOS.
+// LoadFormat::kDummy) and the tokenizer (tokenizer.json or tokenizer.model; its add_bos() says
+// whether text prompts start with BOS).
 struct LoadedModel {
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<model::Tokenizer> tokenizer;
-  bool add_bos = true;
 };
 
 struct LoadOptions {
@@ -72,7 +72,6 @@ class Generator {
   std::unique_ptr<model::Tokenizer> tokenizer_;
   std::unique_ptr<KvBlockPool> pool_;
   std::unique_ptr<ForwardPass> forward_;
-  bool add_bos_ = true;
   int prefill_chunk_ = 256;
 };
 

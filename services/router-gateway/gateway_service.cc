@@ -510,7 +510,7 @@ int GatewayService::queued() const { return admission_->queued(); }
 absl::StatusOr<std::vector<int32_t>> GatewayService::TokenizePrompt(absl::string_view text,
                                                                     bool add_special_tokens) const {
   std::vector<int32_t> ids;
-  if (add_special_tokens && config_.add_bos_token) ids.push_back(tokenizer_->bos_id());
+  if (add_special_tokens && tokenizer_->add_bos()) ids.push_back(tokenizer_->bos_id());
   absl::StatusOr<std::vector<int32_t>> encoded =
       tokenizer_->Encode(std::string_view(text.data(), text.size()));
   if (!encoded.ok()) return encoded.status();

@@ -30,7 +30,6 @@ namespace tandem::gateway {
 struct GatewayConfig {
   std::string model_name;
   model::ModelConfig model_config;
-  bool add_bos_token = true;  // the tokenizer's: whether text prompts start with BOS
   // generation_config.json: its eos_token_ids end every generation that does not ignore EOS;
   // the OpenAI front takes its sampling defaults.
   model::GenerationDefaults generation;

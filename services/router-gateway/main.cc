@@ -84,7 +84,6 @@ int main(int argc, char** argv) {
   config.model_name = tandem::model::ModelNameFromDir(model_dir.string());
   auto tokenizer = tandem::model::Tokenizer::Load(model_dir.string());
   if (!tokenizer.ok()) return Fail("--model: " + std::string(tokenizer.status().message()));
-  config.add_bos_token = (*tokenizer)->add_bos();
   if (absl::Status s = tandem::gateway::ApplyGatewayFlags(model_dir.string(), &config); !s.ok()) {
     return Fail(std::string(s.message()));
   }

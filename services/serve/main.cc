@@ -95,7 +95,6 @@ int main(int argc, char** argv) {
   tandem::gateway::GatewayConfig config;
   config.model_config = engine->model.weights->config;
   config.model_name = tandem::model::ModelNameFromDir(model_dir);
-  config.add_bos_token = engine->model.add_bos;
   if (absl::Status s = tandem::gateway::ApplyGatewayFlags(model_dir, &config); !s.ok()) {
     return fail("flags", s);
   }

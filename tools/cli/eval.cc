@@ -105,7 +105,7 @@ int Eval() {
     overlay = *std::move(loaded);
   }
   absl::StatusOr<std::vector<std::vector<int32_t>>> prompts =
-      moe::ReadPrompts(*model->tokenizer, prompts_path, model->add_bos);
+      moe::ReadPrompts(*model->tokenizer, prompts_path, model->tokenizer->add_bos());
   if (!prompts.ok()) return Report(prompts.status());
   moe::GenerationOptions generation;
   generation.max_tokens = absl::GetFlag(FLAGS_max_tokens);
