@@ -2,7 +2,9 @@
 # Builds Tandem under sanitizers and runs tests there (docs/fuzzing.md). Warnings are errors.
 #   scripts/sanitize.sh asan [ctest args]  ASan+UBSan in build-asan/ (clang; the same build
 #                                          holds the libFuzzer harnesses, scripts/fuzz.sh);
-#                                          runs -L 'unit|integration' unless given ctest args
+#                                          runs -L 'unit|integration' -LE heavy (the
+#                                          whole-split evaluations stay in the normal
+#                                          suite) unless given ctest args
 #   scripts/sanitize.sh tsan [ctest args]  TSan in build-tsan/ (clang); runs -L concurrency,
 #                                          building only those tests unless given ctest args
 #   scripts/sanitize.sh asan|tsan --build [TARGET...]  configure and build (all) only
@@ -19,7 +21,7 @@ case "$kind" in
   asan)
     dir=build-asan
     configure=(-DTANDEM_SANITIZE=address)
-    default_tests=(-L 'unit|integration')
+    default_tests=(-L 'unit|integration' -LE heavy)
     ;;
   tsan)
     dir=build-tsan
