@@ -4,6 +4,8 @@
 // gets the conversation without its tool calls). The published files come from
 // tests/tokenizers (scripts/setup.sh installs them).
 //   tandem_chat_bench [--repo DIR] [--iterations N]
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -11,8 +13,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "common/chat/chat_template.h"
-#include "common/model/tokenizer.h"
+#include "common/model/model_dir.h"
 
 ABSL_FLAG(std::string, repo, ".", "The repository root (for tests/tokenizers).");
 ABSL_FLAG(int, iterations, 2000, "Renders (and encodes) timed per model.");
@@ -58,9 +61,28 @@ int main(int argc, char** argv) {
   std::printf("%-12s %10s %12s %14s %12s\n", "model", "prompt_B", "render_us", "encode_us",
               "encode_MB/s");
   for (const char* model : {"qwen3", "deepseek_v3", "llama3", "gemma3"}) {
-    const std::string dir = (packages / (std::string("tokenizer-") + model) / "models").string();
-    auto chat = tandem::chat::ChatTemplate::Load(dir);
-    auto tokenizer = tandem::model::Tokenizer::Load(dir);
+    // The package holds the tokenizer and template only: a model directory around them, with
+    // the tiny model's config.json (no weights are read).
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      absl::StrCat("tandem_chat_bench_", getpid(), "_", model);
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::filesystem::remove(dir / file, error);
+      std::filesystem::create_symlink(
+          packages / (std::string("tokenizer-") + model) / "models" / file, dir / file, error);
+    }
+    std::filesystem::copy_file(
+        std::filesystem::path(absl::GetFlag(FLAGS_repo)) / "models/tiny-moe/config.json",
+        dir / "config.json", std::filesystem::copy_options::overwrite_existing, error);
+    auto model_dir = tandem::model::ModelDir::Open(dir.string());
+    auto chat = model_dir.ok() ? tandem::chat::ChatTemplate::Load(**model_dir)
+                               : absl::StatusOr<tandem::chat::ChatTemplate>(model_dir.status());
+    auto tokenizer =
+        model_dir.ok()
+            ? (*model_dir)->tokenizer()
+            : absl::StatusOr<std::shared_ptr<const tandem::model::Tokenizer>>(model_dir.status());
+    std::filesystem::remove_all(dir, error);
     if (!chat.ok() || !tokenizer.ok()) {
       std::fprintf(stderr, "%s: %s\n", model,
                    std::string((chat.ok() ? tokenizer.status() : chat.status()).message()).c_str());

@@ -167,7 +167,9 @@ int Run() {
   const int prefill_tokens = absl::GetFlag(FLAGS_prefill_tokens);
 
   auto t0 = Clock::now();
-  auto weights = LoadModelWeights(dir, *format, seed);
+  auto model_dir = model::ModelDir::Open(dir);
+  auto weights = model_dir.ok() ? LoadModelWeights(**model_dir, *format, seed)
+                                : absl::StatusOr<std::unique_ptr<ModelWeights>>(model_dir.status());
   if (!weights.ok()) {
     std::cerr << "tandem_engine_bench: " << weights.status() << "\n";
     return 1;

@@ -91,7 +91,8 @@ class ReplayRouter : public engine::RouterOverride {
 absl::StatusOr<std::shared_ptr<const RecordedRouting>> RecordRouting(const std::string& model_dir,
                                                                      const std::string& text,
                                                                      int windows, int positions) {
-  ASSIGN_OR_RETURN(engine::LoadedModel model, engine::LoadModelDir(model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::ModelDir> dir, model::ModelDir::Open(model_dir));
+  ASSIGN_OR_RETURN(engine::LoadedModel model, engine::LoadModelDir(*dir));
   const model::ModelConfig& c = model.weights->config;
   ASSIGN_OR_RETURN(engine::ProtocolText protocol,
                    engine::ReadProtocolText(*model.tokenizer, text, positions - 1));
@@ -158,12 +159,14 @@ int Run() {
                  "(their random router says nothing), and only they take them\n";
     return 2;
   }
-  auto full = engine::LoadModelWeights(dir, *format);
+  auto model_dir = model::ModelDir::Open(dir);
+  if (!model_dir.ok()) return Fail(model_dir.status());
+  auto full = engine::LoadModelWeights(**model_dir, *format);
   if (!full.ok()) return Fail(full.status());
   const model::ModelConfig& c = (*full)->config;
   engine::ExpertMask none;
   none.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
-  auto slim = engine::LoadModelWeights(dir, *format, 0, none);
+  auto slim = engine::LoadModelWeights(**model_dir, *format, 0, none);
   if (!slim.ok()) return Fail(slim.status());
   auto plan = LoadPlan(plan_path);
   if (!plan.ok()) return Fail(plan.status());

@@ -1,8 +1,5 @@
 #include "common/chat/chat_template.h"
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -10,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/model/hf_tokenizer.h"
+#include "common/util/file.h"
 
 namespace tandem::chat {
 namespace {
@@ -18,17 +16,6 @@ using nlohmann::ordered_json;
 
 // Templates and tokenizer configs are small; anything larger is not one.
 constexpr size_t kMaxFileBytes = 64 << 20;
-
-absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": no such file"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().size() > kMaxFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is larger than 64 MiB"));
-  }
-  return text.str();
-}
 
 absl::Status Invalid(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, " ", what));
@@ -54,48 +41,33 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSources(std::vector<Named> templa
   return chat;
 }
 
-absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::string& model_dir,
+absl::StatusOr<ChatTemplate> ChatTemplate::Load(const model::ModelDir& dir,
                                                 const std::string& override_path) {
-  const std::filesystem::path dir(model_dir);
   ordered_json special = ordered_json::object();
-  ordered_json from_config;  // tokenizer_config.json's chat_template
-  const std::filesystem::path config_path = dir / "tokenizer_config.json";
-  if (std::filesystem::exists(config_path)) {
-    absl::StatusOr<std::string> text = ReadFile(config_path);
-    if (!text.ok()) return text.status();
-    ordered_json config = ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (config.is_discarded() || !config.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(config_path.string(), " is not a JSON object"));
-    }
-    // The special tokens as the tokenizer reads them (strings or {"content": ...} objects).
-    absl::StatusOr<model::TokenizerConfig> tokens = model::ParseTokenizerConfig(*text);
-    if (!tokens.ok()) return tokens.status();
-    for (const auto& [key, token] :
-         {std::pair{"bos_token", &tokens->bos_token}, std::pair{"eos_token", &tokens->eos_token},
-          std::pair{"unk_token", &tokens->unk_token}, std::pair{"pad_token", &tokens->pad_token}}) {
-      if (token->has_value()) special[key] = **token;
-    }
-    if (const auto it = config.find("chat_template"); it != config.end()) from_config = *it;
+  const model::TokenizerConfig& tokens = dir.tokenizer_config();
+  for (const auto& [key, token] :
+       {std::pair{"bos_token", &tokens.bos_token}, std::pair{"eos_token", &tokens.eos_token},
+        std::pair{"unk_token", &tokens.unk_token}, std::pair{"pad_token", &tokens.pad_token}}) {
+    if (token->has_value()) special[key] = **token;
   }
+  const ordered_json& from_config = dir.chat_template_config();
+  const std::string config_path = dir.tokenizer_config_path();
 
   std::vector<Named> templates;
   std::string origin;
   if (!override_path.empty()) {
-    absl::StatusOr<std::string> source = ReadFile(override_path);
+    absl::StatusOr<std::string> source = util::ReadFile(override_path, kMaxFileBytes);
     if (!source.ok()) return absl::InvalidArgumentError(source.status().message());
     templates.push_back({"default", *std::move(source)});
     origin = override_path;
-  } else if (std::filesystem::exists(dir / "chat_template.jinja")) {
-    absl::StatusOr<std::string> source = ReadFile(dir / "chat_template.jinja");
-    if (!source.ok()) return source.status();
-    templates.push_back({"default", *std::move(source)});
-    origin = (dir / "chat_template.jinja").string();
+  } else if (dir.chat_template_file().has_value()) {
+    templates.push_back({"default", *dir.chat_template_file()});
+    origin = dir.chat_template_origin();
   } else if (from_config.is_string()) {
     templates.push_back({"default", from_config.get<std::string>()});
-    origin = config_path.string();
+    origin = config_path;
   } else if (from_config.is_array()) {
-    origin = config_path.string();
+    origin = config_path;
     for (size_t i = 0; i < from_config.size(); ++i) {
       const ordered_json& entry = from_config[i];
       const std::string where = absl::StrCat(origin, ": chat_template[", i, "]");
@@ -106,13 +78,13 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::string& model_dir,
       templates.push_back({entry["name"].get<std::string>(), entry["template"].get<std::string>()});
     }
   } else if (!from_config.is_null()) {
-    return Invalid(absl::StrCat(origin.empty() ? config_path.string() : origin, ": chat_template"),
+    return Invalid(absl::StrCat(origin.empty() ? config_path : origin, ": chat_template"),
                    "must be a string or a list of {\"name\", \"template\"}");
   }
   if (templates.empty()) {
     return absl::NotFoundError(absl::StrCat(
         "the model has no chat template (no chat_template.jinja, and no chat_template in ",
-        config_path.string(), "); give one with --chat_template"));
+        config_path, "); give one with --chat_template"));
   }
   absl::StatusOr<ChatTemplate> chat = FromSources(std::move(templates), std::move(special));
   if (!chat.ok()) {

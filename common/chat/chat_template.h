@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/chat/jinja.h"
+#include "common/model/model_dir.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::chat {
@@ -39,14 +40,14 @@ struct ChatInput {
 
 class ChatTemplate {
  public:
-  // The template of the model in `model_dir`: `override_path` when given (--chat_template: a
-  // Jinja file), else chat_template.jinja, else tokenizer_config.json's chat_template (a string,
-  // or a list of {"name", "template"}: "default", and "tool_use" for requests with tools).
-  // Special tokens (bos_token, eos_token, unk_token, pad_token) come from
-  // tokenizer_config.json, as strings or {"content": ...} objects. NOT_FOUND when the model
-  // has no template; INVALID_ARGUMENT naming the file and the problem (including a Jinja
-  // syntax error with its line).
-  static absl::StatusOr<ChatTemplate> Load(const std::string& model_dir,
+  // The template of the model in `dir`: `override_path` when given (--chat_template: a Jinja
+  // file), else chat_template.jinja, else tokenizer_config.json's chat_template (a string, or a
+  // list of {"name", "template"}: "default", and "tool_use" for requests with tools). Special
+  // tokens (bos_token, eos_token, unk_token, pad_token) come from tokenizer_config.json, as
+  // strings or {"content": ...} objects. NOT_FOUND when the model has no template;
+  // INVALID_ARGUMENT naming the file and the problem (including a Jinja syntax error with its
+  // line).
+  static absl::StatusOr<ChatTemplate> Load(const model::ModelDir& dir,
                                            const std::string& override_path = "");
 
   // One named template ("default", "tool_use", ...) and its source.

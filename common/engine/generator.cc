@@ -1,7 +1,5 @@
 #include "common/engine/generator.h"
 
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/engine/synthetic_router.h"
@@ -14,32 +12,31 @@ constexpr int kBlockSize = 16;
 
 }  // namespace
 
-absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir, const LoadOptions& options) {
+absl::StatusOr<LoadedModel> LoadModelDir(const model::ModelDir& dir, const LoadOptions& options) {
   if (options.format == LoadFormat::kDummy && options.routing.empty()) {
     return absl::InvalidArgumentError(
         "dummy weights need a stated routing (uniform or zipf:S): their random router says "
         "nothing about how a trained one spreads tokens");
   }
-  const std::filesystem::path dir(model_dir);
   LoadedModel loaded;
   ASSIGN_OR_RETURN(loaded.weights,
-                   LoadModelWeights(model_dir, options.format, options.seed, options.only_experts));
-  ASSIGN_OR_RETURN(loaded.tokenizer, model::Tokenizer::Load(model_dir));
+                   LoadModelWeights(dir, options.format, options.seed, options.only_experts));
+  ASSIGN_OR_RETURN(loaded.tokenizer, dir.tokenizer());
   if (loaded.tokenizer->vocab_size() > loaded.weights->config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        model_dir, ": the tokenizer has ", loaded.tokenizer->vocab_size(),
+        dir.path(), ": the tokenizer has ", loaded.tokenizer->vocab_size(),
         " pieces, more than the config's vocab_size ", loaded.weights->config.vocab_size));
   }
   return loaded;
 }
 
-absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const std::string& model_dir,
+absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const model::ModelDir& dir,
                                                            int prefill_chunk,
                                                            const LoadOptions& options) {
   if (prefill_chunk < 1) return absl::InvalidArgumentError("prefill_chunk must be >= 1");
   std::unique_ptr<Generator> g(new Generator());
   g->prefill_chunk_ = prefill_chunk;
-  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelDir(model_dir, options));
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelDir(dir, options));
   g->weights_ = std::move(loaded.weights);
   g->tokenizer_ = std::move(loaded.tokenizer);
   const model::ModelConfig& config = g->weights_->config;

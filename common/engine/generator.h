@@ -13,6 +13,7 @@
 #include "common/engine/kv_cache.h"
 #include "common/engine/model_weights.h"
 #include "common/engine/sampling.h"
+#include "common/model/model_dir.h"
 #include "common/model/tokenizer.h"
 
 namespace tandem::engine {
@@ -31,7 +32,7 @@ struct GenerationResult {
 // whether text prompts start with BOS).
 struct LoadedModel {
   std::unique_ptr<ModelWeights> weights;
-  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::shared_ptr<const model::Tokenizer> tokenizer;  // the model directory's
 };
 
 struct LoadOptions {
@@ -45,15 +46,13 @@ struct LoadOptions {
   ExpertMask only_experts = {};
 };
 
-absl::StatusOr<LoadedModel> LoadModelDir(const std::string& model_dir,
+absl::StatusOr<LoadedModel> LoadModelDir(const model::ModelDir& dir,
                                          const LoadOptions& options = {});
 
 class Generator {
  public:
-  // Loads DIR (config.json, model.safetensors, tokenizer.json or tokenizer.model,
-  // tokenizer_config.json).
-  // `prefill_chunk` bounds the tokens of one prefill step.
-  static absl::StatusOr<std::unique_ptr<Generator>> Load(const std::string& model_dir,
+  // Loads `dir`'s weights and tokenizer. `prefill_chunk` bounds the tokens of one prefill step.
+  static absl::StatusOr<std::unique_ptr<Generator>> Load(const model::ModelDir& dir,
                                                          int prefill_chunk = 256,
                                                          const LoadOptions& options = {});
 
@@ -69,7 +68,7 @@ class Generator {
   Generator() = default;
 
   std::unique_ptr<ModelWeights> weights_;
-  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::shared_ptr<const model::Tokenizer> tokenizer_;
   std::unique_ptr<KvBlockPool> pool_;
   std::unique_ptr<ForwardPass> forward_;
   int prefill_chunk_ = 256;

@@ -439,13 +439,12 @@ absl::StatusOr<LoadFormat> ParseLoadFormat(const std::string& name) {
       absl::StrCat("load format \"", name, "\" is not \"auto\", \"safetensors\" or \"dummy\""));
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& dir,
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const model::ModelDir& dir,
                                                                LoadFormat format, uint64_t seed,
                                                                const ExpertMask& only) {
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir + "/config.json"));
-  if (format == LoadFormat::kDummy) return ModelWeights::Random(config, seed, only);
-  ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(dir));
-  return ModelWeights::Load(config, *checkpoint, only);
+  if (format == LoadFormat::kDummy) return ModelWeights::Random(dir.config(), seed, only);
+  ASSIGN_OR_RETURN(const model::SafetensorsModel* checkpoint, dir.checkpoint());
+  return ModelWeights::Load(dir.config(), *checkpoint, only);
 }
 
 }  // namespace tandem::engine

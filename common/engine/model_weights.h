@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/kernels/packed_matrix.h"
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "common/model/safetensors.h"
 #include "common/util/huge_pages.h"
 
@@ -137,9 +138,9 @@ enum class LoadFormat { kSafetensors, kDummy };
 // "safetensors" (also "auto") or "dummy"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<LoadFormat> ParseLoadFormat(const std::string& name);
 
-// Reads DIR/config.json, then the weights as `format` says (`seed` for dummy weights), of the
-// experts in `only` when it is not empty.
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& dir,
+// The weights of `dir` as `format` says (`seed` for dummy weights), of the experts in `only`
+// when it is not empty.
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const model::ModelDir& dir,
                                                                LoadFormat format, uint64_t seed = 0,
                                                                const ExpertMask& only = {});
 

@@ -129,7 +129,7 @@ absl::StatusOr<std::string> CheckpointSha256(const std::string& model_dir) {
 }
 
 absl::StatusOr<std::unique_ptr<DecoderOverlay>> LoadDecoderOverlay(const std::string& path,
-                                                                   const std::string& model_dir,
+                                                                   const model::ModelDir& dir,
                                                                    const ModelWeights& base,
                                                                    const ExpertMask& plan) {
   const model::ModelConfig& config = base.config;
@@ -156,11 +156,11 @@ absl::StatusOr<std::unique_ptr<DecoderOverlay>> LoadDecoderOverlay(const std::st
   overlay->plan_sha256 = Metadata(*file, "plan_sha256");
   overlay->recipe = Metadata(*file, "recipe");
 
-  ASSIGN_OR_RETURN(const std::string base_sha, CheckpointSha256(model_dir));
+  ASSIGN_OR_RETURN(const std::string base_sha, CheckpointSha256(dir.path()));
   if (overlay->base_sha256 != base_sha) {
     return refuse(absl::StrCat("made for base model \"", Metadata(*file, "base_model"),
                                "\" (checkpoint sha256 ", Short(overlay->base_sha256),
-                               "...), not the checkpoint in ", model_dir, " (sha256 ",
+                               "...), not the checkpoint in ", dir.path(), " (sha256 ",
                                Short(base_sha), "...)"));
   }
   const std::string plan_sha = PlanSha256(plan, config);

@@ -49,12 +49,12 @@ absl::StatusOr<std::string> CheckpointSha256(const std::string& model_dir);
 // Whether a tensor of `kind` is always-on (may be in an overlay).
 bool IsAlwaysOn(model::TensorKind kind);
 
-// Loads the overlay at `path` for `base` (loaded from `model_dir`) decoding under `plan` (its
-// mask; empty: every expert). INVALID_ARGUMENT naming the problem for a file that is not an
+// Loads the overlay at `path` for `base` (loaded from `dir`) decoding under `plan` (its mask;
+// empty: every expert). INVALID_ARGUMENT naming the problem for a file that is not an
 // overlay, one made for another checkpoint or plan, a tensor that is not always-on or has the
 // wrong shape, or no tensors; NOT_FOUND for a missing file.
 absl::StatusOr<std::unique_ptr<DecoderOverlay>> LoadDecoderOverlay(const std::string& path,
-                                                                   const std::string& model_dir,
+                                                                   const model::ModelDir& dir,
                                                                    const ModelWeights& base,
                                                                    const ExpertMask& plan);
 

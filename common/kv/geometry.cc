@@ -1,9 +1,6 @@
 #include "common/kv/geometry.h"
 
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
-#include "common/util/status.h"
 
 namespace tandem::kv {
 
@@ -64,16 +61,15 @@ absl::Status CheckCompatible(const tandem::v1::KvGeometry& ours,
   return absl::OkStatus();
 }
 
-absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, int block_size,
+absl::StatusOr<InstanceModel> LoadInstanceModel(const model::ModelDir& dir, int block_size,
                                                 kernels::KvDtype dtype) {
   if (block_size < 1 || block_size > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV block size ", block_size, " must be in [1, 1024]"));
   }
-  const std::filesystem::path dir(model_dir);
   InstanceModel out;
-  ASSIGN_OR_RETURN(out.config, model::LoadModelConfig(dir / "config.json"));
-  out.name = model::ModelNameFromDir(model_dir);
+  out.config = dir.config();
+  out.name = dir.name();
   out.geometry = MakeKvGeometry(out.config, block_size, dtype);
   return out;
 }

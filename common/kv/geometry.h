@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/kernels/kv_format.h"
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "tandem/v1/kv.pb.h"
 
 namespace tandem::kv {
@@ -31,9 +32,9 @@ struct InstanceModel {
   tandem::v1::KvGeometry geometry;
 };
 
-// Loads DIR/config.json and derives the geometry of a pool storing `dtype`; INVALID_ARGUMENT
-// for a bad block size.
-absl::StatusOr<InstanceModel> LoadInstanceModel(const std::string& model_dir, int block_size,
+// `dir`'s name and config and the geometry of a pool storing `dtype`; INVALID_ARGUMENT for a
+// bad block size.
+absl::StatusOr<InstanceModel> LoadInstanceModel(const model::ModelDir& dir, int block_size,
                                                 kernels::KvDtype dtype = kernels::KvDtype::kF32);
 
 }  // namespace tandem::kv

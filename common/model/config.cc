@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
 #include <limits>
-#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -557,19 +555,6 @@ std::string ModelNameFromDir(const std::string& model_dir) {
   std::filesystem::path dir = std::filesystem::absolute(model_dir).lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();  // a trailing separator
   return dir.filename().string();
-}
-
-absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open model config ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(text.str());
-  if (!config.ok()) {
-    return absl::Status(config.status().code(),
-                        absl::StrCat(path, ": ", config.status().message()));
-  }
-  return config;
 }
 
 std::string TensorName(const ArchitectureSpec& arch, TensorKind kind, int layer, int expert) {

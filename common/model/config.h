@@ -153,8 +153,6 @@ struct ModelConfig {
 // Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that
 // Tandem does not use are ignored (Hugging Face configs carry many).
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text);
-// Reads and parses a config.json file; NOT_FOUND when it does not exist.
-absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
 // The name a model directory is served under: its last path component ("models/tiny-moe/"
 // and "models/tiny-moe" are both "tiny-moe").
 std::string ModelNameFromDir(const std::string& model_dir);

@@ -1,8 +1,5 @@
 #include "common/model/generation_config.h"
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -79,19 +76,6 @@ absl::StatusOr<GenerationDefaults> ParseGenerationConfig(const std::string& text
     }
   }
   return out;
-}
-
-absl::StatusOr<GenerationDefaults> LoadGenerationConfig(const std::string& model_dir) {
-  const std::filesystem::path path = std::filesystem::path(model_dir) / "generation_config.json";
-  std::ifstream in(path);
-  if (!in) return GenerationDefaults{};
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<GenerationDefaults> parsed = ParseGenerationConfig(text.str());
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", parsed.status().message()));
-  }
-  return parsed;
 }
 
 }  // namespace tandem::model

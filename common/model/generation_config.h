@@ -28,7 +28,5 @@ struct GenerationDefaults {
 // Parses a generation_config.json document; INVALID_ARGUMENT naming the key that is wrong.
 // Keys Tandem does not use (do_sample, bos_token_id, ...) are ignored.
 absl::StatusOr<GenerationDefaults> ParseGenerationConfig(const std::string& json);
-// DIR/generation_config.json; no defaults when the file is absent.
-absl::StatusOr<GenerationDefaults> LoadGenerationConfig(const std::string& model_dir);
 
 }  // namespace tandem::model

@@ -96,6 +96,9 @@ class SafetensorsModel {
   bool Contains(std::string_view name) const;
   std::vector<std::string> Names() const;  // sorted, across all shards
   size_t num_shards() const { return shards_.size(); }
+  // The first shard's "__metadata__" (a single file's); what tools such as tandem reorder
+  // write there is the same in every shard they write.
+  const std::map<std::string, std::string>& metadata() const { return shards_[0]->metadata(); }
 
  private:
   SafetensorsModel() = default;

@@ -8,9 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -18,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/model/hf_tokenizer.h"
 #include "common/model/spm_backend.h"
+#include "common/util/file.h"
 
 namespace tandem::model {
 namespace {
@@ -241,16 +240,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& 
   return std::make_unique<SpmTokenizer>(std::move(backend), config);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path.string(), ": read error"));
-  return std::move(text).str();
-}
-
 }  // namespace
+
+absl::StatusOr<std::string> TokenizerFileIn(const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    const std::filesystem::path file = std::filesystem::path(dir) / name;
+    if (std::filesystem::exists(file)) return file.string();
+  }
+  return absl::NotFoundError(
+      absl::StrCat(dir, ": neither tokenizer.json nor tokenizer.model is there"));
+}
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   struct stat st;
@@ -258,38 +257,38 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", path));
   }
-  std::filesystem::path file(path);
+  std::string file = path;
   if (S_ISDIR(st.st_mode)) {
-    const std::filesystem::path dir(path);
-    if (std::filesystem::exists(dir / "tokenizer.json")) {
-      file = dir / "tokenizer.json";
-    } else if (std::filesystem::exists(dir / "tokenizer.model")) {
-      file = dir / "tokenizer.model";
-    } else {
-      return absl::NotFoundError(
-          absl::StrCat(path, ": neither tokenizer.json nor tokenizer.model is there"));
-    }
+    absl::StatusOr<std::string> in_dir = TokenizerFileIn(path);
+    if (!in_dir.ok()) return in_dir.status();
+    file = *std::move(in_dir);
   }
-  const std::filesystem::path config_path = file.parent_path() / "tokenizer_config.json";
+  const std::filesystem::path config_path =
+      std::filesystem::path(file).parent_path() / "tokenizer_config.json";
   std::string config_text;
   if (std::filesystem::exists(config_path)) {
-    absl::StatusOr<std::string> text = ReadFile(config_path);
+    absl::StatusOr<std::string> text = util::ReadFile(config_path.string());
     if (!text.ok()) return text.status();
     config_text = std::move(*text);
   }
-  absl::StatusOr<TokenizerConfig> config = ParseTokenizerConfig(config_text);
+  return LoadFile(file, config_text);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFile(
+    const std::string& file, std::string_view tokenizer_config_json) {
+  absl::StatusOr<TokenizerConfig> config = ParseTokenizerConfig(tokenizer_config_json);
   if (!config.ok()) return config.status();
-  if (file.extension() == ".json") {
-    absl::StatusOr<std::string> json = ReadFile(file);
+  if (std::filesystem::path(file).extension() == ".json") {
+    absl::StatusOr<std::string> json = util::ReadFile(file);
     if (!json.ok()) return json.status();
-    absl::StatusOr<std::unique_ptr<HfTokenizer>> hf = HfTokenizer::FromJson(*json, config_text);
+    absl::StatusOr<std::unique_ptr<HfTokenizer>> hf =
+        HfTokenizer::FromJson(*json, tokenizer_config_json);
     if (!hf.ok()) {
-      return absl::Status(hf.status().code(),
-                          absl::StrCat(file.string(), ": ", hf.status().message()));
+      return absl::Status(hf.status().code(), absl::StrCat(file, ": ", hf.status().message()));
     }
     return std::unique_ptr<Tokenizer>(std::move(*hf));
   }
-  return LoadSentencePiece(file.string(), *config);
+  return LoadSentencePiece(file, *config);
 }
 
 // ---------------------------------------------------------------------------------------------

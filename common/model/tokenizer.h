@@ -24,6 +24,10 @@ class Tokenizer {
   // supplies the special tokens and add_bos_token / add_eos_token. NOT_FOUND when `path` does
   // not exist; INVALID_ARGUMENT when a file is malformed or uses an unsupported feature.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
+  // The tokenizer in `file` (`*.json`: tokenizer.json; else a SentencePiece model) with
+  // tokenizer_config.json's text (empty: no such file). What Load and ModelDir call.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadFile(
+      const std::string& file, std::string_view tokenizer_config_json);
 
   virtual ~Tokenizer() = default;
   Tokenizer(const Tokenizer&) = delete;
@@ -58,6 +62,10 @@ class Tokenizer {
  protected:
   Tokenizer() = default;
 };
+
+// The tokenizer file of the model directory `dir`: tokenizer.json, else tokenizer.model;
+// NOT_FOUND naming both when neither is there.
+absl::StatusOr<std::string> TokenizerFileIn(const std::string& dir);
 
 // Turns a stream of generated ids into text pieces as soon as they are final. Each piece is
 // valid UTF-8: bytes of a character split across byte-fallback or byte-level tokens are held

@@ -193,13 +193,11 @@ absl::StatusOr<engine::ExpertMask> MaskFromPlan(const PruningPlan& plan,
   return mask;
 }
 
-absl::StatusOr<PlanForModel> LoadPlanFor(const std::string& plan_path,
-                                         const std::string& model_dir) {
+absl::StatusOr<PlanForModel> LoadPlanFor(const std::string& plan_path, const model::ModelDir& dir) {
   PlanForModel out;
-  ASSIGN_OR_RETURN(out.config, model::LoadModelConfig(model_dir + "/config.json"));
   absl::StatusOr<PruningPlan> plan = LoadPlan(plan_path);
   absl::StatusOr<engine::ExpertMask> mask =
-      plan.ok() ? MaskFromPlan(*plan, out.config) : plan.status();
+      plan.ok() ? MaskFromPlan(*plan, dir.config()) : plan.status();
   if (!mask.ok()) {
     return absl::Status(mask.status().code(),
                         absl::StrCat("plan ", plan_path, ": ", mask.status().message()));
@@ -210,8 +208,8 @@ absl::StatusOr<PlanForModel> LoadPlanFor(const std::string& plan_path,
 }
 
 absl::StatusOr<engine::ExpertMask> LoadPlanMask(const std::string& plan_path,
-                                                const std::string& model_dir) {
-  ASSIGN_OR_RETURN(PlanForModel loaded, LoadPlanFor(plan_path, model_dir));
+                                                const model::ModelDir& dir) {
+  ASSIGN_OR_RETURN(PlanForModel loaded, LoadPlanFor(plan_path, dir));
   return std::move(loaded.mask);
 }
 

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/engine/forward.h"
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "common/moe/calibration.h"
 #include "tandem/v1/pruning_plan.pb.h"
 
@@ -35,18 +36,16 @@ absl::Status ValidatePlan(const tandem::v1::PruningPlan& plan, const model::Mode
 absl::StatusOr<engine::ExpertMask> MaskFromPlan(const tandem::v1::PruningPlan& plan,
                                                 const model::ModelConfig& config);
 
-// The plan at `plan_path` read for the model in `model_dir`: the plan, validated against the
-// model's config.json, its mask and that config. Errors about the plan name its path.
+// The plan at `plan_path` read for the model in `dir`: the plan, validated against the
+// model's config, and its mask. Errors about the plan name its path.
 struct PlanForModel {
   tandem::v1::PruningPlan plan;
   engine::ExpertMask mask;
-  model::ModelConfig config;
 };
-absl::StatusOr<PlanForModel> LoadPlanFor(const std::string& plan_path,
-                                         const std::string& model_dir);
+absl::StatusOr<PlanForModel> LoadPlanFor(const std::string& plan_path, const model::ModelDir& dir);
 // Its mask only.
 absl::StatusOr<engine::ExpertMask> LoadPlanMask(const std::string& plan_path,
-                                                const std::string& model_dir);
+                                                const model::ModelDir& dir);
 
 absl::Status SavePlan(const tandem::v1::PruningPlan& plan, const std::string& path);
 // NOT_FOUND for a missing file, INVALID_ARGUMENT for JSON that is not a plan.

@@ -22,25 +22,26 @@ std::vector<int> NeuronOrder(const std::vector<double>& importance) {
   return order;
 }
 
-absl::StatusOr<bool> IsReordered(const std::string& model_dir) {
-  ASSIGN_OR_RETURN(auto file, model::SafetensorsFile::Open(model_dir + "/model.safetensors"));
-  return file->metadata().count(kNeuronOrderKey) > 0;
+absl::StatusOr<bool> IsReordered(const model::ModelDir& dir) {
+  ASSIGN_OR_RETURN(const model::SafetensorsModel* checkpoint, dir.checkpoint());
+  return checkpoint->metadata().count(kNeuronOrderKey) > 0;
 }
 
-absl::Status ReorderCheckpoint(const std::string& model_dir, const CalibrationStats& stats,
+absl::Status ReorderCheckpoint(const model::ModelDir& dir, const CalibrationStats& stats,
                                const std::string& out_dir) {
   namespace fs = std::filesystem;
+  const std::string& model_dir = dir.path();
   std::error_code error;
   if (fs::exists(out_dir, error) && fs::equivalent(model_dir, out_dir, error)) {
     return absl::InvalidArgumentError("the reordered checkpoint must go to another directory");
   }
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir + "/config.json"));
+  const model::ModelConfig& config = dir.config();
   if (config.quantization.bits != 0) {
     // Permuting down's columns would move them across quantization groups.
     return absl::InvalidArgumentError(absl::StrCat(
         model_dir, " is quantized: reorder the bf16 checkpoint, then quantize the result"));
   }
-  ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
+  ASSIGN_OR_RETURN(const model::SafetensorsModel* checkpoint, dir.checkpoint());
   RETURN_IF_ERROR(model::ValidateAgainstConfig(*checkpoint, config));
   const int layers = static_cast<int>(config.num_hidden_layers);
   const int experts = static_cast<int>(config.num_local_experts);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/model/model_dir.h"
 #include "common/moe/calibration.h"
 
 namespace tandem::moe {
@@ -21,14 +22,14 @@ std::vector<int> NeuronOrder(const std::vector<double>& importance);
 // The safetensors metadata key ReorderCheckpoint sets.
 inline constexpr char kNeuronOrderKey[] = "tandem.neuron_order";
 
-// Writes to `out_dir` the checkpoint of `model_dir` with every expert's neurons ordered by the
+// Writes to `out_dir` the checkpoint of `dir` with every expert's neurons ordered by the
 // neuron importance of `stats`, every other tensor byte-identical, and the directory's other
 // files (config, tokenizer) copied; the safetensors metadata records the order's provenance.
-// INVALID_ARGUMENT when the statistics do not fit the model, or `out_dir` is `model_dir`.
-// Whether the checkpoint in `model_dir` was written by ReorderCheckpoint (its metadata says so).
-absl::StatusOr<bool> IsReordered(const std::string& model_dir);
-
-absl::Status ReorderCheckpoint(const std::string& model_dir, const CalibrationStats& stats,
+// INVALID_ARGUMENT when the statistics do not fit the model, or `out_dir` is `dir`.
+absl::Status ReorderCheckpoint(const model::ModelDir& dir, const CalibrationStats& stats,
                                const std::string& out_dir);
+
+// Whether the checkpoint in `dir` was written by ReorderCheckpoint (its metadata says so).
+absl::StatusOr<bool> IsReordered(const model::ModelDir& dir);
 
 }  // namespace tandem::moe

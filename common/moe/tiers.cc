@@ -188,8 +188,8 @@ tandem::v1::PruningPlan WithoutTiers(const tandem::v1::PruningPlan& plan) {
   return untiered;
 }
 
-absl::Status RequireReordered(const std::string& model_dir) {
-  ASSIGN_OR_RETURN(bool reordered, IsReordered(model_dir));
+absl::Status RequireReordered(const model::ModelDir& dir) {
+  ASSIGN_OR_RETURN(bool reordered, IsReordered(dir));
   if (!reordered) {
     return absl::InvalidArgumentError(
         "mixed-width tiers need a checkpoint with its neurons in importance order (make one "
@@ -224,11 +224,10 @@ void KeepRoutedWeight(absl::Span<const int> widths, absl::Span<float> weights, b
 }
 
 absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierPolicyFor(const tandem::v1::PruningPlan& plan,
-                                                               const std::string& model_dir,
-                                                               const model::ModelConfig& config) {
+                                                               const model::ModelDir& dir) {
   if (!plan.has_tiers()) return nullptr;
-  RETURN_IF_ERROR(RequireReordered(model_dir));
-  return TierWidthPolicy::Create(plan, config);
+  RETURN_IF_ERROR(RequireReordered(dir));
+  return TierWidthPolicy::Create(plan, dir.config());
 }
 
 absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierWidthPolicy::Create(

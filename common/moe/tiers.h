@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/engine/forward.h"
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "common/model/tokenizer.h"
 #include "common/moe/calibration.h"
 #include "tandem/v1/pruning_plan.pb.h"
@@ -68,9 +69,9 @@ absl::Status AssignTiers(const CalibrationStats& stats, const TierOptions& optio
 // `plan` without its tiers (and pairs): the same experts, every one at full width.
 tandem::v1::PruningPlan WithoutTiers(const tandem::v1::PruningPlan& plan);
 
-// OK when the checkpoint in `model_dir` holds its neurons in importance order (tandem
-// reorder), as tiers need; INVALID_ARGUMENT saying so otherwise.
-absl::Status RequireReordered(const std::string& model_dir);
+// OK when the checkpoint in `dir` holds its neurons in importance order (tandem reorder), as
+// tiers need; INVALID_ARGUMENT saying so otherwise.
+absl::Status RequireReordered(const model::ModelDir& dir);
 
 // What a width policy ran: routed (token, layer) decisions and neurons summed over them.
 struct WidthCounts {
@@ -93,12 +94,11 @@ void KeepRoutedWeight(absl::Span<const int> widths, absl::Span<float> weights, b
 std::vector<std::vector<double>> CachePriorities(const tandem::v1::PruningPlan& plan);
 
 class TierWidthPolicy;
-// The width policy of `plan` for the checkpoint in `model_dir` (its `config`): null when the
-// plan has no tiers; INVALID_ARGUMENT when it has tiers and the checkpoint's neurons were not
-// reordered (tandem reorder), or the tiers do not fit.
+// The width policy of `plan` for the checkpoint in `dir`: null when the plan has no tiers;
+// INVALID_ARGUMENT when it has tiers and the checkpoint's neurons were not reordered (tandem
+// reorder), or the tiers do not fit.
 absl::StatusOr<std::unique_ptr<TierWidthPolicy>> TierPolicyFor(const tandem::v1::PruningPlan& plan,
-                                                               const std::string& model_dir,
-                                                               const model::ModelConfig& config);
+                                                               const model::ModelDir& dir);
 
 // The width policy of a plan with tiers (top-k models, k >= 2). Counts the pairs it sees per
 // tier.

@@ -14,21 +14,17 @@ absl::Status Flag(const std::string& flag, const absl::Status& status) {
 
 }  // namespace
 
-absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size, int num_blocks,
+absl::StatusOr<Decoder> LoadDecoder(const model::ModelDir& dir, int block_size, int num_blocks,
                                     const DecoderOptions& options) {
   Decoder d;
-  model::ModelConfig config;
+  const model::ModelConfig& config = dir.config();
   tandem::v1::PruningPlan plan;  // empty without --plan
-  if (options.plan.empty()) {
-    ASSIGN_OR_RETURN(config, model::LoadModelConfig(model_dir + "/config.json"));
-  } else {
-    absl::StatusOr<moe::PlanForModel> loaded = moe::LoadPlanFor(options.plan, model_dir);
+  if (!options.plan.empty()) {
+    absl::StatusOr<moe::PlanForModel> loaded = moe::LoadPlanFor(options.plan, dir);
     if (!loaded.ok()) return Flag("--plan", loaded.status());
-    config = std::move(loaded->config);
     plan = std::move(loaded->plan);
     d.mask = std::move(loaded->mask);
-    absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> tiers =
-        moe::TierPolicyFor(plan, model_dir, config);
+    absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> tiers = moe::TierPolicyFor(plan, dir);
     if (!tiers.ok()) return Flag("--plan", tiers.status());
     d.tiers = *std::move(tiers);
   }
@@ -41,10 +37,10 @@ absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size
     load = d.mask;
   }
   ASSIGN_OR_RETURN(d.engine,
-                   LoadServingEngine(model_dir, block_size, num_blocks, load, options.kv_dtype));
+                   LoadServingEngine(dir, block_size, num_blocks, load, options.kv_dtype));
   if (!options.overlay.empty()) {
     absl::StatusOr<std::unique_ptr<engine::DecoderOverlay>> overlay =
-        engine::LoadDecoderOverlay(options.overlay, model_dir, *d.engine.model.weights, d.mask);
+        engine::LoadDecoderOverlay(options.overlay, dir, *d.engine.model.weights, d.mask);
     if (!overlay.ok()) return Flag("--overlay", overlay.status());
     d.overlay = *std::move(overlay);
     TANDEM_LOG(INFO) << "decoding with overlay " << d.overlay->name << " (" << d.overlay->path

@@ -49,11 +49,11 @@ struct Decoder {
   }
 };
 
-// Loads `model_dir` with a pool of `num_blocks` blocks of `block_size` tokens, set up as
+// Loads `dir` with a pool of `num_blocks` blocks of `block_size` tokens, set up as
 // `options` says. INVALID_ARGUMENT naming the flag for a plan that does not fit, tiers on a
 // checkpoint that was not reordered, a pack of another model, a pack without a cache bound, or an
 // overlay made for another checkpoint or plan; logs which overlay it decodes with.
-absl::StatusOr<Decoder> LoadDecoder(const std::string& model_dir, int block_size, int num_blocks,
+absl::StatusOr<Decoder> LoadDecoder(const model::ModelDir& dir, int block_size, int num_blocks,
                                     const DecoderOptions& options);
 
 // `inner`, then the expert metrics of `decoder` (cache hits, misses, bytes and seconds loaded,

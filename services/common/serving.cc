@@ -12,11 +12,11 @@
 
 namespace tandem::serving {
 
-absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
+absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir, int block_size,
                                                 int num_blocks, const engine::ExpertMask& only,
                                                 kernels::KvDtype kv_dtype) {
   ServingEngine e;
-  ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(model_dir, {.only_experts = only}));
+  ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(dir, {.only_experts = only}));
   const model::ModelConfig& c = e.model.weights->config;
   ASSIGN_OR_RETURN(
       e.pool, engine::KvBlockPool::Create(

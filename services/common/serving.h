@@ -30,9 +30,9 @@ struct ServingEngine {
   std::unique_ptr<engine::ForwardPass> forward;
 };
 
-// Loads DIR (the experts of `only` when it is not empty) and makes a pool of `num_blocks` blocks
-// of `block_size` tokens.
-absl::StatusOr<ServingEngine> LoadServingEngine(const std::string& model_dir, int block_size,
+// Loads `dir` (the experts of `only` when it is not empty) and makes a pool of `num_blocks`
+// blocks of `block_size` tokens.
+absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir, int block_size,
                                                 int num_blocks, const engine::ExpertMask& only = {},
                                                 kernels::KvDtype kv_dtype = kernels::KvDtype::kF32);
 

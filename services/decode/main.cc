@@ -68,20 +68,21 @@ int main(int argc, char** argv) {
   }
   const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
-  auto model = tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model),
-                                             absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
+  auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
+  if (!dir.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), dir.status());
+  auto model = tandem::kv::LoadInstanceModel(**dir, absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
-  auto decoder =
-      tandem::serving::LoadDecoder(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_kv_block_size),
-                                   absl::GetFlag(FLAGS_kv_blocks),
-                                   {.plan = absl::GetFlag(FLAGS_plan),
-                                    .overlay = absl::GetFlag(FLAGS_overlay),
-                                    .expert_pack = absl::GetFlag(FLAGS_expert_pack),
-                                    .expert_cache_bytes = absl::GetFlag(FLAGS_expert_cache_bytes),
-                                    .expert_direct_io = absl::GetFlag(FLAGS_expert_direct_io),
-                                    .expert_overlap = absl::GetFlag(FLAGS_expert_overlap),
-                                    .kv_dtype = *kv_dtype});
+  auto decoder = tandem::serving::LoadDecoder(
+      **dir, absl::GetFlag(FLAGS_kv_block_size), absl::GetFlag(FLAGS_kv_blocks),
+      {.plan = absl::GetFlag(FLAGS_plan),
+       .overlay = absl::GetFlag(FLAGS_overlay),
+       .expert_pack = absl::GetFlag(FLAGS_expert_pack),
+       .expert_cache_bytes = absl::GetFlag(FLAGS_expert_cache_bytes),
+       .expert_direct_io = absl::GetFlag(FLAGS_expert_direct_io),
+       .expert_overlap = absl::GetFlag(FLAGS_expert_overlap),
+       .kv_dtype = *kv_dtype});
   if (!decoder.ok()) return fail("loading the engine", decoder.status());
+  dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::serving::ServingEngine* engine = &decoder->engine;
   // Decode runs only what it holds: every token here is a decode token (prefill wrote the
   // prompts' KV), but the plan on both phases keeps any step within the loaded experts.

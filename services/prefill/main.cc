@@ -55,8 +55,9 @@ int main(int argc, char** argv) {
   };
   const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
-  auto model = tandem::kv::LoadInstanceModel(absl::GetFlag(FLAGS_model),
-                                             absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
+  auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
+  if (!dir.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), dir.status());
+  auto model = tandem::kv::LoadInstanceModel(**dir, absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
   const int block_size = absl::GetFlag(FLAGS_kv_block_size);
   int blocks = absl::GetFlag(FLAGS_kv_blocks);
@@ -65,9 +66,9 @@ int main(int argc, char** argv) {
         static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
     blocks = std::max(1024, 4 * context_blocks);
   }
-  auto engine = tandem::serving::LoadServingEngine(absl::GetFlag(FLAGS_model), block_size, blocks,
-                                                   {}, *kv_dtype);
+  auto engine = tandem::serving::LoadServingEngine(**dir, block_size, blocks, {}, *kv_dtype);
   if (!engine.ok()) return fail("loading the engine", engine.status());
+  dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::kv::UcxTransportOptions kv_options;
   kv_options.listen_host = absl::GetFlag(FLAGS_kv_listen_host);
   kv_options.transports = absl::GetFlag(FLAGS_kv_transports);

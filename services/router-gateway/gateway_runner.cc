@@ -28,10 +28,10 @@ ABSL_FLAG(std::string, tool_call_parser, "auto",
 
 namespace tandem::gateway {
 
-absl::Status ApplyGatewayFlags(const std::string& model_dir, GatewayConfig* config) {
-  absl::StatusOr<model::GenerationDefaults> generation = model::LoadGenerationConfig(model_dir);
-  if (!generation.ok()) return generation.status();
-  config->generation = *std::move(generation);
+absl::Status ApplyGatewayFlags(const model::ModelDir& dir, GatewayConfig* config) {
+  config->model_name = dir.name();
+  config->model_config = dir.config();
+  config->generation = dir.generation();
   const int64_t max_prompt_bytes = absl::GetFlag(FLAGS_max_prompt_bytes);
   if (max_prompt_bytes < 1 || max_prompt_bytes > (int64_t{64} << 20)) {
     return absl::InvalidArgumentError(
@@ -60,10 +60,10 @@ absl::Status ApplyGatewayFlags(const std::string& model_dir, GatewayConfig* conf
 }
 
 int RunGateway(const rpc::ServiceOptions& options, GatewayService* service,
-               const std::string& model_dir, metrics::Registry* registry,
+               const model::ModelDir& dir, metrics::Registry* registry,
                metrics::HealthState* health, serving::GatewayMetrics* metrics) {
   ModelFront front;
-  front.chat_template = chat::ChatTemplate::Load(model_dir, absl::GetFlag(FLAGS_chat_template));
+  front.chat_template = chat::ChatTemplate::Load(dir, absl::GetFlag(FLAGS_chat_template));
   if (!front.chat_template.ok() &&
       front.chat_template.status().code() != absl::StatusCode::kNotFound) {
     TANDEM_LOG(ERROR) << options.name << ": " << front.chat_template.status();

@@ -478,7 +478,8 @@ grpc::ServerUnaryReactor* GatewayService::Finish(grpc::CallbackServerContext* co
   return reactor;
 }
 
-GatewayService::GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
+GatewayService::GatewayService(GatewayConfig config,
+                               std::shared_ptr<const model::Tokenizer> tokenizer,
                                std::unique_ptr<GenerationBackend> backend, rpc::RpcMetrics* metrics,
                                serving::GatewayMetrics* serving_metrics)
     : config_(std::move(config)),

@@ -49,7 +49,7 @@ struct GatewayConfig {
 class GatewayService final : public tandem::v1::Gateway::CallbackService {
  public:
   // `backend` runs the generations: the cluster's Dispatcher, or an engine in this process.
-  GatewayService(GatewayConfig config, std::unique_ptr<model::Tokenizer> tokenizer,
+  GatewayService(GatewayConfig config, std::shared_ptr<const model::Tokenizer> tokenizer,
                  std::unique_ptr<GenerationBackend> backend, rpc::RpcMetrics* metrics,
                  serving::GatewayMetrics* serving_metrics);
   // Refuses new requests, ends queued ones, cancels running ones, and waits (up to 10 s) for
@@ -112,7 +112,7 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
                                    const grpc::Status& status, absl::Time start);
 
   const GatewayConfig config_;
-  const std::unique_ptr<model::Tokenizer> tokenizer_;
+  const std::shared_ptr<const model::Tokenizer> tokenizer_;
   rpc::RpcMetrics* metrics_;
   std::unique_ptr<GenerationBackend> backend_;
   std::shared_ptr<Admission> admission_;

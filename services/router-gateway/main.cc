@@ -1,6 +1,5 @@
 // tandem-gateway: the public entry point. Accepts client requests, picks a decode and a
 // prefill instance, runs reserve -> prefill -> decode, and streams the tokens back.
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -8,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/model/config.h"
-#include "common/model/tokenizer.h"
+#include "common/model/model_dir.h"
 #include "common/rpc/internal_auth.h"
 #include "common/rpc/service_flags.h"
 #include "services/router-gateway/dispatcher.h"
@@ -76,15 +75,13 @@ int main(int argc, char** argv) {
        tandem::gateway::kGatewayFlagsSource}};
   const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
 
-  const std::filesystem::path model_dir = absl::GetFlag(FLAGS_model);
-  tandem::gateway::GatewayConfig config;
-  auto model_config = tandem::model::LoadModelConfig(model_dir / "config.json");
-  if (!model_config.ok()) return Fail("--model: " + std::string(model_config.status().message()));
-  config.model_config = *model_config;
-  config.model_name = tandem::model::ModelNameFromDir(model_dir.string());
-  auto tokenizer = tandem::model::Tokenizer::Load(model_dir.string());
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  auto dir = tandem::model::ModelDir::Open(model_dir);
+  if (!dir.ok()) return Fail("--model: " + std::string(dir.status().message()));
+  auto tokenizer = (*dir)->tokenizer();
   if (!tokenizer.ok()) return Fail("--model: " + std::string(tokenizer.status().message()));
-  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(model_dir.string(), &config); !s.ok()) {
+  tandem::gateway::GatewayConfig config;
+  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(**dir, &config); !s.ok()) {
     return Fail(std::string(s.message()));
   }
   for (const auto& [flag, targets, out] :
@@ -101,7 +98,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  tandem::metrics::Registry registry(tandem::serving::ServiceLabels("gateway", model_dir.string()));
+  tandem::metrics::Registry registry(tandem::serving::ServiceLabels("gateway", model_dir));
   tandem::metrics::HealthState health;
   tandem::rpc::RpcMetrics rpc_metrics(&registry);
   tandem::serving::GatewayMetrics serving_metrics(&registry);
@@ -177,6 +174,6 @@ int main(int argc, char** argv) {
       config.prefill_targets, config.decode_targets, dispatcher_options);
   tandem::gateway::GatewayService service(std::move(config), *std::move(tokenizer),
                                           std::move(dispatcher), &rpc_metrics, &serving_metrics);
-  return tandem::gateway::RunGateway(options, &service, model_dir.string(), &registry, &health,
+  return tandem::gateway::RunGateway(options, &service, **dir, &registry, &health,
                                      &serving_metrics);
 }

@@ -6,7 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/engine/engine_loop.h"
-#include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "common/rpc/service_flags.h"
 #include "services/common/decoder.h"
 #include "services/common/serving.h"
@@ -48,13 +48,16 @@ int main(int argc, char** argv) {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
-  auto decoder = tandem::serving::LoadDecoder(model_dir, absl::GetFlag(FLAGS_kv_block_size),
+  auto dir = tandem::model::ModelDir::Open(model_dir);
+  if (!dir.ok()) return fail("--model=" + model_dir, dir.status());
+  auto decoder = tandem::serving::LoadDecoder(**dir, absl::GetFlag(FLAGS_kv_block_size),
                                               absl::GetFlag(FLAGS_kv_blocks),
                                               {.plan = absl::GetFlag(FLAGS_plan),
                                                .overlay = absl::GetFlag(FLAGS_overlay),
                                                .decode_only = false,
                                                .kv_dtype = *kv_dtype});
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
+  (*dir)->ReleaseCheckpoint();  // the engine holds its own copies of the weights
   tandem::serving::ServingEngine* engine = &decoder->engine;
   if (absl::GetFlag(FLAGS_prefix_cache)) engine->pool->EnablePrefixCache();
   // Prompts run the full pool (salt 0); generated tokens' blocks are cached too only when
@@ -70,8 +73,6 @@ int main(int argc, char** argv) {
        .prefix_salt = 0,
        .cache_generated = decode_is_prefill});
   if (!scheduler.ok()) return fail("the scheduler", scheduler.status());
-  auto tokenizer = tandem::model::Tokenizer::Load(model_dir);
-  if (!tokenizer.ok()) return fail("--model=" + model_dir, tokenizer.status());
 
   tandem::metrics::Registry registry(tandem::serving::ServiceLabels("serve", model_dir));
   tandem::metrics::HealthState health;
@@ -93,20 +94,18 @@ int main(int argc, char** argv) {
           engine->pool.get(), &prefix_metrics));
 
   tandem::gateway::GatewayConfig config;
-  config.model_config = engine->model.weights->config;
-  config.model_name = tandem::model::ModelNameFromDir(model_dir);
-  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(model_dir, &config); !s.ok()) {
+  if (absl::Status s = tandem::gateway::ApplyGatewayFlags(**dir, &config); !s.ok()) {
     return fail("flags", s);
   }
   const int vocab = static_cast<int>(config.model_config.vocab_size);
   int exit_code;
   {
     tandem::gateway::GatewayService service(
-        std::move(config), *std::move(tokenizer),
+        std::move(config), engine->model.tokenizer,
         std::make_unique<tandem::serve::LocalBackend>(loop.get(), vocab), &rpc_metrics,
         &gateway_metrics);
-    exit_code = tandem::gateway::RunGateway(options, &service, model_dir, &registry, &health,
-                                            &gateway_metrics);
+    exit_code =
+        tandem::gateway::RunGateway(options, &service, **dir, &registry, &health, &gateway_metrics);
   }
   loop.reset();
   return exit_code;

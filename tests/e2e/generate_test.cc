@@ -16,6 +16,7 @@
 #include "tandem/client.h"
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -109,7 +110,8 @@ TEST_F(GenerateEndToEndTest, GreedyMatchesTheReferenceAndTheSingleProcessEngine)
     EXPECT_NE(response->finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
   }
   // Text in, text out, against the engine in this process (what `tandem generate` prints).
-  auto generator = engine::Generator::Load(testing::SourceDir() + "/models/tiny-moe");
+  auto generator =
+      engine::Generator::Load(*testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe"));
   ASSERT_TRUE(generator.ok()) << generator.status();
   for (const std::string prompt : {"The jury said", "She opened the door and"}) {
     engine::SamplingParams params;

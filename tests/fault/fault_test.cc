@@ -21,6 +21,7 @@
 #include "common/engine/generator.h"
 #include "tandem/client.h"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -63,7 +64,8 @@ class FaultTest : public ::testing::Test {
     // The services' caches as the in-process reference's: float32 (the stall thresholds below
     // count float32 KV bytes too).
     testing::Float32KvInChildren();
-    auto generator = engine::Generator::Load(testing::SourceDir() + "/models/tiny-moe");
+    auto generator =
+        engine::Generator::Load(*testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe"));
     ASSERT_TRUE(generator.ok()) << generator.status();
     generator_ = generator->release();
   }

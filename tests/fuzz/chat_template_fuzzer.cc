@@ -1,5 +1,6 @@
-// A model's chat template as the OpenAI front loads it (chat::ChatTemplate::Load reads
-// tokenizer_config.json: the Jinja source, its special tokens) and the prompt it renders for
+// A model's chat template as the OpenAI front loads it (model::ModelDir::Open reads
+// tokenizer_config.json, chat::ChatTemplate::Load its Jinja source and special tokens) and the
+// prompt it renders for
 // arbitrary messages (Apply), as /v1/chat/completions does. Loading either succeeds or says
 // what is wrong; rendering either succeeds or fails with a status, within its deadline.
 // Input: tokenizer_config.json, a NUL byte, then messages as NUL-separated role, content, ...
@@ -17,9 +18,13 @@ namespace {
 
 struct State {
   fuzz::MemFile file;
-  fuzz::TempDir dir;  // holds tokenizer_config.json -> the memory file
+  fuzz::TempDir dir;  // holds tokenizer_config.json -> the memory file, and the tiny config.json
 
-  State() { std::filesystem::create_symlink(file.path(), dir.path() / "tokenizer_config.json"); }
+  State() {
+    std::filesystem::create_symlink(file.path(), dir.path() / "tokenizer_config.json");
+    std::filesystem::create_symlink(fuzz::TinyModelDir() + "/config.json",
+                                    dir.path() / "config.json");
+  }
 };
 
 std::vector<std::string_view> Split(std::string_view s) {
@@ -40,7 +45,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static State* state = new State();
   const std::vector<std::string_view> parts = Split(tandem::fuzz::AsText(data, size));
   state->file.Write(reinterpret_cast<const uint8_t*>(parts[0].data()), parts[0].size());
-  absl::StatusOr<ChatTemplate> chat = ChatTemplate::Load(state->dir.path().string());
+  absl::StatusOr<std::unique_ptr<tandem::model::ModelDir>> model =
+      tandem::model::ModelDir::Open(state->dir.path().string());
+  absl::StatusOr<ChatTemplate> chat =
+      model.ok() ? ChatTemplate::Load(**model) : absl::StatusOr<ChatTemplate>(model.status());
   if (!chat.ok()) {
     FUZZ_CHECK(chat.status().code() == absl::StatusCode::kInvalidArgument ||
                chat.status().code() == absl::StatusCode::kNotFound);

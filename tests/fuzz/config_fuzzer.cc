@@ -1,9 +1,12 @@
-// config.json as the engine loads it (model::LoadModelConfig): parsing and validation, then what
+// config.json as a model directory is opened with it (model::ModelDir::Open): parsing and
+// validation (the directory's other files are absent, so optional), then what
 // callers derive from a valid config (tensor names and shapes, the expected checkpoint tensors).
+#include <filesystem>
 #include <set>
 #include <string>
 
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace tandem::model {
@@ -54,12 +57,18 @@ void CheckValid(const ModelConfig& c) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static tandem::fuzz::MemFile* file = new tandem::fuzz::MemFile();
-  absl::StatusOr<tandem::model::ModelConfig> config =
-      tandem::model::LoadModelConfig(file->Write(data, size));
-  if (config.ok()) {
-    tandem::model::CheckValid(*config);
+  static tandem::fuzz::TempDir* dir = [] {
+    auto* d = new tandem::fuzz::TempDir();
+    std::filesystem::create_symlink(file->path(), d->path() / "config.json");
+    return d;
+  }();
+  file->Write(data, size);
+  absl::StatusOr<std::unique_ptr<tandem::model::ModelDir>> model =
+      tandem::model::ModelDir::Open(dir->path().string());
+  if (model.ok()) {
+    tandem::model::CheckValid((*model)->config());
   } else {
-    FUZZ_CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+    FUZZ_CHECK(model.status().code() == absl::StatusCode::kInvalidArgument);
   }
   return 0;
 }

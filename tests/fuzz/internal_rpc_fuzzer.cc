@@ -16,6 +16,7 @@
 #include "tandem/v1/decode.pb.h"
 #include "tandem/v1/prefill.pb.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/testing/model_dir.h"
 
 namespace {
 
@@ -25,8 +26,9 @@ struct Model {
 
 const Model& TinyModel() {
   static const Model* model = [] {
-    auto loaded = tandem::kv::LoadInstanceModel(std::string(TANDEM_SOURCE_DIR) + "/models/tiny-moe",
-                                                /*block_size=*/16);
+    auto loaded = tandem::kv::LoadInstanceModel(
+        *tandem::testing::OpenModelDir(std::string(TANDEM_SOURCE_DIR) + "/models/tiny-moe"),
+        /*block_size=*/16);
     FUZZ_CHECK(loaded.ok());
     return new Model{*std::move(loaded)};
   }();

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/model/model_dir.h"
 #include "services/router-gateway/openai_request.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -22,10 +23,12 @@ const tandem::gateway::ModelFront& Front() {
   static const auto* front = [] {
     const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/models/tiny-moe";
     auto* f = new tandem::gateway::ModelFront;
-    f->chat_template = tandem::chat::ChatTemplate::Load(dir);
+    const std::unique_ptr<tandem::model::ModelDir> model =
+        tandem::model::ModelDir::Open(dir).value();
+    f->chat_template = tandem::chat::ChatTemplate::Load(*model);
     f->reasoning = tandem::chat::ReasoningFormat::kThink;
     f->tool_calls = tandem::chat::ToolCallFormat::kHermes;
-    f->generation = tandem::model::LoadGenerationConfig(dir).value();
+    f->generation = model->generation();
     f->context = kContext;
     f->vocab_size = kVocab;
     return f;

@@ -13,9 +13,8 @@
 namespace tandem::moe {
 namespace {
 
-void CheckValid(const PlanForModel& loaded) {
+void CheckValid(const PlanForModel& loaded, const model::ModelConfig& config) {
   const tandem::v1::PruningPlan& plan = loaded.plan;
-  const model::ModelConfig& config = loaded.config;
   FUZZ_CHECK(ValidatePlan(plan, config).ok());
   FUZZ_CHECK(static_cast<int64_t>(loaded.mask.retained.size()) == config.num_hidden_layers);
   for (const tandem::v1::LayerPlan& layer : plan.layers()) {
@@ -58,11 +57,12 @@ void CheckValid(const PlanForModel& loaded) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static tandem::fuzz::MemFile* file = new tandem::fuzz::MemFile();
-  static const std::string* model_dir = new std::string(tandem::fuzz::TinyModelDir());
+  static const tandem::model::ModelDir* model_dir =
+      tandem::model::ModelDir::Open(tandem::fuzz::TinyModelDir()).value().release();
   absl::StatusOr<tandem::moe::PlanForModel> loaded =
       tandem::moe::LoadPlanFor(file->Write(data, size), *model_dir);
   if (loaded.ok()) {
-    tandem::moe::CheckValid(*loaded);
+    tandem::moe::CheckValid(*loaded, model_dir->config());
   } else {
     FUZZ_CHECK(loaded.status().code() == absl::StatusCode::kInvalidArgument);
   }

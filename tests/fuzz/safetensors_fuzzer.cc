@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "common/model/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -20,9 +21,9 @@ struct State {
 
   State() {
     std::filesystem::create_symlink(file.path(), dir.path() / "model.safetensors");
-    absl::StatusOr<ModelConfig> tiny = LoadModelConfig(fuzz::TinyModelDir() + "/config.json");
+    absl::StatusOr<std::unique_ptr<ModelDir>> tiny = ModelDir::Open(fuzz::TinyModelDir());
     FUZZ_CHECK(tiny.ok());
-    config = *tiny;
+    config = (*tiny)->config();
   }
 };
 

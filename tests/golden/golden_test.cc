@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
@@ -32,9 +33,9 @@ class GoldenTest : public ::testing::Test {
   void SetUp() override {
     manifest_ = ReadJson(GoldenDir() + "/manifest.json");
     ASSERT_FALSE(manifest_.is_discarded()) << "no manifest in " << GoldenDir();
-    auto config = LoadModelConfig(testing::SourceDir() + "/models/tiny-moe/config.json");
-    ASSERT_TRUE(config.ok()) << config.status();
-    config_ = *config;
+    auto dir = ModelDir::Open(testing::SourceDir() + "/models/tiny-moe");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    config_ = (*dir)->config();
   }
   NpyArray Load(const std::string& name) {
     auto array = ReadNpy(GoldenDir() + "/" + name);

@@ -30,6 +30,7 @@
 #include "common/model/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -115,16 +116,15 @@ TEST_F(OpenAiApiTest, OfficialClientGetsWhatTheGrpcSdkGets) {
   // Chat: the same as the SDK given the template's prompt (BOS written by the template) and
   // the model's stop strings (generation_config.json).
   const std::string model_dir = testing::SourceDir() + "/models/tiny-moe";
-  auto chat_template = chat::ChatTemplate::Load(model_dir);
+  const std::unique_ptr<model::ModelDir> model = testing::OpenModelDir(model_dir);
+  auto chat_template = chat::ChatTemplate::Load(*model);
   ASSERT_TRUE(chat_template.ok()) << chat_template.status();
   chat::ChatInput input;
   input.messages.push_back({{"role", "user"}, {"content", kChatMessage}});
   auto chat_prompt = chat_template->Apply(input);
   ASSERT_TRUE(chat_prompt.ok()) << chat_prompt.status();
-  auto generation = model::LoadGenerationConfig(model_dir);
-  ASSERT_TRUE(generation.ok()) << generation.status();
   const v1::GenerateResponse chat =
-      Sdk(*chat_prompt, generation->stop_strings, /*add_special_tokens=*/false);
+      Sdk(*chat_prompt, model->generation().stop_strings, /*add_special_tokens=*/false);
   EXPECT_EQ(got["chat"]["role"], "assistant");
   EXPECT_EQ(got["chat"]["content"], chat.text());
   EXPECT_EQ(got["chat"]["finish_reason"],

@@ -22,12 +22,13 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
 namespace {
 
-std::string ModelDir() { return testing::SourceDir() + "/models/tiny-fg-moe"; }
+std::string TinyFgMoeDir() { return testing::SourceDir() + "/models/tiny-fg-moe"; }
 std::string GoldenDir() { return testing::SourceDir() + "/tests/golden/tiny-fg-moe"; }
 
 nlohmann::json ReadJson(const std::string& path) {
@@ -44,8 +45,9 @@ using testing::kLogitTolerance;
 using testing::NormalisedRowError;
 
 TEST(TinyFgMoeTest, ConfigIsQwen2MoeFineGrainedWithASharedExpert) {
-  auto config = model::LoadModelConfig(ModelDir() + "/config.json");
-  ASSERT_TRUE(config.ok()) << config.status();
+  auto dir = model::ModelDir::Open(TinyFgMoeDir());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const model::ModelConfig* config = &(*dir)->config();
   EXPECT_EQ(config->model_type(), "qwen2_moe");
   EXPECT_EQ(config->num_local_experts, 64);
   EXPECT_EQ(config->num_experts_per_tok, 8);
@@ -58,9 +60,10 @@ TEST(TinyFgMoeTest, ConfigIsQwen2MoeFineGrainedWithASharedExpert) {
 }
 
 TEST(TinyFgMoeTest, EveryTensorMatchesTheConfigAndIsBf16) {
-  auto config = model::LoadModelConfig(ModelDir() + "/config.json");
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto weights = model::SafetensorsModel::Open(ModelDir());
+  auto dir = model::ModelDir::Open(TinyFgMoeDir());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const model::ModelConfig* config = &(*dir)->config();
+  auto weights = model::SafetensorsModel::Open(TinyFgMoeDir());
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_TRUE(model::ValidateAgainstConfig(**weights, *config).ok());
   const std::vector<model::TensorSpec> expected = model::ExpectedTensors(*config);
@@ -72,25 +75,25 @@ TEST(TinyFgMoeTest, EveryTensorMatchesTheConfigAndIsBf16) {
     EXPECT_EQ(view->dtype, model::DType::kBF16) << spec.name;
     params += view->num_elements();
   }
-  const nlohmann::json metrics = ReadJson(ModelDir() + "/eval/metrics.json");
+  const nlohmann::json metrics = ReadJson(TinyFgMoeDir() + "/eval/metrics.json");
   ASSERT_FALSE(metrics.is_discarded());
   EXPECT_EQ(params, metrics["params_total"].get<int64_t>());
 }
 
 TEST(TinyFgMoeTest, SharesTinyMoesTokenizerAndEvaluationSplit) {
   const std::string tiny = testing::SourceDir() + "/models/tiny-moe";
-  EXPECT_EQ(ReadBytes(ModelDir() + "/tokenizer.model"), ReadBytes(tiny + "/tokenizer.model"));
+  EXPECT_EQ(ReadBytes(TinyFgMoeDir() + "/tokenizer.model"), ReadBytes(tiny + "/tokenizer.model"));
   for (const char* file : {"/eval/test.txt", "/eval/valid.txt", "/eval/prompts.txt"}) {
-    EXPECT_EQ(ReadBytes(ModelDir() + file), ReadBytes(tiny + file)) << file;
+    EXPECT_EQ(ReadBytes(TinyFgMoeDir() + file), ReadBytes(tiny + file)) << file;
   }
-  const nlohmann::json tokenizer_config = ReadJson(ModelDir() + "/tokenizer_config.json");
+  const nlohmann::json tokenizer_config = ReadJson(TinyFgMoeDir() + "/tokenizer_config.json");
   ASSERT_FALSE(tokenizer_config.is_discarded());
   EXPECT_TRUE(tokenizer_config["add_bos_token"].get<bool>());
 }
 
 TEST(TinyFgMoeTest, ModelCardCarriesTheMeasuredNumbers) {
-  const std::string card = ReadBytes(ModelDir() + "/README.md");
-  const nlohmann::json metrics = ReadJson(ModelDir() + "/eval/metrics.json");
+  const std::string card = ReadBytes(TinyFgMoeDir() + "/README.md");
+  const nlohmann::json metrics = ReadJson(TinyFgMoeDir() + "/eval/metrics.json");
   char test_ppl[32];
   std::snprintf(test_ppl, sizeof(test_ppl), "%.2f", metrics["test"]["perplexity"].get<double>());
   EXPECT_THAT(card, ::testing::HasSubstr(test_ppl));
@@ -104,7 +107,7 @@ class TinyFgMoeGoldenTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     testing::UseExactKernels();
-    auto loaded = LoadModelDir(ModelDir());
+    auto loaded = LoadModelDir(*testing::OpenModelDir(TinyFgMoeDir()));
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = new LoadedModel(*std::move(loaded));
     manifest_ = new nlohmann::json(ReadJson(GoldenDir() + "/manifest.json"));
@@ -191,7 +194,7 @@ TEST_F(TinyFgMoeGoldenTest, TestSplitPerplexityIsTheModelCards) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->tokens, split["tokens"].get<int64_t>());
   EXPECT_NEAR(result->nll, split["nll"].get<double>(), 1e-5);
-  const nlohmann::json metrics = ReadJson(ModelDir() + "/eval/metrics.json");
+  const nlohmann::json metrics = ReadJson(TinyFgMoeDir() + "/eval/metrics.json");
   EXPECT_NEAR(result->perplexity, metrics["test"]["perplexity"].get<double>(),
               1e-3 * result->perplexity);
   auto golden = model::ReadNpy(GoldenDir() + "/test_logprobs.npy");

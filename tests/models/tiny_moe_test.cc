@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "common/model/safetensors.h"
 #include "common/model/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -16,7 +17,7 @@
 namespace tandem::model {
 namespace {
 
-std::string ModelDir() { return testing::SourceDir() + "/models/tiny-moe"; }
+std::string TinyMoeDir() { return testing::SourceDir() + "/models/tiny-moe"; }
 
 nlohmann::json ReadJson(const std::string& path) {
   std::ifstream in(path);
@@ -24,8 +25,9 @@ nlohmann::json ReadJson(const std::string& path) {
 }
 
 TEST(TinyMoeTest, ConfigIsMixtralWithEnoughExpertPairs) {
-  auto config = LoadModelConfig(ModelDir() + "/config.json");
-  ASSERT_TRUE(config.ok()) << config.status();
+  auto dir = ModelDir::Open(TinyMoeDir());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const ModelConfig* config = &(*dir)->config();
   EXPECT_EQ(config->model_type(), "mixtral");
   EXPECT_GE(config->num_local_experts, 16);
   EXPECT_EQ(config->num_experts_per_tok, 2);
@@ -36,9 +38,10 @@ TEST(TinyMoeTest, ConfigIsMixtralWithEnoughExpertPairs) {
 }
 
 TEST(TinyMoeTest, EveryTensorMatchesTheConfigAndIsBf16) {
-  auto config = LoadModelConfig(ModelDir() + "/config.json");
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto weights = SafetensorsModel::Open(ModelDir());
+  auto dir = ModelDir::Open(TinyMoeDir());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const ModelConfig* config = &(*dir)->config();
+  auto weights = SafetensorsModel::Open(TinyMoeDir());
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_TRUE(ValidateAgainstConfig(**weights, *config).ok());
   const std::vector<TensorSpec> expected = ExpectedTensors(*config);
@@ -52,31 +55,32 @@ TEST(TinyMoeTest, EveryTensorMatchesTheConfigAndIsBf16) {
     params += view->num_elements();
   }
   // The model card's parameter count.
-  const nlohmann::json metrics = ReadJson(ModelDir() + "/eval/metrics.json");
+  const nlohmann::json metrics = ReadJson(TinyMoeDir() + "/eval/metrics.json");
   ASSERT_FALSE(metrics.is_discarded());
   EXPECT_EQ(params, metrics["params_total"].get<int64_t>());
 }
 
 TEST(TinyMoeTest, TokenizerMatchesConfigAndAddsBos) {
-  auto config = LoadModelConfig(ModelDir() + "/config.json");
-  ASSERT_TRUE(config.ok());
-  auto tokenizer = Tokenizer::Load(ModelDir());
+  auto dir = ModelDir::Open(TinyMoeDir());
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const ModelConfig* config = &(*dir)->config();
+  auto tokenizer = Tokenizer::Load(TinyMoeDir());
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   EXPECT_EQ((*tokenizer)->vocab_size(), config->vocab_size);
   EXPECT_EQ((*tokenizer)->bos_id(), config->bos_token_id);
   EXPECT_EQ((*tokenizer)->eos_id(), config->eos_token_id);
-  const nlohmann::json tokenizer_config = ReadJson(ModelDir() + "/tokenizer_config.json");
+  const nlohmann::json tokenizer_config = ReadJson(TinyMoeDir() + "/tokenizer_config.json");
   ASSERT_FALSE(tokenizer_config.is_discarded());
   EXPECT_TRUE(tokenizer_config["add_bos_token"].get<bool>());
   EXPECT_FALSE(tokenizer_config["add_eos_token"].get<bool>());
-  const nlohmann::json generation = ReadJson(ModelDir() + "/generation_config.json");
+  const nlohmann::json generation = ReadJson(TinyMoeDir() + "/generation_config.json");
   EXPECT_EQ(generation["eos_token_id"].get<int>(), config->eos_token_id);
 }
 
 TEST(TinyMoeTest, ModelCardCarriesTheMeasuredNumbers) {
-  std::ifstream in(ModelDir() + "/README.md");
+  std::ifstream in(TinyMoeDir() + "/README.md");
   const std::string card(std::istreambuf_iterator<char>(in), {});
-  const nlohmann::json metrics = ReadJson(ModelDir() + "/eval/metrics.json");
+  const nlohmann::json metrics = ReadJson(TinyMoeDir() + "/eval/metrics.json");
   char test_ppl[32];
   std::snprintf(test_ppl, sizeof(test_ppl), "%.2f", metrics["test"]["perplexity"].get<double>());
   EXPECT_THAT(card, ::testing::HasSubstr(test_ppl));

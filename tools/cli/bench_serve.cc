@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "tandem/client.h"
 #include "tools/cli/bench_serve_lib.h"
 #include "tools/cli/commands.h"
@@ -72,9 +72,9 @@ absl::StatusOr<int64_t> VocabSize() {
     return absl::InvalidArgumentError(
         "--dataset random needs the vocabulary size: --vocab_size V or --model DIR");
   }
-  auto config = model::LoadModelConfig(dir + "/config.json");
-  if (!config.ok()) return config.status();
-  return config->vocab_size;
+  auto model = model::ModelDir::Open(dir);
+  if (!model.ok()) return model.status();
+  return (*model)->config().vocab_size;
 }
 
 absl::StatusOr<std::vector<bench::Prompt>> Prompts(uint64_t seed) {

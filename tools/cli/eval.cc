@@ -78,19 +78,21 @@ int Eval() {
   }
   if (modes.empty()) return Report(absl::InvalidArgumentError("--mode names no mode"));
 
+  absl::StatusOr<std::unique_ptr<model::ModelDir>> dir = model::ModelDir::Open(model_dir);
+  if (!dir.ok()) return Report(dir.status());
   // The pruned model: the plan's mask and, for a plan with tiers, mixed width.
   engine::ExpertMask plan;
   std::unique_ptr<moe::TierWidthPolicy> tiers;
   if (!plan_path.empty()) {
-    absl::StatusOr<moe::PlanForModel> loaded = moe::LoadPlanFor(plan_path, model_dir);
+    absl::StatusOr<moe::PlanForModel> loaded = moe::LoadPlanFor(plan_path, **dir);
     if (!loaded.ok()) return Report(loaded.status());
     plan = std::move(loaded->mask);
     absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> policy =
-        moe::TierPolicyFor(loaded->plan, model_dir, loaded->config);
+        moe::TierPolicyFor(loaded->plan, **dir);
     if (!policy.ok()) return Report(policy.status());
     tiers = *std::move(policy);
   }
-  absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
+  absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(**dir);
   if (!model.ok()) return Report(model.status());
   // A distilled decoder: the pruned phases run its always-on tensors.
   std::unique_ptr<engine::DecoderOverlay> overlay;
@@ -100,7 +102,7 @@ int Eval() {
       return Report(absl::InvalidArgumentError("--overlay needs the --plan it was distilled for"));
     }
     absl::StatusOr<std::unique_ptr<engine::DecoderOverlay>> loaded =
-        engine::LoadDecoderOverlay(overlay_path, model_dir, *model->weights, plan);
+        engine::LoadDecoderOverlay(overlay_path, **dir, *model->weights, plan);
     if (!loaded.ok()) return Report(loaded.status());
     overlay = *std::move(loaded);
   }

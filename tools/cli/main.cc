@@ -22,6 +22,7 @@
 #include "common/engine/perplexity.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/model/config.h"
+#include "common/model/model_dir.h"
 #include "common/model/tokenizer.h"
 #include "common/moe/calibration.h"
 #include "common/moe/pruning_plan.h"
@@ -135,7 +136,9 @@ int GenerateLocally() {
   const absl::Time load_start = absl::Now();
   auto load = LoadOptionsFromFlags();
   if (!load.ok()) return Report(load.status());
-  auto generator = tandem::engine::Generator::Load(absl::GetFlag(FLAGS_model), 256, *load);
+  auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
+  if (!dir.ok()) return Report(dir.status());
+  auto generator = tandem::engine::Generator::Load(**dir, 256, *load);
   if (!generator.ok()) return Report(generator.status());
   const double load_seconds = absl::ToDoubleSeconds(absl::Now() - load_start);
   tandem::engine::SamplingParams params;
@@ -204,13 +207,14 @@ int Generate() {
 
 // tokenize --model: the model directory's tokenizer (and chat template) in this process.
 int TokenizeLocally() {
-  const std::string dir = absl::GetFlag(FLAGS_model);
-  auto tokenizer = tandem::model::Tokenizer::Load(dir);
+  auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
+  if (!dir.ok()) return Report(dir.status());
+  auto tokenizer = (*dir)->tokenizer();
   if (!tokenizer.ok()) return Report(tokenizer.status());
   std::string text = absl::GetFlag(FLAGS_text);
   bool add_bos = (*tokenizer)->add_bos();
   if (const std::string messages = absl::GetFlag(FLAGS_messages); !messages.empty()) {
-    auto chat = tandem::chat::ChatTemplate::Load(dir);
+    auto chat = tandem::chat::ChatTemplate::Load(**dir);
     if (!chat.ok()) return Report(chat.status());
     const auto parsed =
         nlohmann::ordered_json::parse(messages, nullptr, /*allow_exceptions=*/false);
@@ -253,7 +257,9 @@ int Calibrate() {
     return Report(
         absl::InvalidArgumentError("calibrate needs --model DIR, --text FILE and --out STATS"));
   }
-  auto model = tandem::engine::LoadModelDir(absl::GetFlag(FLAGS_model));
+  auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
+  if (!dir.ok()) return Report(dir.status());
+  auto model = tandem::engine::LoadModelDir(**dir);
   if (!model.ok()) return Report(model.status());
   const auto& c = model->weights->config;
   const int block = 16;
@@ -276,7 +282,7 @@ int Calibrate() {
       });
   std::cerr << "\n";
   if (!stats.ok()) return Report(stats.status());
-  stats->model = tandem::model::ModelNameFromDir(absl::GetFlag(FLAGS_model));
+  stats->model = (*dir)->name();
   std::ofstream out(absl::GetFlag(FLAGS_out));
   out << stats->ToJson().dump(1) << "\n";
   if (!out) return Report(absl::InternalError("cannot write " + absl::GetFlag(FLAGS_out)));
@@ -321,20 +327,21 @@ int Perplexity() {
   auto kv_dtype = tandem::kernels::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return Report(kv_dtype.status());
   ppl_options.kv_dtype = *kv_dtype;
+  auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
+  if (!dir.ok()) return Report(dir.status());
   tandem::engine::ExpertMask mask;
   if (const std::string path = absl::GetFlag(FLAGS_plan); !path.empty()) {
-    auto plan_mask = tandem::moe::LoadPlanMask(path, absl::GetFlag(FLAGS_model));
+    auto plan_mask = tandem::moe::LoadPlanMask(path, **dir);
     if (!plan_mask.ok()) return Report(plan_mask.status());
     mask = *std::move(plan_mask);
     ppl_options.moe.mask = &mask;
   }
   const absl::Time load_start = absl::Now();
-  auto model = tandem::engine::LoadModelDir(absl::GetFlag(FLAGS_model));
+  auto model = tandem::engine::LoadModelDir(**dir);
   if (!model.ok()) return Report(model.status());
   std::unique_ptr<tandem::engine::DecoderOverlay> overlay;
   if (const std::string path = absl::GetFlag(FLAGS_overlay); !path.empty()) {
-    auto loaded =
-        tandem::engine::LoadDecoderOverlay(path, absl::GetFlag(FLAGS_model), *model->weights, mask);
+    auto loaded = tandem::engine::LoadDecoderOverlay(path, **dir, *model->weights, mask);
     if (!loaded.ok()) return Report(loaded.status());
     overlay = *std::move(loaded);
     ppl_options.moe.overlay = overlay.get();

@@ -118,15 +118,15 @@ std::string Describe(const moe::TierOptions& o) {
 
 // --max_accuracy_loss / --max_expert_bytes: choose, save and validate.
 int SelectByBudget(const moe::CalibrationStats& stats, const tandem::v1::PruningPlan& base,
-                   const std::string& model_dir, const std::string& out) {
+                   const model::ModelDir& dir, const std::string& out) {
   const std::string text = absl::GetFlag(FLAGS_text);
   if (text.empty()) {
     return Report(absl::InvalidArgumentError(
         "choosing tiers by a budget needs --text (calibration text to score candidates on)"));
   }
   // Checked once here; the candidates' policies are made without reading the checkpoint again.
-  if (absl::Status s = moe::RequireReordered(model_dir); !s.ok()) return Report(s);
-  absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
+  if (absl::Status s = moe::RequireReordered(dir); !s.ok()) return Report(s);
+  absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(dir);
   if (!model.ok()) return Report(model.status());
   const model::ModelConfig& config = model->weights->config;
   moe::TierBudget budget{absl::GetFlag(FLAGS_max_accuracy_loss),
@@ -202,7 +202,9 @@ int Reorder() {
   absl::StatusOr<moe::CalibrationStats> stats =
       moe::LoadCalibrationStats(absl::GetFlag(FLAGS_stats));
   if (!stats.ok()) return Report(stats.status());
-  if (absl::Status s = moe::ReorderCheckpoint(model, *stats, out); !s.ok()) return Report(s);
+  absl::StatusOr<std::unique_ptr<model::ModelDir>> dir = model::ModelDir::Open(model);
+  if (!dir.ok()) return Report(dir.status());
+  if (absl::Status s = moe::ReorderCheckpoint(**dir, *stats, out); !s.ok()) return Report(s);
   std::cout << "neurons of every expert in importance order; checkpoint in " << out << std::endl;
   return 0;
 }
@@ -213,8 +215,10 @@ int Pack() {
   if (model.empty() || out.empty()) {
     return Report(absl::InvalidArgumentError("pack needs --model DIR and --out FILE"));
   }
+  absl::StatusOr<std::unique_ptr<model::ModelDir>> dir = model::ModelDir::Open(model);
+  if (!dir.ok()) return Report(dir.status());
   absl::StatusOr<std::unique_ptr<engine::ModelWeights>> weights =
-      engine::LoadModelWeights(model, engine::LoadFormat::kSafetensors);
+      engine::LoadModelWeights(**dir, engine::LoadFormat::kSafetensors);
   if (!weights.ok()) return Report(weights.status());
   if (absl::Status s = moe::WriteExpertPack(**weights, out); !s.ok()) return Report(s);
   std::cout << "every expert of " << model << " packed in neuron bundles; pack in " << out
@@ -235,8 +239,10 @@ int Tier() {
   if (!stats.ok()) return Report(stats.status());
   absl::StatusOr<tandem::v1::PruningPlan> plan = moe::LoadPlan(plan_path);
   if (!plan.ok()) return Report(plan.status());
+  absl::StatusOr<std::unique_ptr<model::ModelDir>> dir = model::ModelDir::Open(model_dir);
+  if (!dir.ok()) return Report(dir.status());
   if (absl::GetFlag(FLAGS_max_accuracy_loss) >= 0 || absl::GetFlag(FLAGS_max_expert_bytes) >= 0) {
-    return SelectByBudget(*stats, *plan, model_dir, out);
+    return SelectByBudget(*stats, *plan, **dir, out);
   }
   moe::TierOptions options;
   options.hot_share = absl::GetFlag(FLAGS_hot_share);
@@ -256,13 +262,12 @@ int Tier() {
     if (!parsed.ok()) return Report(parsed.status());
     *widths = *std::move(parsed);
   }
-  absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(model_dir + "/config.json");
-  if (!config.ok()) return Report(config.status());
+  const model::ModelConfig* config = &(*dir)->config();
   std::vector<std::vector<double>> loss;
   if (options.dominance == tandem::v1::DOMINANCE_MASKING_LOSS) {
     const std::string text = absl::GetFlag(FLAGS_text);
     if (text.empty()) return Report(absl::InvalidArgumentError("--dominance masking needs --text"));
-    absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(model_dir);
+    absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(**dir);
     if (!model.ok()) return Report(model.status());
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<std::vector<double>>> measured =

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::chat {
@@ -24,9 +25,16 @@ void Write(const std::filesystem::path& path, const std::string& text) {
   std::ofstream(path) << text;
 }
 
+// The template of the model directory `dir` (opened again: files may have changed).
+absl::StatusOr<ChatTemplate> Load(const std::string& dir, const std::string& override_path = "") {
+  absl::StatusOr<std::unique_ptr<model::ModelDir>> opened = model::ModelDir::Open(dir);
+  if (!opened.ok()) return opened.status();
+  return ChatTemplate::Load(**opened, override_path);
+}
+
 TEST(ChatTemplateTest, TheShippedModelsWriteQuotedDialogue) {
   for (const char* model : {"/models/tiny-moe", "/models/tiny-fg-moe"}) {
-    auto chat = ChatTemplate::Load(testing::SourceDir() + model);
+    auto chat = ChatTemplate::Load(*testing::OpenModelDir(testing::SourceDir() + model));
     ASSERT_TRUE(chat.ok()) << chat.status();
     ChatInput input;
     input.messages = Messages({{"system", "Be brief."},
@@ -51,13 +59,15 @@ TEST(ChatTemplateTest, TheShippedModelsWriteQuotedDialogue) {
 TEST(ChatTemplateTest, SourcesSpecialTokensAndNamedTemplates) {
   testing::TempDir dir;
   const std::filesystem::path d(dir.path());
+  std::filesystem::copy_file(testing::SourceDir() + "/models/tiny-moe/config.json",
+                             d / "config.json");
   // None at all: NOT_FOUND, saying where it looked.
-  EXPECT_EQ(ChatTemplate::Load(dir.path()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Load(dir.path()).status().code(), absl::StatusCode::kNotFound);
   Write(d / "tokenizer_config.json",
         R"({"bos_token": {"content": "<B>", "special": true}, "eos_token": "<E>",
             "chat_template": [{"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"},
                               {"name": "tool_use", "template": "{{ tools[0].function.name }}|{{ x }}"}]})");
-  auto chat = ChatTemplate::Load(dir.path());
+  auto chat = Load(dir.path());
   ASSERT_TRUE(chat.ok()) << chat.status();
   EXPECT_THAT(chat->names(), ::testing::ElementsAre("default", "tool_use"));
   ChatInput input;
@@ -68,13 +78,12 @@ TEST(ChatTemplateTest, SourcesSpecialTokensAndNamedTemplates) {
   EXPECT_EQ(*chat->Apply(input), "f|7");
   // chat_template.jinja wins over tokenizer_config.json, and --chat_template over both.
   Write(d / "chat_template.jinja", "jinja:{{ messages | length }}");
-  EXPECT_EQ(*ChatTemplate::Load(dir.path())->Apply(input), "jinja:1");
+  EXPECT_EQ(*Load(dir.path())->Apply(input), "jinja:1");
   Write(d / "override.jinja", "override");
-  EXPECT_EQ(*ChatTemplate::Load(dir.path(), (d / "override.jinja").string())->Apply(input),
-            "override");
+  EXPECT_EQ(*Load(dir.path(), (d / "override.jinja").string())->Apply(input), "override");
   // A syntax error names the file and the line.
   Write(d / "chat_template.jinja", "ok\n{% for m in messages %}\n{% endif %}");
-  auto bad = ChatTemplate::Load(dir.path());
+  auto bad = Load(dir.path());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("chat_template.jinja"));
   EXPECT_THAT(bad.status().message(), HasSubstr("line 3"));

@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -34,7 +35,8 @@ class ArchitectureGoldenTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     testing::UseExactKernels();
-    auto weights = LoadModelWeights(CaseDir(GetParam()), LoadFormat::kSafetensors);
+    auto weights =
+        LoadModelWeights(*testing::OpenModelDir(CaseDir(GetParam())), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = *std::move(weights);
     const auto& c = weights_->config;

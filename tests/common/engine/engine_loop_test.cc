@@ -15,6 +15,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -25,7 +26,7 @@ class EngineLoopTest : public ::testing::Test {
   static void SetUpTestSuite() {
     testing::UseExactKernels();
     const std::string dir = testing::SourceDir() + "/models/tiny-moe";
-    auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
+    auto weights = LoadModelWeights(*testing::OpenModelDir(dir), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");

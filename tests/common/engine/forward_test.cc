@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -28,7 +29,7 @@ class ForwardGoldenTest : public ::testing::Test {
   static void SetUpTestSuite() {
     testing::UseExactKernels();
     const std::string dir = testing::SourceDir() + "/models/tiny-moe";
-    auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
+    auto weights = LoadModelWeights(*testing::OpenModelDir(dir), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
     std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
@@ -340,7 +341,7 @@ TEST_F(ForwardGoldenTest, RetainedOnlyWeightsRunTheMaskedModelAndRefuseOthers) {
     for (int e = l % 3; e < c.num_local_experts; e += 3) mask.retained[l][e] = true;
   }
   const std::string dir = testing::SourceDir() + "/models/tiny-moe";
-  auto slim = LoadModelWeights(dir, LoadFormat::kSafetensors, 0, mask);
+  auto slim = LoadModelWeights(*testing::OpenModelDir(dir), LoadFormat::kSafetensors, 0, mask);
   ASSERT_TRUE(slim.ok()) << slim.status();
   int64_t full_bytes = 0, slim_bytes = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -384,7 +385,9 @@ TEST_F(ForwardGoldenTest, RetainedOnlyWeightsRunTheMaskedModelAndRefuseOthers) {
 
   ExpertMask misshapen;
   misshapen.retained.assign(2, std::vector<bool>(3, true));
-  EXPECT_EQ(LoadModelWeights(dir, LoadFormat::kSafetensors, 0, misshapen).status().code(),
+  EXPECT_EQ(LoadModelWeights(*testing::OpenModelDir(dir), LoadFormat::kSafetensors, 0, misshapen)
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -569,7 +572,8 @@ TEST(ForwardLongContextTest, SplitPromptBlocksAgreeWithTokenByToken) {
   nlohmann::json config = nlohmann::json::parse(in);
   config["max_position_embeddings"] = 2048;
   std::ofstream(dir.path() + "/config.json") << config.dump();
-  auto weights = LoadModelWeights(dir.path(), LoadFormat::kDummy, /*seed=*/3);
+  auto weights =
+      LoadModelWeights(*testing::OpenModelDir(dir.path()), LoadFormat::kDummy, /*seed=*/3);
   ASSERT_TRUE(weights.ok()) << weights.status();
   const auto& c = (*weights)->config;
   const int vocab = static_cast<int>(c.vocab_size);

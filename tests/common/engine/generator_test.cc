@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -29,17 +30,24 @@ class LoadModelDirTest : public ::testing::Test {
   static void Write(const std::string& path, const std::string& text) {
     std::ofstream(path, std::ios::trunc) << text;
   }
+  // What opening and loading `path` says (the model directory is read as services read it).
+  static absl::Status Load(const std::string& path, const LoadOptions& options = {}) {
+    auto dir = model::ModelDir::Open(path);
+    if (!dir.ok()) return dir.status();
+    return LoadModelDir(**dir, options).status();
+  }
   static std::string Message(const std::string& dir, const LoadOptions& options = {}) {
-    auto loaded = LoadModelDir(dir, options);
-    EXPECT_FALSE(loaded.ok());
-    return loaded.ok() ? "" : std::string(loaded.status().message());
+    const absl::Status status = Load(dir, options);
+    EXPECT_FALSE(status.ok());
+    return std::string(status.message());
   }
 
   testing::TempDir temp_;
 };
 
 TEST_F(LoadModelDirTest, GoodDirectoryGenerates) {
-  auto generator = Generator::Load(testing::SourceDir() + "/models/tiny-moe");
+  auto generator =
+      Generator::Load(*testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe"));
   ASSERT_TRUE(generator.ok()) << generator.status();
   SamplingParams params;
   params.max_tokens = 8;
@@ -75,23 +83,24 @@ TEST_F(LoadModelDirTest, MalformedConfigNamesTheFile) {
 TEST_F(LoadModelDirTest, MissingTokenizerNamesTheFile) {
   const std::string dir = CopyModel();
   fs::remove(dir + "/tokenizer.model");
-  auto loaded = LoadModelDir(dir);
-  ASSERT_FALSE(loaded.ok());
-  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("tokenizer.model"));
+  const absl::Status status = Load(dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("tokenizer.model"));
 }
 
 TEST_F(LoadModelDirTest, DummyWeightsNeedAStatedRouting) {
   const std::string dir = testing::SourceDir() + "/models/tiny-moe";
   EXPECT_THAT(Message(dir, {.format = LoadFormat::kDummy}), HasSubstr("routing"));
-  auto generator = Generator::Load(dir, 64, {.format = LoadFormat::kDummy, .routing = "zipf:1"});
+  auto generator = Generator::Load(*testing::OpenModelDir(dir), 64,
+                                   {.format = LoadFormat::kDummy, .routing = "zipf:1"});
   ASSERT_TRUE(generator.ok()) << generator.status();
   SamplingParams params;
   params.max_tokens = 4;
   auto result = (*generator)->Generate("The jury said", params);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->output_ids.size(), 4u);
-  auto bad = Generator::Load(dir, 64, {.format = LoadFormat::kDummy, .routing = "zipf"});
+  auto bad = Generator::Load(*testing::OpenModelDir(dir), 64,
+                             {.format = LoadFormat::kDummy, .routing = "zipf"});
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("zipf:S"));
 }

@@ -16,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -39,16 +40,17 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
   const nlohmann::json golden = nlohmann::json::parse(in);
   const std::string root = testing::SourceDir() + "/";
   const std::string model_dir = root + golden["model"].get<std::string>();
-  auto weights = LoadModelWeights(model_dir, LoadFormat::kSafetensors);
+  auto weights = LoadModelWeights(*testing::OpenModelDir(model_dir), LoadFormat::kSafetensors);
   ASSERT_TRUE(weights.ok()) << weights.status();
   const auto& c = (*weights)->config;
   // The plan as the golden file gives it: its hash is the one the overlay names.
-  auto loaded = moe::LoadPlanMask(root + golden["plan"].get<std::string>(), model_dir);
+  auto loaded = moe::LoadPlanMask(root + golden["plan"].get<std::string>(),
+                                  *testing::OpenModelDir(model_dir));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const ExpertMask plan = *std::move(loaded);
   ASSERT_EQ(PlanSha256(plan, c), golden["plan_sha256"].get<std::string>());
-  auto overlay =
-      LoadDecoderOverlay(root + golden["overlay"].get<std::string>(), model_dir, **weights, plan);
+  auto overlay = LoadDecoderOverlay(root + golden["overlay"].get<std::string>(),
+                                    *testing::OpenModelDir(model_dir), **weights, plan);
   ASSERT_TRUE(overlay.ok()) << overlay.status();
   KvCacheConfig kv{static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
                    static_cast<int>(c.head_dim), /*block_size=*/8, /*num_blocks=*/24};

@@ -19,6 +19,7 @@
 #include "common/moe/pruning_plan.h"
 #include "common/util/sha256.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -48,7 +49,7 @@ class OverlayTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_dir_ = new std::string(testing::SourceDir() + "/models/tiny-moe");
-    auto weights = LoadModelWeights(*model_dir_, LoadFormat::kSafetensors);
+    auto weights = LoadModelWeights(*testing::OpenModelDir(*model_dir_), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
     auto sha = CheckpointSha256(*model_dir_);
@@ -98,7 +99,7 @@ class OverlayTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::unique_ptr<DecoderOverlay>> Load(const std::string& path) {
-    return LoadDecoderOverlay(path, *model_dir_, *weights_, plan_);
+    return LoadDecoderOverlay(path, *testing::OpenModelDir(*model_dir_), *weights_, plan_);
   }
 
   static std::string* model_dir_;
@@ -284,7 +285,7 @@ TEST(ShippedOverlays, EachLoadsForItsPlanAndOnlyForIt) {
     const std::string model_dir = testing::SourceDir() + "/models/" + name;
     const std::filesystem::path dir = model_dir + "/distill";
     if (!std::filesystem::exists(dir)) continue;
-    auto weights = LoadModelWeights(model_dir, LoadFormat::kSafetensors);
+    auto weights = LoadModelWeights(*testing::OpenModelDir(model_dir), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
       const std::string file = entry.path().filename().string();
@@ -293,10 +294,12 @@ TEST(ShippedOverlays, EachLoadsForItsPlanAndOnlyForIt) {
       ASSERT_TRUE(handoff || absl::EndsWith(file, kSplit0)) << file;
       const std::string plan_name(  // e.g. reap-keep8
           absl::string_view(file).substr(0, file.size() - (handoff ? kHandoff : kSplit0).size()));
-      auto loaded = moe::LoadPlanMask(model_dir + "/pruning/" + plan_name + ".json", model_dir);
+      auto loaded = moe::LoadPlanMask(model_dir + "/pruning/" + plan_name + ".json",
+                                      *testing::OpenModelDir(model_dir));
       ASSERT_TRUE(loaded.ok()) << file << ": " << loaded.status();
       ExpertMask plan = *std::move(loaded);
-      auto overlay = LoadDecoderOverlay(entry.path().string(), model_dir, **weights, plan);
+      auto overlay = LoadDecoderOverlay(entry.path().string(), *testing::OpenModelDir(model_dir),
+                                        **weights, plan);
       ASSERT_TRUE(overlay.ok()) << overlay.status();
       const nlohmann::json recipe = nlohmann::json::parse((*overlay)->recipe);
       EXPECT_EQ(recipe["split"], handoff ? "uniform" : "zero") << file;
@@ -305,9 +308,11 @@ TEST(ShippedOverlays, EachLoadsForItsPlanAndOnlyForIt) {
       EXPECT_GT(recipe["tokens"].get<int64_t>(), 0) << file;
       // Another plan of the same model: refused.
       plan.retained[0].flip();
-      EXPECT_EQ(
-          LoadDecoderOverlay(entry.path().string(), model_dir, **weights, plan).status().code(),
-          absl::StatusCode::kInvalidArgument)
+      EXPECT_EQ(LoadDecoderOverlay(entry.path().string(), *testing::OpenModelDir(model_dir),
+                                   **weights, plan)
+                    .status()
+                    .code(),
+                absl::StatusCode::kInvalidArgument)
           << file;
       ++checked;
     }

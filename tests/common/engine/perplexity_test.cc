@@ -18,6 +18,7 @@
 #include "common/model/npy.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -29,7 +30,7 @@ class PerplexityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     testing::UseExactKernels();
-    auto loaded = LoadModelDir(testing::SourceDir() + "/models/tiny-moe");
+    auto loaded = LoadModelDir(*testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe"));
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     model_ = new LoadedModel(*std::move(loaded));
   }

@@ -20,6 +20,7 @@
 #include "common/moe/reorder.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -42,8 +43,9 @@ class QuantizeTest : public ::testing::Test {
 TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
   ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 4, .group_size = 32, .attention = false}, out_),
             absl::OkStatus());
-  auto config = model::LoadModelConfig(out_ + "/config.json");
-  ASSERT_TRUE(config.ok()) << config.status();
+  auto dir = model::ModelDir::Open(out_);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const model::ModelConfig* config = &(*dir)->config();
   EXPECT_EQ(config->quantization.bits, 4);
   EXPECT_EQ(config->quantization.group_size, 32);
   EXPECT_TRUE(config->quantization.experts);
@@ -79,8 +81,8 @@ TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
   EXPECT_EQ(metadata.at("tandem.quantized_from_sha256").size(), 64u);
 
   // Loaded, a quantized expert is exactly QuantizeRows of the original weights, packed.
-  auto bf16 = LoadModelWeights(Source(), LoadFormat::kSafetensors);
-  auto int4 = LoadModelWeights(out_, LoadFormat::kSafetensors);
+  auto bf16 = LoadModelWeights(*testing::OpenModelDir(Source()), LoadFormat::kSafetensors);
+  auto int4 = LoadModelWeights(*testing::OpenModelDir(out_), LoadFormat::kSafetensors);
   ASSERT_TRUE(bf16.ok() && int4.ok()) << int4.status();
   const WeightMatrix& want = (*bf16)->layers[2].experts[5].gate;
   const WeightMatrix& got = (*int4)->layers[2].experts[5].gate;
@@ -122,7 +124,8 @@ TEST_F(QuantizeTest, RefusesWhatDoesNotFit) {
   status = QuantizeCheckpoint(out_, {.bits = 4}, out_ + ".again");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("already quantized"), std::string::npos) << status;
-  status = moe::ReorderCheckpoint(out_, moe::CalibrationStats{}, out_ + ".reordered");
+  status = moe::ReorderCheckpoint(*testing::OpenModelDir(out_), moe::CalibrationStats{},
+                                  out_ + ".reordered");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("quantized"), std::string::npos) << status;
   EXPECT_FALSE(std::filesystem::exists(out_ + ".again"));
@@ -148,7 +151,7 @@ TEST_F(QuantizeTest, LoadingRefusesLevelsOutsideTheirRange) {
   }
   file->reset();
   ASSERT_EQ(model::WriteSafetensors(out_ + "/model.safetensors", views, {}), absl::OkStatus());
-  auto weights = LoadModelWeights(out_, LoadFormat::kSafetensors);
+  auto weights = LoadModelWeights(*testing::OpenModelDir(out_), LoadFormat::kSafetensors);
   ASSERT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(weights.status().message().find("k_proj"), std::string::npos) << weights.status();
 }
@@ -179,7 +182,7 @@ TEST_F(QuantizeTest, EveryLevelMatchesTheDequantizedReference) {
   for (int bits : {8, 4}) {
     const std::string dir = absl::StrCat(out_, ".", bits);
     ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = bits}, dir), absl::OkStatus());
-    auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
+    auto weights = LoadModelWeights(*testing::OpenModelDir(dir), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     const std::vector<float> want = PromptLogits(**weights, kernels::cpu::FindBackend("reference"));
     const int vocab = static_cast<int>((*weights)->config.vocab_size);

@@ -13,6 +13,7 @@
 #include "common/util/status.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::engine {
@@ -25,7 +26,7 @@ class SchedulerTest : public ::testing::Test {
   static void SetUpTestSuite() {
     testing::UseExactKernels();
     const std::string dir = testing::SourceDir() + "/models/tiny-moe";
-    auto weights = LoadModelWeights(dir, LoadFormat::kSafetensors);
+    auto weights = LoadModelWeights(*testing::OpenModelDir(dir), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
     auto tokenizer = model::Tokenizer::Load(dir);

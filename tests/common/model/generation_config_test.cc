@@ -2,6 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::model {
@@ -23,15 +24,13 @@ TEST(GenerationConfigTest, ReadsDefaultsAndEveryEosToken) {
   EXPECT_FALSE(qwen->repetition_penalty.has_value());
   EXPECT_FALSE(qwen->max_new_tokens.has_value());
 
-  auto shipped = LoadGenerationConfig(testing::SourceDir() + "/models/tiny-moe");
-  ASSERT_TRUE(shipped.ok()) << shipped.status();
-  EXPECT_THAT(shipped->eos_token_ids, ElementsAre(2));
-  EXPECT_EQ(*shipped->max_new_tokens, 128);
-  EXPECT_THAT(shipped->stop_strings, ElementsAre("\""));
-  // No file: no defaults.
-  auto none = LoadGenerationConfig(testing::SourceDir());
-  ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->eos_token_ids.empty());
+  // The shipped model's, as its directory reads it.
+  const std::unique_ptr<ModelDir> tiny =
+      testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe");
+  const GenerationDefaults& shipped = tiny->generation();
+  EXPECT_THAT(shipped.eos_token_ids, ElementsAre(2));
+  EXPECT_EQ(*shipped.max_new_tokens, 128);
+  EXPECT_THAT(shipped.stop_strings, ElementsAre("\""));
 }
 
 TEST(GenerationConfigTest, BadValuesNameTheKey) {

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "common/engine/generator.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::moe {
@@ -135,7 +136,8 @@ TEST(CalibratorTest, TopKCountsTheLeadingPairAndSkipsDenseLayers) {
 }
 
 TEST(CalibrateTest, ShippedModelIsDeterministicAndRoundTripsThroughJson) {
-  auto loaded = engine::LoadModelDir(testing::SourceDir() + "/models/tiny-moe");
+  auto loaded =
+      engine::LoadModelDir(*testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe"));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const auto& c = loaded->weights->config;
   auto pool = engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),

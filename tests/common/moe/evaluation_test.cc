@@ -14,6 +14,7 @@
 #include "common/moe/pruning_plan.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::moe {
@@ -82,7 +83,7 @@ TEST(EvalModeTest, PhaseOptionsOfEachMode) {
 TEST(GenerateGreedyTest, FullModeGivesTheReferenceTokensAndHandoffStartsWithThem) {
   testing::UseExactKernels();
   const std::string dir = testing::SourceDir() + "/models/tiny-moe";
-  auto model = engine::LoadModelDir(dir);
+  auto model = engine::LoadModelDir(*testing::OpenModelDir(dir));
   ASSERT_TRUE(model.ok()) << model.status();
   std::ifstream in(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
   const nlohmann::json manifest = nlohmann::json::parse(in);
@@ -106,7 +107,7 @@ TEST(GenerateGreedyTest, FullModeGivesTheReferenceTokensAndHandoffStartsWithThem
     }
   }
 
-  auto plan = LoadPlanMask(dir + "/pruning/reap-keep4.json", dir);
+  auto plan = LoadPlanMask(dir + "/pruning/reap-keep4.json", *testing::OpenModelDir(dir));
   ASSERT_TRUE(plan.ok()) << plan.status();
   options.max_running = 4;
   options.stop = {"."};
@@ -128,7 +129,8 @@ TEST(GenerateGreedyTest, FullModeGivesTheReferenceTokensAndHandoffStartsWithThem
 }
 
 TEST(ReadPromptsTest, NonBlankLinesTokenizedWithBos) {
-  auto model = engine::LoadModelDir(testing::SourceDir() + "/models/tiny-moe");
+  auto model =
+      engine::LoadModelDir(*testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe"));
   ASSERT_TRUE(model.ok());
   testing::TempDir dir;
   std::ofstream(dir.path() + "/p.txt") << "The jury said\r\n\n   \nA night\n";

