@@ -3,17 +3,22 @@
 # directory) and run_dir (a scratch directory for port files and logs) before calling these.
 pids=()
 
-start() {  # start NAME ARGS...: $bin/NAME --model=$model ARGS, waits (15 s) for its port file
+start() {  # start NAME ARGS...: $bin/NAME --model=$model ARGS, waits for its port file
   start_as "$1" "$@"
 }
 
 start_as() {  # start_as ALIAS NAME ARGS...: start NAME (a path if it has a slash), as ALIAS
+  # (waits start_timeout_s, default 15, for its port file: a big dummy model takes longer)
   local name=$1 binary=$2; shift 2
   [[ $binary == */* ]] || binary=$bin/$binary
   rm -f "$run_dir/$name.ports"
   "$binary" --model="$model" --port_file="$run_dir/$name.ports" "$@" >"$run_dir/$name.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 1 300); do [[ -s "$run_dir/$name.ports" ]] && return; sleep 0.05; done
+  for _ in $(seq 1 $((${start_timeout_s:-15} * 20))); do
+    [[ -s "$run_dir/$name.ports" ]] && return
+    kill -0 "${pids[-1]}" 2>/dev/null || break
+    sleep 0.05
+  done
   echo "$name did not start:"; cat "$run_dir/$name.log"; exit 1
 }
 

@@ -432,6 +432,27 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
   return w;
 }
 
+int64_t ModelWeights::bytes() const {
+  int64_t total = static_cast<int64_t>(embed.data.size() * sizeof(uint16_t) + lm_head.data.size() +
+                                       final_norm.size() * sizeof(float));
+  auto floats = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
+  auto expert = [](const ExpertWeights& e) {
+    return static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size());
+  };
+  for (const LayerWeights& l : layers) {
+    total += static_cast<int64_t>(l.qkv.data.size() + l.q.data.size() + l.k.data.size() +
+                                  l.v.data.size() + l.o.data.size() + l.router.data.size() +
+                                  l.shared_gate.data.size());
+    for (const std::vector<float>* v : {&l.attn_norm, &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias,
+                                        &l.q_norm, &l.k_norm, &l.ffn_norm}) {
+      total += floats(*v);
+    }
+    for (const ExpertWeights& e : l.experts) total += expert(e);
+    total += expert(l.shared) + expert(l.dense);
+  }
+  return total;
+}
+
 absl::StatusOr<LoadFormat> ParseLoadFormat(const std::string& name) {
   if (name == "safetensors" || name == "auto") return LoadFormat::kSafetensors;
   if (name == "dummy") return LoadFormat::kDummy;

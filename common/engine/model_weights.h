@@ -105,6 +105,8 @@ struct ModelWeights {
   bool HasExpert(int layer, int expert) const {
     return resident.retained.empty() || resident.retained[layer][expert];
   }
+  // Bytes of every matrix and vector held (the tied lm_head's packed copy included).
+  int64_t bytes() const;
 
   // Copies every tensor out of `checkpoint` (validated against `config` first), of the experts
   // in `only` when it is not empty. INVALID_ARGUMENT for a mask of another shape.

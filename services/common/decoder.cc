@@ -18,26 +18,45 @@ absl::StatusOr<Decoder> LoadDecoder(const model::ModelDir& dir, int block_size, 
                                     const DecoderOptions& options) {
   Decoder d;
   const model::ModelConfig& config = dir.config();
+  if (options.load.format == engine::LoadFormat::kDummy) {
+    // What is made for a checkpoint does not fit random weights.
+    if (!options.overlay.empty()) {
+      return absl::InvalidArgumentError("--overlay is made for a checkpoint, not dummy weights");
+    }
+    if (!options.expert_pack.empty()) {
+      return absl::InvalidArgumentError(
+          "--expert_pack holds a checkpoint's experts, not dummy weights");
+    }
+  }
   tandem::v1::PruningPlan plan;  // empty without --plan
   if (!options.plan.empty()) {
     absl::StatusOr<moe::PlanForModel> loaded = moe::LoadPlanFor(options.plan, dir);
     if (!loaded.ok()) return Flag("--plan", loaded.status());
     plan = std::move(loaded->plan);
     d.mask = std::move(loaded->mask);
+    if (plan.has_tiers() && options.load.format == engine::LoadFormat::kDummy) {
+      return absl::InvalidArgumentError(
+          "--plan: tiers need a checkpoint with its neurons in importance order, not dummy "
+          "weights");
+    }
     absl::StatusOr<std::unique_ptr<moe::TierWidthPolicy>> tiers = moe::TierPolicyFor(plan, dir);
     if (!tiers.ok()) return Flag("--plan", tiers.status());
     d.tiers = *std::move(tiers);
   }
   // What to load: nothing of the experts when they stream, the plan's for a decode-only engine.
-  engine::ExpertMask load;
+  EngineOptions engine_options{.block_size = block_size,
+                               .num_blocks = num_blocks,
+                               .memory_bytes = options.memory_bytes,
+                               .kv_dtype = options.kv_dtype,
+                               .load = options.load};
+  engine::ExpertMask& load = engine_options.load.only_experts;
   if (!options.expert_pack.empty()) {
     load.retained.assign(config.num_hidden_layers,
                          std::vector<bool>(config.num_local_experts, false));
   } else if (options.decode_only) {
     load = d.mask;
   }
-  ASSIGN_OR_RETURN(d.engine,
-                   LoadServingEngine(dir, block_size, num_blocks, load, options.kv_dtype));
+  ASSIGN_OR_RETURN(d.engine, LoadServingEngine(dir, engine_options));
   if (!options.overlay.empty()) {
     absl::StatusOr<std::unique_ptr<engine::DecoderOverlay>> overlay =
         engine::LoadDecoderOverlay(options.overlay, dir, *d.engine.model.weights, d.mask);

@@ -31,6 +31,10 @@ struct DecoderOptions {
   // Load only the plan's experts (tandem-decode); tandem-serve prefills with all of them.
   bool decode_only = true;
   kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;  // how the KV pool stores keys and values
+  // Dummy weights and their routing (benchmarks); load.only_experts is set here from the plan.
+  engine::LoadOptions load = {};
+  // > 0: the KV pool gets what the weights leave of this many bytes (EngineOptions).
+  int64_t memory_bytes = 0;
 };
 
 struct Decoder {

@@ -2,27 +2,60 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/engine/synthetic_router.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
 
 namespace tandem::serving {
 
-absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir, int block_size,
-                                                int num_blocks, const engine::ExpertMask& only,
-                                                kernels::KvDtype kv_dtype) {
+absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
+                                                const EngineOptions& options) {
   ServingEngine e;
-  ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(dir, {.only_experts = only}));
+  ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(dir, options.load));
   const model::ModelConfig& c = e.model.weights->config;
-  ASSIGN_OR_RETURN(
-      e.pool, engine::KvBlockPool::Create(
-                  {static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
-                   static_cast<int>(c.head_dim), block_size, num_blocks, kv_dtype}));
+  engine::KvCacheConfig kv{static_cast<int>(c.num_hidden_layers),
+                           static_cast<int>(c.num_key_value_heads),
+                           static_cast<int>(c.head_dim),
+                           options.block_size,
+                           options.num_blocks,
+                           options.kv_dtype};
+  if (options.memory_bytes > 0) {
+    const int64_t weights = e.model.weights->bytes();
+    const int64_t left = options.memory_bytes - weights;
+    // Pools grow by whole blocks (each layer's K and V pools padded to an alignment): estimate
+    // from a large pool, then step down to the largest that fits.
+    kv.num_blocks = 4096;
+    ASSIGN_OR_RETURN(const size_t per_4096, engine::KvBlockPool::BytesFor(kv));
+    kv.num_blocks = static_cast<int>(
+        std::min<int64_t>(std::max<int64_t>(left, 0) / std::max<int64_t>(per_4096 / 4096, 1),
+                          std::numeric_limits<int32_t>::max() / 2));
+    while (kv.num_blocks > 0) {
+      ASSIGN_OR_RETURN(const size_t bytes, engine::KvBlockPool::BytesFor(kv));
+      if (static_cast<int64_t>(bytes) <= left) break;
+      --kv.num_blocks;
+    }
+    if (kv.num_blocks < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--memory_bytes=", options.memory_bytes, " leaves ", left,
+                       " bytes beside the weights' ", weights, ": not one KV block fits"));
+    }
+  }
+  ASSIGN_OR_RETURN(e.pool, engine::KvBlockPool::Create(kv));
   ASSIGN_OR_RETURN(e.forward, engine::ForwardPass::Create(e.model.weights.get(), e.pool.get()));
+  if (!options.load.routing.empty()) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<engine::ZipfRouter> router,
+        engine::ZipfRouter::FromSpec(options.load.routing, static_cast<int>(c.num_hidden_layers),
+                                     static_cast<int>(c.num_local_experts), options.load.seed));
+    e.forward->SetRouterOverride(std::move(router));
+  }
   return e;
 }
 
@@ -128,7 +161,14 @@ void ReportEngine(const engine::ModelWeights& weights, metrics::Registry* regist
                               {"group", absl::StrCat(q.group_size)}})
         .Set(1);
   }
-  TANDEM_LOG(INFO) << "engine: kernels " << kernels << ", weights " << WeightFormat(weights.config);
+  if (auto bytes = registry->AddGauge("tandem_weight_bytes",
+                                      "Bytes of the weights the engine holds (resident experts "
+                                      "only, packed as the kernels read them).");
+      bytes.ok()) {
+    (*bytes)->Add({}).Set(static_cast<double>(weights.bytes()));
+  }
+  TANDEM_LOG(INFO) << "engine: kernels " << kernels << ", weights " << WeightFormat(weights.config)
+                   << ", " << weights.bytes() << " bytes";
 }
 
 void ReportOverlay(const engine::DecoderOverlay* overlay, DecodeMetrics* metrics) {

@@ -30,11 +30,20 @@ struct ServingEngine {
   std::unique_ptr<engine::ForwardPass> forward;
 };
 
-// Loads `dir` (the experts of `only` when it is not empty) and makes a pool of `num_blocks`
-// blocks of `block_size` tokens.
-absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir, int block_size,
-                                                int num_blocks, const engine::ExpertMask& only = {},
-                                                kernels::KvDtype kv_dtype = kernels::KvDtype::kF32);
+struct EngineOptions {
+  int block_size = 16;  // tokens per KV block
+  int num_blocks = 1024;
+  // > 0: the pool gets as many blocks as fit in what the weights leave of this many bytes
+  // (num_blocks is not used); INVALID_ARGUMENT when not one block fits.
+  int64_t memory_bytes = 0;
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
+  // The weights (the checkpoint's or dummy ones; only some experts'), and a synthetic router.
+  engine::LoadOptions load = {};
+};
+
+// Loads `dir` as `options` say and makes its KV pool; a stated routing replaces the router.
+absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
+                                                const EngineOptions& options);
 
 // The KV dtype a service's --kv_dtype names; INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<kernels::KvDtype> KvDtypeFlag(const std::string& value);

@@ -10,6 +10,7 @@
 #include "common/kv/ucx_transport.h"
 #include "common/rpc/service_flags.h"
 #include "services/common/decoder.h"
+#include "services/common/engine_flags.h"
 #include "services/common/serving.h"
 #include "services/decode/decode_service.h"
 
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
       "tandem-decode",
       "continuous-batching decode from the KV cache prefill wrote",
       "TANDEM_DECODE_",
-      {"services/decode/", tandem::rpc::kServiceFlagsSource}};
+      {"services/decode/", tandem::rpc::kServiceFlagsSource, tandem::serving::kEngineFlagsSource}};
   const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
   auto fail = [&](const std::string& what, const absl::Status& status) {
     std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
   }
   const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
+  const auto engine_flags = tandem::serving::ReadEngineFlags();
+  if (!engine_flags.ok()) return fail("flags", engine_flags.status());
   auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
   if (!dir.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), dir.status());
   auto model = tandem::kv::LoadInstanceModel(**dir, absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
@@ -80,7 +83,9 @@ int main(int argc, char** argv) {
        .expert_cache_bytes = absl::GetFlag(FLAGS_expert_cache_bytes),
        .expert_direct_io = absl::GetFlag(FLAGS_expert_direct_io),
        .expert_overlap = absl::GetFlag(FLAGS_expert_overlap),
-       .kv_dtype = *kv_dtype});
+       .kv_dtype = *kv_dtype,
+       .load = engine_flags->load,
+       .memory_bytes = engine_flags->memory_bytes});
   if (!decoder.ok()) return fail("loading the engine", decoder.status());
   dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::serving::ServingEngine* engine = &decoder->engine;

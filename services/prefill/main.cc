@@ -6,6 +6,7 @@
 #include "common/kv/geometry.h"
 #include "common/kv/ucx_transport.h"
 #include "common/rpc/service_flags.h"
+#include "services/common/engine_flags.h"
 #include "services/common/serving.h"
 #include "services/prefill/prefill_service.h"
 
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
       "tandem-prefill",
       "full-expert chunked prefill that ships the KV cache to decode",
       "TANDEM_PREFILL_",
-      {"services/prefill/", tandem::rpc::kServiceFlagsSource}};
+      {"services/prefill/", tandem::rpc::kServiceFlagsSource, tandem::serving::kEngineFlagsSource}};
   const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
   auto fail = [&](const std::string& what, const absl::Status& status) {
     std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
@@ -55,6 +56,8 @@ int main(int argc, char** argv) {
   };
   const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
+  const auto engine_flags = tandem::serving::ReadEngineFlags();
+  if (!engine_flags.ok()) return fail("flags", engine_flags.status());
   auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
   if (!dir.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), dir.status());
   auto model = tandem::kv::LoadInstanceModel(**dir, absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
@@ -66,7 +69,12 @@ int main(int argc, char** argv) {
         static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
     blocks = std::max(1024, 4 * context_blocks);
   }
-  auto engine = tandem::serving::LoadServingEngine(**dir, block_size, blocks, {}, *kv_dtype);
+  auto engine =
+      tandem::serving::LoadServingEngine(**dir, {.block_size = block_size,
+                                                 .num_blocks = blocks,
+                                                 .memory_bytes = engine_flags->memory_bytes,
+                                                 .kv_dtype = *kv_dtype,
+                                                 .load = engine_flags->load});
   if (!engine.ok()) return fail("loading the engine", engine.status());
   dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::kv::UcxTransportOptions kv_options;

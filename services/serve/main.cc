@@ -9,6 +9,7 @@
 #include "common/model/model_dir.h"
 #include "common/rpc/service_flags.h"
 #include "services/common/decoder.h"
+#include "services/common/engine_flags.h"
 #include "services/common/serving.h"
 #include "services/common/serving_metrics.h"
 #include "services/router-gateway/gateway_runner.h"
@@ -39,7 +40,8 @@ int main(int argc, char** argv) {
       "tandem-serve",
       "colocated mode: the gateway API on an engine in this process",
       "TANDEM_SERVE_",
-      {"services/serve/", tandem::rpc::kServiceFlagsSource, tandem::gateway::kGatewayFlagsSource}};
+      {"services/serve/", tandem::rpc::kServiceFlagsSource, tandem::gateway::kGatewayFlagsSource,
+       tandem::serving::kEngineFlagsSource}};
   const tandem::rpc::ServiceOptions options = tandem::rpc::InitService(argc, argv, program);
   auto fail = [&](const std::string& what, const absl::Status& status) {
     std::cerr << program.name << ": " << what << ": " << status.message() << "\n";
@@ -48,6 +50,8 @@ int main(int argc, char** argv) {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const auto kv_dtype = tandem::serving::KvDtypeFlag(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return fail("flags", kv_dtype.status());
+  const auto engine_flags = tandem::serving::ReadEngineFlags();
+  if (!engine_flags.ok()) return fail("flags", engine_flags.status());
   auto dir = tandem::model::ModelDir::Open(model_dir);
   if (!dir.ok()) return fail("--model=" + model_dir, dir.status());
   auto decoder = tandem::serving::LoadDecoder(**dir, absl::GetFlag(FLAGS_kv_block_size),
@@ -55,7 +59,9 @@ int main(int argc, char** argv) {
                                               {.plan = absl::GetFlag(FLAGS_plan),
                                                .overlay = absl::GetFlag(FLAGS_overlay),
                                                .decode_only = false,
-                                               .kv_dtype = *kv_dtype});
+                                               .kv_dtype = *kv_dtype,
+                                               .load = engine_flags->load,
+                                               .memory_bytes = engine_flags->memory_bytes});
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
   (*dir)->ReleaseCheckpoint();  // the engine holds its own copies of the weights
   tandem::serving::ServingEngine* engine = &decoder->engine;

@@ -20,6 +20,7 @@
 #include "common/engine/generator.h"
 #include "common/engine/overlay.h"
 #include "common/engine/perplexity.h"
+#include "common/engine/synthetic_router.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/model/config.h"
 #include "common/model/model_dir.h"
@@ -259,7 +260,10 @@ int Calibrate() {
   }
   auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
   if (!dir.ok()) return Report(dir.status());
-  auto model = tandem::engine::LoadModelDir(**dir);
+  // Dummy weights (with their stated routing) calibrate too: how benchmarks make plans for them.
+  auto load = LoadOptionsFromFlags();
+  if (!load.ok()) return Report(load.status());
+  auto model = tandem::engine::LoadModelDir(**dir, *load);
   if (!model.ok()) return Report(model.status());
   const auto& c = model->weights->config;
   const int block = 16;
@@ -270,6 +274,13 @@ int Calibrate() {
   if (!pool.ok()) return Report(pool.status());
   auto forward = tandem::engine::ForwardPass::Create(model->weights.get(), pool->get());
   if (!forward.ok()) return Report(forward.status());
+  if (!load->routing.empty()) {
+    auto router =
+        tandem::engine::ZipfRouter::FromSpec(load->routing, static_cast<int>(c.num_hidden_layers),
+                                             static_cast<int>(c.num_local_experts), load->seed);
+    if (!router.ok()) return Report(router.status());
+    (*forward)->SetRouterOverride(*std::move(router));
+  }
   const absl::Time start = absl::Now();
   int shown = -1;
   auto stats = tandem::moe::Calibrate(

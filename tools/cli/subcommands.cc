@@ -96,6 +96,9 @@ std::vector<Subcommand> MakeSubcommands() {
                  {{"model", "The model directory to calibrate."},
                   {"text", "The calibration text file, one document a line."},
                   {"out", "Where the statistics go (JSON)."},
+                  {"load_format", ""},
+                  {"routing", ""},
+                  {"seed", "With --load_format dummy: the seed of the weights and routing."},
                   {"kernels", ""}}});
   all.push_back({"prune",
                  "a pruning plan from calibration statistics",

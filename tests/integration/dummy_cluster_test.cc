@@ -1,0 +1,128 @@
+// The benchmark-only path of the services: random weights at a config's shape
+// (--load_format dummy) with a stated routing, so the big shapes can be served without a
+// checkpoint. Refused unless asked for in full; a dummy cluster (full prefill, pruned decode)
+// answers, every instance running the same model from the same --seed, exactly as colocated
+// tandem-serve does; and with --memory_bytes the pruned decoder turns the expert memory it does
+// not hold into KV blocks.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tandem/client.h"
+#include "tests/testing/cluster_client.h"
+#include "tests/testing/subprocess.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int kTokens = 12;
+constexpr int64_t kMemoryBytes = int64_t{64} << 20;  // the tiny model's weights are ~50 MB
+
+// The tiny model's directory without its checkpoint: config, tokenizer, generation defaults.
+class DummyClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path tiny = testing::SourceDir() + "/models/tiny-moe";
+    for (const char* file :
+         {"config.json", "tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
+      fs::create_symlink(tiny / file, fs::path(dir_.path()) / file);
+    }
+    plan_ = "--plan=" + (tiny / "pruning/reap-keep4.json").string();
+  }
+
+  static std::vector<std::string> Dummy(std::vector<std::string> flags) {
+    for (const char* flag : {"--load_format=dummy", "--routing=zipf:1", "--seed=7"}) {
+      flags.push_back(flag);
+    }
+    return flags;
+  }
+
+  // Greedy continuations of the golden prompts, EOS ignored (random weights may pick it).
+  static std::vector<std::vector<int32_t>> Generate(const testing::Ports& ports) {
+    auto client = testing::ConnectClient(ports);
+    std::vector<std::vector<int32_t>> out;
+    if (client == nullptr) return out;
+    for (const auto& prompt : testing::LoadGoldenManifest()["prompts"]) {
+      const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
+      v1::GenerateRequest request;
+      request.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+      request.mutable_sampling()->set_max_tokens(kTokens);
+      request.mutable_sampling()->set_ignore_eos(true);
+      auto response = client->Generate(request);
+      EXPECT_TRUE(response.ok()) << response.status();
+      out.emplace_back();
+      if (response.ok())
+        out.back().assign(response->token_ids().begin(), response->token_ids().end());
+    }
+    return out;
+  }
+
+  // Why `binary` with `flags` did not start (its log), or "" when it started.
+  std::string Refusal(const std::string& model_dir, const std::string& binary,
+                      const std::vector<std::string>& flags) {
+    testing::ServiceSet set(model_dir);
+    auto started = set.Start(binary, flags);
+    return started.ok() ? "" : std::string(started.status().message());
+  }
+
+  testing::TempDir dir_;
+  std::string plan_;
+};
+
+TEST_F(DummyClusterTest, RandomWeightsAreRefusedUnlessAskedForInFull) {
+  const std::string tiny = testing::SourceDir() + "/models/tiny-moe";
+  for (const char* binary : {"tandem-prefill", "tandem-decode", "tandem-serve"}) {
+    SCOPED_TRACE(binary);
+    // No checkpoint and no dummy flag: the missing weights, not random ones.
+    EXPECT_THAT(Refusal(dir_.path(), binary, {}), HasSubstr("model.safetensors"));
+    EXPECT_THAT(Refusal(dir_.path(), binary, {"--load_format=dummy"}), HasSubstr("--routing"));
+    // A synthetic routing would replace a trained router.
+    EXPECT_THAT(Refusal(tiny, binary, {"--routing=zipf:1"}), HasSubstr("--load_format dummy"));
+    EXPECT_THAT(Refusal(dir_.path(), binary, {"--load_format=dummy", "--routing=zipf"}),
+                HasSubstr("zipf:S"));
+  }
+  EXPECT_THAT(
+      Refusal(dir_.path(), "tandem-decode",
+              Dummy({"--overlay=" + tiny + "/distill/reap-keep4-handoff.safetensors", plan_})),
+      HasSubstr("not dummy weights"));
+  EXPECT_THAT(Refusal(dir_.path(), "tandem-decode", Dummy({"--memory_bytes=1000000"})),
+              HasSubstr("not one KV block fits"));
+}
+
+TEST_F(DummyClusterTest, ADummyClusterAnswersAsColocatedServingAndPruningBuysKvBlocks) {
+  testing::ServiceSet set(dir_.path());
+  const std::string memory = absl::StrCat("--memory_bytes=", kMemoryBytes);
+  auto cluster = set.StartCluster(Dummy({}), Dummy({plan_, memory}));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<std::vector<int32_t>> disaggregated = Generate(cluster->gateway);
+
+  testing::ServiceSet colocated_set(dir_.path());
+  auto serve = colocated_set.Start("tandem-serve", Dummy({plan_}));
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  testing::ExpectSameContinuations(disaggregated, Generate(*serve), kTokens);
+
+  // The same memory for a decoder holding every expert: fewer blocks.
+  testing::ServiceSet full_set(dir_.path());
+  auto full = full_set.Start("tandem-decode", Dummy({memory}));
+  ASSERT_TRUE(full.ok()) << full.status();
+  const double pruned_blocks =
+      testing::MetricValue(cluster->decode.http_port, "tandem_kv_blocks", "free");
+  const double full_blocks = testing::MetricValue(full->http_port, "tandem_kv_blocks", "free");
+  EXPECT_GT(full_blocks, 0);
+  EXPECT_GT(pruned_blocks, 1.5 * full_blocks);
+  for (int port : {cluster->decode.http_port, full->http_port}) {
+    const double kv = testing::MetricValue(port, "tandem_kv_cache_bytes");
+    EXPECT_GT(kv, 0);
+    EXPECT_LE(kv, static_cast<double>(kMemoryBytes));
+  }
+}
+
+}  // namespace
+}  // namespace tandem
