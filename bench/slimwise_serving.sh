@@ -124,6 +124,7 @@ mkdir -p "$out_dir"
 run_dir=$(mktemp -d /tmp/tandem-slimwise-run.XXXXXX)
 source scripts/lib.sh  # start, port, metric, stop_all
 trap 'stop_all; rm -rf "$run_dir"' EXIT
+# shellcheck disable=SC2034  # read by start (scripts/lib.sh)
 start_timeout_s=300  # random weights of a few GB take a while to make
 seed=7
 dummy=(--load_format=dummy --routing="$routing" --seed="$seed")
