@@ -47,21 +47,9 @@ class DummyClusterTest : public ::testing::Test {
   // Greedy continuations of the golden prompts, EOS ignored (random weights may pick it).
   static std::vector<std::vector<int32_t>> Generate(const testing::Ports& ports) {
     auto client = testing::ConnectClient(ports);
-    std::vector<std::vector<int32_t>> out;
-    if (client == nullptr) return out;
-    for (const auto& prompt : testing::LoadGoldenManifest()["prompts"]) {
-      const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
-      v1::GenerateRequest request;
-      request.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
-      request.mutable_sampling()->set_max_tokens(kTokens);
-      request.mutable_sampling()->set_ignore_eos(true);
-      auto response = client->Generate(request);
-      EXPECT_TRUE(response.ok()) << response.status();
-      out.emplace_back();
-      if (response.ok())
-        out.back().assign(response->token_ids().begin(), response->token_ids().end());
-    }
-    return out;
+    if (client == nullptr) return {};
+    return testing::GreedyContinuations(client.get(), testing::LoadGoldenManifest(), kTokens,
+                                        /*ignore_eos=*/true);
   }
 
   // Why `binary` with `flags` did not start (its log), or "" when it started.

@@ -23,13 +23,14 @@ nlohmann::json LoadGoldenManifest(const std::string& model) {
 
 std::vector<std::vector<int32_t>> GreedyContinuations(sdk::Client* client,
                                                       const nlohmann::json& manifest,
-                                                      int max_tokens) {
+                                                      int max_tokens, bool ignore_eos) {
   std::vector<std::vector<int32_t>> out;
   for (const auto& prompt : manifest["prompts"]) {
     const auto ids = prompt["token_ids"].get<std::vector<int32_t>>();
     v1::GenerateRequest request;
     request.mutable_prompt_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
     request.mutable_sampling()->set_max_tokens(max_tokens);
+    request.mutable_sampling()->set_ignore_eos(ignore_eos);
     auto response = client->Generate(request);
     EXPECT_TRUE(response.ok()) << response.status();
     out.emplace_back();

@@ -19,11 +19,11 @@ std::unique_ptr<sdk::Client> ConnectClient(const Ports& ports);
 nlohmann::json LoadGoldenManifest(const std::string& model = "tiny-moe");
 
 // The greedy continuation of at most `max_tokens` of every golden prompt of `manifest`,
-// through `client`, in the manifest's order; an empty one (and a test failure) where a request
-// failed.
+// through `client`, in the manifest's order (exactly `max_tokens` with `ignore_eos`); an empty
+// one (and a test failure) where a request failed.
 std::vector<std::vector<int32_t>> GreedyContinuations(sdk::Client* client,
                                                       const nlohmann::json& manifest,
-                                                      int max_tokens);
+                                                      int max_tokens, bool ignore_eos = false);
 
 // The same through colocated tandem-serve on `model_dir` with `serve_flags`, started and
 // stopped here; empty (and a test failure) when it does not start.
