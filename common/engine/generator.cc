@@ -12,12 +12,27 @@ constexpr int kBlockSize = 16;
 
 }  // namespace
 
-absl::StatusOr<LoadedModel> LoadModelDir(const model::ModelDir& dir, const LoadOptions& options) {
-  if (options.format == LoadFormat::kDummy && options.routing.empty()) {
+absl::Status LoadOptions::Validate() const {
+  if (format == LoadFormat::kDummy && routing.empty()) {
     return absl::InvalidArgumentError(
         "dummy weights need a stated routing (uniform or zipf:S): their random router says "
         "nothing about how a trained one spreads tokens");
   }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyRouting(const LoadOptions& options, ForwardPass* forward) {
+  if (options.routing.empty()) return absl::OkStatus();
+  const model::ModelConfig& c = forward->weights().config;
+  ASSIGN_OR_RETURN(std::unique_ptr<ZipfRouter> router,
+                   ZipfRouter::FromSpec(options.routing, static_cast<int>(c.num_hidden_layers),
+                                        static_cast<int>(c.num_local_experts), options.seed));
+  forward->SetRouterOverride(std::move(router));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadedModel> LoadModelDir(const model::ModelDir& dir, const LoadOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
   LoadedModel loaded;
   ASSIGN_OR_RETURN(loaded.weights,
                    LoadModelWeights(dir, options.format, options.seed, options.only_experts));
@@ -46,12 +61,7 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const model::ModelDir
                    kBlockSize, (context + kBlockSize - 1) / kBlockSize};
   ASSIGN_OR_RETURN(g->pool_, KvBlockPool::Create(kv));
   ASSIGN_OR_RETURN(g->forward_, ForwardPass::Create(g->weights_.get(), g->pool_.get()));
-  if (!options.routing.empty()) {
-    ASSIGN_OR_RETURN(auto router, ZipfRouter::FromSpec(
-                                      options.routing, static_cast<int>(config.num_hidden_layers),
-                                      static_cast<int>(config.num_local_experts), options.seed));
-    g->forward_->SetRouterOverride(std::move(router));
-  }
+  RETURN_IF_ERROR(ApplyRouting(options, g->forward_.get()));
   return g;
 }
 

@@ -44,10 +44,17 @@ struct LoadOptions {
   // Load only these experts' weights (a pruned decoder's); empty: all. Steps on such a model
   // need a mask that retains no others.
   ExpertMask only_experts = {};
+
+  // INVALID_ARGUMENT for dummy weights without a routing.
+  absl::Status Validate() const;
 };
 
 absl::StatusOr<LoadedModel> LoadModelDir(const model::ModelDir& dir,
                                          const LoadOptions& options = {});
+
+// Replaces `forward`'s router by `options.routing` (seeded by options.seed) when one is stated;
+// nothing otherwise. INVALID_ARGUMENT for a spec that is not "uniform" or "zipf:S".
+absl::Status ApplyRouting(const LoadOptions& options, ForwardPass* forward);
 
 class Generator {
  public:

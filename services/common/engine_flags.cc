@@ -32,10 +32,8 @@ absl::StatusOr<EngineFlags> ReadEngineFlags() {
   flags.load.format = *format;
   flags.load.routing = absl::GetFlag(FLAGS_routing);
   flags.load.seed = absl::GetFlag(FLAGS_seed);
-  if (flags.load.format == engine::LoadFormat::kDummy && flags.load.routing.empty()) {
-    return absl::InvalidArgumentError(
-        "--load_format dummy needs --routing (uniform or zipf:S): random weights' router says "
-        "nothing about how a trained one spreads tokens");
+  if (absl::Status s = flags.load.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--load_format, --routing: ", s.message()));
   }
   if (flags.load.format != engine::LoadFormat::kDummy && !flags.load.routing.empty()) {
     return absl::InvalidArgumentError(

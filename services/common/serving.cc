@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/engine/synthetic_router.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
@@ -49,13 +48,7 @@ absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
   }
   ASSIGN_OR_RETURN(e.pool, engine::KvBlockPool::Create(kv));
   ASSIGN_OR_RETURN(e.forward, engine::ForwardPass::Create(e.model.weights.get(), e.pool.get()));
-  if (!options.load.routing.empty()) {
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<engine::ZipfRouter> router,
-        engine::ZipfRouter::FromSpec(options.load.routing, static_cast<int>(c.num_hidden_layers),
-                                     static_cast<int>(c.num_local_experts), options.load.seed));
-    e.forward->SetRouterOverride(std::move(router));
-  }
+  RETURN_IF_ERROR(engine::ApplyRouting(options.load, e.forward.get()));
   return e;
 }
 

@@ -20,7 +20,6 @@
 #include "common/engine/generator.h"
 #include "common/engine/overlay.h"
 #include "common/engine/perplexity.h"
-#include "common/engine/synthetic_router.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/model/config.h"
 #include "common/model/model_dir.h"
@@ -274,12 +273,8 @@ int Calibrate() {
   if (!pool.ok()) return Report(pool.status());
   auto forward = tandem::engine::ForwardPass::Create(model->weights.get(), pool->get());
   if (!forward.ok()) return Report(forward.status());
-  if (!load->routing.empty()) {
-    auto router =
-        tandem::engine::ZipfRouter::FromSpec(load->routing, static_cast<int>(c.num_hidden_layers),
-                                             static_cast<int>(c.num_local_experts), load->seed);
-    if (!router.ok()) return Report(router.status());
-    (*forward)->SetRouterOverride(*std::move(router));
+  if (absl::Status s = tandem::engine::ApplyRouting(*load, forward->get()); !s.ok()) {
+    return Report(s);
   }
   const absl::Time start = absl::Now();
   int shown = -1;
