@@ -26,6 +26,8 @@ if [[ "$mode" != "--build" ]]; then
   packages+=(clang-format prometheus gnuplot-nox jq)
   # The reference renderer of chat templates (tests/common/chat): Python's jinja2.
   packages+=(python3-jinja2)
+  # The independent validator of structured outputs (tests/structured): Python's jsonschema.
+  packages+=(python3-jsonschema)
   # The fault tests cut a network between namespaces (ip netns, veth).
   packages+=(iproute2)
   # The sanitizer and fuzzing builds (scripts/sanitize.sh, scripts/fuzz.sh): clang, its

@@ -70,9 +70,10 @@ void ChatDelta::Append(ChatDelta other) {
 }
 
 ChatOutputParser::ChatOutputParser(ReasoningFormat reasoning, ToolCallFormat tool_calls, bool tools,
-                                   bool prompt_opens_reasoning)
+                                   bool prompt_opens_reasoning, ForcedToolCalls forced)
     : reasoning_(reasoning),
       tool_calls_(tool_calls),
+      forced_(std::move(forced)),
       tools_(tools && tool_calls != ToolCallFormat::kNone),
       state_(reasoning == ReasoningFormat::kNone ? State::kContent
              : prompt_opens_reasoning            ? State::kReasoning
@@ -90,12 +91,49 @@ bool ChatOutputParser::PromptOpensReasoning(ReasoningFormat reasoning, std::stri
 ChatDelta ChatOutputParser::Add(std::string_view text) {
   ChatDelta out;
   pending_.append(text);
-  Run(/*final=*/false, &out);
+  if (forced_.kind == ForcedToolCalls::Kind::kNone) Run(/*final=*/false, &out);
   return out;
+}
+
+void ChatOutputParser::FinishForced(ChatDelta* out) {
+  using nlohmann::json;
+  const json parsed = json::parse(pending_, nullptr, /*allow_exceptions=*/false);
+  const auto arguments = [](const json& v) {
+    return v.dump(-1, ' ', false, json::error_handler_t::replace);
+  };
+  std::vector<ToolCall> calls;
+  if (forced_.kind == ForcedToolCalls::Kind::kNamed && parsed.is_object()) {
+    calls.push_back({.index = 0, .id = "", .name = forced_.name, .arguments = arguments(parsed)});
+  } else if (forced_.kind == ForcedToolCalls::Kind::kRequired && parsed.is_array()) {
+    for (const json& call : parsed) {
+      if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) {
+        calls.clear();
+        break;
+      }
+      calls.push_back({.index = 0,
+                       .id = "",
+                       .name = call["name"].get<std::string>(),
+                       .arguments = arguments(call.value("parameters", json::object()))});
+    }
+  }
+  if (calls.empty()) {
+    out->content = std::move(pending_);  // not calls (cut short by max_tokens): shown as it is
+  } else {
+    for (ToolCall& call : calls) {
+      call.index = next_index_++;
+      call.id = CallId();
+      out->tool_calls.push_back(std::move(call));
+    }
+  }
+  pending_.clear();
 }
 
 ChatDelta ChatOutputParser::Finish() {
   ChatDelta out;
+  if (forced_.kind != ForcedToolCalls::Kind::kNone) {
+    FinishForced(&out);
+    return out;
+  }
   Run(/*final=*/true, &out);
   // Trailing whitespace is the reply's, unless a tool call came before it.
   if (!after_call_) out.content += space_;

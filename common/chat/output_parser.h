@@ -53,13 +53,24 @@ struct ChatDelta {
   void Append(ChatDelta other);
 };
 
+// A reply constrained to tool calls (tool_choice "required" or a named function, with the
+// output held to the tools' schemas by constrained decoding): the whole reply is JSON, read
+// when it ends. Named: the function's arguments object. Required: an array of
+// {"name": ..., "parameters": {...}} objects, one call each (vLLM's form).
+struct ForcedToolCalls {
+  enum class Kind { kNone, kNamed, kRequired };
+  Kind kind = Kind::kNone;
+  std::string name;  // kNamed: the function
+};
+
 class ChatOutputParser {
  public:
   // `tools`: the request offered tools (and did not say tool_choice "none"), so tool-call
   // blocks are parsed. `prompt_opens_reasoning`: the prompt ended inside <think> (see
-  // PromptOpensReasoning).
+  // PromptOpensReasoning). `forced`: the reply is tool calls as JSON; it is held whole and
+  // given as calls by Finish (as content instead, if it does not parse: a reply cut short).
   ChatOutputParser(ReasoningFormat reasoning, ToolCallFormat tool_calls, bool tools,
-                   bool prompt_opens_reasoning);
+                   bool prompt_opens_reasoning, ForcedToolCalls forced = {});
 
   // The next piece of the reply; returns what is now known.
   ChatDelta Add(std::string_view text);
@@ -82,8 +93,12 @@ class ChatOutputParser {
   // The block in call_ has ended (`closed`: by its tag, else by the reply's end).
   void EndToolCall(bool closed, ChatDelta* out);
 
+  // Finish for a forced reply: the calls pending_ holds.
+  void FinishForced(ChatDelta* out);
+
   const ReasoningFormat reasoning_;
   const ToolCallFormat tool_calls_;
+  const ForcedToolCalls forced_;
   const bool tools_;
   State state_;
   std::string pending_;      // text not yet decided

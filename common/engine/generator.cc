@@ -70,6 +70,10 @@ absl::StatusOr<GenerationResult> Generator::Generate(
     const std::function<void(const std::string&)>& on_text) {
   const model::ModelConfig& c = weights_->config;
   RETURN_IF_ERROR(params.Validate(static_cast<int>(c.vocab_size)));
+  if (params.constraint.has_value()) {
+    return absl::UnimplementedError(
+        "output constraints run in the serving engine (Scheduler), not in Generator");
+  }
   if (params.max_tokens < 1) {
     return absl::InvalidArgumentError("max_tokens must be at least 1 to generate");
   }

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/structured/constraint.h"
 
 namespace tandem::engine {
 
@@ -61,6 +62,9 @@ struct SamplingParams {
   // -1: none. k in [0, 20]: the same for every prompt token after the first. With it,
   // max_tokens may be 0: the prompt is only scored.
   int prompt_logprobs = -1;
+  // The output must be of this form (docs/structured-outputs.md): each token is drawn from
+  // those the constraint allows next, and the sequence ends when it is complete. Unset: free.
+  std::optional<structured::OutputConstraint> constraint;
 
   bool penalized() const {
     return !logit_bias.empty() || presence_penalty != 0.0f || frequency_penalty != 0.0f ||

@@ -10,14 +10,15 @@ namespace tandem::engine {
 
 struct Scheduler::Sequence {
   Sequence(SequenceId id, SequenceRequest request, int32_t eos_token_id,
-           const model::Tokenizer* tokenizer)
+           const model::Tokenizer* tokenizer, std::optional<structured::GrammarMatcher> grammar)
       : id(id),
         tokens(std::move(request.prompt_ids)),
         prompt_len(static_cast<int>(tokens.size())),
         prefill_only(request.prefill_only),
         params(std::move(request.params)),
         sampler(params, tokens),
-        stop(params, eos_token_id) {
+        stop(params, eos_token_id),
+        grammar(std::move(grammar)) {
     if (tokenizer != nullptr) detok.emplace(tokenizer);
   }
 
@@ -33,6 +34,7 @@ struct Scheduler::Sequence {
   const SamplingParams params;
   Sampler sampler;
   StopChecker stop;
+  std::optional<structured::GrammarMatcher> grammar;  // params.constraint's state
   std::optional<model::StreamingDetokenizer> detok;
   bool running = false;
   bool scheduled = false;              // in the step being built
@@ -52,7 +54,11 @@ struct Scheduler::Sequence {
 
 Scheduler::Scheduler(ForwardPass* forward, const model::Tokenizer* tokenizer, int32_t eos_token_id,
                      const SchedulerConfig& config)
-    : forward_(forward), tokenizer_(tokenizer), eos_token_id_(eos_token_id), config_(config) {}
+    : forward_(forward),
+      tokenizer_(tokenizer),
+      eos_token_id_(eos_token_id),
+      config_(config),
+      grammars_(tokenizer) {}
 
 Scheduler::~Scheduler() {
   for (auto& seq : running_) seq->table.ReleaseAll(forward_->pool());
@@ -85,6 +91,9 @@ absl::Status Scheduler::Validate(const SequenceRequest& request) const {
   if (tokenizer_ == nullptr && !request.params.stop_strings.empty() && !request.prefill_only) {
     return absl::InvalidArgumentError("stop strings need a tokenizer; this engine has none");
   }
+  if (request.params.constraint.has_value()) {
+    RETURN_IF_ERROR(grammars_.Get(*request.params.constraint).status());
+  }
   // A prompt that is only scored may fill the context; one that generates needs a position.
   if (request.params.max_tokens == 0 ? n > c.max_position_embeddings
                                      : n >= c.max_position_embeddings) {
@@ -100,10 +109,27 @@ absl::Status Scheduler::Validate(const SequenceRequest& request) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<structured::GrammarMatcher>> Scheduler::Matcher(
+    const SequenceRequest& request) {
+  if (!request.params.constraint.has_value()) return std::nullopt;
+  ASSIGN_OR_RETURN(std::shared_ptr<structured::CompiledGrammar> grammar,
+                   grammars_.Get(*request.params.constraint));
+  // The tokens that end a sequence end a constrained one only where it is complete.
+  std::vector<int32_t> end_tokens = request.params.stop_token_ids;
+  if (!request.params.ignore_eos && eos_token_id_ >= 0) end_tokens.push_back(eos_token_id_);
+  using Kind = structured::OutputConstraint::Kind;
+  const Kind kind = request.params.constraint->kind;
+  return structured::GrammarMatcher::Create(
+      std::move(grammar), std::move(end_tokens),
+      /*unique_keys=*/kind == Kind::kJsonSchema || kind == Kind::kJsonObject);
+}
+
 absl::StatusOr<SequenceId> Scheduler::Add(SequenceRequest request) {
   RETURN_IF_ERROR(Validate(request));
+  ASSIGN_OR_RETURN(std::optional<structured::GrammarMatcher> grammar, Matcher(request));
   const SequenceId id{next_id_++};
-  auto seq = std::make_unique<Sequence>(id, std::move(request), eos_token_id_, tokenizer_);
+  auto seq = std::make_unique<Sequence>(id, std::move(request), eos_token_id_, tokenizer_,
+                                        std::move(grammar));
   by_id_[id] = seq.get();
   waiting_.push_back(std::move(seq));
   return id;
@@ -132,12 +158,18 @@ absl::StatusOr<SequenceId> Scheduler::AddPrefilled(SequenceRequest request, Bloc
                      table.capacity_tokens(block_size), "; the prompt has ", n,
                      " and decoding needs room for one more"));
   }
+  absl::StatusOr<std::optional<structured::GrammarMatcher>> grammar = std::nullopt;
+  if (status.ok()) {
+    grammar = Matcher(request);
+    status = grammar.status();
+  }
   if (!status.ok()) {
     table.ReleaseAll(forward_->pool());
     return status;
   }
   const SequenceId id{next_id_++};
-  auto seq = std::make_unique<Sequence>(id, std::move(request), eos_token_id_, tokenizer_);
+  auto seq = std::make_unique<Sequence>(id, std::move(request), eos_token_id_, tokenizer_,
+                                        *std::move(grammar));
   seq->table = std::move(table);
   seq->num_computed = n;
   seq->pinned = true;
@@ -253,15 +285,35 @@ int Scheduler::Fit(const Sequence* seq, int len) const {
   return std::min(len, capacity - seq->num_computed);
 }
 
-int32_t Scheduler::Draw(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out) {
-  const int32_t token = seq->sampler.Sample(logits);
+absl::StatusOr<int32_t> Scheduler::Draw(Sequence* seq, absl::Span<const float> logits,
+                                        SequenceOutput* out) {
+  int32_t token;
+  if (seq->grammar.has_value()) {
+    // Tokens that may follow this one, within max_tokens and the context.
+    const int64_t generated = static_cast<int64_t>(seq->tokens.size()) - seq->prompt_len;
+    const int64_t context_left = forward_->weights().config.max_position_embeddings -
+                                 static_cast<int64_t>(seq->tokens.size());
+    const int64_t left = std::min<int64_t>(seq->params.max_tokens - generated, context_left) - 1;
+    constrained_.assign(logits.begin(), logits.end());
+    RETURN_IF_ERROR(seq->grammar->Constrain(absl::MakeSpan(constrained_),
+                                            static_cast<int>(std::max<int64_t>(left, 0))));
+    token = seq->sampler.Sample(constrained_);
+  } else {
+    token = seq->sampler.Sample(logits);
+  }
+  // The model's own log-probabilities, as without a constraint (vLLM's raw logprobs).
   if (seq->params.logprobs >= 0)
     out->logprobs = ComputeLogprobs(logits, token, seq->params.logprobs);
   return token;
 }
 
 void Scheduler::Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out) {
-  Accept(seq, Draw(seq, logits, out), out);
+  absl::StatusOr<int32_t> token = Draw(seq, logits, out);
+  if (!token.ok()) {
+    out->status = token.status();
+    return;
+  }
+  Accept(seq, *token, out);
 }
 
 void Scheduler::Accept(Sequence* seq, int32_t token, SequenceOutput* out) {
@@ -276,19 +328,30 @@ void Scheduler::Accept(Sequence* seq, int32_t token, SequenceOutput* out) {
     }
     piece = *std::move(text);
   }
+  if (seq->grammar.has_value()) {
+    // A token from elsewhere (a prefill's first) is checked like one drawn here.
+    if (absl::Status status = seq->grammar->Accept(token); !status.ok()) {
+      out->status = status;
+      return;
+    }
+  }
   StopResult r = seq->stop.Add(token, piece);
   out->text = std::move(r.text);
   out->finish = r.reason;
+  // A constrained output that is complete, with nothing allowed after it, stops (as an EOS
+  // would), on its last allowed token too.
+  const bool complete = seq->grammar.has_value() && seq->grammar->finished();
+  if (complete && out->finish == FinishReason::kLength) out->finish = FinishReason::kStop;
   if (out->finish == FinishReason::kNone &&
-      static_cast<int64_t>(seq->tokens.size()) >=
-          forward_->weights().config.max_position_embeddings) {
-    // The context is full before max_tokens: a length finish, as vLLM reports it.
+      (complete || static_cast<int64_t>(seq->tokens.size()) >=
+                       forward_->weights().config.max_position_embeddings)) {
+    // Complete, or the context is full before max_tokens (a length finish, as vLLM reports it).
     out->text += seq->stop.Flush();
     if (seq->detok.has_value()) {
       absl::StatusOr<std::string> rest = seq->detok->Flush();
       if (rest.ok()) out->text += *rest;
     }
-    out->finish = FinishReason::kLength;
+    out->finish = complete ? FinishReason::kStop : FinishReason::kLength;
   }
 }
 
@@ -432,7 +495,14 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
     }
     if (seq->prefill_only) {
       // The first token, unchecked (the decoder applies the stop rules), and the prompt's KV.
-      out.token = Draw(seq, row, &out);
+      absl::StatusOr<int32_t> token = Draw(seq, row, &out);
+      if (!token.ok()) {
+        out.status = token.status();
+        outputs->push_back(std::move(out));
+        Remove(seq);
+        continue;
+      }
+      out.token = *token;
       out.finish = FinishReason::kLength;
       out.prompt_kv = std::make_shared<const PromptKv>(forward_->pool(), std::move(seq->table));
       seq->table = BlockTable();

@@ -25,6 +25,7 @@
 #include "common/engine/forward.h"
 #include "common/engine/sampling.h"
 #include "common/model/tokenizer.h"
+#include "common/structured/constraint.h"
 
 namespace tandem::engine {
 
@@ -113,7 +114,8 @@ class Scheduler {
   ~Scheduler();
 
   // Queues a sequence. INVALID_ARGUMENT for an empty prompt, out-of-vocabulary tokens, bad
-  // sampling params, or a prompt that leaves no room in the context or the KV pool.
+  // sampling params (an output constraint that does not compile included), or a prompt that leaves
+  // no room in the context or the KV pool.
   absl::StatusOr<SequenceId> Add(SequenceRequest request);
   // The checks Add makes, without adding; safe from any thread while another steps.
   absl::Status Validate(const SequenceRequest& request) const;
@@ -147,6 +149,8 @@ class Scheduler {
 
   Scheduler(ForwardPass* forward, const model::Tokenizer* tokenizer, int32_t eos_token_id,
             const SchedulerConfig& config);
+  // The matcher of `request`'s output constraint, if it has one.
+  absl::StatusOr<std::optional<structured::GrammarMatcher>> Matcher(const SequenceRequest& request);
   // Frees `seq`'s blocks and puts it at the front of the waiting queue.
   void Preempt(Sequence* seq);
   // Releases `seq`'s blocks: nothing of it is computed or published any more.
@@ -158,8 +162,9 @@ class Scheduler {
   int Fit(const Sequence* seq, int len) const;
   // Samples from `logits` and applies the stop rules; fills `out`.
   void Sample(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out);
-  // Draws a token from `logits` (with its log-probabilities in `out` when asked), nothing else.
-  int32_t Draw(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out);
+  // Draws a token from `logits` (with its log-probabilities in `out` when asked), among those
+  // its output constraint allows; nothing else.
+  absl::StatusOr<int32_t> Draw(Sequence* seq, absl::Span<const float> logits, SequenceOutput* out);
   // Appends `token` to `seq` and applies the stop rules; fills `out`.
   void Accept(Sequence* seq, int32_t token, SequenceOutput* out);
   void Remove(Sequence* seq);
@@ -173,6 +178,9 @@ class Scheduler {
   const model::Tokenizer* const tokenizer_;
   const int32_t eos_token_id_;
   const SchedulerConfig config_;
+  // Output constraints compiled for this engine's vocabulary (used from Validate's threads too).
+  mutable structured::GrammarCache grammars_;
+  std::vector<float> constrained_;  // scratch: a row of logits under its constraint
   int64_t next_id_ = 1;
   std::list<std::unique_ptr<Sequence>> running_;  // admission order, oldest first
   std::deque<std::unique_ptr<Sequence>> waiting_;

@@ -974,16 +974,18 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const Json& obj,
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  virtual absl::Status Apply(std::vector<std::string>* tokens) const = 0;
+  // raw: the bytes as they are, for a token inside a text (no U+FFFD for incomplete UTF-8,
+  // nothing stripped at the start).
+  virtual absl::Status Apply(std::vector<std::string>* tokens, bool raw) const = 0;
 };
 
 class SequenceDecoder final : public Decoder {
  public:
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps)
       : steps_(std::move(steps)) {}
-  absl::Status Apply(std::vector<std::string>* tokens) const override {
+  absl::Status Apply(std::vector<std::string>* tokens, bool raw) const override {
     for (const auto& step : steps_) {
-      if (absl::Status status = step->Apply(tokens); !status.ok()) return status;
+      if (absl::Status status = step->Apply(tokens, raw); !status.ok()) return status;
     }
     return absl::OkStatus();
   }
@@ -994,7 +996,7 @@ class SequenceDecoder final : public Decoder {
 
 class ByteLevelDecoder final : public Decoder {
  public:
-  absl::Status Apply(std::vector<std::string>* tokens) const override {
+  absl::Status Apply(std::vector<std::string>* tokens, bool raw) const override {
     const ByteTable& table = Bytes();
     std::string bytes;
     for (const std::string& token : *tokens) {
@@ -1014,7 +1016,7 @@ class ByteLevelDecoder final : public Decoder {
         bytes += token;
       }
     }
-    tokens->assign(1, LossyUtf8(bytes));
+    tokens->assign(1, raw ? bytes : LossyUtf8(bytes));
     return absl::OkStatus();
   }
 };
@@ -1023,7 +1025,7 @@ class MetaspaceDecoder final : public Decoder {
  public:
   MetaspaceDecoder(std::string replacement, PrependScheme scheme)
       : replacement_(std::move(replacement)), scheme_(scheme) {}
-  absl::Status Apply(std::vector<std::string>* tokens) const override {
+  absl::Status Apply(std::vector<std::string>* tokens, bool raw) const override {
     for (size_t i = 0; i < tokens->size(); ++i) {
       std::string& token = (*tokens)[i];
       std::string out;
@@ -1034,7 +1036,9 @@ class MetaspaceDecoder final : public Decoder {
         out.push_back(' ');
         pos = next + replacement_.size();
       }
-      if (i == 0 && scheme_ != PrependScheme::kNever && out.starts_with(' ')) out.erase(0, 1);
+      if (!raw && i == 0 && scheme_ != PrependScheme::kNever && out.starts_with(' ')) {
+        out.erase(0, 1);
+      }
       token = std::move(out);
     }
     return absl::OkStatus();
@@ -1049,7 +1053,7 @@ class ReplaceDecoder final : public Decoder {
  public:
   ReplaceDecoder(Pattern pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  absl::Status Apply(std::vector<std::string>* tokens) const override {
+  absl::Status Apply(std::vector<std::string>* tokens, bool raw) const override {
     for (std::string& token : *tokens) {
       if (absl::Status status = pattern_.ReplaceAll(content_, &token); !status.ok()) {
         return status;
@@ -1082,13 +1086,13 @@ int ByteFallbackValue(std::string_view token) {
 
 class ByteFallbackDecoder final : public Decoder {
  public:
-  absl::Status Apply(std::vector<std::string>* tokens) const override {
+  absl::Status Apply(std::vector<std::string>* tokens, bool raw) const override {
     std::vector<std::string> out;
     std::string pending;  // bytes of consecutive byte pieces
     size_t pending_count = 0;
     const auto flush = [&] {
       if (pending_count == 0) return;
-      if (IsValidUtf8(pending)) {
+      if (raw || IsValidUtf8(pending)) {
         out.push_back(pending);
       } else {
         for (size_t i = 0; i < pending_count; ++i) out.emplace_back(kReplacementChar);
@@ -1114,7 +1118,7 @@ class ByteFallbackDecoder final : public Decoder {
 
 class FuseDecoder final : public Decoder {
  public:
-  absl::Status Apply(std::vector<std::string>* tokens) const override {
+  absl::Status Apply(std::vector<std::string>* tokens, bool raw) const override {
     std::string all;
     for (const std::string& token : *tokens) all += token;
     tokens->assign(1, std::move(all));
@@ -1126,7 +1130,8 @@ class StripDecoder final : public Decoder {
  public:
   StripDecoder(std::string content, int64_t start, int64_t stop)
       : content_(std::move(content)), start_(start), stop_(stop) {}
-  absl::Status Apply(std::vector<std::string>* tokens) const override {
+  absl::Status Apply(std::vector<std::string>* tokens, bool raw) const override {
+    if (raw) return absl::OkStatus();
     for (std::string& token : *tokens) {
       size_t begin = 0, end = token.size();
       for (int64_t i = 0; i < start_ && std::string_view(token).substr(begin).starts_with(content_);
@@ -1920,7 +1925,22 @@ absl::StatusOr<std::string> HfTokenizer::Decode(absl::Span<const int32_t> ids) c
     for (size_t i = 0; i < tokens.size(); ++i) absl::StrAppend(&out, i > 0 ? " " : "", tokens[i]);
     return out;
   }
-  if (absl::Status status = impl_->decoder->Apply(&tokens); !status.ok()) return status;
+  if (absl::Status status = impl_->decoder->Apply(&tokens, /*raw=*/false); !status.ok()) {
+    return status;
+  }
+  std::string out;
+  for (const std::string& token : tokens) out += token;
+  return out;
+}
+
+std::optional<std::string> HfTokenizer::TokenBytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size() || impl_->special[static_cast<size_t>(id)] || id == impl_->unk) {
+    return std::nullopt;
+  }
+  const std::string& piece = impl_->pieces[static_cast<size_t>(id)];
+  if (piece.empty() || impl_->decoder == nullptr) return piece;
+  std::vector<std::string> tokens = {piece};
+  if (!impl_->decoder->Apply(&tokens, /*raw=*/true).ok()) return std::nullopt;
   std::string out;
   for (const std::string& token : tokens) out += token;
   return out;

@@ -42,6 +42,7 @@ class HfTokenizer final : public Tokenizer {
   absl::StatusOr<std::vector<int32_t>> EncodeWithSpecialTokens(
       std::string_view text) const override;
   absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override;
+  std::optional<std::string> TokenBytes(int32_t id) const override;
 
   bool add_bos() const override;
   int32_t vocab_size() const override;

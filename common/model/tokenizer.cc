@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/model/hf_tokenizer.h"
 #include "common/model/spm_backend.h"
 #include "common/util/file.h"
@@ -179,6 +181,19 @@ class SpmTokenizer final : public Tokenizer {
       return absl::InternalError(absl::StrCat("Decode: ", out.text()));
     }
     return std::move(out.text());
+  }
+
+  std::optional<std::string> TokenBytes(int32_t id) const override {
+    if (id < 0 || id >= vocab_size() || IsControl(id) || id == unk_id()) return std::nullopt;
+    const std::string piece = IdToPiece(id);
+    if (IsByte(id)) {  // "<0xAB>"
+      unsigned value = 0;
+      if (piece.size() != 6 || std::sscanf(piece.c_str(), "<0x%2X>", &value) != 1) {
+        return std::nullopt;
+      }
+      return std::string(1, static_cast<char>(value));
+    }
+    return absl::StrReplaceAll(piece, {{"\u2581", " "}});
   }
 
   bool add_bos() const override { return add_bos_; }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,12 @@ class Tokenizer {
   // not form valid UTF-8 decode to U+FFFD. INVALID_ARGUMENT for an id outside
   // [0, vocab_size).
   virtual absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const = 0;
+
+  // The bytes token `id` adds inside a text (a "▁" is a space even at the start, a byte piece
+  // is its byte, a byte-level piece its raw bytes, possibly part of a character); nullopt for
+  // special, control and unknown tokens and ids outside the vocabulary. Constrained decoding
+  // matches these against its grammar.
+  virtual std::optional<std::string> TokenBytes(int32_t id) const = 0;
 
   // Whether a single-sequence encode with special tokens starts with BOS.
   virtual bool add_bos() const = 0;

@@ -11,6 +11,7 @@
 #include "common/kernels/cpu/kernels.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
+#include "services/common/structured_output.h"
 
 namespace tandem::serving {
 
@@ -209,6 +210,7 @@ absl::StatusOr<engine::SamplingParams> SamplingFromProto(const tandem::v1::Sampl
     }
     *out = value;
   }
+  ASSIGN_OR_RETURN(p.constraint, ConstraintFromProto(proto.structured()));
   RETURN_IF_ERROR(p.Validate(vocab_size));
   return p;
 }

@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   tandem::serving::ReportEngine(*engine->model.weights, &registry);
   tandem::serving::ReportKvCache(*engine->pool, &registry);
   auto service = tandem::prefill::PrefillService::Create(
-      model->name, model->geometry, engine->forward.get(), transport->get(),
+      model->name, model->geometry, engine->forward.get(), engine->model.tokenizer.get(),
+      transport->get(),
       {.max_queue = absl::GetFlag(FLAGS_max_queue),
        .max_running = absl::GetFlag(FLAGS_max_running),
        .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk),

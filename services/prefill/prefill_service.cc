@@ -35,17 +35,19 @@ absl::Time CallDeadline(const grpc::CallbackServerContext& context) {
 
 absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     std::string model_name, tandem::v1::KvGeometry geometry, engine::ForwardPass* forward,
-    kv::KvTransport* transport, const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
+    const model::Tokenizer* tokenizer, kv::KvTransport* transport,
+    const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
     serving::PrefillMetrics* serving_metrics, serving::PrefixCacheMetrics* prefix_metrics) {
   if (options.max_queue < 1) return absl::InvalidArgumentError("max_queue must be >= 1");
   if (options.prefix_cache) forward->pool()->EnablePrefixCache();
   // Prompts run the full pool (salt 0, as in tandem-serve); nothing is generated here.
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::Scheduler> scheduler,
-                   engine::Scheduler::Create(forward, /*tokenizer=*/nullptr, /*eos_token_id=*/-1,
-                                             {.max_running = options.max_running,
-                                              .max_step_tokens = options.chunk_tokens,
-                                              .prefix_salt = 0,
-                                              .cache_generated = false}));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Scheduler> scheduler,
+      engine::Scheduler::Create(forward, tokenizer, tokenizer != nullptr ? tokenizer->eos_id() : -1,
+                                {.max_running = options.max_running,
+                                 .max_step_tokens = options.chunk_tokens,
+                                 .prefix_salt = 0,
+                                 .cache_generated = false}));
   return std::unique_ptr<PrefillService>(new PrefillService(
       std::move(model_name), std::move(geometry), forward, transport, options, metrics,
       serving_metrics, std::move(scheduler),

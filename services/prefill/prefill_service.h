@@ -57,11 +57,14 @@ absl::StatusOr<engine::SamplingParams> CheckPrefillRequest(
 
 class PrefillService final : public tandem::v1::Prefill::CallbackService {
  public:
-  // `forward` (and its pool) and `transport` must outlive the service. INVALID_ARGUMENT for
-  // options the engine cannot run (max_running above chunk_tokens, either below 1).
+  // `forward` (and its pool), `tokenizer` (the first token of a constrained output is drawn
+  // under its grammar; null: constraints are refused) and `transport` must outlive the
+  // service. INVALID_ARGUMENT for options the engine cannot run (max_running above
+  // chunk_tokens, either below 1).
   static absl::StatusOr<std::unique_ptr<PrefillService>> Create(
       std::string model_name, tandem::v1::KvGeometry geometry, engine::ForwardPass* forward,
-      kv::KvTransport* transport, const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
+      const model::Tokenizer* tokenizer, kv::KvTransport* transport,
+      const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
       serving::PrefillMetrics* serving_metrics, serving::PrefixCacheMetrics* prefix_metrics);
   // Finishes every prompt still in the instance with UNAVAILABLE and stops its threads.
   ~PrefillService() override;

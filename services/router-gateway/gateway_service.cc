@@ -14,6 +14,7 @@
 #include "common/util/guard.h"
 #include "common/util/logging.h"
 #include "common/util/timer_queue.h"
+#include "services/common/structured_output.h"
 
 namespace tandem::gateway {
 namespace {
@@ -466,7 +467,8 @@ absl::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest&
       return Invalid(absl::StrCat("stop token id ", id, " is outside the vocabulary"));
     }
   }
-  return absl::OkStatus();
+  // A constraint that does not compile is refused here, before any instance sees it.
+  return serving::CheckConstraint(sampling.structured());
 }
 
 grpc::ServerUnaryReactor* GatewayService::Finish(grpc::CallbackServerContext* context,

@@ -212,7 +212,7 @@ class Answer {
       c.logprobs.emplace(r_.tokenizer);
       if (r_.chat) {
         c.parser.emplace(r_.front->reasoning, r_.front->tool_calls, r_.parsed.parse_tool_calls,
-                         r_.parsed.prompt_opens_reasoning);
+                         r_.parsed.prompt_opens_reasoning, r_.parsed.forced_tools);
       }
     }
   }

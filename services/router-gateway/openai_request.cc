@@ -9,7 +9,9 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/status.h"
 #include "nlohmann/json.hpp"
+#include "services/common/structured_output.h"
 
 namespace tandem::gateway {
 namespace {
@@ -123,10 +125,6 @@ absl::Status RefuseUnsupported(const json& body, bool chat) {
     if (const json* f = Field(body, "functions"); f != nullptr && !IsEmpty(*f)) {
       return refuse("functions", "functions (the deprecated form of tools)");
     }
-    if (const json* f = Field(body, "response_format");
-        f != nullptr && !(f->is_object() && StringOr(*f, "type", "") == "text")) {
-      return refuse("response_format", "response_format other than {\"type\": \"text\"}");
-    }
   } else {
     if (const json* f = Field(body, "suffix"); f != nullptr) return refuse("suffix");
   }
@@ -178,6 +176,194 @@ absl::StatusOr<json> ParseBody(absl::string_view text) {
   return body;
 }
 
+// Prefixes every local "$ref" ("#...") in `schema` with `base`, for a schema embedded at
+// `base` in a larger one.
+void RebaseRefs(json* schema, const std::string& base) {
+  if (schema->is_object()) {
+    for (auto& [key, value] : schema->items()) {
+      if (key == "$ref" && value.is_string() && value.get<std::string>().starts_with("#")) {
+        value = base + value.get<std::string>().substr(1);
+      } else {
+        RebaseRefs(&value, base);
+      }
+    }
+  } else if (schema->is_array()) {
+    for (json& value : *schema) RebaseRefs(&value, base);
+  }
+}
+
+// tool_choice "required" or a named function: the reply is constrained to JSON tool calls
+// that match the tools' parameter schemas (vLLM's forms: a named function's arguments
+// object; for "required", an array of {"name", "parameters"}), read back as tool calls.
+absl::Status ForceToolCalls(const json* named, const json& tools, CompletionRequest* parsed) {
+  const auto parameters = [](const json& tool) {
+    const json& function = tool["function"];
+    const auto p = function.find("parameters");
+    return p == function.end() || p->is_null() ? json::parse(R"({"type": "object"})") : *p;
+  };
+  tandem::v1::StructuredOutput* structured =
+      parsed->request.mutable_sampling()->mutable_structured();
+  if (named != nullptr) {
+    const json* function = Field(*named, "function");
+    const json* name =
+        function != nullptr && function->is_object() ? Field(*function, "name") : nullptr;
+    if (StringOr(*named, "type", "") != "function" || name == nullptr || !name->is_string()) {
+      return Invalid("tool_choice",
+                     "a named tool_choice is {\"type\": \"function\", \"function\": "
+                     "{\"name\": ...}}");
+    }
+    for (const json& tool : tools) {
+      if (tool["function"]["name"] != *name) continue;
+      structured->set_json_schema(parameters(tool).dump());
+      parsed->forced_tools = {chat::ForcedToolCalls::Kind::kNamed, name->get<std::string>()};
+      return absl::OkStatus();
+    }
+    return Invalid("tool_choice",
+                   absl::StrCat("tool_choice names the function \"", name->get<std::string>(),
+                                "\", which is not among the tools"));
+  }
+  json calls = json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    json p = parameters(tools[i]);
+    RebaseRefs(&p, absl::StrCat("#/items/anyOf/", i, "/properties/parameters"));
+    json call = json::object();
+    call["type"] = "object";
+    call["properties"] = json::object();
+    call["properties"]["name"] = json::object({{"const", tools[i]["function"]["name"]}});
+    call["properties"]["parameters"] = std::move(p);
+    call["required"] = json::array({"name", "parameters"});
+    calls.push_back(std::move(call));
+  }
+  json schema = json::object();
+  schema["type"] = "array";
+  schema["minItems"] = 1;
+  schema["items"] = json::object();
+  schema["items"]["anyOf"] = std::move(calls);
+  structured->set_json_schema(schema.dump());
+  parsed->forced_tools = {chat::ForcedToolCalls::Kind::kRequired, ""};
+  return absl::OkStatus();
+}
+
+// The output constraint of response_format, vLLM's structured_outputs, or its guided_*
+// fields (one of them at most); tool_choice's may not be combined with any.
+absl::Status ReadStructured(const json& body, CompletionRequest* parsed) {
+  tandem::v1::StructuredOutput so;
+  std::string from;  // the field that set it
+  const auto claim = [&](const std::string& field) -> absl::Status {
+    if (!from.empty()) {
+      return Invalid(field, absl::StrCat(field, " and ", from,
+                                         " both constrain the output; give one of them"));
+    }
+    from = field;
+    return absl::OkStatus();
+  };
+  const auto schema_of = [&](const std::string& field, const json& v) -> absl::Status {
+    // vLLM accepts the schema as an object or as JSON text.
+    json schema = v;
+    if (v.is_string()) {
+      schema = json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (schema.is_discarded()) return Invalid(field, absl::StrCat(field, " is not valid JSON"));
+    }
+    if (!schema.is_object() && !schema.is_boolean()) {
+      return Invalid(field, absl::StrCat(field, " must be a JSON Schema object"));
+    }
+    so.set_json_schema(schema.dump());
+    return absl::OkStatus();
+  };
+  const auto regex_of = [&](const std::string& field, const json& v) -> absl::Status {
+    if (!v.is_string() || v.get<std::string>().empty()) {
+      return Invalid(field, absl::StrCat(field, " must be a non-empty string"));
+    }
+    so.set_regex(v.get<std::string>());
+    return absl::OkStatus();
+  };
+  const auto choice_of = [&](const std::string& field, const json& v) -> absl::Status {
+    if (!v.is_array() || v.empty()) {
+      return Invalid(field, absl::StrCat(field, " must be a non-empty list of strings"));
+    }
+    for (const json& c : v) {
+      if (!c.is_string()) return Invalid(field, absl::StrCat(field, " must be a list of strings"));
+      so.mutable_choice()->add_choices(c.get<std::string>());
+    }
+    return absl::OkStatus();
+  };
+  if (const json* f = Field(body, "response_format"); f != nullptr) {
+    const std::string type = f->is_object() ? StringOr(*f, "type", "") : "";
+    if (type == "json_object") {
+      RETURN_IF_ERROR(claim("response_format"));
+      so.set_json_object(true);
+    } else if (type == "json_schema") {
+      RETURN_IF_ERROR(claim("response_format"));
+      const json* spec = Field(*f, "json_schema");
+      const json* schema = spec != nullptr && spec->is_object() ? Field(*spec, "schema") : nullptr;
+      if (schema == nullptr) {
+        return Invalid("response_format",
+                       "response_format.json_schema.schema is required for type json_schema");
+      }
+      if (const json* strict = Field(*spec, "strict"); strict != nullptr && !strict->is_boolean()) {
+        return Invalid("response_format", "response_format.json_schema.strict must be a boolean");
+      }
+      RETURN_IF_ERROR(schema_of("response_format.json_schema.schema", *schema));
+    } else if (type != "text") {
+      return Invalid("response_format",
+                     "response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+  }
+  const json* nested = Field(body, "structured_outputs");
+  if (nested != nullptr && !nested->is_object()) {
+    return Invalid("structured_outputs", "structured_outputs must be an object");
+  }
+  // (field as the client wrote it, its value): vLLM's structured_outputs and guided_* forms.
+  std::vector<std::pair<std::string, const json*>> fields;
+  for (const char* key : {"json", "regex", "choice", "json_object", "grammar", "structural_tag",
+                          "whitespace_pattern"}) {
+    if (nested != nullptr) {
+      if (const json* f = Field(*nested, key); f != nullptr && !f->is_null()) {
+        fields.emplace_back(absl::StrCat("structured_outputs.", key), f);
+      }
+    }
+  }
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                          "guided_whitespace_pattern"}) {
+    if (const json* f = Field(body, key); f != nullptr && !f->is_null())
+      fields.emplace_back(key, f);
+  }
+  for (const auto& [field, value] : fields) {
+    const std::string kind = field.substr(field.starts_with("guided_") ? 7 : field.rfind('.') + 1);
+    if (kind == "grammar" || kind == "structural_tag" || kind == "whitespace_pattern") {
+      return Invalid(field, absl::StrCat(field,
+                                         " is not supported by Tandem (JSON Schema, "
+                                         "json_object, regex and choice are)"));
+    }
+    if (kind == "json_object") {
+      if (!value->is_boolean()) return Invalid(field, absl::StrCat(field, " must be a boolean"));
+      if (!value->get<bool>()) continue;
+      RETURN_IF_ERROR(claim(field));
+      so.set_json_object(true);
+      continue;
+    }
+    RETURN_IF_ERROR(claim(field));
+    if (kind == "json") {
+      RETURN_IF_ERROR(schema_of(field, *value));
+    } else if (kind == "regex") {
+      RETURN_IF_ERROR(regex_of(field, *value));
+    } else {
+      RETURN_IF_ERROR(choice_of(field, *value));
+    }
+  }
+  if (from.empty()) return absl::OkStatus();
+  if (parsed->forced_tools.kind != chat::ForcedToolCalls::Kind::kNone) {
+    return Invalid(from, absl::StrCat(from,
+                                      " cannot be combined with tool_choice \"required\" "
+                                      "or a named function (which constrain the output)"));
+  }
+  if (absl::Status s = serving::CheckConstraint(so); !s.ok()) {
+    return Invalid(from, absl::StrCat(from, ": ", std::string(s.message())));
+  }
+  *parsed->request.mutable_sampling()->mutable_structured() = std::move(so);
+  return absl::OkStatus();
+}
+
 // Chat: the messages, tools and template arguments rendered into the prompt.
 absl::Status ReadChat(const json& body, const ModelFront& front, CompletionRequest* parsed) {
   if (!front.chat_template.ok()) {
@@ -192,18 +378,21 @@ absl::Status ReadChat(const json& body, const ModelFront& front, CompletionReque
   chat::ChatInput input;
   input.messages = *std::move(normalized);
   std::string tool_choice = "auto";
+  const json* named = nullptr;  // tool_choice {"type": "function", "function": {"name": ...}}
   if (const json* f = Field(body, "tool_choice"); f != nullptr) {
-    if (f->is_string() && (*f == "auto" || *f == "none")) {
+    if (f->is_string() && (*f == "auto" || *f == "none" || *f == "required")) {
       tool_choice = f->get<std::string>();
-    } else if ((f->is_string() && *f == "required") || f->is_object()) {
-      return Invalid("tool_choice",
-                     "tool_choice \"required\" or a named function needs constrained decoding, "
-                     "which Tandem does not have yet; use \"auto\" or \"none\"");
+    } else if (f->is_object()) {
+      tool_choice = "named";
+      named = f;
     } else {
-      return Invalid("tool_choice", "tool_choice must be \"auto\", \"none\" or \"required\"");
+      return Invalid("tool_choice",
+                     "tool_choice must be \"auto\", \"none\", \"required\" or "
+                     "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
   }
-  if (const json* tools = Field(body, "tools"); tools != nullptr && !IsEmpty(*tools)) {
+  const json* tools = Field(body, "tools");
+  if (tools != nullptr && !IsEmpty(*tools)) {
     if (absl::Status s = chat::ValidateTools(*tools); !s.ok()) {
       return Invalid("tools", std::string(s.message()));
     }
@@ -211,6 +400,17 @@ absl::Status ReadChat(const json& body, const ModelFront& front, CompletionReque
     // reply is not parsed for calls.
     input.tools = *tools;
     parsed->parse_tool_calls = tool_choice == "auto";
+  } else {
+    tools = nullptr;
+  }
+  if (tool_choice == "required" || tool_choice == "named") {
+    if (tools == nullptr) {
+      return Invalid(
+          "tool_choice",
+          absl::StrCat("tool_choice \"", tool_choice == "named" ? "a named function" : "required",
+                       "\" needs tools"));
+    }
+    if (absl::Status s = ForceToolCalls(named, *tools, parsed); !s.ok()) return s;
   }
   if (const json* documents = Field(body, "documents"); documents != nullptr) {
     if (!documents->is_array()) return Invalid("documents", "documents must be a list");
@@ -323,6 +523,13 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
       request.set_add_special_tokens(add);
     }
   }
+  if (absl::Status s = ReadStructured(body, &parsed); !s.ok()) return s;
+  if (parsed.forced_tools.kind != chat::ForcedToolCalls::Kind::kNone) {
+    if (absl::Status s = serving::CheckConstraint(request.sampling().structured()); !s.ok()) {
+      return Invalid("tools",
+                     absl::StrCat("the tools' parameter schemas: ", std::string(s.message())));
+    }
+  }
   tandem::v1::SamplingParams& sampling = *request.mutable_sampling();
   if (absl::Status s = ReadBool(body, "stream", &parsed.stream); !s.ok()) return s;
   if (!chat) {
@@ -432,7 +639,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view text,
       return Invalid("stop", "stop must be a string or a list of strings");
     }
   }
-  if (chat) {
+  // generation_config.json's stop strings end a chat reply, but not a constrained one, whose
+  // form decides where it ends (tiny-moe's '"' would cut every JSON string).
+  if (chat && !sampling.has_structured()) {
     for (const std::string& s : defaults.stop_strings) sampling.add_stop(s);
   }
   if (const json* ids = Field(body, "stop_token_ids"); ids != nullptr) {

@@ -56,6 +56,9 @@ struct CompletionRequest {
   // tool_choice "none"), and whether the rendered prompt left reasoning open (<think>).
   bool parse_tool_calls = false;
   bool prompt_opens_reasoning = false;
+  // Chat with tool_choice "required" or a named function: the reply is constrained to JSON
+  // tool calls (sampling.structured holds their schema) and read back as calls.
+  chat::ForcedToolCalls forced_tools;
 };
 
 // `chat`: /v1/chat/completions (messages, tools and chat_template_kwargs rendered by the

@@ -166,5 +166,21 @@ def main():
                                         {"name": "tool_use", "template": "{{ tools | tojson }}"}]})
           + "\0user\0Hi")
 
+    # structured: a mode byte (0 JSON Schema, 1 regex, 2 choices separated by NUL), then the
+    # text; the seeds are tests/structured/suite.json's cases.
+    with open(os.path.join(REPO, "tests/structured/suite.json")) as f:
+        suite = json.load(f)
+    for case in suite:
+        if case["kind"] == "json_schema":
+            data = b"\0" + json.dumps(case["schema"]).encode()
+        elif case["kind"] == "regex":
+            data = b"\1" + case["pattern"].encode()
+        elif case["kind"] == "choice":
+            data = b"\2" + "\0".join(case["choices"]).encode()
+        else:
+            continue
+        write("structured", case["name"] + ".bin", data)
+
+
 if __name__ == "__main__":
     main()

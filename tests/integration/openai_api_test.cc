@@ -17,12 +17,14 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <regex>
 #include <set>
 #include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/chat/chat_template.h"
 #include "common/http/client.h"
 #include "common/http/http_server.h"
@@ -328,6 +330,143 @@ TEST(OpenAiApiServeTest, LogprobsEchoNAndPenaltiesColocated) {
   CheckFeatures(serve->http_port, serve->grpc_port, set.Log("tandem-serve"));
 }
 
+// Structured outputs through a live front (`http_port`, `grpc_port`): response_format with a
+// JSON Schema (chat, streamed and not), guided regex and choice (completions), tool_choice
+// named and required (tool calls read back from the constrained JSON), and the gRPC form.
+// Returns the greedy gRPC answer to a schema request, for comparing the two deployments.
+std::string CheckStructured(int http_port, int grpc_port, const std::string& log) {
+  const auto post = [&](const std::string& path, const json& body) {
+    auto got = http::Fetch("127.0.0.1", http_port, "POST", path, body.dump(), 60000);
+    EXPECT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got.ok() ? got->status : 0, 200) << (got.ok() ? got->body : "") << log;
+    return got.ok() ? got->body : std::string();
+  };
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 12},
+      "count": {"type": "integer", "minimum": 0, "maximum": 99},
+      "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
+      "required": ["name", "count", "tags"]})");
+  const auto check_record = [](const std::string& text) {
+    const json v = json::parse(text, nullptr, false);
+    ASSERT_TRUE(v.is_object()) << text;
+    ASSERT_EQ(v.size(), 3u) << text;
+    EXPECT_TRUE(v["name"].is_string() && v["name"].get<std::string>().size() <= 12) << text;
+    EXPECT_TRUE(v["count"].is_number_integer() && v["count"] >= 0 && v["count"] <= 99) << text;
+    ASSERT_TRUE(v["tags"].is_array() && v["tags"].size() <= 3) << text;
+    for (const json& t : v["tags"]) EXPECT_TRUE(t == "a" || t == "b" || t == "c") << text;
+  };
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Describe a jar of marbles."}}}},
+               {"max_tokens", 120},
+               {"temperature", 0}};
+  chat["response_format"] = {
+      {"type", "json_schema"},
+      {"json_schema", {{"name", "record"}, {"schema", schema}, {"strict", true}}}};
+  const json reply = json::parse(post("/v1/chat/completions", chat), nullptr, false);
+  EXPECT_EQ(reply["choices"][0]["finish_reason"], "stop") << reply;
+  check_record(reply["choices"][0]["message"]["content"].get<std::string>());
+  // Streamed: the pieces make the same text.
+  chat["stream"] = true;
+  std::string streamed;
+  const std::string events = post("/v1/chat/completions", chat);
+  for (absl::string_view line : absl::StrSplit(events, '\n')) {
+    if (!absl::StartsWith(line, "data: {")) continue;
+    const json chunk = json::parse(line.substr(6));
+    const json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("content") && delta["content"].is_string()) streamed += delta["content"];
+  }
+  EXPECT_EQ(streamed, reply["choices"][0]["message"]["content"]);
+
+  // Completions with vLLM's guided regex and choice, sampled.
+  const json regex =
+      json::parse(post("/v1/completions", {{"prompt", "Call"},
+                                           {"max_tokens", 30},
+                                           {"temperature", 1},
+                                           {"seed", 3},
+                                           {"guided_regex", "[0-9]{3}-[a-z]{2,4}"}}));
+  EXPECT_TRUE(std::regex_match(regex["choices"][0]["text"].get<std::string>(),
+                               std::regex("[0-9]{3}-[a-z]{2,4}")))
+      << regex;
+  const json choice = json::parse(
+      post("/v1/completions", {{"prompt", "Pick"},
+                               {"max_tokens", 8},
+                               {"structured_outputs", {{"choice", {"red", "green", "blue"}}}}}));
+  const std::string picked = choice["choices"][0]["text"];
+  EXPECT_TRUE(picked == "red" || picked == "green" || picked == "blue") << choice;
+  EXPECT_EQ(choice["choices"][0]["finish_reason"], "stop") << choice;
+
+  // Tools: a named function gets its arguments; "required" one call or more.
+  const json tools = json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10},
+                       "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}},
+      {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+        "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"]}}}])");
+  json call = {{"messages", {{{"role", "user"}, {"content", "Weather in Oslo?"}}}},
+               {"max_tokens", 80},
+               {"temperature", 0},
+               {"tools", tools}};
+  call["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  const json named = json::parse(post("/v1/chat/completions", call));
+  const json& calls = named["choices"][0]["message"]["tool_calls"];
+  EXPECT_EQ(named["choices"][0]["finish_reason"], "tool_calls") << named;
+  if (calls.is_array() && calls.size() == 1) {
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    const json args = json::parse(calls[0]["function"]["arguments"].get<std::string>());
+    EXPECT_TRUE(args["city"].is_string() && (args["unit"] == "c" || args["unit"] == "f")) << args;
+  } else {
+    ADD_FAILURE() << named;
+  }
+  call["tool_choice"] = "required";
+  const json required = json::parse(post("/v1/chat/completions", call));
+  const json& some = required["choices"][0]["message"]["tool_calls"];
+  EXPECT_TRUE(some.is_array() && !some.empty()) << required;
+  for (const json& c : some) {
+    const std::string name = c["function"]["name"];
+    EXPECT_TRUE(name == "get_weather" || name == "get_time") << required;
+    EXPECT_TRUE(json::parse(c["function"]["arguments"].get<std::string>()).is_object());
+  }
+
+  // An unsupported keyword: 400 naming it, with OpenAI's error body.
+  chat["stream"] = false;
+  chat["response_format"]["json_schema"]["schema"]["properties"]["tags"]["uniqueItems"] = true;
+  auto refused =
+      http::Fetch("127.0.0.1", http_port, "POST", "/v1/chat/completions", chat.dump(), 30000);
+  EXPECT_TRUE(refused.ok() && refused->status == 400 &&
+              absl::StrContains(refused->body, "uniqueItems") &&
+              json::parse(refused->body, nullptr, false)["error"]["param"] == "response_format")
+      << (refused.ok() ? refused->body : "");
+
+  // gRPC: SamplingParams.structured.
+  auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", grpc_port));
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!client.ok()) return "";
+  v1::GenerateRequest request;
+  request.set_prompt("A record:");
+  request.mutable_sampling()->set_max_tokens(100);
+  request.mutable_sampling()->mutable_structured()->set_json_schema(schema.dump());
+  auto response = (*client)->Generate(request);
+  EXPECT_TRUE(response.ok()) << response.status();
+  if (!response.ok()) return "";
+  check_record(response->text());
+  request.mutable_sampling()->mutable_structured()->set_regex("(a");
+  EXPECT_EQ((*client)->Generate(request).status().code(), absl::StatusCode::kInvalidArgument);
+  return response->text();
+}
+
+TEST_F(OpenAiApiTest, StructuredOutputsDisaggregatedEqualColocated) {
+  const std::string disaggregated =
+      CheckStructured(gateway_.http_port, gateway_.grpc_port, set_->Log("tandem-gateway"));
+  testing::ServiceSet set;
+  auto serve = set.Start("tandem-serve", {});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  const std::string colocated =
+      CheckStructured(serve->http_port, serve->grpc_port, set.Log("tandem-serve"));
+  // Prefill drew the first token under the grammar and decode went on from its state: the same
+  // greedy text as one process.
+  EXPECT_FALSE(disaggregated.empty());
+  EXPECT_EQ(disaggregated, colocated);
+}
+
 // lm-evaluation-harness's loglikelihood request (token ids, echo, logprobs, max_tokens 0) sums
 // to what `tandem perplexity` scores for the same text: [BOS] + the line's tokens + EOS.
 TEST_F(OpenAiApiTest, LoglikelihoodRequestEqualsTandemPerplexity) {
@@ -420,7 +559,13 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
        "tools[0].function must be an object"},
       {"POST", "/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", 400,
-       "needs constrained decoding"},
+       "needs tools"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "guided_regex": "a", "guided_choice": ["b"]})",
+       400, "both constrain the output"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "guided_json": {"not": {}}})", 400,
+       "JSON Schema keyword \"not\""},
+      {"POST", "/v1/completions", R"({"prompt": "x", "guided_grammar": "root ::= x"})", 400,
+       "not supported"},
       {"POST", "/v1/models", "", 405, "use GET"},
       {"GET", "/v1/nothing", "", 404, "no such path"},
       {"POST", "/v1/completions", std::string(3 << 20, ' '), 413, "larger than"},
@@ -488,7 +633,10 @@ TEST_F(OpenAiApiTest, BadRequestsGetOpenAiErrorsAndLoseNothing) {
        {"[{\"type\": 1}]", "[{\"type\": \"text\", \"text\": 1}]", "{}", "1", "[1]"}},
       {"tools", {"1", "\"x\"", "[{}]"}},
       {"functions", {"1", "[{}]"}},
-      {"response_format", {"1", "\"text\"", "[]", "{\"type\": 1}", "{\"type\": \"json\"}"}},
+      {"response_format",
+       {"1", "\"text\"", "[]", "{\"type\": 1}", "{\"type\": \"json\"}",
+        "{\"type\": \"json_schema\"}",
+        "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": 1}}"}},
       {"stream_options", {"1", "[]", "{\"include_usage\": 1}"}},
       {"logprobs", {"1", "\"x\""}},
       {"top_logprobs", {"\"x\"", "21", "2"}},  // 2: without "logprobs": true

@@ -76,11 +76,72 @@ TEST(OpenAiRequestTest, CompletionsKeepTheirDefaultsAndAddSpecialTokens) {
   EXPECT_FLOAT_EQ(parsed->request.sampling().temperature(), 0.6f);
 }
 
+TEST(OpenAiRequestTest, OutputConstraintsInEveryForm) {
+  const ModelFront front = Front();
+  const auto structured = [&](const std::string& body, bool chat = false) {
+    auto parsed = ParseCompletionRequest(body, chat, front);
+    EXPECT_TRUE(parsed.ok()) << body << ": " << parsed.status();
+    return parsed.ok() ? parsed->request.sampling().structured() : tandem::v1::StructuredOutput();
+  };
+  const std::string schema =
+      R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})";
+  // Property order survives (it is the order of the output's members).
+  EXPECT_EQ(structured(absl::StrCat(R"({"prompt": "x", "response_format": {"type": "json_schema",
+      "json_schema": {"name": "r", "strict": true, "schema": )",
+                                    schema, "}}}"))
+                .json_schema(),
+            schema);
+  EXPECT_EQ(
+      structured(absl::StrCat(R"({"prompt": "x", "guided_json": )", schema, "}")).json_schema(),
+      schema);
+  EXPECT_EQ(structured(R"({"prompt": "x", "guided_json": "{\"type\": \"null\"}"})").json_schema(),
+            R"({"type":"null"})");
+  EXPECT_TRUE(
+      structured(R"({"prompt": "x", "response_format": {"type": "json_object"}})").json_object());
+  EXPECT_EQ(structured(R"({"prompt": "x", "structured_outputs": {"regex": "a+"}})").regex(), "a+");
+  EXPECT_EQ(structured(R"({"prompt": "x", "guided_choice": ["p", "q"]})").choice().choices_size(),
+            2);
+  EXPECT_EQ(structured(R"({"prompt": "x", "response_format": {"type": "text"}})").kind_case(),
+            tandem::v1::StructuredOutput::KIND_NOT_SET);
+  // Tools: a named function's parameters; "required" an array of calls.
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}},
+      "$defs": {"n": {"type": "integer"}}}}}])";
+  auto named = ParseCompletionRequest(
+      absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", tools,
+                   R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})"),
+      true, front);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->forced_tools.kind, chat::ForcedToolCalls::Kind::kNamed);
+  EXPECT_EQ(named->forced_tools.name, "f");
+  auto required =
+      ParseCompletionRequest(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )",
+                                          tools, R"(, "tool_choice": "required"})"),
+                             true, front);
+  ASSERT_TRUE(required.ok()) << required.status();
+  EXPECT_EQ(required->forced_tools.kind, chat::ForcedToolCalls::Kind::kRequired);
+  // The parameters' references now point into the array schema.
+  EXPECT_THAT(required->request.sampling().structured().json_schema(),
+              HasSubstr(R"("$ref":"#/items/anyOf/0/properties/parameters/$defs/n")"));
+}
+
 TEST(OpenAiRequestTest, BadChatFieldsNameThemselves) {
   const ModelFront front = Front();
   for (const auto& [body, param, says] :
        {std::tuple{R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
-                   "tool_choice", "constrained decoding"},
+                   "tool_choice", "needs tools"},
+        std::tuple{R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type":
+                      "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
+                      "function": {"name": "g"}}})",
+                   "tool_choice", "not among the tools"},
+        std::tuple{R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type":
+                      "function", "function": {"name": "f"}}], "tool_choice": "required",
+                      "response_format": {"type": "json_object"}})",
+                   "response_format", "cannot be combined"},
+        std::tuple{R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type":
+                      "function", "function": {"name": "f", "parameters": {"type": "object",
+                      "properties": {"a": {"not": {}}}}}}], "tool_choice": "required"})",
+                   "tools", "keyword \"not\""},
         std::tuple{R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": 3})",
                    "tool_choice", "tool_choice"},
         std::tuple{
