@@ -42,7 +42,7 @@ absl::StatusOr<Grammar> CompileConstraint(const OutputConstraint& constraint);
 // Compiled grammars of one engine's vocabulary, the most recently used kept. Thread-safe.
 class GrammarCache {
  public:
-  static constexpr size_t kCapacity = 64;
+  static constexpr size_t kCapacity = 16;
 
   // `tokenizer` must outlive the cache; its token table is built on first use.
   explicit GrammarCache(const model::Tokenizer* tokenizer) : tokenizer_(tokenizer) {}

@@ -12,11 +12,13 @@
 namespace tandem::structured {
 namespace {
 
-// Limits on one grammar's state tables; a request that outgrows them fails, naming them.
-constexpr size_t kMaxNodes = size_t{1} << 22;
-constexpr size_t kMaxSets = size_t{1} << 20;
-constexpr size_t kMaxTransitionTables = size_t{1} << 16;  // 1 KiB each
-constexpr size_t kMaxMaskBytes = size_t{64} << 20;
+// Limits on one grammar's state tables (about 60 MB at most in all); a sequence that outgrows
+// them fails with RESOURCE_EXHAUSTED, naming the limit. The caches (transitions, masks) are
+// bounded and then stop growing or start over.
+constexpr size_t kMaxNodes = size_t{1} << 20;
+constexpr size_t kMaxSets = size_t{1} << 17;
+constexpr size_t kMaxTransitionTables = size_t{1} << 13;  // 1 KiB each
+constexpr size_t kMaxMaskBytes = size_t{16} << 20;
 constexpr int kMaxExpandDepth = 4096;
 constexpr uint32_t kUnknown = std::numeric_limits<uint32_t>::max();
 
@@ -56,8 +58,9 @@ std::shared_ptr<TokenTable> TokenTable::Make(const std::vector<std::string>& tok
   }
   table->start_excluded_.assign((tokens.size() + 63) / 64, 0);
   for (size_t id = 0; id < tokens.size(); ++id) {
-    if (tokens[id].find('"') != std::string::npos) {
-      table->quote_tokens_.push_back(static_cast<int32_t>(id));
+    const auto quotes = std::count(tokens[id].begin(), tokens[id].end(), '"');
+    for (int n = 1; n <= 3 && n <= quotes; ++n) {
+      table->quote_tokens_[n - 1].push_back(static_cast<int32_t>(id));
     }
   }
   return table;
@@ -215,6 +218,13 @@ absl::StatusOr<CompiledGrammar::State> CompiledGrammar::Advance(State state,
   return state;
 }
 
+CompiledGrammar::Stats CompiledGrammar::stats() {
+  absl::MutexLock lock(&mu_);
+  Stats s = stats_;
+  s.states = static_cast<int64_t>(sets_.size()) - 1;
+  return s;
+}
+
 bool CompiledGrammar::Accepting(State state) {
   absl::MutexLock lock(&mu_);
   const std::vector<uint32_t>& stacks = sets_[state].stacks;
@@ -239,9 +249,11 @@ absl::Status CompiledGrammar::Mask(State state, std::optional<uint32_t> budget,
   if (!budget.has_value()) {
     if (auto it = masks_.find(state); it != masks_.end()) {
       *mask = it->second;
+      ++stats_.masks_cached;
       return absl::OkStatus();
     }
   }
+  ++stats_.masks_built;
   mask->assign(words, 0);
   const std::string_view all = tokens_->bytes_;
   walk_[0] = state;
@@ -412,8 +424,8 @@ absl::Status GrammarMatcher::Constrain(absl::Span<float> logits, int tokens_left
       for (size_t w = 0; w < mask_.size() && w < excluded.size(); ++w) mask_[w] &= ~excluded[w];
     }
     if (keys_.has_value() && keys_->any_object()) {
-      // Only a token with a '"' can close a key.
-      for (int32_t t : grammar_->tokens().quote_tokens()) {
+      // Only a token with enough '"' can close a key.
+      for (int32_t t : grammar_->tokens().quote_tokens(keys_->quotes_to_close_key())) {
         uint64_t& word = mask_[static_cast<size_t>(t) / 64];
         const uint64_t bit = uint64_t{1} << (t % 64);
         if ((word & bit) != 0 && keys_->WouldRepeat(grammar_->tokens().bytes(t))) word &= ~bit;

@@ -50,8 +50,8 @@ class TokenTable {
   // SentencePiece "▁x" is " x" inside a text but "x" at its start), so it may not be an
   // output's first token: the grammar and the client would see different text.
   const std::vector<uint64_t>& start_excluded() const { return start_excluded_; }
-  // The tokens whose bytes hold a '"' (only they can close a JSON key).
-  const std::vector<int32_t>& quote_tokens() const { return quote_tokens_; }
+  // The tokens whose bytes hold at least `n` '"' (n in 1..3): only they can close a JSON key.
+  const std::vector<int32_t>& quote_tokens(int n) const { return quote_tokens_[n - 1]; }
 
  private:
   friend class CompiledGrammar;
@@ -67,7 +67,7 @@ class TokenTable {
   std::vector<Entry> sorted_;                         // tokens with bytes, by their bytes
   uint32_t max_length_ = 0;
   std::vector<uint64_t> start_excluded_;
-  std::vector<int32_t> quote_tokens_;
+  std::vector<int32_t> quote_tokens_[3];
 };
 
 // A grammar bound to a vocabulary, with the caches every sequence under it shares.
@@ -96,6 +96,13 @@ class CompiledGrammar {
 
   const TokenTable& tokens() const { return *tokens_; }
   const Grammar& grammar() const { return grammar_; }
+
+  struct Stats {
+    int64_t states = 0;        // distinct states met
+    int64_t masks_built = 0;   // masks walked over the vocabulary (cache misses, budgeted ones)
+    int64_t masks_cached = 0;  // masks served from the cache
+  };
+  Stats stats();
 
  private:
   struct Node {
@@ -128,6 +135,7 @@ class CompiledGrammar {
   size_t transition_tables_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<State, std::vector<uint64_t>> masks_ ABSL_GUARDED_BY(mu_);
   std::vector<State> walk_ ABSL_GUARDED_BY(mu_);  // scratch: state per depth of the walk
+  Stats stats_ ABSL_GUARDED_BY(mu_);
   // Scratch of one expansion: (alternative start, continuation) pairs already expanded.
   absl::flat_hash_set<uint64_t> expanded_ ABSL_GUARDED_BY(mu_);
 };
@@ -145,6 +153,9 @@ class JsonKeyTracker {
   bool WouldRepeat(std::string_view bytes) const;
   // Whether a key could be closed by the next bytes (an object is open).
   bool any_object() const { return objects_ > 0; }
+  // The fewest '"' a token needs to close a key from here: 1 inside a key, 2 outside strings
+  // (open and close one), 3 inside a value string.
+  int quotes_to_close_key() const { return !in_string_ ? 2 : is_key_ ? 1 : 3; }
 
  private:
   struct Level {
