@@ -20,6 +20,12 @@ constexpr size_t kMaxSets = size_t{1} << 17;
 constexpr size_t kMaxTransitionTables = size_t{1} << 13;  // 1 KiB each
 constexpr size_t kMaxMaskBytes = size_t{16} << 20;
 constexpr int kMaxExpandDepth = 4096;
+// Ambiguity bounds: a grammar state is a set of stacks, one per way the output so far can be
+// read (nested repetitions such as ([^x]{1,40}){2,40} read one byte many ways), and a mask
+// advances every stack of every state it walks through. Past these a sequence fails with
+// RESOURCE_EXHAUSTED instead of taking seconds per token.
+constexpr size_t kMaxStacksPerState = 1024;
+constexpr int64_t kMaxMaskWork = int64_t{1} << 22;  // stacks advanced in one mask
 constexpr uint32_t kUnknown = std::numeric_limits<uint32_t>::max();
 
 absl::Status TooLarge(const std::string& what) {
@@ -159,6 +165,11 @@ absl::StatusOr<CompiledGrammar::State> CompiledGrammar::InternSetLocked(
   std::sort(stacks.begin(), stacks.end());
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
   if (stacks.empty()) return kDead;
+  if (stacks.size() > kMaxStacksPerState) {
+    return TooLarge(absl::StrCat(kMaxStacksPerState,
+                                 " readings of the output at once (it is too "
+                                 "ambiguous: nested repetitions?)"));
+  }
   if (auto it = set_ids_.find(stacks); it != set_ids_.end()) return it->second;
   if (sets_.size() >= kMaxSets) return TooLarge("states");
   Set set;
@@ -190,6 +201,10 @@ absl::StatusOr<CompiledGrammar::State> CompiledGrammar::StepLocked(State state, 
   if (set.next != nullptr && set.next[byte] != kUnknown) return set.next[byte];
   std::vector<uint32_t> stacks;
   expanded_.clear();
+  work_ += static_cast<int64_t>(sets_[state].stacks.size());
+  if (work_ > kMaxMaskWork) {
+    return TooLarge(absl::StrCat(kMaxMaskWork, " grammar steps for one token mask"));
+  }
   for (size_t i = 0; i < sets_[state].stacks.size(); ++i) {
     const uint32_t node = sets_[state].stacks[i];
     if (node == 0) continue;
@@ -211,6 +226,7 @@ absl::StatusOr<CompiledGrammar::State> CompiledGrammar::StepLocked(State state, 
 absl::StatusOr<CompiledGrammar::State> CompiledGrammar::Advance(State state,
                                                                 std::string_view bytes) {
   absl::MutexLock lock(&mu_);
+  work_ = 0;
   for (char c : bytes) {
     if (state == kDead) break;
     ASSIGN_OR_RETURN(state, StepLocked(state, static_cast<uint8_t>(c)));
@@ -255,6 +271,7 @@ absl::Status CompiledGrammar::Mask(State state, std::optional<uint32_t> budget,
   }
   ++stats_.masks_built;
   mask->assign(words, 0);
+  work_ = 0;
   const std::string_view all = tokens_->bytes_;
   walk_[0] = state;
   uint32_t valid = 0;  // walk_[0..valid] hold the previous token's live prefix states
@@ -286,113 +303,132 @@ absl::Status CompiledGrammar::Mask(State state, std::optional<uint32_t> budget,
   return absl::OkStatus();
 }
 
-bool JsonKeyTracker::Feed(std::string_view bytes) {
-  for (char c : bytes) {
-    if (in_string_) {
-      if (escape_) {
-        escape_ = false;
-      } else if (c == '\\') {
-        escape_ = true;
-      } else if (c == '"') {
-        in_string_ = false;
-        if (is_key_) {
-          if (!stack_.back().keys.insert(key_).second) return false;
-          key_.clear();
-        }
-        continue;
-      }
-      if (is_key_) key_.push_back(c);
-      continue;
+namespace {
+
+enum class LexResult { kOk, kRepeat, kStop };
+
+// One byte of a JSON text, as far as keys go: `lex` is where the text is (inside a string or
+// not, a key's bytes so far), `levels` its open containers (push, pop, expect_key, AddKey).
+template <class Levels>
+LexResult LexByte(char c, JsonKeyTracker::Lexer* lex, Levels* levels) {
+  if (lex->in_string) {
+    if (lex->escape) {
+      lex->escape = false;
+    } else if (c == '\\') {
+      lex->escape = true;
+    } else if (c == '"') {
+      lex->in_string = false;
+      if (!lex->is_key) return LexResult::kOk;
+      const bool added = levels->AddKey(std::move(lex->key));
+      lex->key.clear();
+      return added ? LexResult::kOk : LexResult::kRepeat;
     }
-    switch (c) {
-      case '{':
-      case '[':
-        stack_.push_back({c == '{', c == '{', {}});
-        objects_ += c == '{';
-        break;
-      case '}':
-      case ']':
-        if (!stack_.empty()) {
-          objects_ -= stack_.back().object;
-          stack_.pop_back();
-        }
-        break;
-      case ',':
-        if (!stack_.empty() && stack_.back().object) stack_.back().expect_key = true;
-        break;
-      case ':':
-        if (!stack_.empty()) stack_.back().expect_key = false;
-        break;
-      case '"':
-        in_string_ = true;
-        is_key_ = !stack_.empty() && stack_.back().object && stack_.back().expect_key;
-        break;
-      default:
-        break;
-    }
+    if (lex->is_key) lex->key.push_back(c);
+    return LexResult::kOk;
   }
-  return true;
+  switch (c) {
+    case '{':
+    case '[':
+      levels->Push(c == '{');
+      break;
+    case '}':
+    case ']':
+      if (!levels->Pop()) return LexResult::kStop;
+      break;
+    case ',':
+      if (levels->object()) levels->set_expect_key(true);
+      break;
+    case ':':
+      if (levels->open()) levels->set_expect_key(false);
+      break;
+    case '"':
+      lex->in_string = true;
+      lex->is_key = levels->object() && levels->expect_key();
+      break;
+    default:
+      break;
+  }
+  return LexResult::kOk;
 }
 
-bool JsonKeyTracker::WouldRepeat(std::string_view bytes) const {
-  bool in_string = in_string_, escape = escape_, is_key = is_key_;
-  std::string key = is_key_ ? key_ : std::string();
-  // Objects this token opens, innermost last: whether a key comes next, and their keys.
+}  // namespace
+
+// The tracker's own levels.
+struct JsonKeyTracker::Stack {
+  JsonKeyTracker* t;
+  bool open() const { return !t->stack_.empty(); }
+  bool object() const { return open() && t->stack_.back().object; }
+  bool expect_key() const { return t->stack_.back().expect_key; }
+  void set_expect_key(bool v) { t->stack_.back().expect_key = v; }
+  void Push(bool is_object) {
+    t->stack_.push_back({is_object, is_object, {}});
+    t->objects_ += is_object;
+  }
+  bool Pop() {
+    if (open()) {
+      t->objects_ -= t->stack_.back().object;
+      t->stack_.pop_back();
+    }
+    return true;
+  }
+  bool AddKey(std::string key) { return t->stack_.back().keys.insert(std::move(key)).second; }
+};
+
+// The tracker's levels as they would be after some bytes, leaving the tracker as it is: the
+// innermost level's keys and expect_key overlaid, levels opened by the bytes held here. A pop
+// below the innermost level stops the look-ahead.
+struct JsonKeyTracker::Overlay {
   struct Opened {
     bool object;
     bool expect_key;
     std::vector<std::string> keys;
   };
+  const JsonKeyTracker* t;
+  bool top_expect;
+  std::vector<std::string> top_added;
   std::vector<Opened> opened;
-  bool top_expect = !stack_.empty() && stack_.back().expect_key;
-  std::vector<std::string> top_added;  // keys this token closes in the current object
-  for (char c : bytes) {
-    if (in_string) {
-      if (escape) {
-        escape = false;
-      } else if (c == '\\') {
-        escape = true;
-      } else if (c == '"') {
-        in_string = false;
-        if (is_key) {
-          std::vector<std::string>& added = opened.empty() ? top_added : opened.back().keys;
-          const bool seen = (opened.empty() && stack_.back().keys.contains(key)) ||
-                            std::find(added.begin(), added.end(), key) != added.end();
-          if (seen) return true;
-          added.push_back(std::move(key));
-          key.clear();
-        }
-        continue;
-      }
-      if (is_key) key.push_back(c);
-      continue;
+
+  bool open() const { return !opened.empty() || !t->stack_.empty(); }
+  bool object() const {
+    return opened.empty() ? !t->stack_.empty() && t->stack_.back().object : opened.back().object;
+  }
+  bool expect_key() const { return opened.empty() ? top_expect : opened.back().expect_key; }
+  void set_expect_key(bool v) { (opened.empty() ? top_expect : opened.back().expect_key) = v; }
+  void Push(bool is_object) { opened.push_back({is_object, is_object, {}}); }
+  bool Pop() {
+    if (opened.empty()) return false;
+    opened.pop_back();
+    return true;
+  }
+  bool AddKey(std::string key) {
+    std::vector<std::string>& added = opened.empty() ? top_added : opened.back().keys;
+    if ((opened.empty() && t->stack_.back().keys.contains(key)) ||
+        std::find(added.begin(), added.end(), key) != added.end()) {
+      return false;
     }
-    switch (c) {
-      case '{':
-      case '[':
-        opened.push_back({c == '{', c == '{', {}});
-        break;
-      case '}':
-      case ']':
-        if (opened.empty()) return false;  // into the object around: Feed checks the rest
-        opened.pop_back();
-        break;
-      case ',':
-        if (!opened.empty()) {
-          if (opened.back().object) opened.back().expect_key = true;
-        } else if (!stack_.empty() && stack_.back().object) {
-          top_expect = true;
-        }
-        break;
-      case ':':
-        (opened.empty() ? top_expect : opened.back().expect_key) = false;
-        break;
-      case '"':
-        in_string = true;
-        is_key = opened.empty() ? !stack_.empty() && stack_.back().object && top_expect
-                                : opened.back().object && opened.back().expect_key;
-        break;
-      default:
+    added.push_back(std::move(key));
+    return true;
+  }
+};
+
+bool JsonKeyTracker::Feed(std::string_view bytes) {
+  Stack levels{this};
+  for (char c : bytes) {
+    if (LexByte(c, &lex_, &levels) == LexResult::kRepeat) return false;
+  }
+  return true;
+}
+
+bool JsonKeyTracker::WouldRepeat(std::string_view bytes) const {
+  Lexer lex = lex_;
+  Overlay levels{this, !stack_.empty() && stack_.back().expect_key, {}, {}};
+  for (char c : bytes) {
+    switch (LexByte(c, &lex, &levels)) {
+      case LexResult::kRepeat:
+        return true;
+      case LexResult::kStop:
+        return false;  // into the object around: Feed checks the rest
+      case LexResult::kOk:
         break;
     }
   }

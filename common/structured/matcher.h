@@ -136,6 +136,7 @@ class CompiledGrammar {
   absl::flat_hash_map<State, std::vector<uint64_t>> masks_ ABSL_GUARDED_BY(mu_);
   std::vector<State> walk_ ABSL_GUARDED_BY(mu_);  // scratch: state per depth of the walk
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  int64_t work_ ABSL_GUARDED_BY(mu_) = 0;  // stacks advanced in the current Mask or Advance
   // Scratch of one expansion: (alternative start, continuation) pairs already expanded.
   absl::flat_hash_set<uint64_t> expanded_ ABSL_GUARDED_BY(mu_);
 };
@@ -155,7 +156,13 @@ class JsonKeyTracker {
   bool any_object() const { return objects_ > 0; }
   // The fewest '"' a token needs to close a key from here: 1 inside a key, 2 outside strings
   // (open and close one), 3 inside a value string.
-  int quotes_to_close_key() const { return !in_string_ ? 2 : is_key_ ? 1 : 3; }
+  int quotes_to_close_key() const { return !lex_.in_string ? 2 : lex_.is_key ? 1 : 3; }
+
+  // Where the text is between two bytes: inside a string or not, and a key's bytes so far.
+  struct Lexer {
+    bool in_string = false, escape = false, is_key = false;
+    std::string key;
+  };
 
  private:
   struct Level {
@@ -163,10 +170,11 @@ class JsonKeyTracker {
     bool expect_key = false;  // object: the next string is a key
     absl::flat_hash_set<std::string> keys;
   };
+  struct Stack;    // the levels as Feed changes them
+  struct Overlay;  // the levels as WouldRepeat imagines them
   std::vector<Level> stack_;
   int objects_ = 0;
-  bool in_string_ = false, escape_ = false, is_key_ = false;
-  std::string key_;
+  Lexer lex_;
 };
 
 // One sequence's position in a grammar. Not thread-safe.

@@ -307,6 +307,21 @@ TEST(MatcherTest, NoKeyTwiceInAnObject) {
   EXPECT_FALSE(keys.Feed(R"(,"q\"")"));
 }
 
+TEST(MatcherTest, AmbiguityIsBoundedWithAClearError) {
+  // 40 x 40 ways to read a run of bytes: past the limit of readings, RESOURCE_EXHAUSTED.
+  auto g = Compile(Regex("([^x]{1,40}){2,40}"));
+  absl::StatusOr<GrammarMatcher> m = GrammarMatcher::Create(g, {kEos});
+  ASSERT_TRUE(m.ok());
+  absl::Status status;
+  for (int i = 0; i < 200 && status.ok(); ++i) {
+    std::vector<float> logits(Vocabulary().size(), 0.0f);
+    status = m->Constrain(absl::MakeSpan(logits), 1000);
+    if (status.ok()) status = m->Accept('a');
+  }
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(status.message(), HasSubstr("ambiguous"));
+}
+
 TEST(MatcherTest, NoTokenContinuesIsAnError) {
   // A vocabulary without the byte '7'.
   std::vector<std::string> vocab = {"1", "2", ""};
