@@ -546,6 +546,27 @@ TEST(HfPublishedTest, Qwen3EncodesAsTheLibraryDoes) {
   EXPECT_EQ(tok->bos_id(), -1);
 }
 
+// The bytes a token adds inside a text (what constrained decoding matches): byte-level pieces
+// as raw bytes, even part of a character; Metaspace's "▁" as a space; byte pieces as their
+// byte; nothing for special tokens.
+TEST(HfPublishedTest, TokenBytesAreWhatATokenAddsInsideAText) {
+  auto qwen = LoadPublished("qwen3");
+  ASSERT_NE(qwen, nullptr);
+  EXPECT_EQ(qwen->TokenBytes(qwen->TokenToId("Ġworld")), " world");
+  EXPECT_EQ(qwen->TokenBytes(qwen->TokenToId("Ã")), "\xC3");  // a lead byte alone
+  EXPECT_EQ(qwen->TokenBytes(qwen->TokenToId("<|im_start|>")), std::nullopt);
+  EXPECT_EQ(qwen->TokenBytes(-1), std::nullopt);
+  // Every non-special token's bytes, concatenated, decode as the ids do.
+  const std::vector<int32_t> ids = *qwen->Encode("naïve café, 東京 ok");
+  std::string bytes;
+  for (int32_t id : ids) bytes += qwen->TokenBytes(id).value_or("");
+  EXPECT_EQ(bytes, *qwen->Decode(ids));
+  auto gemma = LoadPublished("gemma3");
+  ASSERT_NE(gemma, nullptr);
+  EXPECT_EQ(gemma->TokenBytes(gemma->TokenToId("▁the")), " the");
+  EXPECT_EQ(gemma->TokenBytes(gemma->TokenToId("<0x41>")), "A");
+}
+
 TEST(HfPublishedTest, AddBosPerTokenizer) {
   // Qwen3 and gpt-oss add nothing; Gemma 3's template starts with <bos>; DeepSeek-V3 has no
   // template but add_bos_token in its config. This Llama 3 tokenizer.json (as published in
