@@ -195,7 +195,7 @@ class SchemaCompiler {
   uint32_t StringRule() {
     uint32_t& r = b_.Shared("string");
     if (r != GrammarBuilder::kNoRule) return r;
-    const uint32_t chars = b_.Repeat({Ref(JsonStringCharRule(&b_))}, 0, GrammarBuilder::kUnbounded);
+    const uint32_t chars = JsonStringCharsRule(&b_);
     r = b_.Rule({{b_.Byte('"'), Ref(chars), b_.Byte('"')}});
     return r;
   }
@@ -263,7 +263,7 @@ class SchemaCompiler {
     if (keys.empty()) return StringRule();
     // A trie of the declared keys: a new key leaves it with a character no declared key has
     // at that point, or ends where none ends.
-    const uint32_t chars = b_.Repeat({Ref(JsonStringCharRule(&b_))}, 0, GrammarBuilder::kUnbounded);
+    const uint32_t chars = JsonStringCharsRule(&b_);
     const uint32_t escape_or_non_ascii = JsonStringEscapeOrNonAsciiRule(&b_);
     const auto node = [&](auto& self, const std::string& prefix) -> uint32_t {
       std::vector<Sequence> alternatives;

@@ -122,8 +122,6 @@ absl::StatusOr<uint32_t> CompiledGrammar::InternNodeLocked(uint32_t pos, uint32_
   return id;
 }
 
-uint32_t CompiledGrammar::NodeMinLocked(uint32_t node) { return node_min_[node]; }
-
 absl::Status CompiledGrammar::ExpandLocked(uint32_t pos, uint32_t parent,
                                            std::vector<uint32_t>* out, int depth) {
   if (depth > kMaxExpandDepth) return TooLarge("expansion depth");
@@ -234,13 +232,6 @@ absl::StatusOr<CompiledGrammar::State> CompiledGrammar::Advance(State state,
   return state;
 }
 
-CompiledGrammar::Stats CompiledGrammar::stats() {
-  absl::MutexLock lock(&mu_);
-  Stats s = stats_;
-  s.states = static_cast<int64_t>(sets_.size()) - 1;
-  return s;
-}
-
 bool CompiledGrammar::Accepting(State state) {
   absl::MutexLock lock(&mu_);
   const std::vector<uint32_t>& stacks = sets_[state].stacks;
@@ -265,11 +256,9 @@ absl::Status CompiledGrammar::Mask(State state, std::optional<uint32_t> budget,
   if (!budget.has_value()) {
     if (auto it = masks_.find(state); it != masks_.end()) {
       *mask = it->second;
-      ++stats_.masks_cached;
       return absl::OkStatus();
     }
   }
-  ++stats_.masks_built;
   mask->assign(words, 0);
   work_ = 0;
   const std::string_view all = tokens_->bytes_;

@@ -97,13 +97,6 @@ class CompiledGrammar {
   const TokenTable& tokens() const { return *tokens_; }
   const Grammar& grammar() const { return grammar_; }
 
-  struct Stats {
-    int64_t states = 0;        // distinct states met
-    int64_t masks_built = 0;   // masks walked over the vocabulary (cache misses, budgeted ones)
-    int64_t masks_cached = 0;  // masks served from the cache
-  };
-  Stats stats();
-
  private:
   struct Node {
     uint32_t pos;     // the grammar position to continue at
@@ -116,7 +109,6 @@ class CompiledGrammar {
   absl::StatusOr<State> InternSetLocked(std::vector<uint32_t> stacks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<State> StepLocked(State state, uint8_t byte) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t NodeMinLocked(uint32_t node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Grammar grammar_;
   const std::shared_ptr<const TokenTable> tokens_;
@@ -135,8 +127,7 @@ class CompiledGrammar {
   size_t transition_tables_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<State, std::vector<uint64_t>> masks_ ABSL_GUARDED_BY(mu_);
   std::vector<State> walk_ ABSL_GUARDED_BY(mu_);  // scratch: state per depth of the walk
-  Stats stats_ ABSL_GUARDED_BY(mu_);
-  int64_t work_ ABSL_GUARDED_BY(mu_) = 0;  // stacks advanced in the current Mask or Advance
+  int64_t work_ ABSL_GUARDED_BY(mu_) = 0;         // stacks advanced in the current Mask or Advance
   // Scratch of one expansion: (alternative start, continuation) pairs already expanded.
   absl::flat_hash_set<uint64_t> expanded_ ABSL_GUARDED_BY(mu_);
 };

@@ -208,8 +208,7 @@ class RegexParser {
     if (mode_ == RegexMode::kFullMatch) return b_->Rule({*body});
     // JSON Schema patterns search: any characters may come before and after the match.
     Sequence seq;
-    const uint32_t any =
-        b_->Repeat({GrammarBuilder::Ref(JsonStringCharRule(b_))}, 0, GrammarBuilder::kUnbounded);
+    const uint32_t any = JsonStringCharsRule(b_);
     if (!anchored_start) seq.push_back(GrammarBuilder::Ref(any));
     seq.insert(seq.end(), body->begin(), body->end());
     if (!anchored_end) seq.push_back(GrammarBuilder::Ref(any));
@@ -562,6 +561,14 @@ uint32_t JsonCharacters(GrammarBuilder* b, bool ascii) {
 uint32_t JsonStringCharRule(GrammarBuilder* b) {
   uint32_t& rule = b->Shared("json string character");
   if (rule == GrammarBuilder::kNoRule) rule = JsonCharacters(b, /*ascii=*/true);
+  return rule;
+}
+
+uint32_t JsonStringCharsRule(GrammarBuilder* b) {
+  uint32_t& rule = b->Shared("json string characters");
+  if (rule == GrammarBuilder::kNoRule) {
+    rule = b->Repeat({GrammarBuilder::Ref(JsonStringCharRule(b))}, 0, GrammarBuilder::kUnbounded);
+  }
   return rule;
 }
 

@@ -39,6 +39,8 @@ absl::StatusOr<uint32_t> CompileRegex(std::string_view pattern, RegexMode mode,
 // The rule for one JSON-string character (unescaped or as an escape), the unit JSON string
 // lengths count; shared by the regex and JSON Schema compilers.
 uint32_t JsonStringCharRule(GrammarBuilder* builder);
+// Any number of those characters: a JSON string's contents, shared within one grammar.
+uint32_t JsonStringCharsRule(GrammarBuilder* builder);
 // The same less the raw ASCII characters: an escape or a non-ASCII character.
 uint32_t JsonStringEscapeOrNonAsciiRule(GrammarBuilder* builder);
 
