@@ -28,7 +28,8 @@ if [[ "$mode" != "--build" ]]; then
   packages+=(python3-jinja2)
   # The independent validator of structured outputs (tests/structured): Python's jsonschema.
   packages+=(python3-jsonschema)
-  # The fault tests cut a network between namespaces (ip netns, veth).
+  # The network tests (tests/netns) run each service in a network namespace of its own on a
+  # bridge (ip netns, veth) and cut links and routes between them.
   packages+=(iproute2)
   # The sanitizer and fuzzing builds (scripts/sanitize.sh, scripts/fuzz.sh): clang, its
   # sanitizer and libFuzzer runtimes, and llvm-symbolizer (package llvm) for their stacks.

@@ -97,6 +97,10 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view prefix = "") {
                       absl::StrCat(prefix, s.error_message()));
 }
 
+// Health checks failed in a row after which a prefill instance's attempts in flight are
+// abandoned and tried elsewhere: one miss may be a busy moment, two are a host gone.
+constexpr int kAbandonAfterFailedChecks = 2;
+
 // Codes after which the same request may be tried on another prefill instance.
 bool Retriable(grpc::StatusCode code) {
   return code != grpc::StatusCode::INVALID_ARGUMENT && code != grpc::StatusCode::NOT_FOUND &&
@@ -113,6 +117,7 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
   // The last health check of one instance.
   struct Health {
     bool healthy = true;  // optimistic until the first check
+    int failures = 0;     // checks failed in a row
     int free_kv_blocks = 0;
     int running = 0;
     int queue_depth = 0;
@@ -129,6 +134,21 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
     std::unique_ptr<tandem::v1::Decode::Stub> decode;    // set in decode instances
     std::atomic<int> outstanding{0};             // prefill calls this gateway has in flight to it
     std::atomic<int64_t> outstanding_tokens{0};  // and their prompt tokens
+    // The prefill attempts in flight on it, each with what abandons it (called with the
+    // attempt's id: cancels its call, so that the generation tries another instance).
+    absl::Mutex attempts_mu;
+    std::map<uint64_t, std::function<void(uint64_t)>> attempts ABSL_GUARDED_BY(attempts_mu);
+    uint64_t AddAttempt(std::function<void(uint64_t)> abandon) {
+      static std::atomic<uint64_t> next_attempt{1};  // unique across instances
+      const uint64_t id = next_attempt.fetch_add(1);
+      absl::MutexLock lock(&attempts_mu);
+      attempts[id] = std::move(abandon);
+      return id;
+    }
+    void RemoveAttempt(uint64_t id) {
+      absl::MutexLock lock(&attempts_mu);
+      attempts.erase(id);
+    }
   };
   using Pool = std::vector<std::shared_ptr<Instance>>;
 
@@ -303,6 +323,8 @@ std::vector<std::string> Dispatcher::Core::Addresses(bool prefill) const {
 }
 
 void Dispatcher::Core::CheckHealth() {
+  // Every instance is asked at once, each under the same deadline: an unreachable instance
+  // costs the round one deadline, not every instance checked after it.
   const absl::Time deadline = absl::Now() + std::min(options.health_interval, absl::Seconds(2));
   Pool prefill, decode;
   {
@@ -310,32 +332,90 @@ void Dispatcher::Core::CheckHealth() {
     prefill = prefill_;
     decode = decode_;
   }
-  std::map<const Instance*, Health> checked;
-  for (const auto& instance : prefill) {
+  struct Check {
+    std::shared_ptr<Instance> instance;
+    std::shared_ptr<grpc::ClientContext> context;
     tandem::v1::InstanceInfo info;
-    auto context = NewContext(deadline);
-    Health& h = checked[instance.get()];
-    h.healthy = instance->prefill->GetInfo(context.get(), {}, &info).ok();
-    h.queue_depth = info.queue_depth();
-    h.queue_capacity = info.queue_capacity();
-    h.block_size = info.geometry().block_size();
-    h.total_kv_blocks = info.total_kv_blocks();
+    bool done = false;
+    bool ok = false;
+  };
+  std::vector<Check> checks(prefill.size() + decode.size());
+  const tandem::v1::InstanceInfoRequest request;
+  absl::Mutex done_mu;
+  for (size_t i = 0; i < checks.size(); ++i) {
+    Check& c = checks[i];
+    c.instance = i < prefill.size() ? prefill[i] : decode[i - prefill.size()];
+    c.context = NewContext(deadline);
+    auto on_done = [&c, &done_mu](grpc::Status s) {
+      absl::MutexLock lock(&done_mu);
+      c.ok = s.ok();
+      c.done = true;
+    };
+    if (c.instance->prefill != nullptr) {
+      c.instance->prefill->async()->GetInfo(c.context.get(), &request, &c.info, on_done);
+    } else {
+      c.instance->decode->async()->GetInfo(c.context.get(), &request, &c.info, on_done);
+    }
   }
-  for (const auto& instance : decode) {
-    tandem::v1::InstanceInfo info;
-    auto context = NewContext(deadline);
-    Health& h = checked[instance.get()];
-    h.healthy = instance->decode->GetInfo(context.get(), {}, &info).ok();
-    h.free_kv_blocks = info.free_kv_blocks();
-    h.running = info.running();
+  {
+    // gRPC ends each call by its deadline; the margin only guards against a callback that
+    // never comes, and then the calls are cancelled and waited for (they touch `checks`).
+    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) {
+      return std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.done; });
+    };
+    absl::MutexLock lock(&done_mu);
+    if (!done_mu.AwaitWithDeadline(absl::Condition(&all_done), deadline + absl::Seconds(1))) {
+      for (Check& c : checks) c.context->TryCancel();
+      done_mu.Await(absl::Condition(&all_done));
+    }
   }
-  absl::MutexLock lock(&mu_);
-  for (const auto& [instance, h] : checked) {
-    auto it = health_of_.find(instance);
-    if (it == health_of_.end()) continue;  // a refresh dropped it meanwhile
-    it->second = h;
-    auto model = prefix_of_.find(instance);
-    if (model != prefix_of_.end() && h.healthy) model->second.SetCapacity(h.total_kv_blocks);
+  std::map<Instance*, Health> checked;
+  for (const Check& c : checks) {
+    Health& h = checked[c.instance.get()];
+    h.healthy = c.ok;
+    h.queue_depth = c.info.queue_depth();
+    h.queue_capacity = c.info.queue_capacity();
+    h.block_size = c.info.geometry().block_size();
+    h.total_kv_blocks = c.info.total_kv_blocks();
+    h.free_kv_blocks = c.info.free_kv_blocks();
+    h.running = c.info.running();
+  }
+  size_t healthy_prefill = 0, healthy_decode = 0;
+  std::vector<Instance*> unreachable;  // prefill instances whose attempts are abandoned
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [instance, h] : checked) {
+      auto it = health_of_.find(instance);
+      if (it == health_of_.end()) continue;  // a refresh dropped it meanwhile
+      h.failures = h.healthy ? 0 : it->second.failures + 1;
+      if (instance->prefill != nullptr && h.failures >= kAbandonAfterFailedChecks) {
+        unreachable.push_back(const_cast<Instance*>(instance));
+      }
+      if (it->second.healthy != h.healthy) {
+        TANDEM_LOG(WARNING) << "gateway: " << (instance->prefill != nullptr ? "prefill" : "decode")
+                            << " " << instance->address
+                            << (h.healthy ? " answers its health check again"
+                                          : " failed its health check");
+      }
+      it->second = h;
+      auto model = prefix_of_.find(instance);
+      if (model != prefix_of_.end() && h.healthy) model->second.SetCapacity(h.total_kv_blocks);
+    }
+    for (const auto& instance : prefill_) healthy_prefill += health_of_[instance.get()].healthy;
+    for (const auto& instance : decode_) healthy_decode += health_of_[instance.get()].healthy;
+  }
+  if (options.on_health) options.on_health(healthy_prefill, healthy_decode);
+  // Prompts on an instance that stopped answering would wait for their reservations' leases:
+  // they go elsewhere now. (The instances stay alive meanwhile: `checked` holds them.)
+  for (Instance* instance : unreachable) {
+    std::vector<std::pair<uint64_t, std::function<void(uint64_t)>>> abandons;
+    {
+      absl::MutexLock lock(&instance->attempts_mu);
+      abandons.assign(instance->attempts.begin(), instance->attempts.end());
+    }
+    for (auto& [id, abandon] : abandons) {
+      util::Guarded("abandoning a prefill attempt", [&] { abandon(id); });
+    }
   }
 }
 
@@ -500,6 +580,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void Track(std::shared_ptr<grpc::ClientContext> context);
   void Cancel();
   bool cancelled();
+  // Cancels prefill attempt `attempt` if it is still the one in flight, marking it abandoned
+  // (its instance stopped answering health checks).
+  void Abandon(uint64_t attempt, const std::weak_ptr<grpc::ClientContext>& context);
 
  public:
   // Cancels the call in flight (after an internal error while handling its output).
@@ -533,6 +616,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   absl::Mutex mu_;
   std::shared_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);  // the call in flight
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t attempt_ ABSL_GUARDED_BY(mu_) = 0;    // the prefill attempt in flight; 0: none
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // it was abandoned
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_message_ ABSL_GUARDED_BY(mu_);
   bool idle_expired_ ABSL_GUARDED_BY(mu_) = false;
@@ -603,6 +688,15 @@ bool Generation::cancelled() {
   return cancelled_;
 }
 
+void Generation::Abandon(uint64_t attempt, const std::weak_ptr<grpc::ClientContext>& context) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (attempt_ != attempt) return;
+    abandoned_ = true;
+  }
+  if (auto call = context.lock()) call->TryCancel();
+}
+
 void Generation::Reserve(size_t i) {
   if (i == decode_order_.size()) {
     // All full is overload (retry later); anything else means no instance can serve now.
@@ -671,15 +765,34 @@ void Generation::Prefill() {
   p->outstanding.fetch_add(1);
   p->outstanding_tokens.fetch_add(tokens);
   core_->NotePrefill(p.get(), request_.prompt, &prompt_keys_);
-  p->prefill->async()->Prefill(context.get(), &prefill_request_, &prefilled_,
-                               [self = shared_from_this(), p, context, tokens](grpc::Status s) {
-                                 p->outstanding.fetch_sub(1);
-                                 p->outstanding_tokens.fetch_sub(tokens);
-                                 util::Guarded("prefill done", [&] { self->OnPrefilled(p, s); });
-                               });
+  const uint64_t attempt =
+      p->AddAttempt([weak = weak_from_this(),
+                     weak_context = std::weak_ptr<grpc::ClientContext>(context)](uint64_t id) {
+        if (auto self = weak.lock()) self->Abandon(id, weak_context);
+      });
+  {
+    absl::MutexLock lock(&mu_);
+    attempt_ = attempt;
+    abandoned_ = false;
+  }
+  p->prefill->async()->Prefill(
+      context.get(), &prefill_request_, &prefilled_,
+      [self = shared_from_this(), p, context, tokens, attempt](grpc::Status s) {
+        p->RemoveAttempt(attempt);
+        p->outstanding.fetch_sub(1);
+        p->outstanding_tokens.fetch_sub(tokens);
+        util::Guarded("prefill done", [&] { self->OnPrefilled(p, s); });
+      });
 }
 
 void Generation::OnPrefilled(const std::shared_ptr<Core::Instance>& p, const grpc::Status& s) {
+  bool abandoned;
+  {
+    absl::MutexLock lock(&mu_);
+    abandoned = abandoned_ && s.error_code() == grpc::StatusCode::CANCELLED;
+    attempt_ = 0;
+    abandoned_ = false;
+  }
   if (s.ok()) {
     // The prompt's log-probabilities come from the full prefill, ahead of decode's stream.
     GenerateStreamResponse scored;
@@ -703,7 +816,10 @@ void Generation::OnPrefilled(const std::shared_ptr<Core::Instance>& p, const grp
     return Finish(FromGrpc(s, absl::StrCat("prefill ", p->address, ": ")));
   }
   all_prefill_full_ = all_prefill_full_ && s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (abandoned) {
+    failures_.push_back(absl::StrCat("prefill ", p->address, ": abandoned: it failed ",
+                                     kAbandonAfterFailedChecks, " health checks in a row"));
+  } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     failures_.push_back(absl::StrCat("prefill ", p->address,
                                      ": did not finish within the reservation's lease (",
                                      reserved_.lease_ms(), " ms)"));
@@ -714,6 +830,9 @@ void Generation::OnPrefilled(const std::shared_ptr<Core::Instance>& p, const grp
 }
 
 void Generation::RetryPrefill() {
+  if (core_->options.on_retry) {
+    util::Guarded("retry observer", [&] { core_->options.on_retry(); });
+  }
   // The failed attempt may still write (a stalled instance that resumes): its reservation
   // goes, and with it everything that attempt could reach.
   ReleaseReservation();
@@ -847,6 +966,8 @@ Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
   health_ = std::thread([core = core_] {
     absl::Time next_resolve = absl::Now() + core->options.resolve_interval;
     while (true) {
+      // A round starts every health_interval, however long the last one waited for answers.
+      const absl::Time round = absl::Now();
       util::Guarded("gateway health check", [&] {
         if (core->options.resolve_interval > absl::ZeroDuration() && absl::Now() >= next_resolve) {
           core->Refresh(/*first=*/false);
@@ -854,7 +975,8 @@ Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
         }
         core->CheckHealth();
       });
-      absl::Duration wait = core->options.health_interval;
+      absl::Duration wait =
+          std::max(absl::ZeroDuration(), core->options.health_interval - (absl::Now() - round));
       if (core->options.resolve_interval > absl::ZeroDuration()) {
         wait = std::max(absl::ZeroDuration(), std::min(wait, next_resolve - absl::Now()));
       }

@@ -3,18 +3,18 @@
 // is an asynchronous gRPC call (the callback API): a generation holds no thread while it
 // waits, so concurrent streams cost memory, not threads.
 //
-// Choosing instances: a health thread asks every instance for its load (GetInfo) every
-// health_interval; decode instances are tried most free KV blocks first (then fewest running
-// sequences), prefill instances with room in their queue by the cost prefix_routing.h states
-// (the prompt tokens an instance would compute, given the blocks of it the gateway has sent
-// there before, plus the prompt tokens in flight there), or with prefill_routing kLoad least
-// loaded first; instances that failed their last check go last. The gateway counts the prompts it
-// has sent each prefill instance and sends none past the queue that instance advertises, so when
-// every queue is full a generation ends at once with RESOURCE_EXHAUSTED (the gateway then queues
-// it) instead of holding a reservation. A decode instance without room or unreachable is skipped. A
-// failed prefill or KV transfer is retried on the next prefill instance, with a fresh reservation
-// (the late writes of a failed attempt can never land in the new one; the pruned decoder never
-// recomputes a prompt).
+// Choosing instances: a health thread asks every instance at once for its load (GetInfo) every
+// health_interval, each answer due within that interval (at most 2 s); decode instances are tried
+// most free KV blocks first (then fewest running sequences), prefill instances with room in their
+// queue by the cost prefix_routing.h states (the prompt tokens an instance would compute, given the
+// blocks of it the gateway has sent there before, plus the prompt tokens in flight there), or with
+// prefill_routing kLoad least loaded first; instances that failed their last check go last. The
+// gateway counts the prompts it has sent each prefill instance and sends none past the queue that
+// instance advertises, so when every queue is full a generation ends at once with
+// RESOURCE_EXHAUSTED (the gateway then queues it) instead of holding a reservation. A decode
+// instance without room or unreachable is skipped. A failed prefill or KV transfer is retried on
+// the next prefill instance, with a fresh reservation (the late writes of a failed attempt can
+// never land in the new one; the pruned decoder never recomputes a prompt).
 //
 // Deadlines: each reservation has a lease (the decode instance says how long); prefill must
 // finish within it, less a margin, or the attempt is abandoned and its reservation released.
@@ -72,6 +72,11 @@ struct DispatcherOptions {
   // Called with the numbers of prefill and decode instances after each change (and at
   // start-up), e.g. for a gauge.
   std::function<void(size_t prefill, size_t decode)> on_instances = nullptr;
+  // Called after each round of health checks with the numbers of prefill and decode instances
+  // that answered theirs (on the health thread).
+  std::function<void(size_t prefill, size_t decode)> on_health = nullptr;
+  // Called each time a failed prefill or KV transfer is tried again on another instance.
+  std::function<void()> on_retry = nullptr;
   // How the gateway reaches prefill and decode: TLS (and a client certificate) when set,
   // plaintext otherwise.
   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr;

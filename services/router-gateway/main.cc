@@ -24,6 +24,10 @@ ABSL_FLAG(double, resolve_interval_s, 10.0,
           "Seconds between resolutions of the --prefill/--decode host names: a name with several "
           "addresses (a Kubernetes headless Service) is one instance per address, and instances "
           "come and go with it. 0: resolve only at start-up.");
+ABSL_FLAG(double, health_interval_s, 0.5,
+          "Seconds between health checks of every instance (GetInfo, each due within this "
+          "interval, at most 2 s): an instance that fails its last check is tried last, so an "
+          "unreachable host stops getting requests within about one interval.");
 
 ABSL_FLAG(double, stream_idle_timeout_s, 10.0,
           "A decode stream that shows no life (no token, no keep-alive) for this many seconds "
@@ -111,8 +115,29 @@ int main(int argc, char** argv) {
   if (!instances.ok()) return Fail(std::string(instances.status().message()));
   tandem::metrics::Gauge* prefill_instances = &(*instances)->Add({{"kind", "prefill"}});
   tandem::metrics::Gauge* decode_instances = &(*instances)->Add({{"kind", "decode"}});
+  auto healthy =
+      registry.AddGauge("tandem_gateway_healthy_instances",
+                        "Prefill and decode instances that answered their last health check.");
+  if (!healthy.ok()) return Fail(std::string(healthy.status().message()));
+  tandem::metrics::Gauge* healthy_prefill = &(*healthy)->Add({{"kind", "prefill"}});
+  tandem::metrics::Gauge* healthy_decode = &(*healthy)->Add({{"kind", "decode"}});
+  auto retries = registry.AddCounter(
+      "tandem_gateway_prefill_retries_total",
+      "Failed prefills or KV transfers tried again on another prefill instance.");
+  if (!retries.ok()) return Fail(std::string(retries.status().message()));
+  tandem::metrics::Counter* prefill_retries = &(*retries)->Add({});
   tandem::gateway::DispatcherOptions dispatcher_options;
   dispatcher_options.resolve_interval = absl::Seconds(resolve_interval);
+  const double health_interval = absl::GetFlag(FLAGS_health_interval_s);
+  if (!(health_interval >= 0.05 && health_interval <= 3600)) {
+    return Fail("--health_interval_s must be within [0.05, 3600]");
+  }
+  dispatcher_options.health_interval = absl::Seconds(health_interval);
+  dispatcher_options.on_health = [=](size_t prefill, size_t decode) {
+    healthy_prefill->Set(static_cast<double>(prefill));
+    healthy_decode->Set(static_cast<double>(decode));
+  };
+  dispatcher_options.on_retry = [prefill_retries] { prefill_retries->Increment(); };
   const double idle = absl::GetFlag(FLAGS_stream_idle_timeout_s);
   if (!(idle >= 0.1 && idle <= 3600))
     return Fail("--stream_idle_timeout_s must be within [0.1, 3600]");

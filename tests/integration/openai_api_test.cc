@@ -743,9 +743,12 @@ TEST(OpenAiApiDisconnectTest, LeavingDuringPrefillReleasesTheReservation) {
                            {"--kv_chunk_bytes=16384", "--testing_stop_after_kv_bytes=16384"});
   ASSERT_TRUE(prefill.ok()) << prefill.status();
   const pid_t prefill_pid = set.processes().back().pid();
+  // Health checks far apart: the client's leaving, not the gateway's abandoning of a silent
+  // prefill, must end the request.
   auto gateway =
-      set.Start("tandem-gateway", {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
-                                   absl::StrCat("--decode=127.0.0.1:", decode->grpc_port)});
+      set.Start("tandem-gateway",
+                {absl::StrCat("--prefill=127.0.0.1:", prefill->grpc_port),
+                 absl::StrCat("--decode=127.0.0.1:", decode->grpc_port), "--health_interval_s=5"});
   ASSERT_TRUE(gateway.ok()) << gateway.status();
   const int fd = testing::ConnectAndSend(
       gateway->http_port,

@@ -67,7 +67,12 @@ std::string ReadUntil(int fd, const std::string& text, absl::Duration timeout) {
 std::string ReadUntilClosed(int fd, absl::Duration timeout) { return ReadUntil(fd, "", timeout); }
 
 double MetricValue(int http_port, const std::string& name, const std::string& label) {
-  auto page = http::Fetch("127.0.0.1", http_port, "GET", "/metrics", "", 5000);
+  return MetricValueAt("127.0.0.1", http_port, name, label);
+}
+
+double MetricValueAt(const std::string& host, int http_port, const std::string& name,
+                     const std::string& label) {
+  auto page = http::Fetch(host, http_port, "GET", "/metrics", "", 5000);
   if (!page.ok()) return -1;
   for (absl::string_view line : absl::StrSplit(page->body, '\n')) {
     if (!absl::StartsWith(line, name + "{") || !absl::StrContains(line, label)) continue;

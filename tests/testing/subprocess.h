@@ -107,6 +107,9 @@ std::string ReadUntilClosed(int fd, absl::Duration timeout = absl::Seconds(10));
 // The value of the first sample of `name` on the /metrics page of the service on
 // `http_port` whose labels contain `label`; -1 when absent or unreachable.
 double MetricValue(int http_port, const std::string& name, const std::string& label = "");
+// The same for a service listening on `host` (a network namespace's address).
+double MetricValueAt(const std::string& host, int http_port, const std::string& name,
+                     const std::string& label = "");
 
 // What a shell command printed on stdout, and its exit status as pclose reports it.
 std::pair<std::string, int> RunCommand(const std::string& command);
