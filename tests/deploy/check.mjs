@@ -27,7 +27,7 @@ if (!fs.existsSync(path.join(here, "node_modules/kubernetes-models/package.json"
 const { stringify } = await import("yaml");
 const { checkCompose, loadCompose, validateComposeSchema } = await import("./compose.mjs");
 const { Flags } = await import("./common.mjs");
-const { checkDockerfile } = await import("./docker.mjs");
+const { checkDockerfile, lintDockerfile } = await import("./docker.mjs");
 const { checkCluster, render, validateSchemas } = await import("./k8s.mjs");
 
 const args = process.argv.slice(2);
@@ -128,6 +128,9 @@ function checkDocker() {
   const files = dockerfiles();
   if (files.length === 0) report("docker", ["no deploy/docker/Dockerfile*"]);
   for (const rel of files) report(`docker ${rel}`, checkDockerfile(repo, rel));
+  // Debian's Prometheus as an image (scripts/deploy_local.sh): linted only, no service contract.
+  const prometheus = "deploy/prometheus/Dockerfile";
+  report(`docker ${prometheus}`, lintDockerfile(repo, prometheus));
 }
 
 // Each mutation breaks one thing; the checks must report it, with the message given.

@@ -74,6 +74,13 @@ export function dockerignorePatterns(repo) {
     .filter((l) => l && !l.startsWith("#"));
 }
 
+// dockerfile-utils' findings alone, as "rel: line N: message".
+export function lintDockerfile(repo, rel) {
+  return dockerfileUtils
+    .validate(fs.readFileSync(path.join(repo, rel), "utf8"))
+    .map((d) => `${rel}: line ${d.range.start.line + 1}: ${d.message}`);
+}
+
 export function checkDockerfile(repo, rel) {
   const errors = [];
   const where = rel;
