@@ -4,7 +4,10 @@
 #                                          holds the libFuzzer harnesses, scripts/fuzz.sh);
 #                                          runs -L 'unit|integration' -LE heavy (the
 #                                          whole-split evaluations stay in the normal
-#                                          suite) unless given ctest args
+#                                          suite) unless given ctest args; test binaries
+#                                          with none of the labels unit, integration,
+#                                          concurrency (e2e, fault, netns, gpu) are not
+#                                          built there
 #   scripts/sanitize.sh tsan [ctest args]  TSan in build-tsan/ (clang); runs -L concurrency,
 #                                          building only those tests unless given ctest args
 #   scripts/sanitize.sh asan|tsan --build [TARGET...]  configure and build (all) only
