@@ -413,8 +413,8 @@ void Dispatcher::Core::CheckHealth() {
       absl::MutexLock lock(&instance->attempts_mu);
       abandons.assign(instance->attempts.begin(), instance->attempts.end());
     }
-    for (auto& [id, abandon] : abandons) {
-      util::Guarded("abandoning a prefill attempt", [&] { abandon(id); });
+    for (auto& attempt : abandons) {
+      util::Guarded("abandoning a prefill attempt", [&attempt] { attempt.second(attempt.first); });
     }
   }
 }

@@ -12,16 +12,14 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "common/engine/generator.h"
 #include "tandem/client.h"
 #include "tests/testing/kernels.h"
-#include "tests/testing/model_dir.h"
+#include "tests/testing/reference.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -35,14 +33,6 @@ constexpr char kPrompts[][96] = {
     "She opened the door and looked out over the fields toward the river",
     "Most of the committee members agreed that the plan would cost more",
 };
-
-// Whether `pid` is stopped (SIGSTOP): the state in /proc/PID/stat.
-bool Stopped(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), {});
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
-}
 
 struct Outcome {
   absl::Status status;
@@ -64,22 +54,13 @@ class FaultTest : public ::testing::Test {
     // The services' caches as the in-process reference's: float32 (the stall thresholds below
     // count float32 KV bytes too).
     testing::Float32KvInChildren();
-    auto generator =
-        engine::Generator::Load(*testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe"));
-    ASSERT_TRUE(generator.ok()) << generator.status();
-    generator_ = generator->release();
+    reference_ = testing::GreedyReference::LoadOrFail();
   }
-  static void TearDownTestSuite() { delete generator_; }
+  static void TearDownTestSuite() { delete reference_; }
 
   // The single-process engine's greedy tokens.
   static std::vector<int32_t> Reference(const std::string& prompt, int max_tokens) {
-    engine::SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = max_tokens;
-    params.ignore_eos = true;
-    auto result = generator_->Generate(prompt, params);
-    EXPECT_TRUE(result.ok()) << result.status();
-    return result.ok() ? result->output_ids : std::vector<int32_t>{};
+    return reference_ != nullptr ? reference_->Tokens(prompt, max_tokens) : std::vector<int32_t>{};
   }
 
   // Streams a greedy generation through the gateway on `port`.
@@ -109,10 +90,10 @@ class FaultTest : public ::testing::Test {
     return Metric(decode_http, "tandem_kv_blocks", "state=\"used\"");
   }
 
-  static engine::Generator* generator_;
+  static testing::GreedyReference* reference_;
 };
 
-engine::Generator* FaultTest::generator_ = nullptr;
+testing::GreedyReference* FaultTest::reference_ = nullptr;
 
 // The reproduction: a prefill stopped in the middle of a transfer until past the lease,
 // requests running meanwhile through a second prefill on the blocks the stalled transfer
@@ -147,7 +128,7 @@ TEST_F(FaultTest, APrefillStalledPastTheLeaseCorruptsNoOtherRequest) {
   // (another prompt's) gets back as its own prompt blocks.
   Outcome stalled_request;
   std::thread first([&] { stalled_request = Stream(via_stalled->grpc_port, kPrompts[0], 4); });
-  ASSERT_TRUE(testing::WaitUntil([&] { return Stopped(stalled_pid); }, absl::Seconds(20)))
+  ASSERT_TRUE(testing::WaitUntil([&] { return testing::Stopped(stalled_pid); }, absl::Seconds(20)))
       << "the first prefill never stalled";
   // Past the lease the gateway gives the attempt up and releases the reservation.
   first.join();
@@ -276,7 +257,7 @@ TEST_F(FaultTest, APrefillKilledMidTransferIsRetriedElsewhere) {
   ASSERT_TRUE(gateway.ok()) << gateway.status();
   Outcome out;
   std::thread client([&] { out = Stream(gateway->grpc_port, kPrompts[2], 48); });
-  ASSERT_TRUE(testing::WaitUntil([&] { return Stopped(doomed_pid); }, absl::Seconds(20)));
+  ASSERT_TRUE(testing::WaitUntil([&] { return testing::Stopped(doomed_pid); }, absl::Seconds(20)));
   ASSERT_EQ(kill(doomed_pid, SIGKILL), 0);  // mid-transfer: part of its KV has landed
   client.join();
   ASSERT_TRUE(out.status.ok()) << out.status << set.Log("tandem-gateway");
@@ -305,7 +286,7 @@ TEST_F(FaultTest, AReservationWhoseGatewayDiedIsFreedAtTheLeaseEnd) {
   ASSERT_TRUE(gateway.ok()) << gateway.status();
   const pid_t gateway_pid = set.processes().back().pid();
   std::thread client([&] { (void)Stream(gateway->grpc_port, kPrompts[3], 16); });
-  ASSERT_TRUE(testing::WaitUntil([&] { return Stopped(prefill_pid); }, absl::Seconds(20)));
+  ASSERT_TRUE(testing::WaitUntil([&] { return testing::Stopped(prefill_pid); }, absl::Seconds(20)));
   ASSERT_GT(UsedBlocks(decode->http_port), 0);  // reserved
   ASSERT_EQ(kill(gateway_pid, SIGKILL), 0);
   client.join();

@@ -755,13 +755,7 @@ TEST(OpenAiApiDisconnectTest, LeavingDuringPrefillReleasesTheReservation) {
       Post("/v1/completions", R"({"prompt": "It is not easy to say what they had in mind",
                                   "max_tokens": 8, "temperature": 0})"));
   ASSERT_GE(fd, 0);
-  auto stopped = [&] {
-    std::ifstream in(absl::StrCat("/proc/", prefill_pid, "/stat"));
-    std::string stat((std::istreambuf_iterator<char>(in)), {});
-    const size_t paren = stat.rfind(')');
-    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
-  };
-  ASSERT_TRUE(testing::WaitUntil(stopped, absl::Seconds(20)));
+  ASSERT_TRUE(testing::WaitUntil([&] { return testing::Stopped(prefill_pid); }, absl::Seconds(20)));
   EXPECT_GT(MetricValue(decode->http_port, "tandem_kv_blocks", "state=\"used\""), 0);
   close(fd);
   EXPECT_TRUE(testing::WaitUntil(

@@ -13,7 +13,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -24,12 +23,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/engine/generator.h"
 #include "common/util/status.h"
 #include "tandem/client.h"
 #include "tests/testing/kernels.h"
-#include "tests/testing/model_dir.h"
 #include "tests/testing/netns.h"
+#include "tests/testing/reference.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -49,13 +47,10 @@ constexpr char kPrompts[][96] = {
     "After the meeting the two ministers walked together down the long hall",
 };
 
-// Whether `pid` is stopped (SIGSTOP): the state in /proc/PID/stat.
-bool Stopped(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), {});
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
-}
+// A prefill instance that stops itself (SIGSTOP) after 32 KiB of its first KV transfer (float32
+// KV, 16 KiB messages): a prompt held mid-transfer for a fault to strike.
+const std::vector<std::string> kStallsMidTransfer = {"--kv_chunk_bytes=16384",
+                                                     "--testing_stop_after_kv_bytes=32768"};
 
 // A line of the partition table: what one fault took.
 void Timing(const std::string& fault, const std::string& what, absl::Duration took) {
@@ -93,12 +88,9 @@ class NetnsTest : public ::testing::Test {
     // The services' caches as the in-process reference's: float32 (the stall threshold below
     // counts float32 KV bytes).
     testing::Float32KvInChildren();
-    auto generator =
-        engine::Generator::Load(*testing::OpenModelDir(testing::SourceDir() + "/models/tiny-moe"));
-    ASSERT_TRUE(generator.ok()) << generator.status();
-    generator_ = generator->release();
+    reference_ = testing::GreedyReference::LoadOrFail();
   }
-  static void TearDownTestSuite() { delete generator_; }
+  static void TearDownTestSuite() { delete reference_; }
 
   void SetUp() override {
     auto net = VirtualNetwork::Create();
@@ -181,13 +173,24 @@ class NetnsTest : public ::testing::Test {
 
   // The single-process engine's greedy tokens.
   static std::vector<int32_t> Reference(const std::string& prompt, int max_tokens) {
-    engine::SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = max_tokens;
-    params.ignore_eos = true;
-    auto result = generator_->Generate(prompt, params);
-    EXPECT_TRUE(result.ok()) << result.status();
-    return result.ok() ? result->output_ids : std::vector<int32_t>{};
+    return reference_ != nullptr ? reference_->Tokens(prompt, max_tokens) : std::vector<int32_t>{};
+  }
+
+  // Streams `prompt` (greedy) into `out` on `client`, and waits until the first prefill instance,
+  // started with kStallsMidTransfer, has stopped itself in the middle of the prompt's KV
+  // transfer: the first request goes there (the gateway's rotation starts with it).
+  ::testing::AssertionResult StreamUntilStalled(const Cluster& cluster, const std::string& prompt,
+                                                int max_tokens, Outcome* out,
+                                                std::jthread* client) {
+    *client = std::jthread([&cluster, prompt, max_tokens, out] {
+      *out = Stream(cluster.gateway, prompt, max_tokens);
+    });
+    if (testing::WaitUntil([&] { return testing::Stopped(cluster.prefill[0].pid); },
+                           absl::Seconds(20))) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure()
+           << "the first request did not stop " << cluster.prefill[0].host.name;
   }
 
   // What is still held anywhere (KV blocks in use, sequences running, prompts in prefill), as
@@ -215,29 +218,25 @@ class NetnsTest : public ::testing::Test {
     return held;
   }
 
-  static engine::Generator* generator_;
+  static testing::GreedyReference* reference_;
   std::unique_ptr<VirtualNetwork> net_;
   std::unique_ptr<testing::ServiceSet> set_;
   std::vector<std::string> gateway_flags_;
 };
 
-engine::Generator* NetnsTest::generator_ = nullptr;
+testing::GreedyReference* NetnsTest::reference_ = nullptr;
 
 // A prefill host's link to the decode host cut in the middle of a KV transfer (the prefill
 // stops itself after 32 KiB, the cut is made, it resumes into the cut): the prefill gives up
 // within the reservation's lease, the gateway releases that reservation and retries on the
 // other prefill with a fresh one, and the client gets its full answer.
 TEST_F(NetnsTest, AKvLinkCutMidTransferIsRetriedOnTheOtherPrefill) {
-  auto cluster =
-      StartCluster({{"--kv_chunk_bytes=16384", "--testing_stop_after_kv_bytes=32768"}, {}},
-                   {{"--lease_ms=3000"}, {"--lease_ms=3000"}});
+  auto cluster = StartCluster({kStallsMidTransfer, {}}, {{"--lease_ms=3000"}, {"--lease_ms=3000"}});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const Service& cut_prefill = cluster->prefill[0];
   Outcome out;
-  // The first request goes to the first prefill instance (the gateway's rotation starts there).
-  std::jthread client([&] { out = Stream(cluster->gateway, kPrompts[2], 48); });
-  ASSERT_TRUE(testing::WaitUntil([&] { return Stopped(cut_prefill.pid); }, absl::Seconds(20)))
-      << "the first request did not reach " << cut_prefill.host.name;
+  std::jthread client;
+  ASSERT_TRUE(StreamUntilStalled(*cluster, kPrompts[2], 48, &out, &client));
   const Service* target = nullptr;
   for (const Service& d : cluster->decode) {
     if (d.UsedBlocks() > 0) target = &d;
@@ -264,14 +263,12 @@ TEST_F(NetnsTest, AKvLinkCutMidTransferIsRetriedOnTheOtherPrefill) {
 // reservation's 30 s lease, and retries on the other prefill; the client gets its full answer.
 TEST_F(NetnsTest, APrefillHostUnreachableMidPrefillIsAbandonedAndRetried) {
   auto cluster =
-      StartCluster({{"--kv_chunk_bytes=16384", "--testing_stop_after_kv_bytes=32768"}, {}},
-                   {{"--lease_ms=30000"}}, {"--health_interval_s=0.5"});
+      StartCluster({kStallsMidTransfer, {}}, {{"--lease_ms=30000"}}, {"--health_interval_s=0.5"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const Service& away = cluster->prefill[0];
   Outcome out;
-  std::jthread client([&] { out = Stream(cluster->gateway, kPrompts[5], 48); });
-  ASSERT_TRUE(testing::WaitUntil([&] { return Stopped(away.pid); }, absl::Seconds(20)))
-      << "the first request did not reach " << away.host.name;
+  std::jthread client;
+  ASSERT_TRUE(StreamUntilStalled(*cluster, kPrompts[5], 48, &out, &client));
   ASSERT_TRUE(net_->Disconnect(away.host).ok());
   const absl::Time cut = absl::Now();
   ASSERT_EQ(kill(away.pid, SIGCONT), 0);
@@ -360,6 +357,10 @@ TEST_F(NetnsTest, APrefillHostUnreachableWhileIdleIsSkippedThenUsedAgain) {
   ASSERT_TRUE(testing::WaitUntil([&] { return healthy_prefill() == 1; }, absl::Seconds(10)));
   Timing("prefill host unreachable", "marked unhealthy after the cut", absl::Now() - cut);
   EXPECT_LT(absl::Now() - cut, absl::Seconds(2));  // a round's deadline, then the next round
+  // The unreachable host costs the other instances nothing: they answer within the same round.
+  absl::SleepFor(absl::Seconds(1));  // two more rounds
+  EXPECT_EQ(healthy_prefill(), 1);
+  EXPECT_EQ(gateway.Metric("tandem_gateway_healthy_instances", "kind=\"decode\""), 1);
   for (int i = 0; i < 4; ++i) {
     const absl::Time start = absl::Now();
     Outcome out = Stream(gateway, kPrompts[4 + i], 16);

@@ -170,6 +170,13 @@ absl::StatusOr<Ports> WaitForPortFile(const std::string& path, absl::Duration de
   return ports;
 }
 
+bool Stopped(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
 bool WaitUntil(const std::function<bool()>& ready, absl::Duration deadline) {
   const absl::Time end = absl::Now() + deadline;
   while (true) {

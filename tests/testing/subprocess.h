@@ -47,6 +47,10 @@ struct Ports {
 // Waits for a service's --port_file to appear and parses it.
 absl::StatusOr<Ports> WaitForPortFile(const std::string& path, absl::Duration deadline);
 
+// Whether process `pid` is stopped (SIGSTOP, or a service that stopped itself): its state in
+// /proc/PID/stat.
+bool Stopped(pid_t pid);
+
 // Polls `ready` every 50 ms until it returns true or `deadline` passes.
 bool WaitUntil(const std::function<bool()>& ready, absl::Duration deadline);
 
