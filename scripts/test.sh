@@ -5,7 +5,7 @@
 # (e.g. scripts/test.sh -L unit).
 # Then the same tests built with ASan+UBSan (scripts/sanitize.sh asan: by default the unit and
 # integration tests, else the ones asked for) and every fuzz harness for a bounded time
-# (scripts/fuzz.sh, TANDEM_FUZZ_SECONDS each, default 20). TANDEM_SANITIZERS=0 skips both.
+# (scripts/fuzz.sh, TANDEM_FUZZ_SECONDS each, default 15). TANDEM_SANITIZERS=0 skips both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -22,4 +22,4 @@ if [[ "${TANDEM_SANITIZERS:-1}" == 0 ]]; then
   exit 0
 fi
 scripts/sanitize.sh asan "$@"
-scripts/fuzz.sh "${TANDEM_FUZZ_SECONDS:-20}"
+scripts/fuzz.sh "${TANDEM_FUZZ_SECONDS:-15}"
