@@ -65,7 +65,7 @@ if ! podman image exists "$base:bookworm"; then
   # The machine's Debian sources (updates and security included), as the published image has.
   rm -f "$work/rootfs/etc/apt/sources.list"
   [[ -s /etc/apt/sources.list ]] && grep -E '^deb .*debian' /etc/apt/sources.list \
-    >"$work/rootfs/etc/apt/sources.list"
+    >"$work/rootfs/etc/apt/sources.list" || true
   [[ -f /etc/apt/sources.list.d/debian.sources ]] &&
     cp /etc/apt/sources.list.d/debian.sources "$work/rootfs/etc/apt/sources.list.d/"
   rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/lib/apt/lists/"*

@@ -134,14 +134,13 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
     std::unique_ptr<tandem::v1::Decode::Stub> decode;    // set in decode instances
     std::atomic<int> outstanding{0};             // prefill calls this gateway has in flight to it
     std::atomic<int64_t> outstanding_tokens{0};  // and their prompt tokens
-    // The prefill attempts in flight on it, each with what abandons it (called with the
-    // attempt's id: cancels its call, so that the generation tries another instance).
+    // The prefill attempts in flight on it, each with what abandons it (cancels its call, so
+    // that the generation tries another instance).
     absl::Mutex attempts_mu;
-    std::map<uint64_t, std::function<void(uint64_t)>> attempts ABSL_GUARDED_BY(attempts_mu);
-    uint64_t AddAttempt(std::function<void(uint64_t)> abandon) {
-      static std::atomic<uint64_t> next_attempt{1};  // unique across instances
-      const uint64_t id = next_attempt.fetch_add(1);
+    std::map<uint64_t, std::function<void()>> attempts ABSL_GUARDED_BY(attempts_mu);
+    uint64_t AddAttempt(std::function<void()> abandon) {
       absl::MutexLock lock(&attempts_mu);
+      const uint64_t id = next_attempt++;
       attempts[id] = std::move(abandon);
       return id;
     }
@@ -149,6 +148,7 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
       absl::MutexLock lock(&attempts_mu);
       attempts.erase(id);
     }
+    uint64_t next_attempt ABSL_GUARDED_BY(attempts_mu) = 0;
   };
   using Pool = std::vector<std::shared_ptr<Instance>>;
 
@@ -389,7 +389,7 @@ void Dispatcher::Core::CheckHealth() {
       if (it == health_of_.end()) continue;  // a refresh dropped it meanwhile
       h.failures = h.healthy ? 0 : it->second.failures + 1;
       if (instance->prefill != nullptr && h.failures >= kAbandonAfterFailedChecks) {
-        unreachable.push_back(const_cast<Instance*>(instance));
+        unreachable.push_back(instance);
       }
       if (it->second.healthy != h.healthy) {
         TANDEM_LOG(WARNING) << "gateway: " << (instance->prefill != nullptr ? "prefill" : "decode")
@@ -406,16 +406,14 @@ void Dispatcher::Core::CheckHealth() {
   }
   if (options.on_health) options.on_health(healthy_prefill, healthy_decode);
   // Prompts on an instance that stopped answering would wait for their reservations' leases:
-  // they go elsewhere now. (The instances stay alive meanwhile: `checked` holds them.)
+  // they go elsewhere now. (The instances stay alive meanwhile: `checks` holds them.)
   for (Instance* instance : unreachable) {
-    std::vector<std::pair<uint64_t, std::function<void(uint64_t)>>> abandons;
+    std::vector<std::function<void()>> abandons;
     {
       absl::MutexLock lock(&instance->attempts_mu);
-      abandons.assign(instance->attempts.begin(), instance->attempts.end());
+      for (const auto& entry : instance->attempts) abandons.push_back(entry.second);
     }
-    for (auto& attempt : abandons) {
-      util::Guarded("abandoning a prefill attempt", [&attempt] { attempt.second(attempt.first); });
-    }
+    for (const auto& abandon : abandons) util::Guarded("abandoning a prefill attempt", abandon);
   }
 }
 
@@ -580,9 +578,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void Track(std::shared_ptr<grpc::ClientContext> context);
   void Cancel();
   bool cancelled();
-  // Cancels prefill attempt `attempt` if it is still the one in flight, marking it abandoned
+  // Cancels the prefill call `context` if it is still the call in flight, marking it abandoned
   // (its instance stopped answering health checks).
-  void Abandon(uint64_t attempt, const std::weak_ptr<grpc::ClientContext>& context);
+  void Abandon(const std::weak_ptr<grpc::ClientContext>& context);
 
  public:
   // Cancels the call in flight (after an internal error while handling its output).
@@ -616,8 +614,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   absl::Mutex mu_;
   std::shared_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);  // the call in flight
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t attempt_ ABSL_GUARDED_BY(mu_) = 0;    // the prefill attempt in flight; 0: none
-  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // it was abandoned
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // the prefill call in flight was abandoned
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_message_ ABSL_GUARDED_BY(mu_);
   bool idle_expired_ ABSL_GUARDED_BY(mu_) = false;
@@ -688,13 +685,14 @@ bool Generation::cancelled() {
   return cancelled_;
 }
 
-void Generation::Abandon(uint64_t attempt, const std::weak_ptr<grpc::ClientContext>& context) {
+void Generation::Abandon(const std::weak_ptr<grpc::ClientContext>& context) {
+  std::shared_ptr<grpc::ClientContext> call = context.lock();
   {
     absl::MutexLock lock(&mu_);
-    if (attempt_ != attempt) return;
+    if (call == nullptr || call != context_) return;  // that call is over
     abandoned_ = true;
   }
-  if (auto call = context.lock()) call->TryCancel();
+  call->TryCancel();
 }
 
 void Generation::Reserve(size_t i) {
@@ -765,16 +763,14 @@ void Generation::Prefill() {
   p->outstanding.fetch_add(1);
   p->outstanding_tokens.fetch_add(tokens);
   core_->NotePrefill(p.get(), request_.prompt, &prompt_keys_);
-  const uint64_t attempt =
-      p->AddAttempt([weak = weak_from_this(),
-                     weak_context = std::weak_ptr<grpc::ClientContext>(context)](uint64_t id) {
-        if (auto self = weak.lock()) self->Abandon(id, weak_context);
-      });
   {
     absl::MutexLock lock(&mu_);
-    attempt_ = attempt;
     abandoned_ = false;
   }
+  const uint64_t attempt = p->AddAttempt(
+      [weak = weak_from_this(), weak_context = std::weak_ptr<grpc::ClientContext>(context)] {
+        if (auto self = weak.lock()) self->Abandon(weak_context);
+      });
   p->prefill->async()->Prefill(
       context.get(), &prefill_request_, &prefilled_,
       [self = shared_from_this(), p, context, tokens, attempt](grpc::Status s) {
@@ -790,7 +786,6 @@ void Generation::OnPrefilled(const std::shared_ptr<Core::Instance>& p, const grp
   {
     absl::MutexLock lock(&mu_);
     abandoned = abandoned_ && s.error_code() == grpc::StatusCode::CANCELLED;
-    attempt_ = 0;
     abandoned_ = false;
   }
   if (s.ok()) {
