@@ -327,8 +327,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
       ASSIGN_OR_RETURN(layer.shared.up, LoadWeight(checkpoint, config, TensorKind::kSharedUp, l));
       ASSIGN_OR_RETURN(layer.shared.down,
                        LoadWeight(checkpoint, config, TensorKind::kSharedDown, l));
-      ASSIGN_OR_RETURN(layer.shared_gate,
-                       LoadWeight(checkpoint, config, TensorKind::kSharedExpertGate, l));
+      if (config.shared_expert_gated) {
+        ASSIGN_OR_RETURN(layer.shared_gate,
+                         LoadWeight(checkpoint, config, TensorKind::kSharedExpertGate, l));
+      }
     }
     for (int e = 0; e < config.num_local_experts; ++e) {
       ExpertWeights expert;
@@ -410,7 +412,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
       layer.shared = {fill.Weight(shared, h, qc, TensorKind::kSharedGate),
                       fill.Weight(shared, h, qc, TensorKind::kSharedUp),
                       fill.Weight(h, shared, qc, TensorKind::kSharedDown)};
-      layer.shared_gate = fill.Weight(1, h, qc, TensorKind::kSharedExpertGate);
+      if (config.shared_expert_gated) {
+        layer.shared_gate = fill.Weight(1, h, qc, TensorKind::kSharedExpertGate);
+      }
     }
     for (int e = 0; e < config.num_local_experts; ++e) {
       if (!w->HasExpert(l, e)) {

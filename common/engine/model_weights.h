@@ -80,7 +80,7 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;                  // (head_dim,): per-head RMSNorm weights
   std::vector<float> ffn_norm;                        // (hidden,)
   // A sparse layer: the router, its routed experts and, where the model has one, the
-  // always-on shared expert and its scalar gate (1, hidden).
+  // always-on shared expert and its scalar gate (1, hidden; empty when it has none).
   WeightMatrix router;                 // (experts, hidden), bf16
   std::vector<ExpertWeights> experts;  // (experts,); empty matrices for experts not loaded
   ExpertWeights shared;                // (shared_intermediate) wide; empty when none

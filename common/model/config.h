@@ -1,7 +1,8 @@
 // Model configuration: a Hugging Face config.json parsed into ModelConfig, and the
-// architecture tables that say, per MoE family, how routing behaves and what the checkpoint's
-// tensors are called and shaped. Adding an architecture means adding one ArchitectureSpec
-// entry (plus any config keys it names), not a new code path.
+// architecture table that says, per MoE family, what its config keys mean, what the
+// checkpoint's tensors are called and what each layer is made of. Adding an architecture is a
+// file in common/model/arch (its table entry and recipe, composed from the blocks the engine
+// has) and its line in the table (arch/architectures.cc), not a new code path.
 #pragma once
 
 #include <array>
@@ -10,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace tandem::model {
@@ -46,33 +48,27 @@ enum class TensorKind {
 };
 inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kDenseDown) + 1;
 
-// One MoE family, declared as data. Name patterns use "{layer}" and "{expert}"; an empty
-// pattern means the architecture has no such tensor.
+class ConfigReader;  // common/model/config_reader.h
+struct ModelConfig;
+
+// One MoE family: a table entry (its config keys, Hugging Face's defaults, its tensor names) and
+// a recipe (common/model/arch/<model_type>.cc) that reads the keys only it has and says what
+// each layer is made of. Name patterns use "{layer}" and "{expert}"; an empty pattern means
+// the architecture has no such tensor.
 struct ArchitectureSpec {
-  std::string_view model_type;  // config.json "model_type", e.g. "mixtral"
-  // Default for ModelConfig::norm_topk_prob: whether the selected top-k router probabilities
-  // are renormalised to sum to one (Mixtral: softmax over the top-k logits, equivalent).
-  bool norm_topk_prob;
-  // When set, config.json may override norm_topk_prob with a key of that name.
-  bool norm_topk_prob_from_config;
+  std::string_view model_type;             // config.json "model_type", e.g. "mixtral"
   std::string_view num_experts_key;        // "num_local_experts" (Mixtral), "num_experts"
   std::string_view intermediate_size_key;  // the expert FFN width's key
   // Hugging Face's defaults where config.json has no such key.
   double default_rope_theta;
   double default_rms_norm_eps;
   bool default_use_sliding_window;
-  // The key saying whether the attention projections have bias ("" : never), its default,
-  // and whether it covers o_proj too (Qwen3-MoE's attention_bias) or q/k/v only (Qwen2-MoE).
-  std::string_view attention_bias_key;
-  bool attention_bias_default;
-  bool attention_bias_covers_output;
-  // The width of dense MLP layers, where decoder_sparse_step / mlp_only_layers make some
-  // layers dense ("" : every layer is sparse and those keys are refused when they say
-  // otherwise).
-  std::string_view dense_intermediate_size_key;
-  // The always-on shared expert's width ("" : the architecture has none).
-  std::string_view shared_expert_size_key;
   std::array<std::string_view, kNumTensorKinds> tensor_names;  // indexed by TensorKind
+  // Reads the architecture's own keys into `config`, whose common fields (sizes, heads,
+  // experts, RoPE, norms, token ids) are already parsed: routing (norm_topk_prob), attention
+  // bias, shared experts, and layer_specs (which layers are dense); refuses, naming the key,
+  // what the architecture does not have.
+  absl::Status (*recipe)(const ConfigReader& config_json, ModelConfig* config);
 };
 
 // All known architectures; the table is the single source of per-architecture facts.
@@ -99,6 +95,20 @@ struct QuantizationConfig {
   bool Quantizes(TensorKind kind) const;
 };
 
+// What one layer is made of: the blocks the forward pass composes (common/engine/layers), each
+// after its RMSNorm with a residual add: a token mixer, then a feed-forward block.
+enum class MixerKind {
+  kAttention,  // grouped-query attention over the paged KV cache
+};
+enum class FfnKind {
+  kMoe,       // router, routed experts, and the shared expert where the model has one
+  kDenseMlp,  // one SwiGLU MLP of dense_intermediate_size on every token
+};
+struct LayerSpec {
+  MixerKind mixer = MixerKind::kAttention;
+  FfnKind ffn = FfnKind::kMoe;
+};
+
 // How a checkpoint stores a tensor.
 enum class TensorStorage {
   kFloat,  // BF16, F16 or F32, the shape as given
@@ -118,6 +128,9 @@ struct ModelConfig {
   int64_t intermediate_size = 0;        // per-expert FFN width (Qwen: moe_intermediate_size)
   int64_t dense_intermediate_size = 0;  // dense MLP layers' width; 0 when there are none
   int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
+  // Whether the shared expert's output scales by sigmoid(shared_expert_gate . x) (Qwen2-MoE)
+  // or is added as it is (DeepSeek-MoE).
+  bool shared_expert_gated = true;
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
@@ -135,15 +148,15 @@ struct ModelConfig {
   bool norm_topk_prob = true;
   bool attention_qkv_bias = false;  // q, k and v projections have bias
   bool attention_out_bias = false;  // o_proj has bias
-  // Per layer: true when the layer is a routed MoE block, false for a dense MLP
-  // (Hugging Face: not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0).
-  std::vector<bool> sparse_layers;
+  // Per layer, as the architecture's recipe composes it; empty: every layer is attention then
+  // MoE.
+  std::vector<LayerSpec> layer_specs;
   std::string torch_dtype;  // "bfloat16", "float16", "float32", or empty when absent
   QuantizationConfig quantization;
 
   std::string_view model_type() const { return arch->model_type; }
   bool IsSparseLayer(int layer) const {
-    return sparse_layers.empty() || sparse_layers[static_cast<size_t>(layer)];
+    return layer_specs.empty() || layer_specs[static_cast<size_t>(layer)].ffn == FfnKind::kMoe;
   }
   bool HasDenseLayers() const;
   bool HasSharedExpert() const { return shared_expert_intermediate_size > 0; }

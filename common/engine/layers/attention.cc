@@ -1,0 +1,186 @@
+#include "common/engine/layers/attention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "common/kernels/cpu/kernels.h"
+#include "common/kernels/cpu/thread_pool.h"
+#include "common/kernels/kv_format.h"
+
+namespace tandem::engine {
+namespace {
+
+namespace k = kernels::cpu;
+
+constexpr int64_t kMinAttentionWork = int64_t{1} << 16;
+// Positions in a part of a context split over threads.
+constexpr int64_t kMinAttentionPart = 512;
+// Queries of one sequence attended together (Backend::causal_attention).
+constexpr int kQueryBlock = 16;
+
+// x (rows, n) += bias (n,) on every row; no-op for an empty bias.
+void AddBias(const std::vector<float>& bias, int rows, float* x) {
+  const int n = static_cast<int>(bias.size());
+  for (int r = 0; r < rows; ++r) {
+    float* row = x + static_cast<int64_t>(r) * n;
+    for (int i = 0; i < n; ++i) row[i] += bias[i];
+  }
+}
+
+}  // namespace
+
+AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool)
+    : pool_(pool),
+      cache_{CacheSpec::Kind::kPagedKv, static_cast<int>(config.num_key_value_heads),
+             static_cast<int>(config.head_dim)} {}
+
+absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
+  const model::ModelConfig& c = ctx.w.config;
+  const LayerWeights& L = ctx.w.layers[l];
+  const int T = ctx.tokens();
+  const int heads = static_cast<int>(c.num_attention_heads);
+  const int kv_heads = static_cast<int>(c.num_key_value_heads);
+  const int head_dim = static_cast<int>(c.head_dim);
+  const int q_dim = heads * head_dim;
+  const int kv_dim = kv_heads * head_dim;
+  const int block_size = pool_->config().block_size;
+  const float theta = static_cast<float>(c.rope_theta);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  Resize(q_, T, q_dim);
+  Resize(k_, T, kv_dim);
+  Resize(v_, T, kv_dim);
+  Resize(attn_, T, q_dim);
+
+  if (!L.qkv.empty()) {  // one product, then each token's q, k and v apart
+    Resize(qkv_, T, q_dim + 2 * kv_dim);
+    ctx.Linear(ctx.h.data(), T, L.qkv.view(), qkv_.data());
+    for (int t = 0; t < T; ++t) {
+      const float* row = Row(qkv_, t, q_dim + 2 * kv_dim);
+      std::memcpy(Row(q_, t, q_dim), row, q_dim * sizeof(float));
+      std::memcpy(Row(k_, t, kv_dim), row + q_dim, kv_dim * sizeof(float));
+      std::memcpy(Row(v_, t, kv_dim), row + q_dim + kv_dim, kv_dim * sizeof(float));
+    }
+  } else {
+    ctx.Linear(ctx.h.data(), T, L.q.view(), q_.data());
+    ctx.Linear(ctx.h.data(), T, L.k.view(), k_.data());
+    ctx.Linear(ctx.h.data(), T, L.v.view(), v_.data());
+  }
+  AddBias(L.q_bias, T, q_.data());
+  AddBias(L.k_bias, T, k_.data());
+  AddBias(L.v_bias, T, v_.data());
+  if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
+    ctx.ops->rms_norm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
+    ctx.ops->rms_norm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
+  }
+  for (int t = 0; t < T; ++t) {
+    const StepContext::TokenRef& r = ctx.refs[t];
+    ctx.ops->rope(Row(q_, t, q_dim), heads, head_dim, r.position, theta);
+    ctx.ops->rope(Row(k_, t, kv_dim), kv_heads, head_dim, r.position, theta);
+    const auto& blocks = ctx.batch[r.seq].block_table->blocks();
+    pool_->StoreToken(l, blocks[r.position / block_size], r.position % block_size,
+                      Row(k_, t, kv_dim), Row(v_, t, kv_dim));
+  }
+  // Every token's K/V is in the cache before any query reads it (causal within a chunk). The
+  // queries form units: a run of consecutive tokens of one sequence (a prompt's chunk) in blocks
+  // of kQueryBlock, which causal_attention computes reading each key and value once per block,
+  // and every other token alone. Work items are (unit, part of its context), every KV head at
+  // once so that each slot is read in order: a context splits into parts only when there are
+  // fewer units than twice the threads, each part at least kMinAttentionPart positions, so that
+  // a long context at a small batch still spreads over every thread (flash-decoding); parts
+  // merge by their log-sum-exps. Items spread over the kernel threads in shares of at least
+  // kMinAttentionWork multiply-adds.
+  const auto attention_start = std::chrono::steady_clock::now();
+  const int threads = k::DefaultThreadPool().num_threads();
+  // Bytes one position of one KV head occupies in K (or V): values, and int8's scale.
+  const int64_t kv_position_bytes =
+      static_cast<int64_t>(kernels::KvBlockBytes(pool_->dtype(), 1, 1, head_dim));
+  units_.clear();
+  for (int t = 0; t < T;) {
+    int m = 1;
+    while (m < kQueryBlock && t + m < T && ctx.refs[t + m].seq == ctx.refs[t].seq &&
+           ctx.refs[t + m].position == ctx.refs[t].position + m) {
+      ++m;
+    }
+    units_.push_back({t, m, 0});
+    t += m;
+  }
+  const int U = static_cast<int>(units_.size());
+  attention_parts_.resize(U + 1);
+  attention_parts_[0] = 0;
+  int64_t attention_work = 0;  // multiply-adds of the layer's attention
+  int64_t part_rows = 0;       // rows of part outputs, when contexts split
+  for (int u = 0; u < U; ++u) {
+    AttentionUnit& unit = units_[u];
+    const int context = ctx.refs[unit.first + unit.count - 1].position + 1;  // the last query's
+    int parts = 1;
+    if (U < 2 * threads) {
+      parts = static_cast<int>(std::min<int64_t>(
+          (context + kMinAttentionPart - 1) / kMinAttentionPart, (2 * threads + U - 1) / U));
+    }
+    attention_parts_[u + 1] = attention_parts_[u] + parts;
+    if (parts > 1) {
+      unit.part_row = part_rows;
+      part_rows += int64_t{parts} * unit.count;
+    }
+    attention_work += int64_t{2} * context * q_dim * unit.count;
+    ctx.stats.kv_bytes += int64_t{2} * context * kv_heads * kv_position_bytes;
+  }
+  const int64_t items = attention_parts_[U];
+  part_out_.resize(static_cast<size_t>(part_rows) * q_dim);
+  part_lse_.resize(static_cast<size_t>(part_rows) * heads);
+  const int64_t grain =
+      std::max<int64_t>(1, kMinAttentionWork * items / std::max<int64_t>(1, attention_work));
+  k::DefaultThreadPool().ParallelFor(items, grain, [&](int64_t begin, int64_t end) {
+    int u = 0;
+    for (int64_t item = begin; item < end; ++item) {  // item = (unit, part), in unit order
+      while (attention_parts_[u + 1] <= item) ++u;
+      const AttentionUnit& unit = units_[u];
+      const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
+      const int part = static_cast<int>(item - attention_parts_[u]);
+      const StepContext::TokenRef& first = ctx.refs[unit.first];
+      const int context = first.position + unit.count;
+      const kernels::PagedKv kv = pool_->View(l, ctx.batch[first.seq].block_table->blocks().data());
+      const float* q = Row(q_, unit.first, q_dim);
+      // The whole context into attn_, or this part's outputs and log-sum-exps into its rows.
+      const int64_t row = unit.part_row + int64_t{part} * unit.count;
+      float* out = parts == 1 ? Row(attn_, unit.first, q_dim) : Row(part_out_, row, q_dim);
+      float* lse = parts == 1 ? nullptr : Row(part_lse_, row, heads);
+      const int begin = static_cast<int>(int64_t{context} * part / parts);
+      const int end = static_cast<int>(int64_t{context} * (part + 1) / parts);
+      if (unit.count == 1) {
+        ctx.ops->paged_attention(q, heads, kv, begin, end, scale, 0, kv_heads, out, lse);
+      } else {
+        ctx.ops->causal_attention(q, unit.count, heads, kv, first.position, begin, end, scale, out,
+                                  lse);
+      }
+    }
+  });
+  for (int u = 0; u < U; ++u) {
+    const AttentionUnit& unit = units_[u];
+    const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
+    if (parts == 1) continue;
+    merge_out_.resize(parts);
+    merge_lse_.resize(parts);
+    for (int i = 0; i < unit.count; ++i) {
+      for (int h = 0; h < heads; ++h) {
+        for (int p = 0; p < parts; ++p) {
+          const int64_t row = unit.part_row + int64_t{p} * unit.count + i;
+          merge_out_[p] = Row(part_out_, row, q_dim) + h * head_dim;
+          merge_lse_[p] = part_lse_[row * heads + h];
+        }
+        k::MergeAttentionParts(merge_out_.data(), merge_lse_.data(), parts, head_dim,
+                               Row(attn_, unit.first + i, q_dim) + h * head_dim);
+      }
+    }
+  }
+  ctx.stats.attention_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
+  ctx.Linear(attn_.data(), T, L.o.view(), out);
+  AddBias(L.o_bias, T, out);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

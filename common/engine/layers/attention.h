@@ -1,0 +1,47 @@
+// Grouped-query attention over the paged KV cache, with the options the architectures' recipes
+// set from the config: q/k/v and output biases, per-head q/k RMSNorm before RoPE (Qwen3-MoE).
+// A step's tokens project to q, k and v (one stacked product where the rows fill panels), get
+// RoPE at their positions, store K and V into their sequences' blocks, then attend over the
+// cache: a prompt's chunk in blocks of queries (causal_attention), other tokens alone
+// (paged_attention), long contexts split over threads and merged by their log-sum-exps.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/engine/kv_cache.h"
+#include "common/engine/layers/block.h"
+
+namespace tandem::engine {
+
+class AttentionBlock : public Block {
+ public:
+  // `pool` must outlive the block.
+  AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool);
+
+  absl::Status Forward(int layer, StepContext& ctx, float* out) override;
+  CacheSpec cache() const override { return cache_; }
+
+ private:
+  // A unit of attention work: `count` consecutive tokens of one sequence from refs[first], and
+  // where its parts' rows start in part_out_ when its context is split.
+  struct AttentionUnit {
+    int first;
+    int count;
+    int64_t part_row;
+  };
+
+  KvBlockPool* const pool_;
+  const CacheSpec cache_;
+  // Buffers reused across steps (sized by the largest step so far).
+  std::vector<float> qkv_, q_, k_, v_, attn_;
+  std::vector<AttentionUnit> units_;
+  // (units + 1) prefix sums of each unit's parts; the parts' outputs (row, heads, head_dim) and
+  // log-sum-exps (row, heads).
+  std::vector<int64_t> attention_parts_;
+  std::vector<float> part_out_, part_lse_;
+  std::vector<const float*> merge_out_;
+  std::vector<float> merge_lse_;
+};
+
+}  // namespace tandem::engine

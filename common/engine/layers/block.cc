@@ -1,0 +1,61 @@
+#include "common/engine/layers/block.h"
+
+#include "common/engine/overlay.h"
+
+namespace tandem::engine {
+
+void StepContext::Begin(absl::Span<const StepInput> batch_in, const MoeOptions& moe_in,
+                        const kernels::Backend* ops_in, RouterTrace* trace_in) {
+  batch = batch_in;
+  moe = &moe_in;
+  ops = ops_in;
+  trace = trace_in;
+  refs.clear();
+  for (size_t s = 0; s < batch.size(); ++s) {
+    for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
+      refs.push_back(
+          {static_cast<int>(s), batch[s].start_position + static_cast<int>(i), batch[s].tokens[i]});
+    }
+  }
+  // Rows by always-on weights: usually one run; in colocated mode with an overlay, prompts run
+  // the model's and generated tokens the overlay's.
+  runs.clear();
+  for (size_t s = 0, row = 0; s < batch.size(); ++s) {
+    const DecoderOverlay* overlay = Options(static_cast<int>(s)).overlay;
+    const int end = static_cast<int>(row + batch[s].tokens.size());
+    if (!runs.empty() && runs.back().overlay == overlay) {
+      runs.back().end = end;
+    } else {
+      runs.push_back({static_cast<int>(row), end, overlay});
+    }
+    row = end;
+  }
+  stats = StepStats();
+  stats.tokens = tokens();
+}
+
+const LayerWeights& StepContext::AlwaysOn(const RowRun& run, int l) const {
+  return run.overlay != nullptr ? run.overlay->layers[l] : w.layers[l];
+}
+
+void StepContext::Linear(const float* in, int rows, const kernels::PackedMatrix& m, float* out,
+                         bool exact) {
+  (exact ? ops->linear_f32 : ops->linear)(in, rows, m, out);
+  stats.weight_bytes += m.bytes_read();
+  stats.matmul_flops += int64_t{2} * rows * m.rows * m.cols;
+}
+
+void StepContext::SwiGlu(const ExpertWeights& m, int row0, int rows, float* out) {
+  const int64_t hidden = w.config.hidden_size;
+  const int width = m.gate.rows();
+  Resize(gate_, rows, width);
+  Resize(up_, rows, width);
+  Resize(act_, rows, width);
+  const float* in = h.data() + row0 * hidden;
+  Linear(in, rows, m.gate.view(), gate_.data());
+  Linear(in, rows, m.up.view(), up_.data());
+  ops->silu_mul(gate_.data(), up_.data(), rows * width, act_.data());
+  Linear(act_.data(), rows, m.down.view(), out);
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,207 @@
+#include "common/engine/layers/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/engine/overlay.h"
+#include "common/util/status.h"
+
+namespace tandem::engine {
+
+int ExpertRunWidth(const model::ModelConfig& config, int width) {
+  const model::QuantizationConfig& q = config.quantization;
+  if (!q.experts || width <= 0) return width;
+  const int group = q.group_size;
+  return std::min(static_cast<int>(config.intermediate_size), (width + group - 1) / group * group);
+}
+
+MoeBlock::MoeBlock(const model::ModelConfig& config)
+    : routed_(config.num_local_experts), order_(config.num_local_experts) {}
+
+absl::Status MoeBlock::Forward(int l, StepContext& ctx, float* out) {
+  const model::ModelConfig& c = ctx.w.config;
+  const int T = ctx.tokens();
+  const int top_k = static_cast<int>(c.num_experts_per_tok);
+  Resize(router_logits_, T, c.num_local_experts);
+  chosen_.resize(static_cast<size_t>(T) * top_k);
+  chosen_w_.resize(chosen_.size());
+  chosen_width_.resize(chosen_.size());
+  RETURN_IF_ERROR(Route(l, ctx));
+  RETURN_IF_ERROR(RunExperts(l, ctx, out));
+  if (c.HasSharedExpert()) SharedExpert(l, ctx, out);
+  return absl::OkStatus();
+}
+
+absl::Status MoeBlock::Route(int l, StepContext& ctx) {
+  const model::ModelConfig& c = ctx.w.config;
+  const int T = ctx.tokens();
+  const int hidden = static_cast<int>(c.hidden_size);
+  const int inter = static_cast<int>(c.intermediate_size);
+  const int num_experts = static_cast<int>(c.num_local_experts);
+  const int top_k = static_cast<int>(c.num_experts_per_tok);
+  if (ctx.router == nullptr) {
+    // Float32 activations at every level: the logits pick experts.
+    for (const StepContext::RowRun& run : ctx.runs) {
+      ctx.Linear(Row(ctx.h, run.begin, hidden), run.end - run.begin,
+                 ctx.AlwaysOn(run, l).router.view(), Row(router_logits_, run.begin, num_experts),
+                 /*exact=*/true);
+    }
+  } else {
+    for (int t = 0; t < T; ++t) {
+      ctx.router->Logits(l, ctx.refs[t].token, ctx.refs[t].position,
+                         absl::MakeSpan(Row(router_logits_, t, num_experts), num_experts));
+    }
+  }
+  for (auto& pairs : routed_) pairs.clear();
+  for (int t = 0; t < T; ++t) {
+    float* p = Row(router_logits_, t, num_experts);
+    const MoeOptions& options = ctx.Options(ctx.refs[t].seq);
+    if (options.mask != nullptr && !options.mask->retained.empty()) {
+      for (int e = 0; e < num_experts; ++e) {
+        if (!options.mask->retained[l][e]) p[e] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    ctx.ops->softmax(p, num_experts);
+    // Top-k by probability; on equal probabilities the lower expert index wins.
+    for (int e = 0; e < num_experts; ++e) order_[e] = e;
+    std::partial_sort(order_.begin(), order_.begin() + top_k, order_.end(),
+                      [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    // norm_topk_prob: the chosen probabilities renormalised to sum to one (Mixtral always;
+    // Qwen where the config says so), else the softmax probabilities as they are.
+    float mass = 1.0f;
+    if (c.norm_topk_prob) {
+      mass = 0;
+      for (int j = 0; j < top_k; ++j) mass += p[order_[j]];
+    }
+    int32_t* experts = &chosen_[static_cast<size_t>(t) * top_k];
+    float* weights = &chosen_w_[static_cast<size_t>(t) * top_k];
+    int* widths = &chosen_width_[static_cast<size_t>(t) * top_k];
+    for (int j = 0; j < top_k; ++j) {
+      experts[j] = order_[j];
+      weights[j] = p[order_[j]] / mass;
+      widths[j] = inter;
+    }
+    if (options.widths != nullptr) {
+      options.widths->Widths(l, absl::MakeConstSpan(experts, top_k), absl::MakeSpan(weights, top_k),
+                             absl::MakeSpan(widths, top_k));
+    }
+    for (int j = 0; j < top_k; ++j) {
+      if (widths[j] < 0 || widths[j] > inter) {
+        return absl::InvalidArgumentError(absl::StrCat("width policy gave width ", widths[j],
+                                                       " for expert ", experts[j], " of layer ", l,
+                                                       "; widths must lie in [0, ", inter, "]"));
+      }
+      widths[j] = ExpertRunWidth(c, widths[j]);
+      if (widths[j] > 0) routed_[experts[j]].push_back({t, widths[j], weights[j]});
+    }
+  }
+  if (ctx.trace != nullptr) {
+    ctx.trace->probs.push_back(router_logits_);
+    ctx.trace->experts.push_back(chosen_);
+    ctx.trace->weights.push_back(chosen_w_);
+    ctx.trace->widths.emplace_back(chosen_width_.begin(), chosen_width_.end());
+  }
+  return absl::OkStatus();
+}
+
+void MoeBlock::SharedExpert(int l, StepContext& ctx, float* out) {
+  // The always-on shared expert on every token: Qwen2-MoE scales it by
+  // sigmoid(shared_expert_gate . h), DeepSeek-MoE adds it as it is.
+  const model::ModelConfig& c = ctx.w.config;
+  const int T = ctx.tokens();
+  const int hidden = static_cast<int>(c.hidden_size);
+  Resize(shared_out_, T, hidden);
+  shared_scale_.assign(T, 0.0f);
+  for (const StepContext::RowRun& run : ctx.runs) {
+    const LayerWeights& A = ctx.AlwaysOn(run, l);
+    ctx.SwiGlu(A.shared, run.begin, run.end - run.begin, Row(shared_out_, run.begin, hidden));
+    if (c.shared_expert_gated) {
+      ctx.Linear(Row(ctx.h, run.begin, hidden), run.end - run.begin, A.shared_gate.view(),
+                 shared_scale_.data() + run.begin, /*exact=*/true);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const float scale = c.shared_expert_gated ? 1.0f / (1.0f + std::exp(-shared_scale_[t])) : 1.0f;
+    ctx.ops->axpy(scale, Row(shared_out_, t, hidden), hidden, out + int64_t{t} * hidden);
+  }
+}
+
+absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
+  const model::ModelConfig& c = ctx.w.config;
+  const int hidden = static_cast<int>(c.hidden_size);
+  std::fill(out, out + int64_t{ctx.tokens()} * hidden, 0.0f);
+  // The experts the step runs, widest first (ties by index). A token's two outputs (top-2) add
+  // to the same float in either order, so the order does not change results; with more experts
+  // per token it changes them by rounding only.
+  loads_.clear();
+  for (size_t e = 0; e < routed_.size(); ++e) {
+    std::vector<Routed>& pairs = routed_[e];
+    if (pairs.empty()) continue;
+    // Widest first; token order within a width, so results do not depend on the batch.
+    std::stable_sort(pairs.begin(), pairs.end(),
+                     [](const Routed& a, const Routed& b) { return a.width > b.width; });
+    loads_.push_back({static_cast<int>(e), pairs.front().width});
+  }
+  std::stable_sort(loads_.begin(), loads_.end(),
+                   [](const ExpertLoad& a, const ExpertLoad& b) { return a.width > b.width; });
+  if (ctx.provider != nullptr) RETURN_IF_ERROR(ctx.provider->BeginLayer(l, loads_));
+  absl::Status status;
+  for (const ExpertLoad& load : loads_) {
+    const int e = load.expert;
+    std::vector<Routed>& pairs = routed_[e];
+    ExpertView E;
+    if (ctx.provider != nullptr) {
+      absl::StatusOr<ExpertView> view = ctx.provider->Wait(l, e, load.width);
+      if (!view.ok()) {
+        status = view.status();
+        break;
+      }
+      E = *view;
+    } else {
+      const ExpertWeights& W = ctx.w.layers[l].experts[e];
+      E = {W.gate.view(), W.up.view(), W.down.view()};
+    }
+    for (size_t begin = 0; begin < pairs.size();) {
+      const int width = pairs[begin].width;
+      size_t end = begin;
+      while (end < pairs.size() && pairs[end].width == width) ++end;
+      const int m = static_cast<int>(end - begin);
+      Resize(expert_in_, m, hidden);
+      Resize(gate_, m, width);
+      Resize(up_, m, width);
+      Resize(act_, m, width);
+      Resize(expert_out_, m, hidden);
+      for (int i = 0; i < m; ++i) {
+        std::memcpy(Row(expert_in_, i, hidden), Row(ctx.h, pairs[begin + i].token, hidden),
+                    hidden * sizeof(float));
+      }
+      // gate and up: the first `width` rows; down: the first `width` columns of each row.
+      kernels::PackedMatrix gate = E.gate, up = E.up, down = E.down;
+      gate.rows = up.rows = down.cols = width;
+      const int64_t before = ctx.stats.weight_bytes;
+      ctx.Linear(expert_in_.data(), m, gate, gate_.data());
+      ctx.Linear(expert_in_.data(), m, up, up_.data());
+      ctx.ops->silu_mul(gate_.data(), up_.data(), m * width, act_.data());
+      ctx.Linear(act_.data(), m, down, expert_out_.data());
+      ctx.stats.expert_weight_bytes += ctx.stats.weight_bytes - before;
+      ++ctx.stats.expert_runs;
+      if (ctx.observer != nullptr) {
+        observer_tokens_.resize(m);
+        for (int i = 0; i < m; ++i) observer_tokens_[i] = pairs[begin + i].token;
+        ctx.observer->OnExpert(l, e, width, observer_tokens_, act_.data(), expert_out_.data());
+      }
+      for (int i = 0; i < m; ++i) {
+        ctx.ops->axpy(pairs[begin + i].weight, Row(expert_out_, i, hidden), hidden,
+                      out + int64_t{pairs[begin + i].token} * hidden);
+      }
+      begin = end;
+    }
+  }
+  if (ctx.provider != nullptr) ctx.provider->EndLayer(l);
+  return status;
+}
+
+}  // namespace tandem::engine

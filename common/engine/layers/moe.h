@@ -1,0 +1,51 @@
+// The MoE block: router logits (or a RouterOverride's) -> the sequence's retained-expert mask
+// (pruned experts get -inf) -> softmax -> top-k -> weights renormalised where norm_topk_prob
+// says (Mixtral always) -> a width per (token, expert) from the sequence's width policy ->
+// tokens grouped per (expert, width) -> expert FFNs at those widths, widest expert first, from
+// the model's weights or an ExpertProvider -> the weighted sum, plus the always-on shared
+// expert where the model has one (scaled by its sigmoid gate, or not: model::ModelConfig's
+// shared_expert_gated). A sequence's decoder overlay supplies its router and shared expert.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/engine/layers/block.h"
+
+namespace tandem::engine {
+
+class MoeBlock : public Block {
+ public:
+  explicit MoeBlock(const model::ModelConfig& config);
+
+  absl::Status Forward(int layer, StepContext& ctx, float* out) override;
+
+ private:
+  // A token's routed pair of the current layer, under its expert.
+  struct Routed {
+    int token;
+    int width;
+    float weight;
+  };
+  // The routed pairs of layer l into routed_ (masked softmax, top-k, renormalising, widths),
+  // over ctx.h; the layer's decisions into ctx.trace.
+  absl::Status Route(int l, StepContext& ctx);
+  // out (tokens, hidden) = the routed experts' weighted outputs, widest expert first.
+  absl::Status RunExperts(int l, StepContext& ctx, float* out);
+  // out += the shared expert of layer l.
+  void SharedExpert(int l, StepContext& ctx, float* out);
+
+  // Buffers reused across steps (sized by the largest step so far).
+  std::vector<std::vector<Routed>> routed_;  // (experts) x routed pairs
+  std::vector<ExpertLoad> loads_;
+  std::vector<float> router_logits_;
+  std::vector<int32_t> chosen_;  // (tokens, top_k)
+  std::vector<float> chosen_w_;
+  std::vector<int> chosen_width_;
+  std::vector<int> order_;  // expert indices, for top-k
+  std::vector<float> expert_in_, gate_, up_, act_, expert_out_;
+  std::vector<float> shared_out_, shared_scale_;
+  std::vector<int> observer_tokens_;
+};
+
+}  // namespace tandem::engine

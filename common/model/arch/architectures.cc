@@ -1,0 +1,15 @@
+// The architecture table: one entry per model_type, each defined in its own file here.
+#include "common/model/config.h"
+
+namespace tandem::model {
+
+const ArchitectureSpec& Qwen2MoeArchitecture();  // qwen2_moe.cc
+const ArchitectureSpec& Qwen3MoeArchitecture();  // qwen3_moe.cc
+
+const std::vector<const ArchitectureSpec*>& Architectures() {
+  static const std::vector<const ArchitectureSpec*> kAll = {
+      &MixtralArchitecture(), &Qwen2MoeArchitecture(), &Qwen3MoeArchitecture()};
+  return kAll;
+}
+
+}  // namespace tandem::model
