@@ -14,7 +14,7 @@ Deterministic: the weights come from a seeded generator, so the files reproduce 
 Run from the repository root: /usr/bin/python3 tools/train/arch_goldens.py
 """
 import os
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+import openblas_core  # noqa: F401  (before numpy and torch load OpenBLAS)
 
 import json
 import shutil

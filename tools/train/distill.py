@@ -29,7 +29,7 @@ the engine holds them) and metadata naming the format, the base checkpoint (SHA-
 model.safetensors), the plan (`plan_sha256`) and the recipe (`tandem-decode --overlay`).
 """
 import os
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")  # must precede loading OpenBLAS
+import openblas_core  # noqa: F401  (before numpy and torch load OpenBLAS)
 
 import argparse
 import hashlib

@@ -4,7 +4,7 @@ the Hugging Face layout (bf16
 safetensors), verifies it by reading it back, measures validation/test perplexity and the
 routing statistics of the shipped bf16 weights, and writes them to eval/metrics.json."""
 import os
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+import openblas_core  # noqa: F401  (before numpy and torch load OpenBLAS)
 
 import argparse
 import itertools

@@ -14,7 +14,7 @@ Files (numpy .npy, little-endian, C order; read in C++ by common/model/npy.h):
                               test split under the evaluation protocol of data.py
 """
 import os
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+import openblas_core  # noqa: F401  (before numpy and torch load OpenBLAS)
 
 import argparse
 import hashlib

@@ -12,7 +12,7 @@ with golden.json naming the files, the split and the token ids. The student's we
 overlay's exactly as stored (norms F32, matrices BF16), the rest the bf16 checkpoint's.
 """
 import os
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+import openblas_core  # noqa: F401  (before numpy and torch load OpenBLAS)
 
 import argparse
 import json

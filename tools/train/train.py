@@ -5,7 +5,7 @@ Every sequence starts with BOS (the exported tokenizer_config says add_bos_token
 documents are joined with EOS. Keeps the checkpoint with the best validation loss.
 """
 import os
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")  # must precede loading OpenBLAS
+import openblas_core  # noqa: F401  (before numpy and torch load OpenBLAS)
 
 import argparse
 import json
