@@ -89,6 +89,12 @@ def main():
         "num_hidden_layers": 3, "num_attention_heads": 4, "num_experts": 8,
         "num_experts_per_tok": 4, "norm_topk_prob": False, "qkv_bias": True,
         "decoder_sparse_step": 1, "mlp_only_layers": [0], "use_sliding_window": False}, indent=1))
+    write("config", "deepseek.json", json.dumps({
+        "model_type": "deepseek", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+        "moe_intermediate_size": 8, "n_routed_experts": 8, "n_shared_experts": 2,
+        "num_experts_per_tok": 3, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "norm_topk_prob": False,
+        "scoring_func": "softmax", "attention_bias": False}, indent=1))
     copy("config", "tiny-fg-moe.json", "tools/train/configs/tiny-fg-moe.json")
     write("config", "minimal-mixtral.json",
           '{"model_type":"mixtral","vocab_size":8,"hidden_size":4,"intermediate_size":2,'

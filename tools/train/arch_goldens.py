@@ -52,6 +52,17 @@ CASES = {
              tie_word_embeddings=True, num_experts_per_tok=2),
         "shared expert, norm_topk_prob true, tied embeddings, every layer sparse"),
     "mixtral": (dict(model_type="mixtral", intermediate_size=32), "Mixtral layout"),
+    "deepseek_dense_shared": (
+        dict(model_type="deepseek", n_shared_experts=2, first_k_dense_replace=1,
+             num_key_value_heads=4, norm_topk_prob=False, num_hidden_layers=4),
+        "DeepSeek-MoE: two ungated shared experts (one MLP twice the expert width), a dense "
+        "first layer (first_k_dense_replace 1), multi-head attention (kv heads = heads), "
+        "softmax top-k without renormalisation"),
+    "deepseek_freq2_bias_tied": (
+        dict(model_type="deepseek", n_shared_experts=1, moe_layer_freq=2, attention_bias=True,
+             norm_topk_prob=True, tie_word_embeddings=True),
+        "DeepSeek-MoE: moe_layer_freq 2 (layers 0 and 2 sparse, 1 dense), attention bias on "
+        "q, k, v and o, norm_topk_prob true, one shared expert, tied embeddings"),
 }
 TOKENS = 24
 SEED = 20261201

@@ -52,7 +52,7 @@ OVERLAY_VERSION = "1"
 
 
 def router_name(cfg, layer):
-    block = "mlp" if cfg.qwen else "block_sparse_moe"
+    block = "mlp" if cfg.mlp_layout else "block_sparse_moe"
     return f"model.layers.{layer}.{block}.gate.weight"
 
 
@@ -66,7 +66,10 @@ def always_on_names(cfg):
             names += [p + f"mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")]
             continue
         names.append(router_name(cfg, l))
-        if cfg.shared_expert_intermediate_size:
+        if cfg.model_type == "deepseek" and cfg.shared_size:  # ungated
+            names += [p + f"mlp.shared_experts.{m}.weight"
+                      for m in ("gate_proj", "up_proj", "down_proj")]
+        elif cfg.shared_size:
             names += [p + f"mlp.shared_expert.{m}.weight"
                       for m in ("gate_proj", "up_proj", "down_proj")]
             names.append(p + "mlp.shared_expert_gate.weight")

@@ -1,5 +1,6 @@
-"""Mixtral, Qwen2-MoE and Qwen3-MoE, exactly as Hugging Face's MixtralForCausalLM,
-Qwen2MoeForCausalLM and Qwen3MoeForCausalLM define them, in plain PyTorch.
+"""Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-MoE, exactly as Hugging Face's
+MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and DeepseekForCausalLM
+(deepseek-ai's modeling_deepseek.py) define them, in plain PyTorch.
 
 One Config carries every architecture's fields; `model_type` picks the layout. Parameter
 names follow the Hugging Face checkpoints (Mixtral: model.layers.N.block_sparse_moe.experts.E.w1;
@@ -16,6 +17,12 @@ What the Qwen layouts add to Mixtral (Hugging Face's modeling_qwen2_moe.py / mod
   both       routed experts of width moe_intermediate_size; layer i is sparse iff i is not in
              mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a dense SwiGLU MLP of
              width intermediate_size; tie_word_embeddings.
+  deepseek   n_routed_experts of width moe_intermediate_size; n_shared_experts always-on
+             experts as one MLP of width n_shared_experts * moe_intermediate_size
+             (mlp.shared_experts), added without a gate; layer i is sparse iff
+             i >= first_k_dense_replace and i % moe_layer_freq == 0, else a dense MLP of width
+             intermediate_size; softmax top-k, renormalised by norm_topk_prob (default false);
+             attention_bias on q, k, v and o (default false).
 """
 import math
 from dataclasses import dataclass, asdict, field
@@ -25,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek": "DeepseekForCausalLM"}
 
 
 @dataclass
@@ -55,6 +62,10 @@ class Config:
     qkv_bias: bool = True  # qwen2_moe
     attention_bias: bool = False  # qwen3_moe (q, k, v and o)
     head_dim_override: int = 0  # qwen3_moe's explicit head_dim; 0: hidden / heads
+    # deepseek only
+    n_shared_experts: int = 0
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 1
     dropout: float = 0.0  # training-only residual dropout; not part of the exported architecture
 
     @property
@@ -66,10 +77,34 @@ class Config:
         return self.model_type in ("qwen2_moe", "qwen3_moe")
 
     @property
+    def mlp_layout(self):
+        """Experts named mlp.experts.E.gate_proj, of width moe_intermediate_size, and dense
+        layers of width intermediate_size (every layout but Mixtral's)."""
+        return self.model_type != "mixtral"
+
+    @property
     def expert_size(self):
-        return self.moe_intermediate_size if self.qwen else self.intermediate_size
+        return self.moe_intermediate_size if self.mlp_layout else self.intermediate_size
+
+    @property
+    def shared_size(self):
+        """The always-on shared expert's width (0: none)."""
+        if self.model_type == "deepseek":
+            return self.n_shared_experts * self.moe_intermediate_size
+        return self.shared_expert_intermediate_size
+
+    @property
+    def attention_biases(self):
+        """(q/k/v have bias, o has bias)."""
+        if self.model_type == "qwen2_moe":
+            return self.qkv_bias, False
+        if self.model_type in ("qwen3_moe", "deepseek"):
+            return self.attention_bias, self.attention_bias
+        return False, False
 
     def is_sparse(self, layer):
+        if self.model_type == "deepseek":
+            return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
         if not self.qwen:
             return True
         return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
@@ -95,6 +130,16 @@ class Config:
         }
         if self.model_type == "mixtral":
             d["num_local_experts"] = self.num_local_experts
+        elif self.model_type == "deepseek":
+            d.update({"n_routed_experts": self.num_local_experts,
+                      "n_shared_experts": self.n_shared_experts,
+                      "moe_intermediate_size": self.moe_intermediate_size,
+                      "first_k_dense_replace": self.first_k_dense_replace,
+                      "moe_layer_freq": self.moe_layer_freq,
+                      "norm_topk_prob": self.norm_topk_prob, "scoring_func": "softmax",
+                      "attention_bias": self.attention_bias, "aux_loss_alpha": 0.001,
+                      "seq_aux": True, "pretraining_tp": 1, "rope_scaling": None})
+            del d["router_aux_loss_coef"], d["sliding_window"], d["head_dim"]
         else:
             d.update({"num_experts": self.num_local_experts,
                       "moe_intermediate_size": self.moe_intermediate_size,
@@ -115,8 +160,28 @@ class Config:
         mt = d["model_type"]
         if mt not in ARCHITECTURES:
             raise ValueError(f"unsupported model_type {mt}")
-        qwen = mt != "mixtral"
+        qwen = mt in ("qwen2_moe", "qwen3_moe")
         heads = d["num_attention_heads"]
+        if mt == "deepseek":
+            return Config(
+                model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+                intermediate_size=d["intermediate_size"],
+                num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
+                num_key_value_heads=d.get("num_key_value_heads") or heads,
+                num_local_experts=d["n_routed_experts"],
+                num_experts_per_tok=d["num_experts_per_tok"],
+                max_position_embeddings=d.get("max_position_embeddings", 2048),
+                rope_theta=d.get("rope_theta", 10000.0), rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+                router_aux_loss_coef=d.get("aux_loss_alpha", 0.001),
+                bos_token_id=d.get("bos_token_id", 100000),
+                eos_token_id=d.get("eos_token_id", 100001),
+                moe_intermediate_size=d["moe_intermediate_size"],
+                n_shared_experts=d.get("n_shared_experts") or 0,
+                first_k_dense_replace=d.get("first_k_dense_replace", 0),
+                moe_layer_freq=d.get("moe_layer_freq", 1),
+                norm_topk_prob=d.get("norm_topk_prob", False),
+                tie_word_embeddings=d.get("tie_word_embeddings", False),
+                attention_bias=d.get("attention_bias", False))
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
         return Config(
             model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
@@ -171,9 +236,7 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
-        qkv_bias = (cfg.model_type == "qwen2_moe" and cfg.qkv_bias) or (
-            cfg.model_type == "qwen3_moe" and cfg.attention_bias)
-        o_bias = cfg.model_type == "qwen3_moe" and cfg.attention_bias
+        qkv_bias, o_bias = cfg.attention_biases
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * hd, bias=qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=qkv_bias)
@@ -234,11 +297,13 @@ class SparseMoe(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=False)
-        make = Mlp if cfg.qwen else Expert
+        make = Mlp if cfg.mlp_layout else Expert
         self.experts = nn.ModuleList([make(cfg.hidden_size, cfg.expert_size)
                                       for _ in range(cfg.num_local_experts)])
-        if cfg.shared_expert_intermediate_size:
-            self.shared_expert = Mlp(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+        if cfg.model_type == "deepseek" and cfg.shared_size:
+            self.shared_experts = Mlp(cfg.hidden_size, cfg.shared_size)  # no gate
+        elif cfg.shared_size:
+            self.shared_expert = Mlp(cfg.hidden_size, cfg.shared_size)
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x, trace=None, retained=None):
@@ -271,7 +336,9 @@ class SparseMoe(nn.Module):
             tok = idx // k
             y = self.experts[e](flat[tok]) * weights.reshape(-1)[idx, None]
             out.index_add_(0, tok, y.to(out.dtype))
-        if self.cfg.shared_expert_intermediate_size:
+        if hasattr(self, "shared_experts"):
+            out = out + self.shared_experts(flat)
+        elif hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return out.view(b, t, d), logits
 
@@ -283,7 +350,7 @@ class Block(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.sparse = cfg.is_sparse(layer)
-        if not cfg.qwen:
+        if not cfg.mlp_layout:
             self.block_sparse_moe = SparseMoe(cfg)
         elif self.sparse:
             self.mlp = SparseMoe(cfg)
@@ -391,10 +458,10 @@ def param_counts(cfg):
     d, v, hd = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
     attn = d * (2 * q + 2 * kv)
-    if cfg.model_type == "qwen2_moe" and cfg.qkv_bias:
-        attn += q + 2 * kv
+    qkv_bias, o_bias = cfg.attention_biases
+    attn += (q + 2 * kv if qkv_bias else 0) + (d if o_bias else 0)
     if cfg.model_type == "qwen3_moe":
-        attn += 2 * hd + ((q + 2 * kv + d) if cfg.attention_bias else 0)
+        attn += 2 * hd
     total = v * d * (1 if cfg.tie_word_embeddings else 2) + d
     active = total
     expert = 3 * d * cfg.expert_size
@@ -405,8 +472,8 @@ def param_counts(cfg):
             active += base + 3 * d * cfg.intermediate_size
             continue
         base += d * cfg.num_local_experts
-        if cfg.shared_expert_intermediate_size:
-            base += 3 * d * cfg.shared_expert_intermediate_size + d
+        if cfg.shared_size:
+            base += 3 * d * cfg.shared_size + (0 if cfg.model_type == "deepseek" else d)
         total += base + cfg.num_local_experts * expert
         active += base + cfg.num_experts_per_tok * expert
     return total, active

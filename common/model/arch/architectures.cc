@@ -3,12 +3,14 @@
 
 namespace tandem::model {
 
+const ArchitectureSpec& DeepseekArchitecture();  // deepseek.cc
 const ArchitectureSpec& Qwen2MoeArchitecture();  // qwen2_moe.cc
 const ArchitectureSpec& Qwen3MoeArchitecture();  // qwen3_moe.cc
 
 const std::vector<const ArchitectureSpec*>& Architectures() {
   static const std::vector<const ArchitectureSpec*> kAll = {
-      &MixtralArchitecture(), &Qwen2MoeArchitecture(), &Qwen3MoeArchitecture()};
+      &MixtralArchitecture(), &Qwen2MoeArchitecture(), &Qwen3MoeArchitecture(),
+      &DeepseekArchitecture()};
   return kAll;
 }
 

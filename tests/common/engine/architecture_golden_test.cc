@@ -2,9 +2,10 @@
 // checkpoints of every architecture option it runs (tests/golden/arch, made by
 // tools/train/arch_goldens.py): Qwen3-MoE's q/k norm and attention bias, Qwen2-MoE's shared
 // expert and q/k/v bias, norm_topk_prob both ways, dense layers among sparse ones
-// (mlp_only_layers, decoder_sparse_step), tied embeddings, and Mixtral. Logits of the whole
-// sequence, then of a chunked prefill and token-by-token decode through the paged KV cache,
-// and the router's choices and weights.
+// (mlp_only_layers, decoder_sparse_step), tied embeddings, Mixtral, and DeepSeek-MoE's ungated
+// shared experts, first_k_dense_replace / moe_layer_freq dense layers and attention bias. Logits of
+// the whole sequence, then of a chunked prefill and token-by-token decode through the paged KV
+// cache, and the router's choices and weights.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -157,7 +158,8 @@ TEST_P(ArchitectureGoldenTest, ChunkedPrefillThenCachedDecodeMatchPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(RandomCheckpoints, ArchitectureGoldenTest,
                          ::testing::Values("qwen3_moe_norm_dense_tied", "qwen3_moe_step2_bias",
-                                           "qwen2_moe_shared", "qwen2_moe_norm_tied", "mixtral"));
+                                           "qwen2_moe_shared", "qwen2_moe_norm_tied", "mixtral",
+                                           "deepseek_dense_shared", "deepseek_freq2_bias_tied"));
 
 }  // namespace
 }  // namespace tandem::engine

@@ -129,6 +129,78 @@ TEST(ModelConfigTest, ParsesPublishedQwenMoeConfigs) {
   EXPECT_EQ(ExpectedTensors(*q15).size(), 1u + 24 * (2 + 4 + 3 + 1 + 60 * 3 + 3 + 1) + 2u);
 }
 
+// deepseek-ai/deepseek-moe-16b-base's config.json as published (the CRISP method's second
+// model), less its auto_map.
+constexpr char kDeepseekMoe16B[] = R"({
+  "architectures": ["DeepseekForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001,
+  "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 10944, "max_position_embeddings": 4096,
+  "model_type": "deepseek", "moe_intermediate_size": 1408, "moe_layer_freq": 1,
+  "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": false,
+  "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 28,
+  "num_key_value_heads": 16, "pretraining_tp": 1, "rms_norm_eps": 1e-06, "rope_scaling": null,
+  "rope_theta": 10000, "scoring_func": "softmax", "seq_aux": true,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.36.0",
+  "use_cache": true, "vocab_size": 102400})";
+
+TEST(ModelConfigTest, ParsesPublishedDeepseekMoe16B) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kDeepseekMoe16B);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "deepseek");
+  EXPECT_EQ(c->num_local_experts, 64);
+  EXPECT_EQ(c->num_experts_per_tok, 6);
+  EXPECT_EQ(c->intermediate_size, 1408);
+  EXPECT_EQ(c->dense_intermediate_size, 10944);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 2 * 1408);  // two shared experts as one MLP
+  EXPECT_FALSE(c->shared_expert_gated);
+  EXPECT_FALSE(c->norm_topk_prob);
+  EXPECT_EQ(c->num_key_value_heads, 16);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_FALSE(c->attention_qkv_bias);
+  EXPECT_FALSE(c->IsSparseLayer(0));  // first_k_dense_replace
+  for (int l = 1; l < 28; ++l) EXPECT_TRUE(c->IsSparseLayer(l)) << l;
+  // embed + dense layer 0 (2 norms + 4 attention + 3 MLP) + 27 x (2 norms + 4 attention +
+  // router + 64 x 3 + shared 3, no gate) + norm + lm_head
+  const std::vector<TensorSpec> tensors = ExpectedTensors(*c);
+  EXPECT_EQ(tensors.size(), 1u + 9 + 27 * (2 + 4 + 1 + 64 * 3 + 3) + 2u);
+  EXPECT_TRUE(std::any_of(tensors.begin(), tensors.end(), [](const TensorSpec& t) {
+    return t.name == "model.layers.1.mlp.shared_experts.down_proj.weight" &&
+           t.shape == std::vector<int64_t>{2048, 2816};
+  }));
+
+  // moe_layer_freq 2 with first_k_dense_replace 1: layers 2, 4, ... are MoE.
+  Json j = Json::parse(kDeepseekMoe16B);
+  j["moe_layer_freq"] = 2;
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(SparseLayers(*c),
+            (std::vector<bool>{false, false, true, false, true, false, true, false, true, false,
+                               true,  false, true, false, true, false, true, false, true, false,
+                               true,  false, true, false, true, false, true, false}));
+  j["n_shared_experts"] = nullptr;  // none
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->HasSharedExpert());
+
+  // What the engine does not run is refused, naming the key.
+  j = Json::parse(kDeepseekMoe16B);
+  j["scoring_func"] = "sigmoid";
+  ExpectInvalid(j, {"scoring_func", "sigmoid"});
+  j = Json::parse(kDeepseekMoe16B);
+  j["moe_layer_freq"] = 0;
+  ExpectInvalid(j, {"moe_layer_freq", "at least 1"});
+  j = Json::parse(kDeepseekMoe16B);
+  j["first_k_dense_replace"] = 28;
+  ExpectInvalid(j, {"first_k_dense_replace", "no MoE layer"});
+  j = Json::parse(kDeepseekMoe16B);
+  j["n_shared_experts"] = -1;
+  ExpectInvalid(j, {"n_shared_experts", "negative"});
+  j = Json::parse(kDeepseekMoe16B);
+  j.erase("n_routed_experts");  // a dense model
+  ExpectInvalid(j, {"n_routed_experts", "missing"});
+}
+
 TEST(ModelConfigTest, ParsesMixtral8x7B) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig(kMixtral8x7B);
   ASSERT_TRUE(c.ok()) << c.status();

@@ -1,0 +1,84 @@
+// DeepSeek-MoE (deepseek-ai's DeepseekForCausalLM, model_type "deepseek", e.g.
+// deepseek-moe-16b): n_routed_experts of width moe_intermediate_size chosen by a softmax top-k
+// (scoring_func "softmax"), renormalised only where norm_topk_prob says (default false);
+// n_shared_experts always-on experts stored as one MLP of n_shared_experts *
+// moe_intermediate_size (mlp.shared_experts) and added without a gate; layer l is MoE iff
+// l >= first_k_dense_replace and l % moe_layer_freq == 0, else a dense MLP of
+// intermediate_size; plain attention with attention_bias on q, k, v and o (default false).
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/arch/recipes.h"
+#include "common/util/status.h"
+
+namespace tandem::model {
+namespace {
+
+absl::Status Recipe(const ConfigReader& json, ModelConfig* c) {
+  ASSIGN_OR_RETURN(std::string scoring, json.OptionalString("scoring_func", "softmax"));
+  if (scoring != "softmax") {
+    return FieldError("scoring_func",
+                      absl::StrCat("\"", scoring, "\" is not supported (deepseek: \"softmax\")"));
+  }
+  RETURN_IF_ERROR(arch::NormTopkProb(json, /*fallback=*/false, c));
+  RETURN_IF_ERROR(arch::AttentionBias(json, "attention_bias", /*fallback=*/false,
+                                      /*covers_output=*/true, c));
+  ASSIGN_OR_RETURN(int64_t shared, json.OptionalInt("n_shared_experts", 0));
+  if (shared < 0) return FieldError("n_shared_experts", "must not be negative");
+  if (shared > 0) {
+    ASSIGN_OR_RETURN(c->shared_expert_intermediate_size,
+                     ConfigReader::CheckSize("n_shared_experts", shared * c->intermediate_size));
+  }
+  c->shared_expert_gated = false;
+  ASSIGN_OR_RETURN(int64_t first_dense, json.OptionalInt("first_k_dense_replace", 0));
+  if (first_dense < 0) return FieldError("first_k_dense_replace", "must not be negative");
+  ASSIGN_OR_RETURN(int64_t frequency, json.OptionalInt("moe_layer_freq", 1));
+  if (frequency < 1) return FieldError("moe_layer_freq", "must be at least 1");
+  arch::SparseLayers layers{std::vector<bool>(c->num_hidden_layers),
+                            first_dense > 0 ? "first_k_dense_replace" : "moe_layer_freq"};
+  for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+    layers.sparse[l] = l >= first_dense && l % frequency == 0;
+  }
+  return arch::SetDenseLayers(json, layers, "intermediate_size", c);
+}
+
+constexpr ArchitectureSpec kDeepseek{
+    .model_type = "deepseek",
+    .num_experts_key = "n_routed_experts",
+    .intermediate_size_key = "moe_intermediate_size",
+    .default_rope_theta = 10000.0,
+    .default_rms_norm_eps = 1e-6,
+    .default_use_sliding_window = false,
+    .tensor_names = arch::TensorNames({
+        {TensorKind::kTokenEmbedding, "model.embed_tokens.weight"},
+        {TensorKind::kOutputNorm, "model.norm.weight"},
+        {TensorKind::kOutput, "lm_head.weight"},
+        {TensorKind::kAttnNorm, "model.layers.{layer}.input_layernorm.weight"},
+        {TensorKind::kAttnQ, "model.layers.{layer}.self_attn.q_proj.weight"},
+        {TensorKind::kAttnK, "model.layers.{layer}.self_attn.k_proj.weight"},
+        {TensorKind::kAttnV, "model.layers.{layer}.self_attn.v_proj.weight"},
+        {TensorKind::kAttnOut, "model.layers.{layer}.self_attn.o_proj.weight"},
+        {TensorKind::kAttnQBias, "model.layers.{layer}.self_attn.q_proj.bias"},
+        {TensorKind::kAttnKBias, "model.layers.{layer}.self_attn.k_proj.bias"},
+        {TensorKind::kAttnVBias, "model.layers.{layer}.self_attn.v_proj.bias"},
+        {TensorKind::kAttnOutBias, "model.layers.{layer}.self_attn.o_proj.bias"},
+        {TensorKind::kFfnNorm, "model.layers.{layer}.post_attention_layernorm.weight"},
+        {TensorKind::kRouter, "model.layers.{layer}.mlp.gate.weight"},
+        {TensorKind::kExpertGate, "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"},
+        {TensorKind::kExpertUp, "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"},
+        {TensorKind::kExpertDown, "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
+        {TensorKind::kSharedGate, "model.layers.{layer}.mlp.shared_experts.gate_proj.weight"},
+        {TensorKind::kSharedUp, "model.layers.{layer}.mlp.shared_experts.up_proj.weight"},
+        {TensorKind::kSharedDown, "model.layers.{layer}.mlp.shared_experts.down_proj.weight"},
+        {TensorKind::kDenseGate, "model.layers.{layer}.mlp.gate_proj.weight"},
+        {TensorKind::kDenseUp, "model.layers.{layer}.mlp.up_proj.weight"},
+        {TensorKind::kDenseDown, "model.layers.{layer}.mlp.down_proj.weight"},
+    }),
+    .recipe = Recipe,
+};
+
+}  // namespace
+
+const ArchitectureSpec& DeepseekArchitecture() { return kDeepseek; }
+
+}  // namespace tandem::model
