@@ -35,6 +35,11 @@ absl::Status KvCacheConfig::Validate() const {
           absl::StrCat("KV cache ", name, " must be positive, got ", value));
     }
   }
+  if (state_bytes < 0 || num_state_slots < 0 || (state_bytes > 0) != (num_state_slots > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache state slots (", num_state_slots,
+                                                   " of ", state_bytes,
+                                                   " bytes) must both be positive or both zero"));
+  }
   return absl::OkStatus();
 }
 
@@ -62,6 +67,19 @@ absl::StatusOr<size_t> KvBlockPool::BytesFor(const KvCacheConfig& config) {
                          MulOverflows((pool + kAlignment - 1) / kAlignment * kAlignment,
                                       2 * static_cast<size_t>(config.num_layers), &total) ||
                          total > static_cast<size_t>(PTRDIFF_MAX);
+  size_t states = 0;
+  const bool states_overflow =
+      config.state_bytes > static_cast<int64_t>(PTRDIFF_MAX / 2) ||
+      MulOverflows(
+          (static_cast<size_t>(config.state_bytes) + kAlignment - 1) / kAlignment * kAlignment,
+          static_cast<size_t>(config.num_state_slots), &states) ||
+      states > static_cast<size_t>(PTRDIFF_MAX) - total;
+  if (states_overflow) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache state slots overflow: ", config.num_state_slots, " x ",
+                     config.state_bytes, " bytes"));
+  }
+  total += states;
   if (overflows) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "KV cache size overflows: ", config.num_layers, " layers x 2 x ", config.num_blocks,
@@ -116,6 +134,10 @@ KvBlockPool::KvBlockPool(const KvCacheConfig& config,
       pool_stride_bytes_(PoolStrideBytes(config)),
       size_bytes_(size_bytes),
       ref_counts_(config.num_blocks, 0),
+      state_used_(config.num_state_slots, false),
+      state_stride_bytes_((static_cast<size_t>(config.state_bytes) + kAlignment - 1) / kAlignment *
+                          kAlignment),
+      state_base_(2 * static_cast<size_t>(config.num_layers) * pool_stride_bytes_),
       seed_([] {
         std::random_device device;
         return (uint64_t{device()} << 32) ^ device();
@@ -123,6 +145,46 @@ KvBlockPool::KvBlockPool(const KvCacheConfig& config,
   // Popped from the back, so a fresh pool hands out ids 0, 1, 2, ...
   free_.reserve(config.num_blocks);
   for (int32_t b = config.num_blocks - 1; b >= 0; --b) free_.push_back(b);
+  for (int32_t s = config.num_state_slots - 1; s >= 0; --s) free_states_.push_back(s);
+}
+
+absl::StatusOr<int32_t> KvBlockPool::AllocateState() {
+  int32_t slot;
+  {
+    absl::MutexLock lock(&mu_);
+    if (free_states_.empty()) {
+      return absl::ResourceExhaustedError(absl::StrCat("no free state slot for a sequence (all ",
+                                                       config_.num_state_slots, " in use)"));
+    }
+    slot = free_states_.back();
+    free_states_.pop_back();
+    state_used_[slot] = true;
+  }
+  std::memset(state(slot), 0, static_cast<size_t>(config_.state_bytes));
+  return slot;
+}
+
+void KvBlockPool::ReleaseState(int32_t slot) {
+  absl::MutexLock lock(&mu_);
+  TANDEM_CHECK(slot >= 0 && slot < config_.num_state_slots && state_used_[slot])
+      << "release of state slot " << slot << ", which is not allocated";
+  state_used_[slot] = false;
+  free_states_.push_back(slot);
+}
+
+int KvBlockPool::num_free_states() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(free_states_.size());
+}
+
+const std::byte* KvBlockPool::state(int32_t slot) const {
+  TANDEM_CHECK(slot >= 0 && slot < config_.num_state_slots)
+      << "state slot " << slot << " outside [0, " << config_.num_state_slots << ")";
+  return data_.get() + state_base_ + static_cast<size_t>(slot) * state_stride_bytes_;
+}
+
+std::byte* KvBlockPool::state(int32_t slot) {
+  return const_cast<std::byte*>(std::as_const(*this).state(slot));
 }
 
 KvBlockPool::~KvBlockPool() = default;
@@ -372,9 +434,21 @@ absl::Status BlockTable::Reserve(KvBlockPool* pool, int new_num_tokens) {
   const int64_t block_size = pool->config().block_size;
   const int64_t needed = (new_num_tokens + block_size - 1) / block_size;
   const int64_t have = static_cast<int64_t>(blocks_.size());
-  if (needed <= have) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::vector<int32_t> fresh, pool->Allocate(static_cast<int>(needed - have)));
-  blocks_.insert(blocks_.end(), fresh.begin(), fresh.end());
+  const bool wants_state = pool->config().num_state_slots > 0 && state_slot_ < 0;
+  if (needed <= have && !wants_state) return absl::OkStatus();
+  int32_t state = -1;
+  if (wants_state) {
+    ASSIGN_OR_RETURN(state, pool->AllocateState());
+  }
+  if (needed > have) {
+    absl::StatusOr<std::vector<int32_t>> fresh = pool->Allocate(static_cast<int>(needed - have));
+    if (!fresh.ok()) {
+      if (state >= 0) pool->ReleaseState(state);
+      return fresh.status();
+    }
+    blocks_.insert(blocks_.end(), fresh->begin(), fresh->end());
+  }
+  if (state >= 0) state_slot_ = state;
   return absl::OkStatus();
 }
 
@@ -399,6 +473,11 @@ void BlockTable::ReleaseAll(KvBlockPool* pool) {
   if (!blocks_.empty()) {
     CheckSamePool(pool);
     pool->Release(blocks_);
+  }
+  if (state_slot_ >= 0) {
+    CheckSamePool(pool);
+    pool->ReleaseState(state_slot_);
+    state_slot_ = -1;
   }
   blocks_.clear();
   num_tokens_ = 0;

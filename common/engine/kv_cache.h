@@ -4,6 +4,9 @@
 // Memory layout, one contiguous 64-byte-aligned allocation, zero-filled at creation:
 //   for each layer l:  K pool (num_blocks blocks of block_bytes())
 //                      V pool (num_blocks blocks of block_bytes())
+//   state slots:       num_state_slots slots of state_bytes, each padded to 64 bytes
+// (layers here are the model's attention layers; a recurrent layer keeps a fixed-size state
+// per sequence in its sequence's state slot instead).
 // A block holds (block_size, num_kv_heads, head_dim) values in the config's dtype (float32, bf16,
 // or int8 followed by its per-token, per-head scales: common/kernels/kv_format.h). Each pool
 // starts on a 64-byte boundary (pools are padded up to a multiple of 64 bytes), so an attention
@@ -33,8 +36,12 @@ struct KvCacheConfig {
   int block_size = 0;  // tokens per block
   int num_blocks = 0;
   kernels::KvDtype dtype = kernels::KvDtype::kF32;  // how keys and values are stored
+  // Per-sequence state of the model's recurrent layers (Gated DeltaNet: convolution tails and
+  // recurrent states), one slot of state_bytes per sequence; 0 and 0 when it has none.
+  int64_t state_bytes = 0;
+  int num_state_slots = 0;
 
-  // INVALID_ARGUMENT naming the first field that is not positive.
+  // INVALID_ARGUMENT naming the first field that is not positive (state: both or neither).
   absl::Status Validate() const;
 };
 
@@ -125,6 +132,16 @@ class KvBlockPool {
 
   // Blocks Allocate can hand out: free ones and evictable (published, unreferenced) ones.
   int num_free() const;
+
+  // A free state slot, zero-filled (a sequence's recurrent layers start from zero state);
+  // RESOURCE_EXHAUSTED when none is free or the pool has none.
+  absl::StatusOr<int32_t> AllocateState();
+  // Returns a slot AllocateState handed out (CHECK).
+  void ReleaseState(int32_t slot);
+  int num_free_states() const;
+  // Slot `slot`'s bytes (state_bytes of them; CHECK on an out-of-range id).
+  std::byte* state(int32_t slot);
+  const std::byte* state(int32_t slot) const;
   int num_total() const { return config_.num_blocks; }
   int ref_count(int32_t block) const;  // 0 for a free block; CHECK on an out-of-range id
 
@@ -177,8 +194,12 @@ class KvBlockPool {
   int32_t Evict() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
-  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);        // stack of free block ids
-  std::vector<int32_t> ref_counts_ ABSL_GUARDED_BY(mu_);  // (num_blocks,)
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);         // stack of free block ids
+  std::vector<int32_t> ref_counts_ ABSL_GUARDED_BY(mu_);   // (num_blocks,)
+  std::vector<bool> state_used_ ABSL_GUARDED_BY(mu_);      // (num_state_slots,)
+  std::vector<int32_t> free_states_ ABSL_GUARDED_BY(mu_);  // stack of free state slots
+  const size_t state_stride_bytes_;                        // state_bytes padded to kAlignment
+  const size_t state_base_;                                // where the state slots start in data()
 
   // Prefix cache: per block (sized when enabled), whether it is published, its key, its
   // parent's key and its tokens; the published blocks by key; the evictable ones as a list
@@ -219,7 +240,8 @@ class BlockTable {
   }
 
   // Allocates the blocks needed to hold `new_num_tokens` tokens (none if they are held
-  // already). All or nothing: on RESOURCE_EXHAUSTED the table is unchanged.
+  // already), and the sequence's state slot on first use where the pool keeps recurrent state.
+  // All or nothing: on RESOURCE_EXHAUSTED the table is unchanged.
   absl::Status Reserve(KvBlockPool* pool, int new_num_tokens);
   // Marks `n` more tokens as written; num_tokens() + n must not exceed the capacity (CHECK).
   void Append(int n);
@@ -227,8 +249,10 @@ class BlockTable {
   // from KvBlockPool::AcquireCached). The table must hold whole blocks only, all written
   // (CHECK).
   void AppendFull(KvBlockPool* pool, int32_t block);
-  // Releases every block to `pool` and empties the table.
+  // Releases every block (and the state slot) to `pool` and empties the table.
   void ReleaseAll(KvBlockPool* pool);
+  // The sequence's state slot in the pool; -1 when it has none.
+  int32_t state_slot() const { return state_slot_; }
 
   // Where position `position` lives; it must be within the reserved capacity (CHECK), which
   // may be beyond num_tokens() (a step writes new tokens' slots before Append).
@@ -248,6 +272,7 @@ class BlockTable {
   void CheckSamePool(const KvBlockPool* pool) const;  // CHECK
 
   std::vector<int32_t> blocks_;
+  int32_t state_slot_ = -1;
   int num_tokens_ = 0;
   const KvBlockPool* pool_ = nullptr;  // the pool the blocks come from, once known
 };

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -55,6 +57,70 @@ TEST(KvCacheConfigTest, ValidateNamesTheField) {
     EXPECT_THAT(status.message(), HasSubstr(field));
     EXPECT_EQ(KvBlockPool::Create(config).status().code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+TEST(KvBlockPoolTest, StateSlotsAreZeroedSeparateAndBounded) {
+  KvCacheConfig config = SmallConfig();
+  config.state_bytes = 100;  // padded to 128 in the pool
+  config.num_state_slots = 2;
+  std::unique_ptr<KvBlockPool> pool = MakePool(config);
+  ASSERT_GE(pool->size_bytes(), *KvBlockPool::BytesFor(SmallConfig()) + 2 * 128);
+  // Both slots past the K/V pools, aligned, not overlapping.
+  absl::StatusOr<int32_t> a = pool->AllocateState();
+  absl::StatusOr<int32_t> b = pool->AllocateState();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
+  EXPECT_TRUE(IsAligned(pool->state(*a)) && IsAligned(pool->state(*b)));
+  EXPECT_GE(pool->state(std::min(*a, *b)),
+            pool->v_block(SmallConfig().num_layers - 1, SmallConfig().num_blocks - 1) +
+                pool->block_bytes());
+  EXPECT_GE(std::abs(pool->state(*a) - pool->state(*b)), 100);
+  EXPECT_EQ(pool->num_free_states(), 0);
+  EXPECT_EQ(pool->AllocateState().status().code(), absl::StatusCode::kResourceExhausted);
+  // A slot comes back zeroed for its next sequence.
+  std::memset(pool->state(*a), 0x5a, 100);
+  pool->ReleaseState(*a);
+  absl::StatusOr<int32_t> again = pool->AllocateState();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *a);
+  EXPECT_TRUE(std::all_of(pool->state(*again), pool->state(*again) + 100,
+                          [](std::byte x) { return x == std::byte{0}; }));
+}
+
+TEST(KvBlockPoolTest, BlockTableHoldsOneStateSlotAllOrNothing) {
+  KvCacheConfig config = SmallConfig();
+  config.state_bytes = 64;
+  config.num_state_slots = 1;
+  std::unique_ptr<KvBlockPool> pool = MakePool(config);
+  BlockTable a;
+  ASSERT_TRUE(a.Reserve(pool.get(), 5).ok());
+  EXPECT_GE(a.state_slot(), 0);
+  const int32_t slot = a.state_slot();
+  ASSERT_TRUE(a.Reserve(pool.get(), 9).ok());  // more blocks, the same slot
+  EXPECT_EQ(a.state_slot(), slot);
+  // No slot left: a second table gets neither blocks nor a slot.
+  BlockTable b;
+  const int free_blocks = pool->num_free();
+  EXPECT_EQ(b.Reserve(pool.get(), 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool->num_free(), free_blocks);
+  EXPECT_EQ(b.state_slot(), -1);
+  a.ReleaseAll(pool.get());
+  EXPECT_EQ(a.state_slot(), -1);
+  EXPECT_EQ(pool->num_free_states(), 1);
+  // Blocks short: the slot taken for the attempt goes back.
+  BlockTable c;
+  EXPECT_EQ(c.Reserve(pool.get(), 4 * 100).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool->num_free_states(), 1);
+  EXPECT_EQ(c.state_slot(), -1);
+}
+
+TEST(KvCacheConfigTest, StateSlotsNeedBothFields) {
+  KvCacheConfig config = SmallConfig();
+  config.state_bytes = 64;
+  EXPECT_THAT(config.Validate().message(), HasSubstr("state slots"));
+  config.state_bytes = 0;
+  config.num_state_slots = 3;
+  EXPECT_EQ(config.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(KvBlockPoolTest, OverflowingSizeIsResourceExhausted) {
