@@ -191,9 +191,8 @@ int Main() {
     return std::fprintf(stderr, "weights: %s\n", std::string(weights.status().message()).c_str()),
            1;
   const model::ModelConfig& c = (*weights)->config;
-  engine::KvCacheConfig kv{static_cast<int>(c.num_hidden_layers),
-                           static_cast<int>(c.num_key_value_heads), static_cast<int>(c.head_dim),
-                           16, 64 * 8};
+  const engine::KvCacheConfig kv =
+      engine::KvCacheConfigFor(c, 16, 64 * 8, kernels::KvDtype::kF32, /*max_sequences=*/64);
   auto pool = engine::KvBlockPool::Create(kv);
   auto forward = engine::ForwardPass::Create(weights->get(), pool->get());
   if (!forward.ok()) return 1;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/engine/layers/attention.h"
+#include "common/engine/layers/delta_net.h"
 #include "common/engine/layers/mlp.h"
 #include "common/engine/layers/moe.h"
 #include "common/engine/overlay.h"
@@ -24,12 +25,28 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
   std::unique_ptr<ForwardPass> forward(new ForwardPass(weights, pool, backend));
   const model::ModelConfig& c = weights->config;
   const KvCacheConfig& kv = pool->config();
+  // Where each layer keeps its cache: attention layers in consecutive layers of the pool,
+  // recurrent layers at consecutive offsets of a sequence's state slot.
+  std::vector<int> kv_layers(c.num_hidden_layers, -1);
+  std::vector<int64_t> state_offsets(c.num_hidden_layers, -1);
+  int attention_layers = 0;
+  int64_t state_bytes = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.Mixer(l) == model::MixerKind::kAttention) {
+      kv_layers[l] = attention_layers++;
+    } else {
+      state_offsets[l] = state_bytes;
+      state_bytes += GatedDeltaNetBlock::StateBytes(c);
+    }
+  }
+  if (kv.num_layers != attention_layers || kv.state_bytes != state_bytes ||
+      (state_bytes > 0 && kv.num_state_slots <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV pool geometry (", kv.num_layers, " attention layers, state slots of ", kv.state_bytes,
+        " bytes) does not match the model (", attention_layers, ", ", state_bytes, ")"));
+  }
   // One block of each kind, shared by the layers (their buffers are the step's); each layer
   // as its spec composes it.
-  if (kv.num_layers != c.num_hidden_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV pool has ", kv.num_layers, " layers, the model ", c.num_hidden_layers));
-  }
   forward->layers_.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const model::LayerSpec spec =
@@ -38,9 +55,15 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
     switch (spec.mixer) {
       case model::MixerKind::kAttention:
         if (forward->attention_ == nullptr) {
-          forward->attention_ = std::make_unique<AttentionBlock>(c, pool);
+          forward->attention_ = std::make_unique<AttentionBlock>(c, pool, kv_layers);
         }
         layer.mixer = forward->attention_.get();
+        break;
+      case model::MixerKind::kGatedDeltaNet:
+        if (forward->delta_net_ == nullptr) {
+          forward->delta_net_ = std::make_unique<GatedDeltaNetBlock>(c, pool, state_offsets);
+        }
+        layer.mixer = forward->delta_net_.get();
         break;
     }
     switch (spec.ffn) {
@@ -66,6 +89,23 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
     }
   }
   return forward;
+}
+
+KvCacheConfig KvCacheConfigFor(const model::ModelConfig& c, int block_size, int num_blocks,
+                               kernels::KvDtype dtype, int max_sequences) {
+  KvCacheConfig kv;
+  kv.num_layers = c.NumLayers(model::MixerKind::kAttention);
+  kv.num_kv_heads = static_cast<int>(c.num_key_value_heads);
+  kv.head_dim = static_cast<int>(c.head_dim);
+  kv.block_size = block_size;
+  kv.num_blocks = num_blocks;
+  kv.dtype = dtype;
+  const int recurrent = c.NumLayers(model::MixerKind::kGatedDeltaNet);
+  if (recurrent > 0) {
+    kv.state_bytes = recurrent * GatedDeltaNetBlock::StateBytes(c);
+    kv.num_state_slots = max_sequences;
+  }
+  return kv;
 }
 
 absl::Status ForwardPass::ValidateMask(const ExpertMask* mask) const {
@@ -114,6 +154,10 @@ absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch, const MoeO
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": no tokens"));
     if (in.block_table == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": no block table"));
+    }
+    if (pool_->config().num_state_slots > 0 && in.block_table->state_slot() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, ": no state slot for the model's recurrent layers"));
     }
     const int64_t end = static_cast<int64_t>(in.start_position) + in.tokens.size();
     if (in.start_position < 0 || end > c.max_position_embeddings) {

@@ -30,6 +30,11 @@
 
 namespace tandem::engine {
 
+// The KV pool a model needs: paged K/V for its attention layers and, where it has recurrent
+// layers, a state slot per sequence for `max_sequences` sequences at once.
+KvCacheConfig KvCacheConfigFor(const model::ModelConfig& config, int block_size, int num_blocks,
+                               kernels::KvDtype dtype, int max_sequences);
+
 class ForwardPass {
  public:
   // `weights` and `pool` must outlive this object; the pool's geometry must match the model.
@@ -79,7 +84,7 @@ class ForwardPass {
   ExpertProvider* provider_ = nullptr;
 
   // One block of each kind the model has; layers_ point into them.
-  std::unique_ptr<Block> attention_, moe_, dense_;
+  std::unique_ptr<Block> attention_, delta_net_, moe_, dense_;
   std::vector<Layer> layers_;
   StepContext ctx_;
   // Buffers reused across steps (sized by the largest step so far): the residual stream, a

@@ -56,9 +56,9 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Load(const model::ModelDir
   g->tokenizer_ = std::move(loaded.tokenizer);
   const model::ModelConfig& config = g->weights_->config;
   const int context = static_cast<int>(config.max_position_embeddings);
-  KvCacheConfig kv{static_cast<int>(config.num_hidden_layers),
-                   static_cast<int>(config.num_key_value_heads), static_cast<int>(config.head_dim),
-                   kBlockSize, (context + kBlockSize - 1) / kBlockSize};
+  const KvCacheConfig kv =
+      KvCacheConfigFor(config, kBlockSize, (context + kBlockSize - 1) / kBlockSize,
+                       kernels::KvDtype::kF32, /*max_sequences=*/1);
   ASSIGN_OR_RETURN(g->pool_, KvBlockPool::Create(kv));
   ASSIGN_OR_RETURN(g->forward_, ForwardPass::Create(g->weights_.get(), g->pool_.get()));
   RETURN_IF_ERROR(ApplyRouting(options, g->forward_.get()));

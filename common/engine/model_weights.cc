@@ -1,5 +1,7 @@
 #include "common/engine/model_weights.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -8,6 +10,7 @@
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
 #include "common/util/hash.h"
+#include "common/util/logging.h"
 #include "common/util/status.h"
 
 namespace tandem::engine {
@@ -43,21 +46,46 @@ float ElementAsF32(const model::TensorView& view, int64_t i) {
   return 0.0f;
 }
 
-absl::StatusOr<model::TensorView> Get(const model::SafetensorsModel& checkpoint,
-                                      const model::ModelConfig& config, TensorKind kind,
-                                      int layer = -1, int expert = -1) {
-  return checkpoint.Get(model::TensorName(*config.arch, kind, layer, expert));
+// A checkpoint tensor of `kind`; where the checkpoint stacks the experts (`layout`), an
+// expert's gate, up or down matrix is a view into its layer's stacked tensor (each a
+// contiguous run of it).
+absl::StatusOr<model::TensorView> Get(
+    const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, TensorKind kind,
+    int layer = -1, int expert = -1, model::ExpertLayout layout = model::ExpertLayout::kPerExpert) {
+  const bool stacked_expert = layout == model::ExpertLayout::kStacked &&
+                              (kind == TensorKind::kExpertGate || kind == TensorKind::kExpertUp ||
+                               kind == TensorKind::kExpertDown);
+  if (!stacked_expert) return checkpoint.Get(model::TensorName(*config.arch, kind, layer, expert));
+  const TensorKind stacked_kind =
+      kind == TensorKind::kExpertDown ? TensorKind::kExpertsDown : TensorKind::kExpertsGateUp;
+  ASSIGN_OR_RETURN(model::TensorView all,
+                   checkpoint.Get(model::TensorName(*config.arch, stacked_kind, layer)));
+  // Shapes were validated against the config: (experts, rows, cols).
+  const std::vector<int64_t> shape = model::TensorShape(config, kind);
+  const size_t bytes = all.size_bytes / static_cast<size_t>(config.num_local_experts) /
+                       (stacked_kind == TensorKind::kExpertsGateUp ? 2 : 1);
+  size_t offset = static_cast<size_t>(expert) * (all.size_bytes / config.num_local_experts);
+  if (kind == TensorKind::kExpertUp) offset += bytes;  // the expert's up rows follow its gate rows
+  return model::TensorView{all.name, all.dtype, shape, all.data + offset, bytes};
+}
+
+// A norm's weight: 1 + w where the checkpoint stores it centred on zero.
+std::vector<float> NormFromTensor(const model::TensorView& view, const model::ModelConfig& config) {
+  std::vector<float> w = VectorFromTensor(view);
+  if (config.zero_centred_norms) {
+    for (float& x : w) x += 1.0f;
+  }
+  return w;
 }
 
 // A linear layer's weight of `kind`: quantized where the config says so (levels and scales),
 // else packed bf16.
-absl::StatusOr<WeightMatrix> LoadWeight(const model::SafetensorsModel& checkpoint,
-                                        const model::ModelConfig& config, TensorKind kind,
-                                        int layer = -1, int expert = -1) {
-  const std::string name = model::TensorName(*config.arch, kind, layer, expert);
-  ASSIGN_OR_RETURN(model::TensorView view, checkpoint.Get(name));
+absl::StatusOr<WeightMatrix> LoadWeight(
+    const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, TensorKind kind,
+    int layer = -1, int expert = -1, model::ExpertLayout layout = model::ExpertLayout::kPerExpert) {
+  ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer, expert, layout));
   if (!config.quantization.Quantizes(kind)) return WeightFromTensor(view);
-  ASSIGN_OR_RETURN(model::TensorView scales, checkpoint.Get(model::ScaleTensorName(name)));
+  ASSIGN_OR_RETURN(model::TensorView scales, checkpoint.Get(model::ScaleTensorName(view.name)));
   return WeightFromQuantized(view, scales, config.quantization.bits,
                              config.quantization.group_size);
 }
@@ -74,6 +102,29 @@ absl::StatusOr<std::vector<float>> LoadVector(const model::SafetensorsModel& che
                                               int layer = -1) {
   ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer));
   return VectorFromTensor(view);
+}
+
+absl::StatusOr<std::vector<float>> LoadNorm(const model::SafetensorsModel& checkpoint,
+                                            const model::ModelConfig& config, TensorKind kind,
+                                            int layer = -1) {
+  ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer));
+  return NormFromTensor(view, config);
+}
+
+// A Gated DeltaNet layer's tensors.
+absl::StatusOr<DeltaNetWeights> LoadDeltaNet(const model::SafetensorsModel& checkpoint,
+                                             const model::ModelConfig& config, int l) {
+  DeltaNetWeights d;
+  ASSIGN_OR_RETURN(d.qkv, LoadWeight(checkpoint, config, TensorKind::kLinearQkv, l));
+  ASSIGN_OR_RETURN(d.z, LoadWeight(checkpoint, config, TensorKind::kLinearZ, l));
+  ASSIGN_OR_RETURN(d.b, LoadWeight(checkpoint, config, TensorKind::kLinearB, l));
+  ASSIGN_OR_RETURN(d.a, LoadWeight(checkpoint, config, TensorKind::kLinearA, l));
+  ASSIGN_OR_RETURN(d.out, LoadWeight(checkpoint, config, TensorKind::kLinearOut, l));
+  ASSIGN_OR_RETURN(d.conv, LoadVector(checkpoint, config, TensorKind::kLinearConv, l));
+  ASSIGN_OR_RETURN(d.a_log, LoadVector(checkpoint, config, TensorKind::kLinearALog, l));
+  ASSIGN_OR_RETURN(d.dt_bias, LoadVector(checkpoint, config, TensorKind::kLinearDtBias, l));
+  ASSIGN_OR_RETURN(d.norm, LoadVector(checkpoint, config, TensorKind::kLinearNorm, l));
+  return d;
 }
 
 using util::SplitMix64;
@@ -288,31 +339,48 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     const ExpertMask& only) {
   RETURN_IF_ERROR(model::ValidateAgainstConfig(checkpoint, config));
   RETURN_IF_ERROR(ValidateOnly(only, config));
+  const std::vector<std::string> names = checkpoint.Names();
+  const model::ExpertLayout layout = model::DetectExpertLayout(config, names);
+  const int64_t ignored = std::count_if(names.begin(), names.end(), [&](const std::string& name) {
+    return model::IsIgnoredTensor(config, name);
+  });
+  if (ignored > 0) {
+    std::string prefixes;
+    for (std::string_view prefix : config.arch->ignored_prefixes) {
+      if (!prefix.empty()) prefixes += (prefixes.empty() ? "" : ", ") + std::string(prefix) + "*";
+    }
+    TANDEM_LOG(INFO) << "skipping " << ignored << " checkpoint tensors the engine does not run ("
+                     << prefixes << ")";
+  }
   auto w = std::make_unique<ModelWeights>();
   w->config = config;
   w->resident = only;
   ASSIGN_OR_RETURN(w->embed, LoadMatrix(checkpoint, config, TensorKind::kTokenEmbedding));
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights layer;
-    ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(checkpoint, config, TensorKind::kAttnNorm, l));
-    ASSIGN_OR_RETURN(layer.q, LoadWeight(checkpoint, config, TensorKind::kAttnQ, l));
-    ASSIGN_OR_RETURN(layer.k, LoadWeight(checkpoint, config, TensorKind::kAttnK, l));
-    ASSIGN_OR_RETURN(layer.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
-    ASSIGN_OR_RETURN(layer.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
-    StackQkv(&layer);
-    if (config.HasQkNorm()) {
-      ASSIGN_OR_RETURN(layer.q_norm, LoadVector(checkpoint, config, TensorKind::kAttnQNorm, l));
-      ASSIGN_OR_RETURN(layer.k_norm, LoadVector(checkpoint, config, TensorKind::kAttnKNorm, l));
+    ASSIGN_OR_RETURN(layer.attn_norm, LoadNorm(checkpoint, config, TensorKind::kAttnNorm, l));
+    ASSIGN_OR_RETURN(layer.ffn_norm, LoadNorm(checkpoint, config, TensorKind::kFfnNorm, l));
+    if (config.Mixer(l) == model::MixerKind::kGatedDeltaNet) {
+      ASSIGN_OR_RETURN(layer.linear, LoadDeltaNet(checkpoint, config, l));
+    } else {
+      ASSIGN_OR_RETURN(layer.q, LoadWeight(checkpoint, config, TensorKind::kAttnQ, l));
+      ASSIGN_OR_RETURN(layer.k, LoadWeight(checkpoint, config, TensorKind::kAttnK, l));
+      ASSIGN_OR_RETURN(layer.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
+      ASSIGN_OR_RETURN(layer.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
+      StackQkv(&layer);
     }
-    if (config.attention_qkv_bias) {
+    if (config.HasQkNorm() && config.Mixer(l) == model::MixerKind::kAttention) {
+      ASSIGN_OR_RETURN(layer.q_norm, LoadNorm(checkpoint, config, TensorKind::kAttnQNorm, l));
+      ASSIGN_OR_RETURN(layer.k_norm, LoadNorm(checkpoint, config, TensorKind::kAttnKNorm, l));
+    }
+    if (config.attention_qkv_bias && config.Mixer(l) == model::MixerKind::kAttention) {
       ASSIGN_OR_RETURN(layer.q_bias, LoadVector(checkpoint, config, TensorKind::kAttnQBias, l));
       ASSIGN_OR_RETURN(layer.k_bias, LoadVector(checkpoint, config, TensorKind::kAttnKBias, l));
       ASSIGN_OR_RETURN(layer.v_bias, LoadVector(checkpoint, config, TensorKind::kAttnVBias, l));
     }
-    if (config.attention_out_bias) {
+    if (config.attention_out_bias && config.Mixer(l) == model::MixerKind::kAttention) {
       ASSIGN_OR_RETURN(layer.o_bias, LoadVector(checkpoint, config, TensorKind::kAttnOutBias, l));
     }
-    ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(checkpoint, config, TensorKind::kFfnNorm, l));
     if (!config.IsSparseLayer(l)) {
       ASSIGN_OR_RETURN(layer.dense.gate, LoadWeight(checkpoint, config, TensorKind::kDenseGate, l));
       ASSIGN_OR_RETURN(layer.dense.up, LoadWeight(checkpoint, config, TensorKind::kDenseUp, l));
@@ -338,14 +406,17 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
         layer.experts.push_back(std::move(expert));
         continue;
       }
-      ASSIGN_OR_RETURN(expert.gate, LoadWeight(checkpoint, config, TensorKind::kExpertGate, l, e));
-      ASSIGN_OR_RETURN(expert.up, LoadWeight(checkpoint, config, TensorKind::kExpertUp, l, e));
-      ASSIGN_OR_RETURN(expert.down, LoadWeight(checkpoint, config, TensorKind::kExpertDown, l, e));
+      ASSIGN_OR_RETURN(expert.gate,
+                       LoadWeight(checkpoint, config, TensorKind::kExpertGate, l, e, layout));
+      ASSIGN_OR_RETURN(expert.up,
+                       LoadWeight(checkpoint, config, TensorKind::kExpertUp, l, e, layout));
+      ASSIGN_OR_RETURN(expert.down,
+                       LoadWeight(checkpoint, config, TensorKind::kExpertDown, l, e, layout));
       layer.experts.push_back(std::move(expert));
     }
     w->layers.push_back(std::move(layer));
   }
-  ASSIGN_OR_RETURN(w->final_norm, LoadVector(checkpoint, config, TensorKind::kOutputNorm));
+  ASSIGN_OR_RETURN(w->final_norm, LoadNorm(checkpoint, config, TensorKind::kOutputNorm));
   if (config.tie_word_embeddings) {
     w->lm_head = PackBf16Matrix(w->embed.data.data(), w->embed.rows, w->embed.cols);
   } else {
@@ -381,21 +452,40 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     LayerWeights layer;
     layer.attn_norm.assign(h, 1.0f);
     const model::QuantizationConfig& qc = config.quantization;
-    layer.q = fill.Weight(q_dim, h, qc, TensorKind::kAttnQ);
-    layer.k = fill.Weight(kv_dim, h, qc, TensorKind::kAttnK);
-    layer.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
-    layer.o = fill.Weight(h, q_dim, qc, TensorKind::kAttnOut);
-    StackQkv(&layer);
-    if (config.HasQkNorm()) {
-      layer.q_norm.assign(config.head_dim, 1.0f);
-      layer.k_norm.assign(config.head_dim, 1.0f);
+    if (config.Mixer(l) == model::MixerKind::kGatedDeltaNet) {
+      // Decays exp(g) near 0.5 and an identity-like convolution, so a dummy model's state
+      // neither vanishes nor grows.
+      const model::DeltaNetConfig& d = config.linear;
+      DeltaNetWeights& dn = layer.linear;
+      const int heads = static_cast<int>(d.num_value_heads);
+      dn.qkv = fill.Weight(static_cast<int>(d.conv_dim()), h, qc, TensorKind::kLinearQkv);
+      dn.z = fill.Weight(static_cast<int>(d.value_dim()), h, qc, TensorKind::kLinearZ);
+      dn.b = fill.Weight(heads, h, qc, TensorKind::kLinearB);
+      dn.a = fill.Weight(heads, h, qc, TensorKind::kLinearA);
+      dn.out = fill.Weight(h, static_cast<int>(d.value_dim()), qc, TensorKind::kLinearOut);
+      dn.conv.assign(static_cast<size_t>(d.conv_dim() * d.conv_kernel), 0.0f);
+      for (int64_t c = 0; c < d.conv_dim(); ++c) dn.conv[(c + 1) * d.conv_kernel - 1] = 1.0f;
+      dn.a_log.assign(heads, 0.0f);
+      dn.dt_bias.assign(heads, 0.0f);
+      dn.norm.assign(d.value_head_dim, 1.0f);
+    } else {
+      const int q_rows = config.attention_output_gate ? 2 * q_dim : q_dim;
+      layer.q = fill.Weight(q_rows, h, qc, TensorKind::kAttnQ);
+      layer.k = fill.Weight(kv_dim, h, qc, TensorKind::kAttnK);
+      layer.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
+      layer.o = fill.Weight(h, q_dim, qc, TensorKind::kAttnOut);
+      StackQkv(&layer);
+      if (config.HasQkNorm()) {
+        layer.q_norm.assign(config.head_dim, 1.0f);
+        layer.k_norm.assign(config.head_dim, 1.0f);
+      }
+      if (config.attention_qkv_bias) {  // zero, as a freshly initialised model's
+        layer.q_bias.assign(q_rows, 0.0f);
+        layer.k_bias.assign(kv_dim, 0.0f);
+        layer.v_bias.assign(kv_dim, 0.0f);
+      }
+      if (config.attention_out_bias) layer.o_bias.assign(h, 0.0f);
     }
-    if (config.attention_qkv_bias) {  // zero, as a freshly initialised model's
-      layer.q_bias.assign(q_dim, 0.0f);
-      layer.k_bias.assign(kv_dim, 0.0f);
-      layer.v_bias.assign(kv_dim, 0.0f);
-    }
-    if (config.attention_out_bias) layer.o_bias.assign(h, 0.0f);
     layer.ffn_norm.assign(h, 1.0f);
     if (!config.IsSparseLayer(l)) {
       const int dense = static_cast<int>(config.dense_intermediate_size);
@@ -447,6 +537,13 @@ int64_t ModelWeights::bytes() const {
     total += static_cast<int64_t>(l.qkv.data.size() + l.q.data.size() + l.k.data.size() +
                                   l.v.data.size() + l.o.data.size() + l.router.data.size() +
                                   l.shared_gate.data.size());
+    const DeltaNetWeights& d = l.linear;
+    for (const WeightMatrix* m : {&d.qkv, &d.z, &d.b, &d.a, &d.out}) {
+      total += static_cast<int64_t>(m->data.size());
+    }
+    for (const std::vector<float>* v : {&d.conv, &d.a_log, &d.dt_bias, &d.norm}) {
+      total += floats(*v);
+    }
     for (const std::vector<float>* v : {&l.attn_norm, &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias,
                                         &l.q_norm, &l.k_norm, &l.ffn_norm}) {
       total += floats(*v);

@@ -67,13 +67,27 @@ struct ExpertWeights {
   WeightMatrix down;  // w2 (hidden, intermediate)
 };
 
+// A Gated DeltaNet layer (model::MixerKind::kGatedDeltaNet), in the config's DeltaNetConfig
+// shape.
+struct DeltaNetWeights {
+  WeightMatrix qkv;                   // (conv_dim, hidden): [Q | K | V] before the convolution
+  WeightMatrix z;                     // (value_dim, hidden): the output gate
+  WeightMatrix b, a;                  // (value heads, hidden): beta's and the decay's inputs
+  WeightMatrix out;                   // (hidden, value_dim)
+  std::vector<float> conv;            // (conv_dim, kernel): the causal depthwise convolution
+  std::vector<float> a_log, dt_bias;  // (value heads,)
+  std::vector<float> norm;            // (value head dim,): RMSNorm of each head's output
+};
+
 struct LayerWeights {
-  std::vector<float> attn_norm;  // (hidden,)
+  std::vector<float> attn_norm;  // (hidden,): the token mixer's norm (attention or DeltaNet)
   // q (heads*head_dim, hidden), k and v (kv_heads*head_dim, hidden) stacked in one matrix, so
   // that a step reads them in one product: rows [0, q_dim) are q, then k, then v. Separate (qkv
   // empty) only where their rows do not fill whole panels.
   WeightMatrix qkv;
   WeightMatrix q, k, v;
+  // With an output gate (config.attention_output_gate) q's rows are [q | gate] per head,
+  // 2 * heads * head_dim of them.
   WeightMatrix o;  // (hidden, heads*head_dim)
   // Empty where the architecture or config has none.
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // (q_dim,), (kv_dim,) x2, (hidden,)
@@ -87,6 +101,8 @@ struct LayerWeights {
   WeightMatrix shared_gate;            // (1, hidden), bf16
   // A dense layer (config.IsSparseLayer false): its MLP, and no router or experts.
   ExpertWeights dense;
+  // A Gated DeltaNet layer's mixer, in place of attention's q, k, v, o (empty otherwise).
+  DeltaNetWeights linear;
 };
 
 // Stacks `layer`'s q, k and v into qkv (and empties them) when their rows fill whole panels and

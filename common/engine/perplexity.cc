@@ -237,12 +237,8 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const ModelWeights& weights,
   // Room for a full step plus the slack of partly filled blocks, and always one full window.
   const int blocks = BlocksFor(std::max(options.max_step_tokens, 1), kBlockSize) +
                      BlocksFor(std::max(options.window, 0) + 1, kBlockSize);
-  KvCacheConfig kv{static_cast<int>(c.num_hidden_layers),
-                   static_cast<int>(c.num_key_value_heads),
-                   static_cast<int>(c.head_dim),
-                   kBlockSize,
-                   blocks,
-                   options.kv_dtype};
+  const KvCacheConfig kv =
+      KvCacheConfigFor(c, kBlockSize, blocks, options.kv_dtype, /*max_sequences=*/1);
   ASSIGN_OR_RETURN(std::unique_ptr<KvBlockPool> pool, KvBlockPool::Create(kv));
   ASSIGN_OR_RETURN(std::unique_ptr<ForwardPass> forward, ForwardPass::Create(&weights, pool.get()));
   return EvaluatePerplexity(forward.get(), tokenizer, text_path, options);

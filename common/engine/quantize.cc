@@ -63,6 +63,12 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   ASSIGN_OR_RETURN(model::ModelConfig target, model::ParseModelConfig(config_json.dump()));
   ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
   RETURN_IF_ERROR(model::ValidateAgainstConfig(*checkpoint, source));
+  if (model::DetectExpertLayout(source, checkpoint->Names()) == model::ExpertLayout::kStacked) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir,
+        " stores its experts stacked (mlp.experts.gate_up_proj); tandem quantize "
+        "writes them one tensor each and does not split stacked ones yet (issue #33)"));
+  }
   ASSIGN_OR_RETURN(std::string source_sha256, CheckpointSha256(model_dir));
 
   const kernels::WeightFormat format =

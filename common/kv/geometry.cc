@@ -67,6 +67,12 @@ absl::StatusOr<InstanceModel> LoadInstanceModel(const model::ModelDir& dir, int 
     return absl::InvalidArgumentError(
         absl::StrCat("KV block size ", block_size, " must be in [1, 1024]"));
   }
+  if (dir.config().NumLayers(model::MixerKind::kGatedDeltaNet) > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        std::string(dir.config().model_type()),
+        " has recurrent (Gated DeltaNet) layers, whose state the KV handoff does not carry yet "
+        "(issue #33): serve it in one process (tandem-serve)"));
+  }
   InstanceModel out;
   out.config = dir.config();
   out.name = dir.name();

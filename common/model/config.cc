@@ -167,23 +167,32 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
       c.architectures.push_back(e.get<std::string>());
     }
   }
+  // A multimodal checkpoint keeps its language model's keys in an object of their own.
+  const Json* text_root = &root;
+  if (!arch.text_config_key.empty()) {
+    text_root = json.Find(arch.text_config_key);
+    if (text_root == nullptr || !text_root->is_object()) {
+      return FieldError(arch.text_config_key, "must be an object (the language model's config)");
+    }
+  }
+  const ConfigReader text(*text_root);
 
-  ASSIGN_OR_RETURN(c.vocab_size, json.RequiredSize("vocab_size"));
-  ASSIGN_OR_RETURN(c.hidden_size, json.RequiredSize("hidden_size"));
-  ASSIGN_OR_RETURN(c.intermediate_size, json.RequiredSize(arch.intermediate_size_key));
-  ASSIGN_OR_RETURN(c.num_hidden_layers, json.RequiredSize("num_hidden_layers", kMaxLayers));
-  ASSIGN_OR_RETURN(c.num_attention_heads, json.RequiredSize("num_attention_heads"));
+  ASSIGN_OR_RETURN(c.vocab_size, text.RequiredSize("vocab_size"));
+  ASSIGN_OR_RETURN(c.hidden_size, text.RequiredSize("hidden_size"));
+  ASSIGN_OR_RETURN(c.intermediate_size, text.RequiredSize(arch.intermediate_size_key));
+  ASSIGN_OR_RETURN(c.num_hidden_layers, text.RequiredSize("num_hidden_layers", kMaxLayers));
+  ASSIGN_OR_RETURN(c.num_attention_heads, text.RequiredSize("num_attention_heads"));
   ASSIGN_OR_RETURN(int64_t kv_heads,
-                   json.OptionalInt("num_key_value_heads", c.num_attention_heads));
+                   text.OptionalInt("num_key_value_heads", c.num_attention_heads));
   ASSIGN_OR_RETURN(c.num_key_value_heads, ConfigReader::CheckSize("num_key_value_heads", kv_heads));
-  ASSIGN_OR_RETURN(c.num_local_experts, json.RequiredSize(arch.num_experts_key, kMaxExperts));
-  ASSIGN_OR_RETURN(c.num_experts_per_tok, json.RequiredSize("num_experts_per_tok"));
-  ASSIGN_OR_RETURN(int64_t max_pos, json.OptionalInt("max_position_embeddings", 4096 * 32));
+  ASSIGN_OR_RETURN(c.num_local_experts, text.RequiredSize(arch.num_experts_key, kMaxExperts));
+  ASSIGN_OR_RETURN(c.num_experts_per_tok, text.RequiredSize("num_experts_per_tok"));
+  ASSIGN_OR_RETURN(int64_t max_pos, text.OptionalInt("max_position_embeddings", 4096 * 32));
   ASSIGN_OR_RETURN(c.max_position_embeddings,
                    ConfigReader::CheckSize("max_position_embeddings", max_pos));
 
-  if (json.Has("head_dim")) {
-    ASSIGN_OR_RETURN(c.head_dim, json.RequiredSize("head_dim"));
+  if (text.Has("head_dim")) {
+    ASSIGN_OR_RETURN(c.head_dim, text.RequiredSize("head_dim"));
   } else {
     if (c.hidden_size % c.num_attention_heads != 0) {
       return FieldError("num_attention_heads",
@@ -206,14 +215,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
                                    Sv(arch.num_experts_key), " (", c.num_local_experts, ")"));
   }
 
-  ASSIGN_OR_RETURN(c.rope_theta, json.OptionalDouble("rope_theta", arch.default_rope_theta));
+  ASSIGN_OR_RETURN(c.rope_theta, text.OptionalDouble("rope_theta", arch.default_rope_theta));
   if (!(c.rope_theta > 0)) return FieldError("rope_theta", "must be positive");
-  ASSIGN_OR_RETURN(c.rms_norm_eps, json.OptionalDouble("rms_norm_eps", arch.default_rms_norm_eps));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, text.OptionalDouble("rms_norm_eps", arch.default_rms_norm_eps));
   if (!(c.rms_norm_eps > 0)) return FieldError("rms_norm_eps", "must be positive");
-  ASSIGN_OR_RETURN(c.tie_word_embeddings, json.OptionalBool("tie_word_embeddings", false));
+  // A multimodal checkpoint says it at the top level.
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, text.OptionalBool("tie_word_embeddings", false));
+  ASSIGN_OR_RETURN(c.tie_word_embeddings,
+                   json.OptionalBool("tie_word_embeddings", c.tie_word_embeddings));
   ASSIGN_OR_RETURN(bool use_sliding_window,
-                   json.OptionalBool("use_sliding_window", arch.default_use_sliding_window));
-  ASSIGN_OR_RETURN(int64_t window, json.OptionalInt("sliding_window", 0));
+                   text.OptionalBool("use_sliding_window", arch.default_use_sliding_window));
+  ASSIGN_OR_RETURN(int64_t window, text.OptionalInt("sliding_window", 0));
   if (window < 0) return FieldError("sliding_window", "must not be negative");
   c.sliding_window = use_sliding_window ? window : 0;
   // The engine attends over the whole context; a window shorter than the context would change
@@ -225,11 +237,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
                                    ") is not supported: Tandem attends over the whole context"));
   }
 
-  if (const Json* v = json.Find("bos_token_id"); v != nullptr) {
+  if (const Json* v = text.Find("bos_token_id"); v != nullptr) {
     ASSIGN_OR_RETURN(int64_t id, ConfigReader::ToInt(*v, "bos_token_id"));
     ASSIGN_OR_RETURN(c.bos_token_id, CheckTokenId("bos_token_id", id, c.vocab_size));
   }
-  if (const Json* v = json.Find("eos_token_id"); v != nullptr) {
+  if (const Json* v = text.Find("eos_token_id"); v != nullptr) {
     if (v->is_array()) {
       if (v->empty()) return FieldError("eos_token_id", "must not be an empty array");
       for (const Json& e : *v) {
@@ -245,7 +257,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     c.eos_token_id = c.eos_token_ids.front();
   }
 
-  if (const Json* v = json.Find("torch_dtype"); v != nullptr) {
+  if (const Json* v = text.Find("torch_dtype"); v != nullptr) {
     if (!v->is_string()) {
       return FieldError("torch_dtype", absl::StrCat("must be a string, got ", v->type_name()));
     }
@@ -257,14 +269,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
   }
 
   // Features Tandem does not implement are refused rather than silently ignored.
-  if (const Json* v = json.Find("rope_scaling"); v != nullptr) {
+  if (const Json* v = text.Find("rope_scaling"); v != nullptr) {
     return FieldError("rope_scaling", "is not supported (must be null or absent)");
   }
-  if (const Json* v = json.Find("hidden_act"); v != nullptr && *v != "silu") {
+  if (const Json* v = text.Find("hidden_act"); v != nullptr && *v != "silu") {
     return FieldError("hidden_act", "other than \"silu\" is not supported");
   }
   // What the architecture adds: routing, attention bias, shared experts, dense layers.
-  RETURN_IF_ERROR(arch.recipe(json, &c));
+  c.rotary_dim = c.head_dim;
+  RETURN_IF_ERROR(arch.recipe(text, &c));
   if (!c.layer_specs.empty() && static_cast<int64_t>(c.layer_specs.size()) != c.num_hidden_layers) {
     return absl::InternalError(absl::StrCat(Sv(arch.model_type), "'s recipe composed ",
                                             c.layer_specs.size(), " layers of ",
@@ -283,6 +296,33 @@ bool ModelConfig::HasDenseLayers() const {
 }
 
 bool ModelConfig::HasQkNorm() const { return !TensorName(*arch, TensorKind::kAttnQNorm).empty(); }
+
+int ModelConfig::NumLayers(MixerKind kind) const {
+  int n = 0;
+  for (int l = 0; l < num_hidden_layers; ++l) n += Mixer(l) == kind;
+  return n;
+}
+
+ExpertLayout DetectExpertLayout(const ModelConfig& config,
+                                const std::vector<std::string>& checkpoint_names) {
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    if (!config.IsSparseLayer(l)) continue;
+    const std::string stacked = TensorName(*config.arch, TensorKind::kExpertsGateUp, l);
+    if (stacked.empty()) return ExpertLayout::kPerExpert;
+    return std::find(checkpoint_names.begin(), checkpoint_names.end(), stacked) !=
+                   checkpoint_names.end()
+               ? ExpertLayout::kStacked
+               : ExpertLayout::kPerExpert;
+  }
+  return ExpertLayout::kPerExpert;
+}
+
+bool IsIgnoredTensor(const ModelConfig& config, std::string_view name) {
+  for (std::string_view prefix : config.arch->ignored_prefixes) {
+    if (!prefix.empty() && name.substr(0, prefix.size()) == prefix) return true;
+  }
+  return false;
+}
 
 std::string ModelNameFromDir(const std::string& model_dir) {
   std::filesystem::path dir = std::filesystem::absolute(model_dir).lexically_normal();
@@ -308,8 +348,8 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
     case TensorKind::kAttnNorm:
     case TensorKind::kFfnNorm:
       return {c.hidden_size};
-    case TensorKind::kAttnQ:
-      return {q_dim, c.hidden_size};
+    case TensorKind::kAttnQ:  // with its output gate: [q | gate] per head
+      return {c.attention_output_gate ? 2 * q_dim : q_dim, c.hidden_size};
     case TensorKind::kAttnK:
     case TensorKind::kAttnV:
       return {kv_dim, c.hidden_size};
@@ -319,7 +359,7 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
     case TensorKind::kAttnKNorm:
       return {c.head_dim};
     case TensorKind::kAttnQBias:
-      return {q_dim};
+      return {c.attention_output_gate ? 2 * q_dim : q_dim};
     case TensorKind::kAttnKBias:
     case TensorKind::kAttnVBias:
       return {kv_dim};
@@ -344,11 +384,31 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
       return {c.intermediate_size, c.hidden_size};
     case TensorKind::kExpertDown:
       return {c.hidden_size, c.intermediate_size};
+    case TensorKind::kExpertsGateUp:
+      return {c.num_local_experts, 2 * c.intermediate_size, c.hidden_size};
+    case TensorKind::kExpertsDown:
+      return {c.num_local_experts, c.hidden_size, c.intermediate_size};
+    case TensorKind::kLinearQkv:
+      return {c.linear.conv_dim(), c.hidden_size};
+    case TensorKind::kLinearZ:
+      return {c.linear.value_dim(), c.hidden_size};
+    case TensorKind::kLinearB:
+    case TensorKind::kLinearA:
+      return {c.linear.num_value_heads, c.hidden_size};
+    case TensorKind::kLinearConv:
+      return {c.linear.conv_dim(), 1, c.linear.conv_kernel};
+    case TensorKind::kLinearALog:
+    case TensorKind::kLinearDtBias:
+      return {c.linear.num_value_heads};
+    case TensorKind::kLinearNorm:
+      return {c.linear.value_head_dim};
+    case TensorKind::kLinearOut:
+      return {c.hidden_size, c.linear.value_dim()};
   }
   return {};
 }
 
-std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layout) {
   const ArchitectureSpec& arch = *c.arch;
   std::vector<TensorSpec> out;
   const QuantizationConfig& q = c.quantization;
@@ -377,18 +437,30 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   };
   add(TensorKind::kTokenEmbedding, -1, -1);
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
-    for (TensorKind kind :
-         {TensorKind::kAttnNorm, TensorKind::kAttnQ, TensorKind::kAttnK, TensorKind::kAttnV,
-          TensorKind::kAttnOut, TensorKind::kAttnQNorm, TensorKind::kAttnKNorm}) {
-      add(kind, layer, -1);
+    add(TensorKind::kAttnNorm, layer, -1);
+    if (c.Mixer(layer) == MixerKind::kGatedDeltaNet) {
+      for (TensorKind kind :
+           {TensorKind::kLinearQkv, TensorKind::kLinearZ, TensorKind::kLinearB,
+            TensorKind::kLinearA, TensorKind::kLinearConv, TensorKind::kLinearALog,
+            TensorKind::kLinearDtBias, TensorKind::kLinearNorm, TensorKind::kLinearOut}) {
+        add(kind, layer, -1);
+      }
+    } else {
+      for (TensorKind kind :
+           {TensorKind::kAttnQ, TensorKind::kAttnK, TensorKind::kAttnV, TensorKind::kAttnOut,
+            TensorKind::kAttnQNorm, TensorKind::kAttnKNorm}) {
+        add(kind, layer, -1);
+      }
     }
-    if (c.attention_qkv_bias) {
+    if (c.attention_qkv_bias && c.Mixer(layer) == MixerKind::kAttention) {
       for (TensorKind kind :
            {TensorKind::kAttnQBias, TensorKind::kAttnKBias, TensorKind::kAttnVBias}) {
         add(kind, layer, -1);
       }
     }
-    if (c.attention_out_bias) add(TensorKind::kAttnOutBias, layer, -1);
+    if (c.attention_out_bias && c.Mixer(layer) == MixerKind::kAttention) {
+      add(TensorKind::kAttnOutBias, layer, -1);
+    }
     add(TensorKind::kFfnNorm, layer, -1);
     if (!c.IsSparseLayer(layer)) {
       for (TensorKind kind :
@@ -398,10 +470,15 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
       continue;
     }
     add(TensorKind::kRouter, layer, -1);
-    for (int expert = 0; expert < c.num_local_experts; ++expert) {
-      for (TensorKind kind :
-           {TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown}) {
-        add(kind, layer, expert);
+    if (layout == ExpertLayout::kStacked) {
+      add(TensorKind::kExpertsGateUp, layer, -1);
+      add(TensorKind::kExpertsDown, layer, -1);
+    } else {
+      for (int expert = 0; expert < c.num_local_experts; ++expert) {
+        for (TensorKind kind :
+             {TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown}) {
+          add(kind, layer, expert);
+        }
       }
     }
     if (c.HasSharedExpert()) {

@@ -45,8 +45,23 @@ enum class TensorKind {
   kDenseGate,         // (dense_intermediate, hidden); dense MLP layers only
   kDenseUp,           // (dense_intermediate, hidden)
   kDenseDown,         // (hidden, dense_intermediate)
+  // Routed experts stored stacked, one tensor per layer (Qwen3.5-MoE as published), read as
+  // the per-expert kinds above: an expert's gate rows then its up rows, and its down matrix.
+  kExpertsGateUp,  // (experts, 2 * intermediate, hidden)
+  kExpertsDown,    // (experts, hidden, intermediate)
+  // A Gated DeltaNet layer (linear attention): key_dim = linear key heads x key head dim,
+  // value_dim likewise, conv_dim = 2 * key_dim + value_dim.
+  kLinearQkv,     // (conv_dim, hidden): [Q | K | V] before the convolution
+  kLinearZ,       // (value_dim, hidden): the output gate
+  kLinearB,       // (value heads, hidden): beta = sigmoid(b)
+  kLinearA,       // (value heads, hidden): the decay's input
+  kLinearConv,    // (conv_dim, 1, kernel): causal depthwise convolution
+  kLinearALog,    // (value heads): g = -exp(A_log) * softplus(a + dt_bias)
+  kLinearDtBias,  // (value heads)
+  kLinearNorm,    // (value head dim): RMSNorm of each head's output (plain, not zero-centred)
+  kLinearOut,     // (hidden, value_dim)
 };
-inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kDenseDown) + 1;
+inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kLinearOut) + 1;
 
 class ConfigReader;  // common/model/config_reader.h
 struct ModelConfig;
@@ -64,6 +79,12 @@ struct ArchitectureSpec {
   double default_rms_norm_eps;
   bool default_use_sliding_window;
   std::array<std::string_view, kNumTensorKinds> tensor_names;  // indexed by TensorKind
+  // config.json's object holding the text model's keys ("text_config" for a multimodal
+  // checkpoint's language model; "": the top level).
+  std::string_view text_config_key = "";
+  // Checkpoint tensors the engine does not use, by name prefix (a multimodal checkpoint's
+  // vision tower, multi-token-prediction heads): skipped by the loader, which says so.
+  std::array<std::string_view, 2> ignored_prefixes = {};
   // Reads the architecture's own keys into `config`, whose common fields (sizes, heads,
   // experts, RoPE, norms, token ids) are already parsed: routing (norm_topk_prob), attention
   // bias, shared experts, and layer_specs (which layers are dense); refuses, naming the key,
@@ -98,7 +119,8 @@ struct QuantizationConfig {
 // What one layer is made of: the blocks the forward pass composes (common/engine/layers), each
 // after its RMSNorm with a residual add: a token mixer, then a feed-forward block.
 enum class MixerKind {
-  kAttention,  // grouped-query attention over the paged KV cache
+  kAttention,      // grouped-query attention over the paged KV cache
+  kGatedDeltaNet,  // linear attention with a fixed-size recurrent state per sequence
 };
 enum class FfnKind {
   kMoe,       // router, routed experts, and the shared expert where the model has one
@@ -108,6 +130,23 @@ struct LayerSpec {
   MixerKind mixer = MixerKind::kAttention;
   FfnKind ffn = FfnKind::kMoe;
 };
+
+// A Gated DeltaNet's shape (Qwen3.5's linear_* keys).
+struct DeltaNetConfig {
+  int64_t num_key_heads = 0;
+  int64_t num_value_heads = 0;  // a multiple of num_key_heads: each key head serves the ratio
+  int64_t key_head_dim = 0;
+  int64_t value_head_dim = 0;
+  int64_t conv_kernel = 0;
+
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+// How a checkpoint stores routed experts: a tensor per expert and projection, or stacked per
+// layer (kExpertsGateUp, kExpertsDown), as the checkpoint holds them.
+enum class ExpertLayout { kPerExpert, kStacked };
 
 // How a checkpoint stores a tensor.
 enum class TensorStorage {
@@ -135,6 +174,15 @@ struct ModelConfig {
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
   int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  // RoPE turns the first rotary_dim of each head (head_dim unless partial_rotary_factor says
+  // less); the rest passes through.
+  int64_t rotary_dim = 0;
+  // Attention's q_proj emits [q | gate] per head and the output is scaled by sigmoid(gate)
+  // before o_proj (Qwen3.5's attn_output_gate).
+  bool attention_output_gate = false;
+  // RMSNorm weights are stored centred on zero: the engine scales by 1 + w (Qwen3.5).
+  bool zero_centred_norms = false;
+  DeltaNetConfig linear;  // Gated DeltaNet layers' shape; zero without such layers
   int64_t num_local_experts = 0;
   int64_t num_experts_per_tok = 0;
   int64_t max_position_embeddings = 0;
@@ -161,6 +209,12 @@ struct ModelConfig {
   bool HasDenseLayers() const;
   bool HasSharedExpert() const { return shared_expert_intermediate_size > 0; }
   bool HasQkNorm() const;
+  MixerKind Mixer(int layer) const {
+    return layer_specs.empty() ? MixerKind::kAttention
+                               : layer_specs[static_cast<size_t>(layer)].mixer;
+  }
+  // Layers of each mixer kind.
+  int NumLayers(MixerKind kind) const;
 };
 
 // Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that
@@ -194,6 +248,13 @@ std::vector<int64_t> TensorShape(const ModelConfig& config, TensorKind kind);
 // expert of a sparse layer, or the dense MLP), then final norm and lm_head. Only the tensors
 // the config implies: biases when it has them, a shared expert when its width is set. A
 // quantized weight is followed by its scales (storage kScale).
-std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config,
+                                        ExpertLayout layout = ExpertLayout::kPerExpert);
+// The layout `checkpoint_names` use for `config`'s experts: stacked when the architecture has
+// stacked names and the checkpoint holds the first MoE layer's stacked tensor.
+ExpertLayout DetectExpertLayout(const ModelConfig& config,
+                                const std::vector<std::string>& checkpoint_names);
+// Whether the engine skips checkpoint tensor `name` (ArchitectureSpec::ignored_prefixes).
+bool IsIgnoredTensor(const ModelConfig& config, std::string_view name);
 
 }  // namespace tandem::model

@@ -456,7 +456,8 @@ std::vector<std::string> SafetensorsModel::Names() const {
 absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelConfig& config) {
   std::vector<std::string> problems;
   std::set<std::string, std::less<>> expected_names;
-  for (const TensorSpec& spec : ExpectedTensors(config)) {
+  const std::vector<std::string> names = model.Names();
+  for (const TensorSpec& spec : ExpectedTensors(config, DetectExpertLayout(config, names))) {
     expected_names.insert(spec.name);
     absl::StatusOr<TensorView> t = model.Get(spec.name);
     if (!t.ok()) {
@@ -482,8 +483,8 @@ absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelCon
                                       Sv(DTypeName(t->dtype)), ", expected ", wanted));
     }
   }
-  for (const std::string& name : model.Names()) {
-    if (!expected_names.contains(name)) {
+  for (const std::string& name : names) {
+    if (!expected_names.contains(name) && !IsIgnoredTensor(config, name)) {
       problems.push_back(absl::StrCat("unexpected tensor '", name, "'"));
     }
   }

@@ -107,8 +107,9 @@ class SafetensorsModel {
   std::map<std::string, size_t, std::less<>> shard_of_;  // tensor name -> index in shards_
 };
 
-// Checks that `model` holds exactly ExpectedTensors(config): each with the expected shape and
-// a supported dtype, and nothing else. INVALID_ARGUMENT listing the problems otherwise.
+// Checks that `model` holds exactly ExpectedTensors(config) in the expert layout it uses: each
+// with the expected shape and a supported dtype, and nothing else but the tensors the
+// architecture skips (IsIgnoredTensor). INVALID_ARGUMENT listing the problems otherwise.
 absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelConfig& config);
 
 // Writes `tensors` (in the given order, contiguous) and `metadata` as a safetensors file,

@@ -43,6 +43,12 @@ absl::Status ReorderCheckpoint(const model::ModelDir& dir, const CalibrationStat
   }
   ASSIGN_OR_RETURN(const model::SafetensorsModel* checkpoint, dir.checkpoint());
   RETURN_IF_ERROR(model::ValidateAgainstConfig(*checkpoint, config));
+  if (model::DetectExpertLayout(config, checkpoint->Names()) == model::ExpertLayout::kStacked) {
+    return absl::UnimplementedError(
+        absl::StrCat(model_dir,
+                     " stores its experts stacked (mlp.experts.gate_up_proj); reordering writes "
+                     "them one tensor each and does not split stacked ones yet (issue #33)"));
+  }
   const int layers = static_cast<int>(config.num_hidden_layers);
   const int experts = static_cast<int>(config.num_local_experts);
   const int inter = static_cast<int>(config.intermediate_size);

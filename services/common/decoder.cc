@@ -48,6 +48,7 @@ absl::StatusOr<Decoder> LoadDecoder(const model::ModelDir& dir, int block_size, 
                                .num_blocks = num_blocks,
                                .memory_bytes = options.memory_bytes,
                                .kv_dtype = options.kv_dtype,
+                               .max_sequences = options.max_sequences,
                                .load = options.load};
   engine::ExpertMask& load = engine_options.load.only_experts;
   if (!options.expert_pack.empty()) {

@@ -35,6 +35,7 @@ struct DecoderOptions {
   engine::LoadOptions load = {};
   // > 0: the KV pool gets what the weights leave of this many bytes (EngineOptions).
   int64_t memory_bytes = 0;
+  int max_sequences = 64;  // sequences held at once (EngineOptions)
 };
 
 struct Decoder {

@@ -20,12 +20,8 @@ absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
   ServingEngine e;
   ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(dir, options.load));
   const model::ModelConfig& c = e.model.weights->config;
-  engine::KvCacheConfig kv{static_cast<int>(c.num_hidden_layers),
-                           static_cast<int>(c.num_key_value_heads),
-                           static_cast<int>(c.head_dim),
-                           options.block_size,
-                           options.num_blocks,
-                           options.kv_dtype};
+  engine::KvCacheConfig kv = engine::KvCacheConfigFor(c, options.block_size, options.num_blocks,
+                                                      options.kv_dtype, options.max_sequences);
   if (options.memory_bytes > 0) {
     const int64_t weights = e.model.weights->bytes();
     const int64_t left = options.memory_bytes - weights;

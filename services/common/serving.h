@@ -37,6 +37,9 @@ struct EngineOptions {
   // (num_blocks is not used); INVALID_ARGUMENT when not one block fits.
   int64_t memory_bytes = 0;
   kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
+  // Sequences the engine holds at once (its scheduler's max_running): the state slots of a
+  // model with recurrent layers.
+  int max_sequences = 64;
   // The weights (the checkpoint's or dummy ones; only some experts'), and a synthetic router.
   engine::LoadOptions load = {};
 };

@@ -61,11 +61,20 @@ int main(int argc, char** argv) {
                                                .decode_only = false,
                                                .kv_dtype = *kv_dtype,
                                                .load = engine_flags->load,
-                                               .memory_bytes = engine_flags->memory_bytes});
+                                               .memory_bytes = engine_flags->memory_bytes,
+                                               .max_sequences = absl::GetFlag(FLAGS_max_running)});
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
   (*dir)->ReleaseCheckpoint();  // the engine holds its own copies of the weights
   tandem::serving::ServingEngine* engine = &decoder->engine;
-  if (absl::GetFlag(FLAGS_prefix_cache)) engine->pool->EnablePrefixCache();
+  if (absl::GetFlag(FLAGS_prefix_cache)) {
+    if (engine->pool->config().num_state_slots > 0) {
+      return fail("--prefix_cache",
+                  absl::UnimplementedError(
+                      "the prefix cache does not keep recurrent layers' state yet (Gated "
+                      "DeltaNet, issue #33): serve this model without it"));
+    }
+    engine->pool->EnablePrefixCache();
+  }
   // Prompts run the full pool (salt 0); generated tokens' blocks are cached too only when
   // decode runs the same experts.
   const tandem::engine::MoeOptions decode_moe = decoder->decode_moe();

@@ -96,6 +96,7 @@ def main():
         "num_hidden_layers": 3, "num_attention_heads": 4, "norm_topk_prob": False,
         "scoring_func": "softmax", "attention_bias": False}, indent=1))
     copy("config", "tiny-fg-moe.json", "tools/train/configs/tiny-fg-moe.json")
+    copy("config", "qwen3-5-moe.json", "tests/golden/arch/qwen3_5_moe_hybrid/config.json")
     write("config", "minimal-mixtral.json",
           '{"model_type":"mixtral","vocab_size":8,"hidden_size":4,"intermediate_size":2,'
           '"num_hidden_layers":1,"num_attention_heads":1,"num_local_experts":2,'

@@ -63,6 +63,27 @@ CASES = {
              norm_topk_prob=True, tie_word_embeddings=True),
         "DeepSeek-MoE: moe_layer_freq 2 (layers 0 and 2 sparse, 1 dense), attention bias on "
         "q, k, v and o, norm_topk_prob true, one shared expert, tied embeddings"),
+    "qwen3_5_moe_hybrid": (
+        dict(model_type="qwen3_5_moe", num_hidden_layers=4, head_dim_override=16,
+             layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
+             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+             partial_rotary_factor=0.25, shared_expert_intermediate_size=48,
+             norm_topk_prob=True, max_position_embeddings=256, tokens=150),
+        "Qwen3.5-MoE as published (text_config, model.language_model.*, stacked experts, "
+        "vision and MTP tensors the engine skips): "
+        "three Gated DeltaNet layers then gated full attention, value heads grouped two per "
+        "key head, partial rotary (a quarter of head_dim), zero-centred norms, a gated shared "
+        "expert; 150 tokens, so a prompt crosses the DeltaNet's 64-token chunks"),
+    "qwen3_5_moe_text_tied": (
+        dict(model_type="qwen3_5_moe_text", num_hidden_layers=3, head_dim_override=16,
+             layer_types=["full_attention", "linear_attention", "linear_attention"],
+             linear_num_key_heads=4, linear_num_value_heads=4, linear_key_head_dim=8,
+             linear_value_head_dim=16, partial_rotary_factor=0.5,
+             shared_expert_intermediate_size=24, attention_bias=True, norm_topk_prob=True,
+             tie_word_embeddings=True),
+        "Qwen3.5-MoE text-only layout (model.*) with experts stored one tensor each: full "
+        "attention first, with bias, then two DeltaNet layers with as many value heads as key "
+        "heads, half of head_dim rotary, tied embeddings"),
 }
 TOKENS = 24
 SEED = 20261201
@@ -70,10 +91,17 @@ SEED = 20261201
 
 def randomise(model, gen):
     """Weights large enough that attention, routing and logits are far from uniform."""
+    zero_centred = model.cfg.hybrid  # the weight of x * (1 + w), except the DeltaNet's norm
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") and zero_centred and "linear_attn" not in name:
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("conv1d.weight"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("A_log"):  # decays exp(g) between about 0.2 and 0.9
+                p.copy_((0.5 + 0.5 * torch.rand(p.shape, generator=gen)).log())
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             else:
@@ -86,18 +114,33 @@ def main():
     torch.set_num_threads(2)
     root = os.path.join("tests", "golden", "arch")
     for name, (overrides, covers) in CASES.items():
+        overrides = dict(overrides)
+        tokens = overrides.pop("tokens", TOKENS)
         cfg = Config(**{**BASE, **overrides})
         model = MoeForCausalLM(cfg)
         gen = torch.Generator().manual_seed(SEED)
         randomise(model, gen)
         model.eval()
-        ids = torch.randint(0, cfg.vocab_size, (1, TOKENS), generator=gen)
+        ids = torch.randint(0, cfg.vocab_size, (1, tokens), generator=gen)
         trace = []
         logits, _ = model(ids, trace)
         out = os.path.join(root, name)
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
         tensors = {k: v.to(torch.bfloat16) for k, v in model.export_state_dict().items()}
+        if name == "qwen3_5_moe_hybrid":
+            # As published: the vision tower's and the multi-token-prediction head's tensors,
+            # which the engine skips.
+            tensors["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3, dtype=torch.bfloat16)
+            tensors["mtp.fc.weight"] = torch.zeros(4, 8, dtype=torch.bfloat16)
+        if name == "qwen3_5_moe_text_tied":  # experts stored one tensor each, not stacked
+            for l in range(cfg.num_hidden_layers):
+                p = f"model.layers.{l}.mlp.experts."
+                gate_up, down = tensors.pop(p + "gate_up_proj"), tensors.pop(p + "down_proj")
+                for e in range(cfg.num_local_experts):
+                    tensors[p + f"{e}.gate_proj.weight"] = gate_up[e, :cfg.moe_intermediate_size]
+                    tensors[p + f"{e}.up_proj.weight"] = gate_up[e, cfg.moe_intermediate_size:]
+                    tensors[p + f"{e}.down_proj.weight"] = down[e]
         safetensors_io.write(os.path.join(out, "model.safetensors"), tensors, {"format": "pt"})
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(cfg.hf_dict(), f, indent=2, sort_keys=True)

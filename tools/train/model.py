@@ -17,6 +17,15 @@ What the Qwen layouts add to Mixtral (Hugging Face's modeling_qwen2_moe.py / mod
   both       routed experts of width moe_intermediate_size; layer i is sparse iff i is not in
              mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a dense SwiGLU MLP of
              width intermediate_size; tie_word_embeddings.
+  qwen3_5_moe (Qwen3.5 / Qwen3.6-MoE, Hugging Face's Qwen3_5MoeForConditionalGeneration text
+             part; qwen3_5_moe_text: the text-only layout, Qwen3_5MoeForCausalLM): a hybrid of
+             Gated DeltaNet layers (linear attention with a per-sequence recurrent state) and
+             gated full attention (layer_types, or every full_attention_interval-th layer);
+             zero-centred RMSNorm (x * (1 + w)) everywhere but the DeltaNet's inner norm;
+             q_proj emits [q | gate] per head, the attention output scaled by sigmoid(gate);
+             q/k norm; partial rotary (partial_rotary_factor of head_dim, rotate_half); every
+             layer an MoE with renormalised softmax top-k and a sigmoid-gated shared expert;
+             experts stored stacked (mlp.experts.gate_up_proj (E, 2I, H), down_proj (E, H, I)).
   deepseek   n_routed_experts of width moe_intermediate_size; n_shared_experts always-on
              experts as one MLP of width n_shared_experts * moe_intermediate_size
              (mlp.shared_experts), added without a gate; layer i is sparse iff
@@ -32,7 +41,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek": "DeepseekForCausalLM"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek": "DeepseekForCausalLM",
+                 "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+                 "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
+HYBRID = ("qwen3_5_moe", "qwen3_5_moe_text")
 
 
 @dataclass
@@ -62,6 +74,15 @@ class Config:
     qkv_bias: bool = True  # qwen2_moe
     attention_bias: bool = False  # qwen3_moe (q, k, v and o)
     head_dim_override: int = 0  # qwen3_moe's explicit head_dim; 0: hidden / heads
+    # qwen3_5_moe only: which layers are Gated DeltaNet ("linear_attention") and which full
+    # attention; the DeltaNet's shape; the rotary share of head_dim
+    layer_types: list = field(default_factory=list)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    partial_rotary_factor: float = 1.0
     # deepseek only
     n_shared_experts: int = 0
     first_k_dense_replace: int = 0
@@ -75,6 +96,18 @@ class Config:
     @property
     def qwen(self):
         return self.model_type in ("qwen2_moe", "qwen3_moe")
+
+    @property
+    def hybrid(self):
+        return self.model_type in HYBRID
+
+    @property
+    def rotary_dim(self):
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def is_linear(self, layer):
+        """Whether layer `layer` is a Gated DeltaNet (qwen3_5_moe's linear_attention)."""
+        return self.hybrid and self.layer_types[layer] == "linear_attention"
 
     @property
     def mlp_layout(self):
@@ -98,7 +131,7 @@ class Config:
         """(q/k/v have bias, o has bias)."""
         if self.model_type == "qwen2_moe":
             return self.qkv_bias, False
-        if self.model_type in ("qwen3_moe", "deepseek"):
+        if self.model_type in ("qwen3_moe", "deepseek") or self.hybrid:
             return self.attention_bias, self.attention_bias
         return False, False
 
@@ -106,7 +139,7 @@ class Config:
         if self.model_type == "deepseek":
             return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
         if not self.qwen:
-            return True
+            return True  # Mixtral, qwen3_5_moe
         return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
     def hf_dict(self):
@@ -128,6 +161,8 @@ class Config:
             "tie_word_embeddings": self.tie_word_embeddings, "torch_dtype": "bfloat16",
             "use_cache": True, "head_dim": self.head_dim,
         }
+        if self.hybrid:
+            return self._hybrid_hf_dict(d)
         if self.model_type == "mixtral":
             d["num_local_experts"] = self.num_local_experts
         elif self.model_type == "deepseek":
@@ -154,10 +189,67 @@ class Config:
             d["attention_bias"] = self.attention_bias
         return d
 
+    def _hybrid_hf_dict(self, d):
+        """qwen3_5_moe's config.json: the text model's keys nested in text_config (the
+        published layout) or at the top (qwen3_5_moe_text)."""
+        for key in ("intermediate_size", "sliding_window", "rope_theta", "torch_dtype",
+                    "architectures", "model_type", "tie_word_embeddings", "bos_token_id"):
+            d.pop(key)
+        d.update({"model_type": "qwen3_5_moe_text", "num_experts": self.num_local_experts,
+                  "moe_intermediate_size": self.moe_intermediate_size,
+                  "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
+                  "layer_types": list(self.layer_types),
+                  "linear_num_key_heads": self.linear_num_key_heads,
+                  "linear_num_value_heads": self.linear_num_value_heads,
+                  "linear_key_head_dim": self.linear_key_head_dim,
+                  "linear_value_head_dim": self.linear_value_head_dim,
+                  "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
+                  "attention_bias": self.attention_bias, "attn_output_gate": True,
+                  "mamba_ssm_dtype": "float32", "mtp_num_hidden_layers": 0,
+                  "partial_rotary_factor": self.partial_rotary_factor,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta,
+                                      "partial_rotary_factor": self.partial_rotary_factor,
+                                      "mrope_interleaved": True, "mrope_section": [11, 11, 10]},
+                  "dtype": "bfloat16"})
+        top = {"architectures": [ARCHITECTURES[self.model_type]],
+               "tie_word_embeddings": self.tie_word_embeddings}
+        if self.model_type == "qwen3_5_moe_text":
+            return {**d, **top}
+        return {**top, "model_type": "qwen3_5_moe", "text_config": d,
+                "vision_config": {"model_type": "qwen3_5_moe_vision", "depth": 1},
+                "image_token_id": self.vocab_size - 1}
+
     @staticmethod
     def from_hf(d):
         """The inverse of hf_dict, with Hugging Face's defaults for absent keys."""
         mt = d["model_type"]
+        if mt in HYBRID:
+            t = d.get("text_config", d)
+            rope = t.get("rope_parameters") or {}
+            return Config(
+                model_type=mt, vocab_size=t["vocab_size"], hidden_size=t["hidden_size"],
+                num_hidden_layers=t["num_hidden_layers"],
+                num_attention_heads=t["num_attention_heads"],
+                num_key_value_heads=t["num_key_value_heads"],
+                num_local_experts=t["num_experts"], num_experts_per_tok=t["num_experts_per_tok"],
+                max_position_embeddings=t.get("max_position_embeddings", 32768),
+                rope_theta=rope.get("rope_theta", t.get("rope_theta", 10000.0)),
+                rms_norm_eps=t.get("rms_norm_eps", 1e-6),
+                eos_token_id=t.get("eos_token_id", 2),
+                moe_intermediate_size=t["moe_intermediate_size"],
+                shared_expert_intermediate_size=t["shared_expert_intermediate_size"],
+                tie_word_embeddings=d.get("tie_word_embeddings", False),
+                attention_bias=t.get("attention_bias", False),
+                head_dim_override=t.get("head_dim", 256),
+                layer_types=list(t["layer_types"]),
+                linear_num_key_heads=t["linear_num_key_heads"],
+                linear_num_value_heads=t["linear_num_value_heads"],
+                linear_key_head_dim=t["linear_key_head_dim"],
+                linear_value_head_dim=t["linear_value_head_dim"],
+                linear_conv_kernel_dim=t.get("linear_conv_kernel_dim", 4),
+                partial_rotary_factor=rope.get("partial_rotary_factor",
+                                               t.get("partial_rotary_factor", 0.25)),
+                norm_topk_prob=True)
         if mt not in ARCHITECTURES:
             raise ValueError(f"unsupported model_type {mt}")
         qwen = mt in ("qwen2_moe", "qwen3_moe")
@@ -219,8 +311,28 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class ZeroCenteredRMSNorm(nn.Module):
+    """qwen3_5_moe's RMSNorm: x * (1 + w), the weight stored centred on zero."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+def make_norm(cfg, dim):
+    return (ZeroCenteredRMSNorm if cfg.hybrid else RMSNorm)(dim, cfg.rms_norm_eps)
+
+
 def rope_cos_sin(cfg, positions, dtype):
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    """cos, sin (t, rotary_dim): RoPE over the first rotary_dim of a head (all of it but in
+    qwen3_5_moe, whose partial_rotary_factor rotates a quarter)."""
+    dim = cfg.rotary_dim if cfg.hybrid else cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -264,6 +376,143 @@ class Attention(nn.Module):
         scores = scores.masked_fill(causal, float("-inf"))
         y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class GatedAttention(nn.Module):
+    """qwen3_5_moe's full attention: q_proj emits [q | gate] per head; zero-centred q/k norms;
+    RoPE over the first rotary_dim of each head; the output scaled by sigmoid(gate)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        hd, bias = cfg.head_dim, cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * hd * 2, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=bias)
+        self.q_norm = ZeroCenteredRMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(hd, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        c = self.cfg
+        q, gate = torch.chunk(self.q_proj(x).view(b, t, c.num_attention_heads, 2 * c.head_dim), 2,
+                              dim=-1)
+        gate = gate.reshape(b, t, -1)
+        q = self.q_norm(q).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        r = c.rotary_dim
+        q = torch.cat([q[..., :r] * cos + rotate_half(q[..., :r]) * sin, q[..., r:]], dim=-1)
+        k = torch.cat([k[..., :r] * cos + rotate_half(k[..., :r]) * sin, k[..., r:]], dim=-1)
+        rep = c.num_attention_heads // c.num_key_value_heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        scores = (q * (1.0 / math.sqrt(c.head_dim))) @ k.transpose(-2, -1).contiguous()
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+        y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+        y = y.transpose(1, 2).reshape(b, t, -1) * torch.sigmoid(gate)
+        return self.o_proj(y)
+
+
+def l2norm(x, eps=1e-6):
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_recurrent(q, k, v, g, beta, state=None):
+    """The gated delta rule one token at a time, in float32. q, k (b, t, heads, dk) already
+    L2-normalised, v (b, t, heads, dv), g and beta (b, t, heads); state (b, heads, dk, dv).
+    Returns the outputs (b, t, heads, dv) and the final state."""
+    b, t, h, dk = k.shape
+    dv = v.shape[-1]
+    q = q.float() / math.sqrt(dk)
+    k, v, g, beta = k.float(), v.float(), g.float(), beta.float()
+    s = torch.zeros(b, h, dk, dv) if state is None else state.float()
+    out = torch.zeros(b, t, h, dv)
+    for i in range(t):
+        s = s * g[:, i].exp()[..., None, None]
+        kv_mem = (s * k[:, i, :, :, None]).sum(dim=-2)
+        delta = (v[:, i] - kv_mem) * beta[:, i, :, None]
+        s = s + k[:, i, :, :, None] * delta[:, :, None, :]
+        out[:, i] = (s * q[:, i, :, :, None]).sum(dim=-2)
+    return out, s
+
+
+def gated_delta_chunked(q, k, v, g, beta, state=None, chunk=64):
+    """The same rule in chunks of `chunk` tokens (the WY / UT form: a chunk is matrix products
+    and one triangular solve), as Hugging Face's torch_chunk_gated_delta_rule computes it."""
+    b, t, h, dk = k.shape
+    dv = v.shape[-1]
+    q = q.float().transpose(1, 2) / math.sqrt(dk)
+    k, v = k.float().transpose(1, 2), v.float().transpose(1, 2)
+    g, beta = g.float().transpose(1, 2), beta.float().transpose(1, 2)
+    pad = (chunk - t % chunk) % chunk
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    n = (t + pad) // chunk
+    v_beta, k_beta = v * beta[..., None], k * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(b, h, n, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    g = g.reshape(b, h, n, chunk).cumsum(dim=-1)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool).triu(1)
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    system = (k_beta @ k.transpose(-1, -2)) * decay
+    u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * g.exp()[..., None], upper=False,
+                                      unitriangular=True)
+    intra = (q @ k.transpose(-1, -2)) * decay
+    s = torch.zeros(b, h, dk, dv) if state is None else state.float()
+    out = torch.zeros(b, h, n, chunk, dv)
+    for i in range(n):
+        v_new = u[:, :, i] - w[:, :, i] @ s
+        out[:, :, i] = (q[:, :, i] * g[:, :, i, :, None].exp()) @ s + intra[:, :, i] @ v_new
+        tail = (g[:, :, i, -1:] - g[:, :, i]).exp()[..., None]
+        s = s * g[:, :, i, -1].exp()[..., None, None] + (k[:, :, i] * tail).transpose(-1, -2) @ v_new
+    out = out.reshape(b, h, -1, dv)[:, :, :t].transpose(1, 2)
+    return out, s
+
+
+class GatedDeltaNet(nn.Module):
+    """qwen3_5_moe's linear attention (Hugging Face's Qwen3_5MoeGatedDeltaNet): a causal
+    depthwise conv (kernel linear_conv_kernel_dim, SiLU) over [Q | K | V]; q and k L2-normed
+    per head; beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias); each key head
+    serves linear_num_value_heads / linear_num_key_heads consecutive value heads; the output
+    out_proj(norm(o) * silu(z)) with a plain (not zero-centred) RMSNorm per value head."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.key_dim = nk * cfg.linear_key_head_dim
+        self.value_dim = nv * cfg.linear_value_head_dim
+        conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, cfg.linear_conv_kernel_dim, groups=conv_dim,
+                                bias=False, padding=cfg.linear_conv_kernel_dim - 1)
+        self.dt_bias = nn.Parameter(torch.ones(nv))
+        self.A_log = nn.Parameter(torch.log(torch.empty(nv).uniform_(1, 16)))
+        self.norm = RMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, nv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, nv, bias=False)
+
+    def forward(self, x, chunked=False):
+        b, t, _ = x.shape
+        c = self.cfg
+        mixed = F.silu(self.conv1d(self.in_proj_qkv(x).transpose(1, 2))[:, :, :t]).transpose(1, 2)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2norm(q.reshape(b, t, -1, c.linear_key_head_dim).float())
+        k = l2norm(k.reshape(b, t, -1, c.linear_key_head_dim).float())
+        v = v.reshape(b, t, -1, c.linear_value_head_dim)
+        rep = c.linear_num_value_heads // c.linear_num_key_heads
+        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+        beta = torch.sigmoid(self.in_proj_b(x))
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        o, _ = (gated_delta_chunked if chunked else gated_delta_recurrent)(q, k, v, g, beta)
+        z = self.in_proj_z(x).reshape(b, t, -1, c.linear_value_head_dim)
+        o = self.norm(o.to(x.dtype)) * F.silu(z.float()).to(x.dtype)
+        return self.out_proj(o.reshape(b, t, -1))
 
 
 class Expert(nn.Module):
@@ -346,9 +595,14 @@ class SparseMoe(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg, layer):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = make_norm(cfg, cfg.hidden_size)
+        if cfg.is_linear(layer):
+            self.linear_attn = GatedDeltaNet(cfg)
+        elif cfg.hybrid:
+            self.self_attn = GatedAttention(cfg)
+        else:
+            self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
         self.sparse = cfg.is_sparse(layer)
         if not cfg.mlp_layout:
             self.block_sparse_moe = SparseMoe(cfg)
@@ -368,7 +622,12 @@ class Block(nn.Module):
             a = torch.where(prefix[0], prefix[1], a)
         if record is not None:
             record.append(a.detach())
-        x = x + self.drop(self.self_attn(a, cos, sin))
+        if hasattr(self, "linear_attn"):
+            if prefix is not None:
+                raise NotImplementedError("continuing a DeltaNet layer from a teacher's state")
+            x = x + self.drop(self.linear_attn(a))
+        else:
+            x = x + self.drop(self.self_attn(a, cos, sin))
         h = self.post_attention_layernorm(x)
         if not self.sparse:
             return x + self.drop(self.mlp(h)), None
@@ -382,7 +641,7 @@ class Inner(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg, cfg.hidden_size)
 
 
 class MoeForCausalLM(nn.Module):
@@ -403,14 +662,45 @@ class MoeForCausalLM(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def export_state_dict(self):
-        """The checkpoint's tensors: the state dict without lm_head when it is tied."""
+        """The checkpoint's tensors: the state dict without lm_head when it is tied; for
+        qwen3_5_moe, experts stacked per layer (mlp.experts.gate_up_proj (E, 2I, H) with each
+        expert's gate rows then its up rows, mlp.experts.down_proj (E, H, I)) and, in the
+        published layout, the text model under model.language_model."""
         sd = self.state_dict()
         if self.cfg.tie_word_embeddings:
             sd.pop("lm_head.weight")
-        return sd
+        if not self.cfg.hybrid:
+            return sd
+        out = {}
+        for l in range(self.cfg.num_hidden_layers):
+            p = f"model.layers.{l}.mlp.experts."
+            n = self.cfg.num_local_experts
+            out[p + "gate_up_proj"] = torch.stack([
+                torch.cat([sd.pop(p + f"{e}.gate_proj.weight"), sd.pop(p + f"{e}.up_proj.weight")])
+                for e in range(n)])
+            out[p + "down_proj"] = torch.stack([sd.pop(p + f"{e}.down_proj.weight")
+                                                for e in range(n)])
+        out.update(sd)
+        if self.cfg.model_type == "qwen3_5_moe":
+            out = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+                   for k, v in out.items()}
+        return out
 
     def load_export(self, tensors):
         tensors = dict(tensors)
+        if self.cfg.model_type == "qwen3_5_moe":
+            tensors = {("model." + k[len("model.language_model."):]
+                        if k.startswith("model.language_model.") else k): v
+                       for k, v in tensors.items()}
+        if self.cfg.hybrid:
+            inter = self.cfg.moe_intermediate_size
+            for l in range(self.cfg.num_hidden_layers):
+                p = f"model.layers.{l}.mlp.experts."
+                gate_up, down = tensors.pop(p + "gate_up_proj"), tensors.pop(p + "down_proj")
+                for e in range(self.cfg.num_local_experts):
+                    tensors[p + f"{e}.gate_proj.weight"] = gate_up[e, :inter]
+                    tensors[p + f"{e}.up_proj.weight"] = gate_up[e, inter:]
+                    tensors[p + f"{e}.down_proj.weight"] = down[e]
         if self.cfg.tie_word_embeddings:
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
         self.load_state_dict(tensors, strict=True)
@@ -455,6 +745,8 @@ def load_balancing_loss(router_logits, num_experts, top_k):
 
 def param_counts(cfg):
     """(total, active per token) parameters, as the checkpoint stores them."""
+    if cfg.hybrid:
+        raise NotImplementedError("param_counts for qwen3_5_moe")
     d, v, hd = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
     attn = d * (2 * q + 2 * kv)

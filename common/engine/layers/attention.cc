@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
@@ -31,10 +32,12 @@ void AddBias(const std::vector<float>& bias, int rows, float* x) {
 
 }  // namespace
 
-AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool)
+AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool,
+                               std::vector<int> kv_layers)
     : pool_(pool),
       cache_{CacheSpec::Kind::kPagedKv, static_cast<int>(config.num_key_value_heads),
-             static_cast<int>(config.head_dim)} {}
+             static_cast<int>(config.head_dim)},
+      kv_layers_(std::move(kv_layers)) {}
 
 absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const model::ModelConfig& c = ctx.w.config;
@@ -49,38 +52,63 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const float theta = static_cast<float>(c.rope_theta);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const bool gated = c.attention_output_gate;
+  const int q_rows = gated ? 2 * q_dim : q_dim;  // [q | gate] per head when gated
+  const int rotary_dim = static_cast<int>(c.rotary_dim);
+  const int kv_layer = kv_layers_[l];
+  Resize(q_raw_, T, q_rows);
   Resize(q_, T, q_dim);
   Resize(k_, T, kv_dim);
   Resize(v_, T, kv_dim);
   Resize(attn_, T, q_dim);
 
+  float* const q_out = gated ? q_raw_.data() : q_.data();
   if (!L.qkv.empty()) {  // one product, then each token's q, k and v apart
-    Resize(qkv_, T, q_dim + 2 * kv_dim);
+    Resize(qkv_, T, q_rows + 2 * kv_dim);
     ctx.Linear(ctx.h.data(), T, L.qkv.view(), qkv_.data());
     for (int t = 0; t < T; ++t) {
-      const float* row = Row(qkv_, t, q_dim + 2 * kv_dim);
-      std::memcpy(Row(q_, t, q_dim), row, q_dim * sizeof(float));
-      std::memcpy(Row(k_, t, kv_dim), row + q_dim, kv_dim * sizeof(float));
-      std::memcpy(Row(v_, t, kv_dim), row + q_dim + kv_dim, kv_dim * sizeof(float));
+      const float* row = Row(qkv_, t, q_rows + 2 * kv_dim);
+      std::memcpy(q_out + int64_t{t} * q_rows, row, q_rows * sizeof(float));
+      std::memcpy(Row(k_, t, kv_dim), row + q_rows, kv_dim * sizeof(float));
+      std::memcpy(Row(v_, t, kv_dim), row + q_rows + kv_dim, kv_dim * sizeof(float));
     }
   } else {
-    ctx.Linear(ctx.h.data(), T, L.q.view(), q_.data());
+    ctx.Linear(ctx.h.data(), T, L.q.view(), q_out);
     ctx.Linear(ctx.h.data(), T, L.k.view(), k_.data());
     ctx.Linear(ctx.h.data(), T, L.v.view(), v_.data());
   }
-  AddBias(L.q_bias, T, q_.data());
+  AddBias(L.q_bias, T, q_out);
   AddBias(L.k_bias, T, k_.data());
   AddBias(L.v_bias, T, v_.data());
+  if (gated) {  // each head's q, then its gate
+    Resize(gate_, T, q_dim);
+    for (int t = 0; t < T; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        const float* src = Row(q_raw_, t, q_rows) + 2 * h * head_dim;
+        std::memcpy(Row(q_, t, q_dim) + h * head_dim, src, head_dim * sizeof(float));
+        std::memcpy(Row(gate_, t, q_dim) + h * head_dim, src + head_dim, head_dim * sizeof(float));
+      }
+    }
+  }
   if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
     ctx.ops->rms_norm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
     ctx.ops->rms_norm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
   }
   for (int t = 0; t < T; ++t) {
     const StepContext::TokenRef& r = ctx.refs[t];
-    ctx.ops->rope(Row(q_, t, q_dim), heads, head_dim, r.position, theta);
-    ctx.ops->rope(Row(k_, t, kv_dim), kv_heads, head_dim, r.position, theta);
+    if (rotary_dim == head_dim) {
+      ctx.ops->rope(Row(q_, t, q_dim), heads, head_dim, r.position, theta);
+      ctx.ops->rope(Row(k_, t, kv_dim), kv_heads, head_dim, r.position, theta);
+    } else {  // the first rotary_dim of each head; the rest passes through
+      for (int h = 0; h < heads; ++h) {
+        ctx.ops->rope(Row(q_, t, q_dim) + h * head_dim, 1, rotary_dim, r.position, theta);
+      }
+      for (int h = 0; h < kv_heads; ++h) {
+        ctx.ops->rope(Row(k_, t, kv_dim) + h * head_dim, 1, rotary_dim, r.position, theta);
+      }
+    }
     const auto& blocks = ctx.batch[r.seq].block_table->blocks();
-    pool_->StoreToken(l, blocks[r.position / block_size], r.position % block_size,
+    pool_->StoreToken(kv_layer, blocks[r.position / block_size], r.position % block_size,
                       Row(k_, t, kv_dim), Row(v_, t, kv_dim));
   }
   // Every token's K/V is in the cache before any query reads it (causal within a chunk). The
@@ -142,7 +170,8 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
       const int part = static_cast<int>(item - attention_parts_[u]);
       const StepContext::TokenRef& first = ctx.refs[unit.first];
       const int context = first.position + unit.count;
-      const kernels::PagedKv kv = pool_->View(l, ctx.batch[first.seq].block_table->blocks().data());
+      const kernels::PagedKv kv =
+          pool_->View(kv_layer, ctx.batch[first.seq].block_table->blocks().data());
       const float* q = Row(q_, unit.first, q_dim);
       // The whole context into attn_, or this part's outputs and log-sum-exps into its rows.
       const int64_t row = unit.part_row + int64_t{part} * unit.count;
@@ -178,6 +207,11 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   }
   ctx.stats.attention_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
+  if (gated) {
+    for (size_t i = 0; i < static_cast<size_t>(T) * q_dim; ++i) {
+      attn_[i] *= 1.0f / (1.0f + std::exp(-gate_[i]));
+    }
+  }
   ctx.Linear(attn_.data(), T, L.o.view(), out);
   AddBias(L.o_bias, T, out);
   return absl::OkStatus();

@@ -30,10 +30,12 @@ struct CacheSpec {
   enum class Kind {
     kNone,     // nothing (feed-forward blocks)
     kPagedKv,  // keys and values of every position, in the paged KV pool's blocks
+    kState,    // a fixed number of bytes per sequence, whatever its length (recurrent layers)
   };
   Kind kind = Kind::kNone;
-  int kv_heads = 0;  // kPagedKv
-  int head_dim = 0;  // kPagedKv
+  int kv_heads = 0;         // kPagedKv
+  int head_dim = 0;         // kPagedKv
+  int64_t state_bytes = 0;  // kState: the layer's share of its sequence's state slot
 };
 
 class StepContext {

@@ -10,8 +10,7 @@ absl::Status Recipe(const ConfigReader& json, ModelConfig* c) {
   c->norm_topk_prob = true;
   RETURN_IF_ERROR(arch::NoAttentionBias(json, c));
   RETURN_IF_ERROR(arch::NoSharedExperts(json, c));
-  ASSIGN_OR_RETURN(arch::SparseLayers layers, arch::QwenSparseLayers(json, *c));
-  return arch::SetDenseLayers(json, layers, /*dense_width_key=*/"", c);
+  return arch::NoDenseLayers(json, c);
 }
 
 constexpr ArchitectureSpec kMixtral{

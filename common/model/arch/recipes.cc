@@ -84,4 +84,12 @@ absl::Status SetDenseLayers(const ConfigReader& json, const SparseLayers& layers
   return absl::OkStatus();
 }
 
+absl::Status NoDenseLayers(const ConfigReader& json, ModelConfig* c) {
+  ASSIGN_OR_RETURN(SparseLayers layers, QwenSparseLayers(json, *c));
+  std::vector<LayerSpec> specs = std::move(c->layer_specs);
+  RETURN_IF_ERROR(SetDenseLayers(json, layers, /*dense_width_key=*/"", c));
+  c->layer_specs = std::move(specs);
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::model::arch

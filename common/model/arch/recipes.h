@@ -56,4 +56,8 @@ absl::StatusOr<SparseLayers> QwenSparseLayers(const ConfigReader& json, const Mo
 absl::Status SetDenseLayers(const ConfigReader& json, const SparseLayers& layers,
                             std::string_view dense_width_key, ModelConfig* c);
 
+// Refuses decoder_sparse_step / mlp_only_layers that would make a dense layer (every layer an
+// MoE).
+absl::Status NoDenseLayers(const ConfigReader& json, ModelConfig* c);
+
 }  // namespace tandem::model::arch

@@ -3,7 +3,10 @@
 // tools/train/arch_goldens.py): Qwen3-MoE's q/k norm and attention bias, Qwen2-MoE's shared
 // expert and q/k/v bias, norm_topk_prob both ways, dense layers among sparse ones
 // (mlp_only_layers, decoder_sparse_step), tied embeddings, Mixtral, and DeepSeek-MoE's ungated
-// shared experts, first_k_dense_replace / moe_layer_freq dense layers and attention bias. Logits of
+// shared experts, first_k_dense_replace / moe_layer_freq dense layers and attention bias, and
+// Qwen3.5-MoE's hybrid of Gated DeltaNet and gated attention (partial rotary, zero-centred
+// norms, stacked experts, the published layout and the text-only one), whose chunked prefill
+// and token-by-token decode carry the DeltaNet's state from step to step. Logits of
 // the whole sequence, then of a chunked prefill and token-by-token decode through the paged KV
 // cache, and the router's choices and weights.
 #include <gtest/gtest.h>
@@ -41,8 +44,8 @@ class ArchitectureGoldenTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = *std::move(weights);
     const auto& c = weights_->config;
-    KvCacheConfig kv{static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
-                     static_cast<int>(c.head_dim), /*block_size=*/8, /*num_blocks=*/16};
+    const KvCacheConfig kv = KvCacheConfigFor(c, /*block_size=*/8, /*num_blocks=*/48,
+                                              kernels::KvDtype::kF32, /*max_sequences=*/2);
     auto pool = KvBlockPool::Create(kv);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *std::move(pool);
@@ -156,10 +159,52 @@ TEST_P(ArchitectureGoldenTest, ChunkedPrefillThenCachedDecodeMatchPyTorch) {
   table.ReleaseAll(pool_.get());
 }
 
+// Two sequences in one step, a prompt chunk beside a decode token, give what each gives alone:
+// per-sequence caches (K/V blocks, the DeltaNet's state slots) do not leak into each other.
+TEST_P(ArchitectureGoldenTest, BatchedSequencesMatchTheirOwnRuns) {
+  const int vocab = static_cast<int>(weights_->config.vocab_size);
+  const int n = std::min<int>(static_cast<int>(ids_.size()), 20);
+  const std::vector<int32_t> a(ids_.begin(), ids_.begin() + n);
+  const std::vector<int32_t> b(ids_.rbegin(), ids_.rbegin() + n);
+  auto alone = [&](const std::vector<int32_t>& ids) {
+    BlockTable table;
+    EXPECT_TRUE(table.Reserve(pool_.get(), n).ok());
+    std::vector<std::vector<float>> logits;
+    StepInput in{ids, 0, &table, LogitRows::kAll};
+    EXPECT_TRUE(forward_->Step({&in, 1}, {}, &logits).ok());
+    table.ReleaseAll(pool_.get());
+    return logits.empty() ? std::vector<float>() : logits[0];
+  };
+  const std::vector<float> want_a = alone(a), want_b = alone(b);
+  ASSERT_EQ(want_a.size(), static_cast<size_t>(n) * vocab);
+  // a: its first n - 1 tokens, then its last as a decode token beside b's whole prompt.
+  BlockTable ta, tb;
+  ASSERT_TRUE(ta.Reserve(pool_.get(), n).ok());
+  ASSERT_TRUE(tb.Reserve(pool_.get(), n).ok());
+  std::vector<std::vector<float>> logits;
+  StepInput first{absl::MakeConstSpan(a).first(n - 1), 0, &ta, LogitRows::kAll};
+  ASSERT_TRUE(forward_->Step({&first, 1}, {}, &logits).ok());
+  StepInput both[] = {{absl::MakeConstSpan(a).last(1), n - 1, &ta, LogitRows::kAll},
+                      {b, 0, &tb, LogitRows::kAll}};
+  ASSERT_TRUE(forward_->Step(both, {}, &logits).ok());
+  EXPECT_LT(
+      NormalisedRowError(logits[0].data(), &want_a[static_cast<size_t>(n - 1) * vocab], vocab),
+      kLogitTolerance);
+  for (int t = 0; t < n; ++t) {
+    EXPECT_LT(NormalisedRowError(&logits[1][static_cast<size_t>(t) * vocab],
+                                 &want_b[static_cast<size_t>(t) * vocab], vocab),
+              kLogitTolerance)
+        << "position " << t;
+  }
+  ta.ReleaseAll(pool_.get());
+  tb.ReleaseAll(pool_.get());
+}
+
 INSTANTIATE_TEST_SUITE_P(RandomCheckpoints, ArchitectureGoldenTest,
                          ::testing::Values("qwen3_moe_norm_dense_tied", "qwen3_moe_step2_bias",
                                            "qwen2_moe_shared", "qwen2_moe_norm_tied", "mixtral",
-                                           "deepseek_dense_shared", "deepseek_freq2_bias_tied"));
+                                           "deepseek_dense_shared", "deepseek_freq2_bias_tied",
+                                           "qwen3_5_moe_hybrid", "qwen3_5_moe_text_tied"));
 
 }  // namespace
 }  // namespace tandem::engine

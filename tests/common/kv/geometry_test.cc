@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/model_dir.h"
+#include "tests/testing/subprocess.h"
+
 namespace tandem::kv {
 namespace {
 
@@ -16,6 +19,19 @@ model::ModelConfig TinyConfig() {
   config.rope_theta = 10000;
   config.max_position_embeddings = 512;
   return config;
+}
+
+TEST(KvGeometryTest, RecurrentModelsAreRefusedForTheHandoff) {
+  // Qwen3.5's Gated DeltaNet state does not travel with the KV blocks yet: prefill and decode
+  // instances refuse the model rather than hand off half of a sequence's cache.
+  auto dir = testing::OpenModelDir(testing::SourceDir() + "/tests/golden/arch/qwen3_5_moe_hybrid");
+  absl::StatusOr<InstanceModel> model = LoadInstanceModel(*dir, 16);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(model.status().message(), HasSubstr("Gated DeltaNet"));
+  EXPECT_TRUE(LoadInstanceModel(*testing::OpenModelDir(testing::SourceDir() +
+                                                       "/tests/golden/arch/qwen3_moe_step2_bias"),
+                                16)
+                  .ok());
 }
 
 TEST(KvGeometryTest, SameConfigIsCompatible) {

@@ -201,6 +201,112 @@ TEST(ModelConfigTest, ParsesPublishedDeepseekMoe16B) {
   ExpectInvalid(j, {"n_routed_experts", "missing"});
 }
 
+// Qwen/Qwen3.6-35B-A3B's config.json as published (the phase-decoupled method's backbone),
+// its vision_config abridged.
+constexpr char kQwen36_35B_A3B[] = R"({
+  "architectures": ["Qwen3_5MoeForConditionalGeneration"], "image_token_id": 248056,
+  "model_type": "qwen3_5_moe",
+  "text_config": {
+    "attention_bias": false, "attention_dropout": 0.0, "attn_output_gate": true,
+    "bos_token_id": 248044, "dtype": "bfloat16", "eos_token_id": 248044,
+    "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "layer_types": [
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "mamba_ssm_dtype": "float32",
+    "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_5_moe_text",
+    "moe_intermediate_size": 512, "mtp_num_hidden_layers": 1,
+    "mtp_use_dedicated_embeddings": false, "num_attention_heads": 16, "num_experts": 256,
+    "num_experts_per_tok": 8, "num_hidden_layers": 40, "num_key_value_heads": 2,
+    "output_router_logits": false, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                        "partial_rotary_factor": 0.25, "rope_theta": 10000000,
+                        "rope_type": "default"},
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512, "use_cache": true,
+    "vocab_size": 248320},
+  "tie_word_embeddings": false, "transformers_version": "4.57.1", "video_token_id": 248057,
+  "vision_config": {"model_type": "qwen3_5_moe", "depth": 27, "hidden_size": 1152},
+  "vision_end_token_id": 248054, "vision_start_token_id": 248053})";
+
+TEST(ModelConfigTest, ParsesPublishedQwen36_35B_A3B) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kQwen36_35B_A3B);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "qwen3_5_moe");
+  EXPECT_EQ(c->vocab_size, 248320);
+  EXPECT_EQ(c->num_hidden_layers, 40);
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->rotary_dim, 64);  // a quarter of head_dim turns
+  EXPECT_EQ(c->rope_theta, 1e7);
+  EXPECT_TRUE(c->attention_output_gate);
+  EXPECT_TRUE(c->zero_centred_norms);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->num_local_experts, 256);
+  EXPECT_EQ(c->intermediate_size, 512);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 512);
+  EXPECT_TRUE(c->shared_expert_gated);
+  EXPECT_EQ(c->eos_token_id, 248044);
+  EXPECT_EQ(c->NumLayers(MixerKind::kGatedDeltaNet), 30);
+  EXPECT_EQ(c->NumLayers(MixerKind::kAttention), 10);
+  for (int l = 0; l < 40; ++l) {
+    EXPECT_EQ(c->Mixer(l), l % 4 == 3 ? MixerKind::kAttention : MixerKind::kGatedDeltaNet) << l;
+    EXPECT_TRUE(c->IsSparseLayer(l)) << l;
+  }
+  EXPECT_EQ(c->linear.conv_dim(), 2 * 16 * 128 + 32 * 128);
+  // embed + 40 x (2 norms, router, stacked experts 2, shared 3 + its gate) + 30 DeltaNet x 9
+  // + 10 attention x (q, k, v, o, q/k norms) + norm + lm_head
+  const std::vector<TensorSpec> tensors = ExpectedTensors(*c, ExpertLayout::kStacked);
+  EXPECT_EQ(tensors.size(), 1u + 40 * 9 + 30 * 9 + 10 * 6 + 2u);
+  auto has = [&](const std::string& name, std::vector<int64_t> shape) {
+    return std::any_of(tensors.begin(), tensors.end(),
+                       [&](const TensorSpec& t) { return t.name == name && t.shape == shape; });
+  };
+  EXPECT_TRUE(has("model.language_model.layers.0.mlp.experts.gate_up_proj", {256, 1024, 2048}));
+  EXPECT_TRUE(has("model.language_model.layers.0.linear_attn.conv1d.weight", {8192, 1, 4}));
+  EXPECT_TRUE(has("model.language_model.layers.3.self_attn.q_proj.weight", {2 * 16 * 256, 2048}));
+  EXPECT_TRUE(has("lm_head.weight", {248320, 2048}));
+  EXPECT_TRUE(IsIgnoredTensor(*c, "mtp.layers.0.mlp.gate.weight"));
+  EXPECT_TRUE(IsIgnoredTensor(*c, "model.visual.blocks.0.attn.qkv.weight"));
+  EXPECT_FALSE(IsIgnoredTensor(*c, "model.language_model.norm.weight"));
+
+  // The text-only layout, the keys at the top level, layer types by interval.
+  Json j = Json::parse(kQwen36_35B_A3B)["text_config"];
+  j.erase("layer_types");
+  j["full_attention_interval"] = 2;
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "qwen3_5_moe_text");
+  EXPECT_EQ(c->Mixer(0), MixerKind::kGatedDeltaNet);
+  EXPECT_EQ(c->Mixer(1), MixerKind::kAttention);
+  EXPECT_EQ(TensorName(*c->arch, TensorKind::kLinearALog, 2), "model.layers.2.linear_attn.A_log");
+
+  // What the engine does not run is refused, naming the key.
+  Json bad = Json::parse(kQwen36_35B_A3B);
+  bad["text_config"]["mamba_ssm_dtype"] = "bfloat16";
+  ExpectInvalid(bad, {"mamba_ssm_dtype", "float32"});
+  bad = Json::parse(kQwen36_35B_A3B);
+  bad["text_config"]["layer_types"][5] = "sliding_attention";
+  ExpectInvalid(bad, {"layer_types", "[5]"});
+  bad = Json::parse(kQwen36_35B_A3B);
+  bad["text_config"]["linear_num_value_heads"] = 24;
+  ExpectInvalid(bad, {"linear_num_value_heads", "multiple"});
+  bad = Json::parse(kQwen36_35B_A3B);
+  bad["text_config"]["rope_parameters"]["rope_type"] = "yarn";
+  ExpectInvalid(bad, {"rope_type", "yarn"});
+  bad = Json::parse(kQwen36_35B_A3B);
+  bad.erase("text_config");
+  ExpectInvalid(bad, {"text_config"});
+}
+
 TEST(ModelConfigTest, ParsesMixtral8x7B) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig(kMixtral8x7B);
   ASSERT_TRUE(c.ok()) << c.status();
