@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
       kv_layers[l] = attention_layers++;
     } else {
       state_offsets[l] = state_bytes;
-      state_bytes += GatedDeltaNetBlock::StateBytes(c);
+      state_bytes += c.linear.state_bytes();
     }
   }
   if (kv.num_layers != attention_layers || kv.state_bytes != state_bytes ||
@@ -100,9 +100,8 @@ KvCacheConfig KvCacheConfigFor(const model::ModelConfig& c, int block_size, int 
   kv.block_size = block_size;
   kv.num_blocks = num_blocks;
   kv.dtype = dtype;
-  const int recurrent = c.NumLayers(model::MixerKind::kGatedDeltaNet);
-  if (recurrent > 0) {
-    kv.state_bytes = recurrent * GatedDeltaNetBlock::StateBytes(c);
+  if (c.RecurrentStateBytes() > 0) {
+    kv.state_bytes = c.RecurrentStateBytes();
     kv.num_state_slots = max_sequences;
   }
   return kv;

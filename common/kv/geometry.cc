@@ -19,7 +19,8 @@ tandem::v1::KvDtype KvDtypeToProto(kernels::KvDtype dtype) {
 tandem::v1::KvGeometry MakeKvGeometry(const model::ModelConfig& config, int block_size,
                                       kernels::KvDtype dtype) {
   tandem::v1::KvGeometry geometry;
-  geometry.set_num_layers(static_cast<int32_t>(config.num_hidden_layers));
+  geometry.set_num_layers(config.NumLayers(model::MixerKind::kAttention));
+  geometry.set_state_bytes(config.RecurrentStateBytes());
   geometry.set_num_kv_heads(static_cast<int32_t>(config.num_key_value_heads));
   geometry.set_head_dim(static_cast<int32_t>(config.head_dim));
   geometry.set_dtype(KvDtypeToProto(dtype));
@@ -54,6 +55,9 @@ absl::Status CheckCompatible(const tandem::v1::KvGeometry& ours,
   if (ours.rope_theta() != theirs.rope_theta()) {
     return mismatch("rope_theta", ours.rope_theta(), theirs.rope_theta());
   }
+  if (ours.state_bytes() != theirs.state_bytes()) {
+    return mismatch("state_bytes", ours.state_bytes(), theirs.state_bytes());
+  }
   if (ours.max_position_embeddings() != theirs.max_position_embeddings()) {
     return mismatch("max_position_embeddings", ours.max_position_embeddings(),
                     theirs.max_position_embeddings());
@@ -66,12 +70,6 @@ absl::StatusOr<InstanceModel> LoadInstanceModel(const model::ModelDir& dir, int 
   if (block_size < 1 || block_size > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV block size ", block_size, " must be in [1, 1024]"));
-  }
-  if (dir.config().NumLayers(model::MixerKind::kGatedDeltaNet) > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        std::string(dir.config().model_type()),
-        " has recurrent (Gated DeltaNet) layers, whose state the KV handoff does not carry yet "
-        "(issue #33): serve it in one process (tandem-serve)"));
   }
   InstanceModel out;
   out.config = dir.config();

@@ -4,8 +4,8 @@
 
 namespace tandem::kv {
 
-absl::StatusOr<std::string> KvInbox::Open(std::vector<int32_t> blocks) {
-  absl::StatusOr<KvStream> stream = KvStream::Of(pool_, std::move(blocks));
+absl::StatusOr<std::string> KvInbox::Open(std::vector<int32_t> blocks, int32_t state_slot) {
+  absl::StatusOr<KvStream> stream = KvStream::Of(pool_, std::move(blocks), state_slot);
   if (!stream.ok()) return stream.status();
   absl::MutexLock lock(&mu_);
   std::string token;

@@ -28,9 +28,10 @@ class KvInbox : public KvReceiver {
   explicit KvInbox(engine::KvBlockPool* pool, std::function<void(uint64_t bytes)> on_dropped = {})
       : pool_(pool), on_dropped_(std::move(on_dropped)) {}
 
-  // Opens an inbox for the KV of `blocks` (in sequence order) and returns its token (random,
-  // kTokenBytes): what a sender must present.
-  absl::StatusOr<std::string> Open(std::vector<int32_t> blocks);
+  // Opens an inbox for the KV of `blocks` (in sequence order) and, where the pool keeps
+  // recurrent state, the sequence's `state_slot`, and returns its token (random, kTokenBytes):
+  // what a sender must present.
+  absl::StatusOr<std::string> Open(std::vector<int32_t> blocks, int32_t state_slot = -1);
   // Closes it: from here on bytes sent under `token` are dropped. False if it was not open.
   bool Close(const std::string& token);
   // OK once its KV is complete (committed with every byte); FAILED_PRECONDITION saying how much

@@ -6,30 +6,49 @@
 
 namespace tandem::kv {
 
-absl::StatusOr<KvStream> KvStream::Of(engine::KvBlockPool* pool, std::vector<int32_t> blocks) {
+absl::StatusOr<KvStream> KvStream::Of(engine::KvBlockPool* pool, std::vector<int32_t> blocks,
+                                      int32_t state_slot) {
   if (blocks.empty()) return absl::InvalidArgumentError("a KV stream needs at least one block");
+  const int slots = pool->config().num_state_slots;
+  if ((slots > 0) != (state_slot >= 0) || state_slot >= slots) {
+    return absl::InvalidArgumentError(
+        slots > 0 ? absl::StrCat("the pool keeps recurrent state: the stream needs the "
+                                 "sequence's state slot in [0, ",
+                                 slots, "), got ", state_slot)
+                  : absl::StrCat("the pool keeps no recurrent state, got state slot ", state_slot));
+  }
   for (int32_t b : blocks) {
     if (b < 0 || b >= pool->num_total()) {
       return absl::InvalidArgumentError(
           absl::StrCat("block ", b, " is outside the pool's ", pool->num_total(), " blocks"));
     }
   }
-  return KvStream(pool, std::move(blocks));
+  return KvStream(pool, std::move(blocks), state_slot);
 }
 
 uint64_t KvStream::BytesFor(const engine::KvCacheConfig& config, int blocks) {
   const uint64_t piece =
       kernels::KvBlockBytes(config.dtype, config.block_size, config.num_kv_heads, config.head_dim);
-  return piece * 2 * static_cast<uint64_t>(config.num_layers) * static_cast<uint64_t>(blocks);
+  return piece * 2 * static_cast<uint64_t>(config.num_layers) * static_cast<uint64_t>(blocks) +
+         static_cast<uint64_t>(config.state_bytes);
 }
 
-KvStream::KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks)
+KvStream::KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks, int32_t state_slot)
     : pool_(pool),
       blocks_(std::move(blocks)),
+      state_slot_(state_slot),
       piece_bytes_(pool->block_bytes()),
+      blocks_bytes_(piece_bytes_ * 2 * static_cast<uint64_t>(pool->config().num_layers) *
+                    blocks_.size()),
       size_(BytesFor(pool->config(), static_cast<int>(blocks_.size()))) {}
 
-char* KvStream::Piece(uint64_t offset, uint64_t* within) const {
+char* KvStream::Piece(uint64_t offset, uint64_t* within, uint64_t* piece_bytes) const {
+  if (offset >= blocks_bytes_) {  // the state slot, one piece
+    *within = offset - blocks_bytes_;
+    *piece_bytes = size_ - blocks_bytes_;
+    return reinterpret_cast<char*>(pool_->state(state_slot_));
+  }
+  *piece_bytes = piece_bytes_;
   const uint64_t piece = offset / piece_bytes_;
   *within = offset % piece_bytes_;
   const uint64_t n = blocks_.size();
@@ -52,10 +71,10 @@ absl::Status KvStream::Read(uint64_t offset, absl::Span<char> out) const {
   if (absl::Status s = CheckRange(offset, out.size()); !s.ok()) return s;
   size_t done = 0;
   while (done < out.size()) {
-    uint64_t within = 0;
-    const char* piece = Piece(offset + done, &within);
+    uint64_t within = 0, piece_bytes = 0;
+    const char* piece = Piece(offset + done, &within, &piece_bytes);
     const size_t n =
-        static_cast<size_t>(std::min<uint64_t>(piece_bytes_ - within, out.size() - done));
+        static_cast<size_t>(std::min<uint64_t>(piece_bytes - within, out.size() - done));
     std::memcpy(out.data() + done, piece + within, n);
     done += n;
   }
@@ -66,10 +85,10 @@ absl::Status KvStream::Write(uint64_t offset, std::string_view data) const {
   if (absl::Status s = CheckRange(offset, data.size()); !s.ok()) return s;
   size_t done = 0;
   while (done < data.size()) {
-    uint64_t within = 0;
-    char* piece = Piece(offset + done, &within);
+    uint64_t within = 0, piece_bytes = 0;
+    char* piece = Piece(offset + done, &within, &piece_bytes);
     const size_t n =
-        static_cast<size_t>(std::min<uint64_t>(piece_bytes_ - within, data.size() - done));
+        static_cast<size_t>(std::min<uint64_t>(piece_bytes - within, data.size() - done));
     std::memcpy(piece + within, data.data() + done, n);
     done += n;
   }

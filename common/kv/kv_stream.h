@@ -1,7 +1,9 @@
 // A sequence's KV cache as one byte stream, laid out the same on both sides of a transfer
-// whatever blocks each side holds it in: for each layer, K then V, for each of the sequence's
-// blocks in order, that block's (block_size, num_kv_heads, head_dim) values. Prefill reads its
-// blocks into the stream; decode writes the stream into the blocks it reserved.
+// whatever blocks and state slot each side holds it in: for each (attention) layer, K then V,
+// for each of the sequence's blocks in order, that block's (block_size, num_kv_heads, head_dim)
+// values; then, where the pool keeps recurrent state (a hybrid model's Gated DeltaNet layers),
+// the sequence's state slot (state_bytes). Prefill reads its blocks and slot into the stream;
+// decode writes the stream into the blocks and slot it reserved.
 #pragma once
 
 #include <cstdint>
@@ -17,10 +19,12 @@ namespace tandem::kv {
 
 class KvStream {
  public:
-  // The stream of `blocks` of `pool` (which must outlive it). INVALID_ARGUMENT for a block id
-  // outside the pool or no blocks.
-  static absl::StatusOr<KvStream> Of(engine::KvBlockPool* pool, std::vector<int32_t> blocks);
-  // Bytes in a stream of `blocks` blocks of `config`'s geometry.
+  // The stream of `blocks` (and state slot `state_slot`) of `pool` (which must outlive it).
+  // INVALID_ARGUMENT for a block id outside the pool, no blocks, or a state slot missing where
+  // the pool keeps state (or given where it keeps none).
+  static absl::StatusOr<KvStream> Of(engine::KvBlockPool* pool, std::vector<int32_t> blocks,
+                                     int32_t state_slot = -1);
+  // Bytes in a stream of `blocks` blocks of `config`'s geometry, its state included.
   static uint64_t BytesFor(const engine::KvCacheConfig& config, int blocks);
 
   uint64_t size() const { return size_; }
@@ -31,14 +35,17 @@ class KvStream {
   absl::Status Write(uint64_t offset, std::string_view data) const;
 
  private:
-  KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks);
-  // The pool bytes of the piece holding stream byte `offset` and how far into it that is.
-  char* Piece(uint64_t offset, uint64_t* within) const;
+  KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks, int32_t state_slot);
+  // The pool bytes of the piece holding stream byte `offset`, how far into it that is, and the
+  // piece's length (a block of one layer's K or V, or the state slot).
+  char* Piece(uint64_t offset, uint64_t* within, uint64_t* piece_bytes) const;
   absl::Status CheckRange(uint64_t offset, uint64_t length) const;
 
   engine::KvBlockPool* pool_;
   std::vector<int32_t> blocks_;
-  uint64_t piece_bytes_;  // one block of one layer's K or V
+  int32_t state_slot_;     // -1: none
+  uint64_t piece_bytes_;   // one block of one layer's K or V
+  uint64_t blocks_bytes_;  // the K/V part; the state follows
   uint64_t size_;
 };
 

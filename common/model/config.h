@@ -142,6 +142,11 @@ struct DeltaNetConfig {
   int64_t key_dim() const { return num_key_heads * key_head_dim; }
   int64_t value_dim() const { return num_value_heads * value_head_dim; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  // Bytes of one layer's state per sequence, float32: the convolution's last kernel - 1
+  // inputs per channel, then the recurrent state (value heads x key head dim x value head dim).
+  int64_t state_bytes() const {
+    return 4 * (conv_dim() * (conv_kernel - 1) + num_value_heads * key_head_dim * value_head_dim);
+  }
 };
 
 // How a checkpoint stores routed experts: a tensor per expert and projection, or stacked per
@@ -215,6 +220,10 @@ struct ModelConfig {
   }
   // Layers of each mixer kind.
   int NumLayers(MixerKind kind) const;
+  // Bytes of a sequence's state in every recurrent layer (0 without such layers).
+  int64_t RecurrentStateBytes() const {
+    return NumLayers(MixerKind::kGatedDeltaNet) * linear.state_bytes();
+  }
 };
 
 // Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that

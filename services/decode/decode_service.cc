@@ -107,7 +107,8 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
                   start);
     }
     absl::StatusOr<std::string> token = inbox_->Open(
-        std::vector<int32_t>(table.blocks().begin(), table.blocks().begin() + prompt_blocks));
+        std::vector<int32_t>(table.blocks().begin(), table.blocks().begin() + prompt_blocks),
+        table.state_slot());
     if (!token.ok()) {
       table.ReleaseAll(pool);
       return Done(context, "Reserve", token.status(), start);

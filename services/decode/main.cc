@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
        .expert_overlap = absl::GetFlag(FLAGS_expert_overlap),
        .kv_dtype = *kv_dtype,
        .load = engine_flags->load,
-       .memory_bytes = engine_flags->memory_bytes});
+       .memory_bytes = engine_flags->memory_bytes,
+       // the sequences decoding, and the reservations waiting for their prefill
+       .max_sequences = 2 * absl::GetFlag(FLAGS_max_running)});
   if (!decoder.ok()) return fail("loading the engine", decoder.status());
   dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::serving::ServingEngine* engine = &decoder->engine;

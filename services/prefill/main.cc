@@ -69,12 +69,15 @@ int main(int argc, char** argv) {
         static_cast<int>((model->config.max_position_embeddings + block_size - 1) / block_size);
     blocks = std::max(1024, 4 * context_blocks);
   }
-  auto engine =
-      tandem::serving::LoadServingEngine(**dir, {.block_size = block_size,
-                                                 .num_blocks = blocks,
-                                                 .memory_bytes = engine_flags->memory_bytes,
-                                                 .kv_dtype = *kv_dtype,
-                                                 .load = engine_flags->load});
+  auto engine = tandem::serving::LoadServingEngine(
+      **dir, {.block_size = block_size,
+              .num_blocks = blocks,
+              .memory_bytes = engine_flags->memory_bytes,
+              .kv_dtype = *kv_dtype,
+              // the prompts running, and those whose KV
+              // (and recurrent state) is being shipped
+              .max_sequences = 2 * absl::GetFlag(FLAGS_max_running),
+              .load = engine_flags->load});
   if (!engine.ok()) return fail("loading the engine", engine.status());
   dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::kv::UcxTransportOptions kv_options;

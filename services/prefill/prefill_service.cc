@@ -11,6 +11,7 @@
 #include "common/rpc/guard.h"
 #include "common/rpc/status.h"
 #include "common/util/guard.h"
+#include "common/util/logging.h"
 #include "common/util/status.h"
 #include "services/common/serving.h"
 
@@ -39,7 +40,14 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
     serving::PrefillMetrics* serving_metrics, serving::PrefixCacheMetrics* prefix_metrics) {
   if (options.max_queue < 1) return absl::InvalidArgumentError("max_queue must be >= 1");
-  if (options.prefix_cache) forward->pool()->EnablePrefixCache();
+  if (options.prefix_cache) {
+    if (forward->pool()->config().num_state_slots > 0) {
+      TANDEM_LOG(WARNING) << "prefix cache off: it does not keep recurrent layers' state yet "
+                             "(Gated DeltaNet, issue #33)";
+    } else {
+      forward->pool()->EnablePrefixCache();
+    }
+  }
   // Prompts run the full pool (salt 0, as in tandem-serve); nothing is generated here.
   ASSIGN_OR_RETURN(
       std::unique_ptr<engine::Scheduler> scheduler,
@@ -245,7 +253,8 @@ void PrefillService::ShipOnce(std::vector<std::unique_ptr<Job>>* done) {
     if (job->state == Job::State::kComputed) {
       const tandem::v1::KvTarget& target = job->request->target();
       const engine::BlockTable& table = job->kv->table();
-      absl::StatusOr<kv::KvStream> stream = kv::KvStream::Of(job->kv->pool(), table.blocks());
+      absl::StatusOr<kv::KvStream> stream =
+          kv::KvStream::Of(job->kv->pool(), table.blocks(), table.state_slot());
       if (!stream.ok()) {
         Fail(job, stream.status());
       } else {

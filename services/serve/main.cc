@@ -8,6 +8,7 @@
 #include "common/engine/engine_loop.h"
 #include "common/model/model_dir.h"
 #include "common/rpc/service_flags.h"
+#include "common/util/logging.h"
 #include "services/common/decoder.h"
 #include "services/common/engine_flags.h"
 #include "services/common/serving.h"
@@ -68,12 +69,11 @@ int main(int argc, char** argv) {
   tandem::serving::ServingEngine* engine = &decoder->engine;
   if (absl::GetFlag(FLAGS_prefix_cache)) {
     if (engine->pool->config().num_state_slots > 0) {
-      return fail("--prefix_cache",
-                  absl::UnimplementedError(
-                      "the prefix cache does not keep recurrent layers' state yet (Gated "
-                      "DeltaNet, issue #33): serve this model without it"));
+      TANDEM_LOG(WARNING) << "prefix cache off: it does not keep recurrent layers' state yet "
+                             "(Gated DeltaNet, issue #33)";
+    } else {
+      engine->pool->EnablePrefixCache();
     }
-    engine->pool->EnablePrefixCache();
   }
   // Prompts run the full pool (salt 0); generated tokens' blocks are cached too only when
   // decode runs the same experts.

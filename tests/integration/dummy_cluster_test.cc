@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,39 @@ TEST_F(DummyClusterTest, ADummyClusterAnswersAsColocatedServingAndPruningBuysKvB
     EXPECT_GT(kv, 0);
     EXPECT_LE(kv, static_cast<double>(kMemoryBytes));
   }
+}
+
+// A hybrid model (Qwen3.5-MoE's layout: three Gated DeltaNet layers, then gated attention) at
+// a small shape with the tiny model's tokenizer: the handoff carries each sequence's recurrent
+// state after its blocks, so the disaggregated cluster answers as colocated serving does (the
+// prefix cache, which keeps no state yet, is off for it, as vLLM turns it off for hybrids).
+TEST_F(DummyClusterTest, AHybridModelsStateTravelsWithItsKv) {
+  testing::TempDir hybrid;
+  const fs::path tiny = testing::SourceDir() + "/models/tiny-moe";
+  for (const char* file : {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
+    fs::create_symlink(tiny / file, fs::path(hybrid.path()) / file);
+  }
+  std::ofstream(fs::path(hybrid.path()) / "config.json") << R"({
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+    "tie_word_embeddings": false,
+    "text_config": {
+      "model_type": "qwen3_5_moe_text", "vocab_size": 8192, "hidden_size": 64,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+      "shared_expert_intermediate_size": 32, "linear_num_key_heads": 2,
+      "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+      "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "max_position_embeddings": 512,
+      "bos_token_id": 1, "eos_token_id": 2, "rms_norm_eps": 1e-6,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                          "partial_rotary_factor": 0.25}}})";
+  testing::ServiceSet set(hybrid.path());
+  auto cluster = set.StartCluster(Dummy({}), Dummy({}));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<std::vector<int32_t>> disaggregated = Generate(cluster->gateway);
+  testing::ServiceSet colocated_set(hybrid.path());
+  auto serve = colocated_set.Start("tandem-serve", Dummy({}));
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  testing::ExpectSameContinuations(disaggregated, Generate(*serve), kTokens);
 }
 
 }  // namespace

@@ -18,17 +18,10 @@ float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 }  // namespace
 
-int64_t GatedDeltaNetBlock::StateBytes(const model::ModelConfig& config) {
-  const model::DeltaNetConfig& d = config.linear;
-  return static_cast<int64_t>(sizeof(float)) *
-         (d.conv_dim() * (d.conv_kernel - 1) +
-          d.num_value_heads * d.key_head_dim * d.value_head_dim);
-}
-
 GatedDeltaNetBlock::GatedDeltaNetBlock(const model::ModelConfig& config, KvBlockPool* pool,
                                        std::vector<int64_t> state_offsets)
     : pool_(pool),
-      cache_{CacheSpec::Kind::kState, 0, 0, StateBytes(config)},
+      cache_{CacheSpec::Kind::kState, 0, 0, config.linear.state_bytes()},
       state_offsets_(std::move(state_offsets)) {}
 
 absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {

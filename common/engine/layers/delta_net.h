@@ -22,10 +22,6 @@ namespace tandem::engine {
 
 class GatedDeltaNetBlock : public Block {
  public:
-  // Bytes of one layer's state per sequence: the convolution tail (conv_dim x (kernel - 1))
-  // and the recurrent state (value heads x key head dim x value head dim), float32.
-  static int64_t StateBytes(const model::ModelConfig& config);
-
   // `pool` must outlive the block; `state_offsets` (model layers) gives where each DeltaNet
   // layer's state starts in a sequence's state slot (-1 for other layers).
   GatedDeltaNetBlock(const model::ModelConfig& config, KvBlockPool* pool,

@@ -21,17 +21,21 @@ model::ModelConfig TinyConfig() {
   return config;
 }
 
-TEST(KvGeometryTest, RecurrentModelsAreRefusedForTheHandoff) {
-  // Qwen3.5's Gated DeltaNet state does not travel with the KV blocks yet: prefill and decode
-  // instances refuse the model rather than hand off half of a sequence's cache.
+TEST(KvGeometryTest, RecurrentStateIsPartOfTheGeometry) {
+  // Qwen3.5's Gated DeltaNet layers keep no K/V: the geometry counts the attention layers and
+  // the bytes of a sequence's recurrent state, which travel after its blocks.
   auto dir = testing::OpenModelDir(testing::SourceDir() + "/tests/golden/arch/qwen3_5_moe_hybrid");
   absl::StatusOr<InstanceModel> model = LoadInstanceModel(*dir, 16);
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(model.status().message(), HasSubstr("Gated DeltaNet"));
-  EXPECT_TRUE(LoadInstanceModel(*testing::OpenModelDir(testing::SourceDir() +
-                                                       "/tests/golden/arch/qwen3_moe_step2_bias"),
-                                16)
-                  .ok());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->geometry.num_layers(), 1);
+  EXPECT_EQ(model->geometry.state_bytes(), model->config.RecurrentStateBytes());
+  EXPECT_GT(model->geometry.state_bytes(), 0);
+  auto other = model->geometry;
+  other.set_state_bytes(other.state_bytes() / 2);
+  absl::Status status = CheckCompatible(model->geometry, other);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("state_bytes"));
+  EXPECT_EQ(MakeKvGeometry(TinyConfig(), 16, kernels::KvDtype::kF32).state_bytes(), 0);
 }
 
 TEST(KvGeometryTest, SameConfigIsCompatible) {

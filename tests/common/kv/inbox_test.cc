@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "common/kv/kv_stream.h"
@@ -42,6 +43,35 @@ TEST(KvStreamTest, ReadThenWriteMovesBlocksBetweenDifferentIds) {
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(KvStream::Of(src.get(), {64}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(KvStream::Of(src.get(), {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvStreamTest, ARecurrentModelsStateSlotFollowsItsBlocks) {
+  engine::KvCacheConfig config{2, 2, 32, 16, 16, kernels::KvDtype::kF32};
+  config.state_bytes = 1000;  // not a multiple of anything the blocks use
+  config.num_state_slots = 3;
+  auto src = *engine::KvBlockPool::Create(config), dst = *engine::KvBlockPool::Create(config);
+  testing::Randomize(*src, 3);
+  const std::vector<int32_t> from = {4, 9, 1}, to = {0, 15, 7};
+  auto in = KvStream::Of(src.get(), from, /*state_slot=*/2);
+  auto out = KvStream::Of(dst.get(), to, /*state_slot=*/0);
+  ASSERT_TRUE(in.ok() && out.ok());
+  EXPECT_EQ(in->size(), KvStream::BytesFor(config, 3));
+  EXPECT_EQ(in->size(), 3 * 2 * 2 * src->block_bytes() + 1000);
+  std::vector<char> buffer;
+  for (uint64_t offset = 0; offset < in->size();) {  // pieces straddling blocks and the state
+    const uint64_t n = std::min<uint64_t>(in->size() - offset, 777);
+    buffer.resize(n);
+    ASSERT_TRUE(in->Read(offset, absl::MakeSpan(buffer)).ok());
+    ASSERT_TRUE(out->Write(offset, {buffer.data(), buffer.size()}).ok());
+    offset += n;
+  }
+  EXPECT_EQ(BlockChecksums(*dst, to), BlockChecksums(*src, from));
+  EXPECT_EQ(std::memcmp(dst->state(0), src->state(2), 1000), 0);
+  // A stream of a pool that keeps state needs the slot, and only such a pool takes one.
+  EXPECT_THAT(KvStream::Of(src.get(), from).status().message(), HasSubstr("state slot"));
+  EXPECT_EQ(KvStream::Of(src.get(), from, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvStream::Of(Pool(8).get(), {1}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 class KvInboxTest : public ::testing::Test {
