@@ -12,12 +12,14 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "tandem/client.h"
+#include "tests/testing/hybrid_model.h"
 #include "tests/testing/kernels.h"
 #include "tests/testing/reference.h"
 #include "tests/testing/subprocess.h"
@@ -90,6 +92,11 @@ class FaultTest : public ::testing::Test {
     return Metric(decode_http, "tandem_kv_blocks", "state=\"used\"");
   }
 
+  static void StalledPrefillCorruptsNoOtherRequest(
+      testing::ServiceSet& set, const std::vector<std::string>& engine_flags, int64_t chunk,
+      int64_t stop_after,
+      const std::function<std::vector<int32_t>(const std::string& prompt, int tokens)>& reference);
+
   static testing::GreedyReference* reference_;
 };
 
@@ -101,16 +108,24 @@ testing::GreedyReference* FaultTest::reference_ = nullptr;
 // resumed. Its late bytes are dropped, not written: every other request's tokens equal the
 // reference; the stalled request fails, saying why. (Through a gateway that knows both
 // prefills the stalled request would instead be retried on the other: APrefillKilled... below.)
-TEST_F(FaultTest, APrefillStalledPastTheLeaseCorruptsNoOtherRequest) {
-  testing::ServiceSet set;
-  auto decode = set.Start("tandem-decode", {"--lease_ms=1500", "--kv_blocks=40"});
+// `engine_flags` go to prefill and decode; `stop_after` bytes of its first transfer (in
+// `chunk`-byte messages) before the first prefill stalls.
+void FaultTest::StalledPrefillCorruptsNoOtherRequest(
+    testing::ServiceSet& set, const std::vector<std::string>& engine_flags, int64_t chunk,
+    int64_t stop_after,
+    const std::function<std::vector<int32_t>(const std::string& prompt, int tokens)>& reference) {
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), engine_flags.begin(), engine_flags.end());
+    return flags;
+  };
+  auto decode = set.Start("tandem-decode", with({"--lease_ms=1500", "--kv_blocks=40"}));
   ASSERT_TRUE(decode.ok()) << decode.status();
-  // Stalls itself after 32 KiB of its first transfer (16 KiB messages).
   auto stalled = set.Start("tandem-prefill",
-                           {"--kv_chunk_bytes=16384", "--testing_stop_after_kv_bytes=32768"});
+                           with({absl::StrCat("--kv_chunk_bytes=", chunk),
+                                 absl::StrCat("--testing_stop_after_kv_bytes=", stop_after)}));
   ASSERT_TRUE(stalled.ok()) << stalled.status();
   const pid_t stalled_pid = set.processes().back().pid();
-  auto healthy = set.Start("tandem-prefill", {});
+  auto healthy = set.Start("tandem-prefill", with({}));
   ASSERT_TRUE(healthy.ok()) << healthy.status();
   const std::string to_decode = absl::StrCat("--decode=127.0.0.1:", decode->grpc_port);
   // Health checks far apart: the lease, not the gateway's abandoning of a silent prefill
@@ -155,18 +170,43 @@ TEST_F(FaultTest, APrefillStalledPastTheLeaseCorruptsNoOtherRequest) {
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE(kPrompts[i + 1]);
     ASSERT_TRUE(outcomes[i].status.ok()) << outcomes[i].status;
-    EXPECT_EQ(outcomes[i].tokens, Reference(kPrompts[i + 1], kTokens));
+    EXPECT_EQ(outcomes[i].tokens, reference(kPrompts[i + 1], kTokens));
   }
   // The stalled transfer's remaining messages arrived, and were dropped.
   EXPECT_TRUE(testing::WaitUntil(
       [&] {
         return Metric(decode->http_port, "tandem_kv_receive_dropped_bytes_total") >=
-               dropped_before + 16384;
+               dropped_before + static_cast<double>(chunk);
       },
       absl::Seconds(20)))
       << set.Log("tandem-prefill");
   EXPECT_TRUE(
       testing::WaitUntil([&] { return UsedBlocks(decode->http_port) == 0; }, absl::Seconds(10)));
+}
+
+TEST_F(FaultTest, APrefillStalledPastTheLeaseCorruptsNoOtherRequest) {
+  testing::ServiceSet set;
+  StalledPrefillCorruptsNoOtherRequest(set, {}, /*chunk=*/16384, /*stop_after=*/32768, Reference);
+}
+
+// The same on a hybrid model (tests/testing/hybrid_model.h), the prefill stalled inside the
+// stream's last part, the sequence's recurrent state: the reservation's state slot goes to the
+// next reservation with its blocks, and the late state bytes are dropped as the blocks' are.
+TEST_F(FaultTest, AStalledPrefillsLateRecurrentStateCorruptsNoOtherRequest) {
+  testing::TempDir dir;
+  testing::WriteDummyHybridModel(dir.path());
+  testing::ServiceSet colocated(dir.path());
+  auto serve = colocated.Start("tandem-serve", testing::DummyHybridFlags());
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  auto reference = [&](const std::string& prompt, int tokens) {
+    return Stream(serve->grpc_port, prompt, tokens).tokens;
+  };
+  // A short prompt's stream here: its blocks' K/V (4 KiB a block: 16 tokens x 1 attention
+  // layer x 2 heads x 16 x 4 bytes, K and V), then 16.5 KiB of state; the stall comes 10 KiB
+  // in, inside the state.
+  testing::ServiceSet set(dir.path());
+  StalledPrefillCorruptsNoOtherRequest(set, testing::DummyHybridFlags(), /*chunk=*/2048,
+                                       /*stop_after=*/10240, reference);
 }
 
 // Decode killed in the middle of a stream: the client hears within 5 s. Decode stopped (a

@@ -8,13 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tandem/client.h"
 #include "tests/testing/cluster_client.h"
+#include "tests/testing/hybrid_model.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -119,23 +119,7 @@ TEST_F(DummyClusterTest, ADummyClusterAnswersAsColocatedServingAndPruningBuysKvB
 // prefix cache, which keeps no state yet, is off for it, as vLLM turns it off for hybrids).
 TEST_F(DummyClusterTest, AHybridModelsStateTravelsWithItsKv) {
   testing::TempDir hybrid;
-  const fs::path tiny = testing::SourceDir() + "/models/tiny-moe";
-  for (const char* file : {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
-    fs::create_symlink(tiny / file, fs::path(hybrid.path()) / file);
-  }
-  std::ofstream(fs::path(hybrid.path()) / "config.json") << R"({
-    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-    "tie_word_embeddings": false,
-    "text_config": {
-      "model_type": "qwen3_5_moe_text", "vocab_size": 8192, "hidden_size": 64,
-      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-      "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-      "shared_expert_intermediate_size": 32, "linear_num_key_heads": 2,
-      "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-      "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "max_position_embeddings": 512,
-      "bos_token_id": 1, "eos_token_id": 2, "rms_norm_eps": 1e-6,
-      "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
-                          "partial_rotary_factor": 0.25}}})";
+  testing::WriteDummyHybridModel(hybrid.path());
   testing::ServiceSet set(hybrid.path());
   auto cluster = set.StartCluster(Dummy({}), Dummy({}));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
