@@ -188,9 +188,14 @@ int Run() {
                  "prefill or random\n";
     return 2;
   }
+  const bool recurrent = c.RecurrentStateBytes() > 0;
+  if (recurrent && kv_fill != "prefill") {
+    std::cerr << "tandem_engine_bench: a model with recurrent layers needs --kv_fill=prefill "
+                 "(the prefill also makes their state)\n";
+    return 2;
+  }
   auto pool = KvBlockPool::Create(
-      {static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
-       static_cast<int>(c.head_dim), block_size, max_batch * seq_blocks, *kv_dtype});
+      KvCacheConfigFor(c, block_size, max_batch * seq_blocks, *kv_dtype, max_batch + 1));
   if (!pool.ok()) {
     std::cerr << "tandem_engine_bench: " << pool.status() << "\n";
     return 1;
@@ -229,7 +234,10 @@ int Run() {
   auto count = [&](const WeightMatrix& m) { weight_bytes += static_cast<int64_t>(m.data.size()); };
   count((*weights)->lm_head);
   for (const auto& l : (*weights)->layers) {
-    for (const auto* m : {&l.q, &l.k, &l.v, &l.o, &l.router, &l.shared_gate}) count(*m);
+    for (const auto* m : {&l.qkv, &l.q, &l.k, &l.v, &l.o, &l.router, &l.shared_gate, &l.linear.qkv,
+                          &l.linear.z, &l.linear.b, &l.linear.a, &l.linear.out}) {
+      count(*m);
+    }
     for (const auto* e : {&l.shared, &l.dense}) {
       count(e->gate);
       count(e->up);
@@ -320,6 +328,7 @@ int Run() {
     int batch;
     size_t setting;
     double step_ms, tokens_per_s, weight_mb, experts_per_layer, gflops, kv_mb, attention_ms;
+    double state_mb;  // recurrent state read and written per step
   };
   std::vector<Row> rows;
   for (int batch : batches) {
@@ -364,6 +373,12 @@ int Run() {
       logits.assign(batch, std::vector<float>(c.vocab_size, 0.0f));
     }
     const std::vector<std::vector<float>> prefill_logits = logits;
+    // A recurrent layer's state moves on with every step: each run starts from the prefill's.
+    std::vector<std::vector<std::byte>> prefill_state(batch);
+    for (int s = 0; s < batch && recurrent; ++s) {
+      const std::byte* slot = (*pool)->state(tables[s].state_slot());
+      prefill_state[s].assign(slot, slot + (*pool)->config().state_bytes);
+    }
     // Two rounds, the settings' order rotated between them, so that none always runs first
     // after the prefill; each run restarts from the full prefill's KV cache, overwriting the
     // decode positions the previous one wrote, with 2 untimed steps and steps / 2 timed ones.
@@ -372,10 +387,15 @@ int Run() {
     std::vector<std::vector<double>> times(settings.size());
     std::vector<double> bytes(settings.size()), runs(settings.size()), flops(settings.size());
     std::vector<double> kv_bytes(settings.size()), attention_s(settings.size());
+    std::vector<double> state_bytes(settings.size());
     for (int round = 0; round < kRounds; ++round) {
       for (size_t j = 0; j < settings.size(); ++j) {
         const size_t k = (j + round) % settings.size();
         logits = prefill_logits;
+        for (int s = 0; s < batch && recurrent; ++s) {
+          std::copy(prefill_state[s].begin(), prefill_state[s].end(),
+                    (*pool)->state(tables[s].state_slot()));
+        }
         std::vector<int32_t> next(batch);
         for (int step = 0; step < timed + 2; ++step) {
           inputs.clear();
@@ -396,6 +416,7 @@ int Run() {
             flops[k] += fwd.last_step_stats().matmul_flops;
             kv_bytes[k] += fwd.last_step_stats().kv_bytes;
             attention_s[k] += fwd.last_step_stats().attention_seconds;
+            state_bytes[k] += fwd.last_step_stats().state_bytes;
           }
         }
       }
@@ -405,7 +426,7 @@ int Run() {
       const double step_s = Median(times[k]);
       rows.push_back({batch, k, step_s * 1e3, batch / step_s, bytes[k] / n / 1e6,
                       runs[k] / n / c.num_hidden_layers, flops[k] / n / step_s / 1e9,
-                      kv_bytes[k] / n / 1e6, attention_s[k] / n * 1e3});
+                      kv_bytes[k] / n / 1e6, attention_s[k] / n * 1e3, state_bytes[k] / n / 1e6});
     }
     for (auto& t : tables) t.ReleaseAll(pool->get());
   }
@@ -446,20 +467,24 @@ int Run() {
       std::max({bw_before.read_gbs, bw_before.triad_gbs, bw_after.read_gbs, bw_after.triad_gbs});
   std::printf("bandwidth after: read %.1f GB/s, triad %.1f GB/s; roofline uses %.1f GB/s\n\n",
               bw_after.read_gbs, bw_after.triad_gbs, roofline_gbs);
+  // The roofline: the bytes a step must move at the measured bandwidth, the weights read once
+  // and, for a recurrent model, every sequence's state read and written once per layer.
   std::printf(
       "| decode batch | experts | step (ms, median of %d) | tokens/s | vs full "
-      "| weights read per step (MB) | expert groups per layer | matmul GFLOP/s "
+      "| weights read per step (MB) |%s expert groups per layer | matmul GFLOP/s "
       "| roofline tokens/s | of roofline |\n",
-      std::max(1, steps / 2) * 2);
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+      std::max(1, steps / 2) * 2, recurrent ? " state read + written per step (MB) |" : "");
+  std::printf("|---|---|---|---|---|---|%s---|---|---|---|\n", recurrent ? "---|" : "");
   double full_tokens_per_s = 0;
   for (const Row& r : rows) {
     if (r.setting == 0) full_tokens_per_s = r.tokens_per_s;
-    const double roofline = r.batch / (r.weight_mb * 1e6 / (roofline_gbs * 1e9));
-    std::printf("| %d | %s | %.2f | %.1f | %.2fx | %.1f | %.2f | %.1f | %.1f | %.0f%% |\n", r.batch,
-                settings[r.setting].name.c_str(), r.step_ms, r.tokens_per_s,
-                r.tokens_per_s / full_tokens_per_s, r.weight_mb, r.experts_per_layer, r.gflops,
-                roofline, 100 * r.tokens_per_s / roofline);
+    const double roofline = r.batch / ((r.weight_mb + r.state_mb) * 1e6 / (roofline_gbs * 1e9));
+    char state[32] = "";
+    if (recurrent) std::snprintf(state, sizeof(state), " %.1f |", r.state_mb);
+    std::printf("| %d | %s | %.2f | %.1f | %.2fx | %.1f |%s %.2f | %.1f | %.1f | %.0f%% |\n",
+                r.batch, settings[r.setting].name.c_str(), r.step_ms, r.tokens_per_s,
+                r.tokens_per_s / full_tokens_per_s, r.weight_mb, state, r.experts_per_layer,
+                r.gflops, roofline, 100 * r.tokens_per_s / roofline);
   }
   std::printf(
       "\n| decode batch | context | KV dtype | step (ms) | tokens/s | KV read per step (MB) "

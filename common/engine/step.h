@@ -125,6 +125,9 @@ struct StepStats {
   // and wall time over all layers.
   int64_t kv_bytes = 0;
   double attention_seconds = 0;
+  // Recurrent layers' per-sequence state (Gated DeltaNet), read and written once per sequence
+  // and layer: twice its bytes.
+  int64_t state_bytes = 0;
 };
 
 // The width an expert of `config` runs at when asked for `width` neurons: quantized experts

@@ -134,6 +134,7 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
         }
       }
     });
+    ctx.stats.state_bytes += 2 * cache_.state_bytes;
     first += n;
   }
   // RMSNorm of each head's output, gated by silu(z), then out_proj.
