@@ -623,8 +623,9 @@ class Block(nn.Module):
         if record is not None:
             record.append(a.detach())
         if hasattr(self, "linear_attn"):
-            if prefix is not None:
-                raise NotImplementedError("continuing a DeltaNet layer from a teacher's state")
+            # With a prefix, the positions before the split run on the teacher's inputs, so the
+            # state (and the convolution's tail) at the split is the teacher's: what a decoder
+            # continuing from a full prefill's handoff holds.
             x = x + self.drop(self.linear_attn(a))
         else:
             x = x + self.drop(self.self_attn(a, cos, sin))
