@@ -343,6 +343,20 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def causal_attention(cfg, q, k, v):
+    """q (b, heads, t, head_dim), k and v (b, kv heads, t, head_dim) after RoPE -> the causal
+    attention output (b, t, heads * head_dim), KV heads shared by heads / kv heads queries."""
+    b, _, t, _ = q.shape
+    rep = cfg.num_attention_heads // cfg.num_key_value_heads
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    scores = (q * (1.0 / math.sqrt(cfg.head_dim))) @ k.transpose(-2, -1).contiguous()
+    causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(causal, float("-inf"))
+    y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+    return y.transpose(1, 2).reshape(b, t, -1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -368,14 +382,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        rep = c.num_attention_heads // c.num_key_value_heads
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        scores = (q * (1.0 / math.sqrt(c.head_dim))) @ k.transpose(-2, -1).contiguous()
-        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(causal, float("-inf"))
-        y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+        return self.o_proj(causal_attention(c, q, k, v))
 
 
 class GatedAttention(nn.Module):
@@ -405,15 +412,7 @@ class GatedAttention(nn.Module):
         r = c.rotary_dim
         q = torch.cat([q[..., :r] * cos + rotate_half(q[..., :r]) * sin, q[..., r:]], dim=-1)
         k = torch.cat([k[..., :r] * cos + rotate_half(k[..., :r]) * sin, k[..., r:]], dim=-1)
-        rep = c.num_attention_heads // c.num_key_value_heads
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        scores = (q * (1.0 / math.sqrt(c.head_dim))) @ k.transpose(-2, -1).contiguous()
-        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(causal, float("-inf"))
-        y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
-        y = y.transpose(1, 2).reshape(b, t, -1) * torch.sigmoid(gate)
-        return self.o_proj(y)
+        return self.o_proj(causal_attention(c, q, k, v) * torch.sigmoid(gate))
 
 
 def l2norm(x, eps=1e-6):
@@ -746,20 +745,25 @@ def load_balancing_loss(router_logits, num_experts, top_k):
 
 def param_counts(cfg):
     """(total, active per token) parameters, as the checkpoint stores them."""
-    if cfg.hybrid:
-        raise NotImplementedError("param_counts for qwen3_5_moe")
     d, v, hd = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    attn = d * (2 * q + 2 * kv)
+    q_rows = 2 * q if cfg.hybrid else q  # qwen3_5_moe's q_proj emits [q | gate]
+    attn = d * (q_rows + q + 2 * kv)
     qkv_bias, o_bias = cfg.attention_biases
-    attn += (q + 2 * kv if qkv_bias else 0) + (d if o_bias else 0)
-    if cfg.model_type == "qwen3_moe":
-        attn += 2 * hd
+    attn += (q_rows + 2 * kv if qkv_bias else 0) + (d if o_bias else 0)
+    if cfg.model_type == "qwen3_moe" or cfg.hybrid:
+        attn += 2 * hd  # q and k norms
+    nv, kd = cfg.linear_num_value_heads, cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    vd = nv * cfg.linear_value_head_dim
+    conv_dim = 2 * kd + vd
+    # in_proj_qkv, in_proj_z, in_proj_b and _a, out_proj, conv1d, A_log, dt_bias, norm
+    delta_net = (d * conv_dim + d * vd + 2 * d * nv + vd * d + conv_dim * cfg.linear_conv_kernel_dim
+                 + 2 * nv + cfg.linear_value_head_dim)
     total = v * d * (1 if cfg.tie_word_embeddings else 2) + d
     active = total
     expert = 3 * d * cfg.expert_size
     for layer in range(cfg.num_hidden_layers):
-        base = attn + 2 * d
+        base = (delta_net if cfg.is_linear(layer) else attn) + 2 * d
         if not cfg.is_sparse(layer):
             total += base + 3 * d * cfg.intermediate_size
             active += base + 3 * d * cfg.intermediate_size
