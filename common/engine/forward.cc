@@ -49,10 +49,8 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
   // as its spec composes it.
   forward->layers_.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const model::LayerSpec spec =
-        c.layer_specs.empty() ? model::LayerSpec{} : c.layer_specs[static_cast<size_t>(l)];
     Layer& layer = forward->layers_[l];
-    switch (spec.mixer) {
+    switch (c.Mixer(l)) {
       case model::MixerKind::kAttention:
         if (forward->attention_ == nullptr) {
           forward->attention_ = std::make_unique<AttentionBlock>(c, pool, kv_layers);
@@ -66,26 +64,21 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
         layer.mixer = forward->delta_net_.get();
         break;
     }
-    switch (spec.ffn) {
-      case model::FfnKind::kMoe:
-        if (forward->moe_ == nullptr) forward->moe_ = std::make_unique<MoeBlock>(c);
-        layer.ffn = forward->moe_.get();
-        break;
-      case model::FfnKind::kDenseMlp:
-        if (forward->dense_ == nullptr) forward->dense_ = std::make_unique<DenseMlpBlock>();
-        layer.ffn = forward->dense_.get();
-        break;
+    if (c.IsSparseLayer(l)) {
+      if (forward->moe_ == nullptr) forward->moe_ = std::make_unique<MoeBlock>(c);
+      layer.ffn = forward->moe_.get();
+    } else {
+      if (forward->dense_ == nullptr) forward->dense_ = std::make_unique<DenseMlpBlock>();
+      layer.ffn = forward->dense_.get();
     }
-    // The pool holds what the layer's blocks keep: paged K/V of their geometry.
-    for (const Block* block : {layer.mixer, layer.ffn}) {
-      const CacheSpec cache = block->cache();
-      if (cache.kind != CacheSpec::Kind::kPagedKv) continue;
-      if (cache.kv_heads != kv.num_kv_heads || cache.head_dim != kv.head_dim) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("KV pool geometry (kv heads ", kv.num_kv_heads, ", head dim ", kv.head_dim,
-                         ") does not match layer ", l, "'s attention (", cache.kv_heads, ", ",
-                         cache.head_dim, ")"));
-      }
+  }
+  // The pool holds what the attention block keeps: paged K/V of its geometry.
+  if (forward->attention_ != nullptr) {
+    const CacheSpec cache = forward->attention_->cache();
+    if (cache.kv_heads != kv.num_kv_heads || cache.head_dim != kv.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV pool geometry (kv heads ", kv.num_kv_heads, ", head dim ", kv.head_dim,
+          ") does not match the model's attention (", cache.kv_heads, ", ", cache.head_dim, ")"));
     }
   }
   return forward;

@@ -345,6 +345,11 @@ int KvBlockPool::ref_count(int32_t block) const {
 }
 
 void KvBlockPool::EnablePrefixCache() {
+  if (config_.num_state_slots > 0) {
+    TANDEM_LOG(WARNING) << "prefix cache off: it does not keep recurrent layers' state yet "
+                           "(Gated DeltaNet, issue #33)";
+    return;
+  }
   absl::MutexLock lock(&mu_);
   if (prefix_cache_) return;
   const size_t n = config_.num_blocks;

@@ -145,7 +145,9 @@ class KvBlockPool {
   int num_total() const { return config_.num_blocks; }
   int ref_count(int32_t block) const;  // 0 for a free block; CHECK on an out-of-range id
 
-  // Turns the prefix cache on (it cannot be turned off again).
+  // Turns the prefix cache on (it cannot be turned off again), except in a pool that keeps
+  // recurrent state, whose cached blocks would not carry the state at their boundary: there it
+  // stays off, with a warning in the log.
   void EnablePrefixCache();
   bool prefix_cache_enabled() const;
   // The parent key of a sequence's first block: `salt` stands for whatever else changes the

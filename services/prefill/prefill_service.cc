@@ -11,7 +11,6 @@
 #include "common/rpc/guard.h"
 #include "common/rpc/status.h"
 #include "common/util/guard.h"
-#include "common/util/logging.h"
 #include "common/util/status.h"
 #include "services/common/serving.h"
 
@@ -40,14 +39,7 @@ absl::StatusOr<std::unique_ptr<PrefillService>> PrefillService::Create(
     const PrefillServiceOptions& options, rpc::RpcMetrics* metrics,
     serving::PrefillMetrics* serving_metrics, serving::PrefixCacheMetrics* prefix_metrics) {
   if (options.max_queue < 1) return absl::InvalidArgumentError("max_queue must be >= 1");
-  if (options.prefix_cache) {
-    if (forward->pool()->config().num_state_slots > 0) {
-      TANDEM_LOG(WARNING) << "prefix cache off: it does not keep recurrent layers' state yet "
-                             "(Gated DeltaNet, issue #33)";
-    } else {
-      forward->pool()->EnablePrefixCache();
-    }
-  }
+  if (options.prefix_cache) forward->pool()->EnablePrefixCache();
   // Prompts run the full pool (salt 0, as in tandem-serve); nothing is generated here.
   ASSIGN_OR_RETURN(
       std::unique_ptr<engine::Scheduler> scheduler,

@@ -8,7 +8,6 @@
 #include "common/engine/engine_loop.h"
 #include "common/model/model_dir.h"
 #include "common/rpc/service_flags.h"
-#include "common/util/logging.h"
 #include "services/common/decoder.h"
 #include "services/common/engine_flags.h"
 #include "services/common/serving.h"
@@ -67,14 +66,7 @@ int main(int argc, char** argv) {
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
   (*dir)->ReleaseCheckpoint();  // the engine holds its own copies of the weights
   tandem::serving::ServingEngine* engine = &decoder->engine;
-  if (absl::GetFlag(FLAGS_prefix_cache)) {
-    if (engine->pool->config().num_state_slots > 0) {
-      TANDEM_LOG(WARNING) << "prefix cache off: it does not keep recurrent layers' state yet "
-                             "(Gated DeltaNet, issue #33)";
-    } else {
-      engine->pool->EnablePrefixCache();
-    }
-  }
+  if (absl::GetFlag(FLAGS_prefix_cache)) engine->pool->EnablePrefixCache();
   // Prompts run the full pool (salt 0); generated tokens' blocks are cached too only when
   // decode runs the same experts.
   const tandem::engine::MoeOptions decode_moe = decoder->decode_moe();

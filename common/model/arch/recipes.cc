@@ -86,10 +86,8 @@ absl::Status SetDenseLayers(const ConfigReader& json, const SparseLayers& layers
 
 absl::Status NoDenseLayers(const ConfigReader& json, ModelConfig* c) {
   ASSIGN_OR_RETURN(SparseLayers layers, QwenSparseLayers(json, *c));
-  std::vector<LayerSpec> specs = std::move(c->layer_specs);
-  RETURN_IF_ERROR(SetDenseLayers(json, layers, /*dense_width_key=*/"", c));
-  c->layer_specs = std::move(specs);
-  return absl::OkStatus();
+  // Without a dense width SetDenseLayers changes nothing: it accepts all-sparse or refuses.
+  return SetDenseLayers(json, layers, /*dense_width_key=*/"", c);
 }
 
 }  // namespace tandem::model::arch

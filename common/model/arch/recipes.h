@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -17,12 +18,54 @@
 
 namespace tandem::model::arch {
 
+using NamedTensor = std::pair<TensorKind, std::string_view>;
+
 constexpr std::array<std::string_view, kNumTensorKinds> TensorNames(
-    std::initializer_list<std::pair<TensorKind, std::string_view>> entries) {
+    std::initializer_list<NamedTensor> entries) {
   std::array<std::string_view, kNumTensorKinds> names{};
   for (const auto& [kind, pattern] : entries) names[static_cast<int>(kind)] = pattern;
   return names;
 }
+// The table of `groups` of names (below), then `entries`.
+constexpr std::array<std::string_view, kNumTensorKinds> TensorNames(
+    std::initializer_list<std::span<const NamedTensor>> groups,
+    std::initializer_list<NamedTensor> entries) {
+  std::array<std::string_view, kNumTensorKinds> names = TensorNames(entries);
+  for (std::span<const NamedTensor> group : groups) {
+    for (const auto& [kind, pattern] : group) names[static_cast<int>(kind)] = pattern;
+  }
+  return names;
+}
+
+// Names Hugging Face's decoders share: the embedding, final norm and lm_head, a layer's two
+// norms and its attention projections.
+inline constexpr NamedTensor kDecoderNames[] = {
+    {TensorKind::kTokenEmbedding, "model.embed_tokens.weight"},
+    {TensorKind::kOutputNorm, "model.norm.weight"},
+    {TensorKind::kOutput, "lm_head.weight"},
+    {TensorKind::kAttnNorm, "model.layers.{layer}.input_layernorm.weight"},
+    {TensorKind::kAttnQ, "model.layers.{layer}.self_attn.q_proj.weight"},
+    {TensorKind::kAttnK, "model.layers.{layer}.self_attn.k_proj.weight"},
+    {TensorKind::kAttnV, "model.layers.{layer}.self_attn.v_proj.weight"},
+    {TensorKind::kAttnOut, "model.layers.{layer}.self_attn.o_proj.weight"},
+    {TensorKind::kFfnNorm, "model.layers.{layer}.post_attention_layernorm.weight"},
+};
+// q, k and v projections' biases.
+inline constexpr NamedTensor kQkvBiasNames[] = {
+    {TensorKind::kAttnQBias, "model.layers.{layer}.self_attn.q_proj.bias"},
+    {TensorKind::kAttnKBias, "model.layers.{layer}.self_attn.k_proj.bias"},
+    {TensorKind::kAttnVBias, "model.layers.{layer}.self_attn.v_proj.bias"},
+};
+// An MoE under mlp (Qwen, DeepSeek): its router and experts, or a dense layer's MLP.
+inline constexpr NamedTensor kMlpNames[] = {
+    {TensorKind::kRouter, "model.layers.{layer}.mlp.gate.weight"},
+    {TensorKind::kExpertGate, "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"},
+    {TensorKind::kExpertUp, "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"},
+    {TensorKind::kExpertDown, "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
+    {TensorKind::kDenseGate, "model.layers.{layer}.mlp.gate_proj.weight"},
+    {TensorKind::kDenseUp, "model.layers.{layer}.mlp.up_proj.weight"},
+    {TensorKind::kDenseDown, "model.layers.{layer}.mlp.down_proj.weight"},
+};
 
 // norm_topk_prob from `key`, `fallback` when absent.
 absl::Status NormTopkProb(const ConfigReader& json, bool fallback, ModelConfig* c);

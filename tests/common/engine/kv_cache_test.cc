@@ -85,6 +85,9 @@ TEST(KvBlockPoolTest, StateSlotsAreZeroedSeparateAndBounded) {
   EXPECT_EQ(*again, *a);
   EXPECT_TRUE(std::all_of(pool->state(*again), pool->state(*again) + 100,
                           [](std::byte x) { return x == std::byte{0}; }));
+  // Cached blocks would not carry the state at their boundary: no prefix cache here.
+  pool->EnablePrefixCache();
+  EXPECT_FALSE(pool->prefix_cache_enabled());
 }
 
 TEST(KvBlockPoolTest, BlockTableHoldsOneStateSlotAllOrNothing) {
