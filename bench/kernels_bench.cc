@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -268,7 +269,79 @@ void BM_Attention(benchmark::State& state, KvDtype dtype, bool blocked) {
   state.SetLabel(std::string(ActiveBackend().name) + (from_dram ? ", DRAM" : ", in cache"));
 }
 
+// One Gated DeltaNet value head (128 x 128, the published Qwen3.6's) over a prompt of
+// state.range(0) tokens on one thread, at the level in use: in one call (chunks of 64, matrix
+// products) or one call per token (the recurrence decode runs). Reports tokens per second.
+void BM_GatedDelta(benchmark::State& state, bool chunked) {
+  constexpr int kDk = 128, kDv = 128;
+  const int m = static_cast<int>(state.range(0));
+  const int stride = 2 * kDk;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<float> qk(static_cast<size_t>(m) * stride), v(static_cast<size_t>(m) * kDv);
+  std::vector<float> g(m), beta(m), out(v.size()), s(static_cast<size_t>(kDk) * kDv);
+  for (float& x : v) x = normal(rng);
+  for (int t = 0; t < m; ++t) {
+    for (int part = 0; part < 2; ++part) {  // unit rows, as a layer's L2 norm leaves them
+      float* x = qk.data() + static_cast<size_t>(t) * stride + part * kDk;
+      double sum = 0;
+      for (int i = 0; i < kDk; ++i) {
+        x[i] = normal(rng);
+        sum += double{x[i]} * x[i];
+      }
+      for (int i = 0; i < kDk; ++i) x[i] /= static_cast<float>(std::sqrt(sum));
+    }
+    g[t] = -0.5f * unit(rng);
+    beta[t] = unit(rng);
+  }
+  const Backend& backend = ActiveBackend();
+  for (auto _ : state) {
+    std::fill(s.begin(), s.end(), 0.0f);
+    GatedDeltaHead head{.q = qk.data(),
+                        .k = qk.data() + kDk,
+                        .qk_stride = stride,
+                        .v = v.data(),
+                        .v_stride = kDv,
+                        .g = g.data(),
+                        .beta = beta.data(),
+                        .gb_stride = 1,
+                        .m = m,
+                        .dk = kDk,
+                        .dv = kDv,
+                        .state = s.data(),
+                        .out = out.data(),
+                        .out_stride = kDv};
+    if (chunked) {
+      backend.gated_delta(head);
+    } else {
+      head.m = 1;
+      for (int t = 0; t < m; ++t) {
+        backend.gated_delta(head);
+        head.q += stride;
+        head.k += stride;
+        head.v += kDv;
+        ++head.g;
+        ++head.beta;
+        head.out += kDv;
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * m);
+  state.SetLabel(backend.name);
+}
+
 void RegisterBenchmarks() {
+  for (bool chunked : {true, false}) {
+    benchmark::RegisterBenchmark(chunked ? "GatedDelta/chunked" : "GatedDelta/token_by_token",
+                                 BM_GatedDelta, chunked)
+        ->Arg(16384)
+        ->ArgName("tokens")
+        ->Unit(benchmark::kMillisecond);
+  }
+
   for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kInt8}) {
     for (bool blocked : {false, true}) {
       const std::string name = std::string("Attention/") + KvDtypeName(dtype) +

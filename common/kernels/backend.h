@@ -25,6 +25,18 @@
 //                     + 1)), and its log-sum-exps go to lse (m, heads) when not null (-inf for an
 //                     empty range, with out 0). A prompt's queries run in blocks so that each
 //                     key and value is read once per block rather than once per query.
+//   causal_conv       x (m rows at `stride`, channels) <- silu(depthwise causal convolution), in
+//                     place: weight (channels, kernel), each channel's `kernel - 1` inputs
+//                     before x's first row in tail (channels, kernel - 1), oldest first, which
+//                     then holds the last ones (a Gated DeltaNet's convolution, decode and
+//                     prefill alike)
+//   gated_delta       the gated delta rule of one value head over m consecutive tokens of one
+//                     sequence, its float32 state S (dk, dv) updated in place
+//                     (GatedDeltaHead): per token, S <- exp(g) S; S <- S + k (beta (v - S^T
+//                     k))^T; o = S^T q. One token is one pass over S to decay and read it and
+//                     one to write it; more run in chunks of kGatedDeltaChunk tokens in the
+//                     WY / UT form (matrix products and a triangular solve per chunk), so a
+//                     prompt is not a token loop.
 #pragma once
 
 #include <algorithm>
@@ -39,6 +51,29 @@ namespace tandem::kernels {
 // What `linear` rounds activations to before multiplying: nothing (float32), bf16 for bf16
 // weights, int8 per group (QuantizeActivations) for int8 and int4 weights.
 enum class ActivationRounding : uint8_t { kNone, kInt8, kBf16AndInt8 };
+
+// The tokens a DeltaNet chunk holds; a prompt's tokens run in chunks of this many.
+constexpr int kGatedDeltaChunk = 64;
+
+// One value head of one sequence over m tokens, for Backend::gated_delta. Token t's rows:
+// q + t * qk_stride and k + t * qk_stride (dk, L2-normed; q also scaled by 1/sqrt(dk)),
+// v + t * v_stride (dv), g[t * gb_stride] (the log of the decay, <= 0) and beta[t * gb_stride];
+// its output goes to out + t * out_stride (dv). state (dk, dv) holds S before the first token
+// and after the last.
+struct GatedDeltaHead {
+  const float* q;
+  const float* k;
+  int qk_stride;
+  const float* v;
+  int v_stride;
+  const float* g;
+  const float* beta;
+  int gb_stride;
+  int m, dk, dv;
+  float* state;
+  float* out;
+  int out_stride;
+};
 
 struct Backend {
   const char* name;
@@ -58,6 +93,9 @@ struct Backend {
   void (*causal_attention)(const float* q, int m, int num_heads, const PagedKv& kv,
                            int first_position, int context_begin, int context_end, float scale,
                            float* out, float* lse);
+  void (*causal_conv)(float* x, int m, int channels, int stride, const float* weight, int kernel,
+                      float* tail);
+  void (*gated_delta)(const GatedDeltaHead& head);
 };
 
 // Where query i of a causal_attention block stops attending: its own position + 1, within

@@ -1,5 +1,6 @@
 #include "common/engine/layers/delta_net.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -53,6 +54,15 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
   ctx.Linear(ctx.h.data(), T, W.b.view(), b_.data(), /*exact=*/true);
   ctx.Linear(ctx.h.data(), T, W.a.view(), a_.data(), /*exact=*/true);
 
+  // beta and the decay's log in place of their inputs.
+  for (int t = 0; t < T; ++t) {
+    for (int vh = 0; vh < nv; ++vh) {
+      float& b = b_[t * int64_t{nv} + vh];
+      float& a = a_[t * int64_t{nv} + vh];
+      b = Sigmoid(b);
+      a = -std::exp(W.a_log[vh]) * Softplus(a + W.dt_bias[vh]);
+    }
+  }
   // Each sequence's tokens are consecutive in the step and in position order.
   for (int first = 0; first < T;) {
     const int seq = ctx.refs[first].seq;
@@ -64,27 +74,17 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
     if (ctx.refs[first].position == 0) {  // a sequence (re)starting: no history
       std::memset(conv_state, 0, static_cast<size_t>(cache_.state_bytes));
     }
-    // The causal convolution and SiLU, channel by channel, in place; each channel's tail
-    // (its last `tail` inputs, oldest first) moves along.
-    k::DefaultThreadPool().ParallelFor(conv_dim, 64, [&](int64_t begin, int64_t end) {
-      float window[64 + 1024];
-      for (int64_t ch = begin; ch < end; ++ch) {
-        const float* w = W.conv.data() + ch * kernel;
-        float* history = conv_state + ch * tail;
-        for (int done = 0; done < n; done += 1024) {
-          const int m = std::min(1024, n - done);
-          std::memcpy(window, history, tail * sizeof(float));
-          for (int i = 0; i < m; ++i)
-            window[tail + i] = mixed_[(first + done + i) * int64_t{conv_dim} + ch];
-          for (int i = 0; i < m; ++i) {
-            float sum = 0;
-            for (int j = 0; j < kernel; ++j) sum += w[j] * window[i + j];
-            mixed_[(first + done + i) * int64_t{conv_dim} + ch] = Silu(sum);
-          }
-          std::memcpy(history, window + m, tail * sizeof(float));
-        }
-      }
-    });
+    float* rows = Row(mixed_, first, conv_dim);
+    // The convolution over the channels in slices, one per thread.
+    constexpr int kConvSlice = 128;
+    k::DefaultThreadPool().ParallelFor(
+        (conv_dim + kConvSlice - 1) / kConvSlice, 1, [&](int64_t begin, int64_t end) {
+          const int ch0 = static_cast<int>(begin) * kConvSlice;
+          const int ch1 = std::min(conv_dim, static_cast<int>(end) * kConvSlice);
+          ctx.ops->causal_conv(rows + ch0, n, ch1 - ch0, conv_dim,
+                               W.conv.data() + static_cast<int64_t>(ch0) * kernel, kernel,
+                               conv_state + static_cast<int64_t>(ch0) * tail);
+        });
     // q and k L2-normed per key head (q also by 1/sqrt(dk)).
     for (int t = first; t < first + n; ++t) {
       float* row = Row(mixed_, t, conv_dim);
@@ -100,38 +100,24 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
     }
     // The recurrence, each value head on its own.
     k::DefaultThreadPool().ParallelFor(nv, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> kv(dv);
       for (int64_t vh = begin; vh < end; ++vh) {
-        float* S = recurrent + vh * dk * dv;
         const int kh = static_cast<int>(vh) / group;
-        const float a_scale = -std::exp(W.a_log[vh]);
-        for (int t = first; t < first + n; ++t) {
-          const float* row = Row(mixed_, t, conv_dim);
-          const float* q = row + kh * dk;
-          const float* key = row + key_dim + kh * dk;
-          const float* v = row + 2 * key_dim + vh * dv;
-          const float beta = Sigmoid(b_[t * int64_t{nv} + vh]);
-          const float decay =
-              std::exp(a_scale * Softplus(a_[t * int64_t{nv} + vh] + W.dt_bias[vh]));
-          std::fill(kv.begin(), kv.end(), 0.0f);
-          for (int i = 0; i < dk; ++i) {
-            float* s = S + i * dv;
-            for (int j = 0; j < dv; ++j) {
-              s[j] *= decay;
-              kv[j] += s[j] * key[i];
-            }
-          }
-          for (int j = 0; j < dv; ++j) kv[j] = (v[j] - kv[j]) * beta;  // the delta
-          float* o = Row(core_, t, value_dim) + vh * dv;
-          std::fill(o, o + dv, 0.0f);
-          for (int i = 0; i < dk; ++i) {
-            float* s = S + i * dv;
-            for (int j = 0; j < dv; ++j) {
-              s[j] += key[i] * kv[j];
-              o[j] += s[j] * q[i];
-            }
-          }
-        }
+        ctx.ops->gated_delta(kernels::GatedDeltaHead{
+            .q = rows + kh * dk,
+            .k = rows + key_dim + kh * dk,
+            .qk_stride = conv_dim,
+            .v = rows + 2 * key_dim + vh * dv,
+            .v_stride = conv_dim,
+            .g = a_.data() + first * int64_t{nv} + vh,
+            .beta = b_.data() + first * int64_t{nv} + vh,
+            .gb_stride = nv,
+            .m = n,
+            .dk = dk,
+            .dv = dv,
+            .state = recurrent + vh * dk * dv,
+            .out = Row(core_, first, value_dim) + vh * dv,
+            .out_stride = value_dim,
+        });
       }
     });
     ctx.stats.state_bytes += 2 * cache_.state_bytes;

@@ -8,8 +8,10 @@
 // each key head serving linear_num_value_heads / linear_num_key_heads consecutive value heads;
 // then out_proj(RMSNorm(o) * silu(z(x))), the norm per value head. The convolution tail and S
 // live in the sequence's state slot of the pool (KvBlockPool::state), zeroed when a sequence
-// (re)starts at position 0. A step runs each sequence's tokens in order, value heads in
-// parallel: a prompt's chunk is one pass per head over its tokens.
+// (re)starts at position 0. The convolution and the recurrence are the backend's
+// (causal_conv, gated_delta): a step runs each sequence's tokens in order, value heads in
+// parallel, a decoded token by the recurrence and a prompt's tokens in chunks of 64 (matrix
+// products per chunk, kernels::kGatedDeltaChunk).
 #pragma once
 
 #include <cstdint>

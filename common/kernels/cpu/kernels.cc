@@ -90,6 +90,8 @@ constexpr Backend kReferenceBackend = {
     .axpy = reference::Axpy,
     .paged_attention = reference::PagedAttentionRange,
     .causal_attention = internal::CausalByQuery<reference::PagedAttentionRange>,
+    .causal_conv = reference::CausalConv,
+    .gated_delta = reference::GatedDelta,
 };
 
 Backend WithLinear(const Backend& elementwise, const char* name, ActivationRounding rounding,
@@ -301,6 +303,13 @@ void PagedAttentionRange(const float* q, int num_heads, const PagedKv& kv, int c
   internal::Kernels().paged_attention(q, num_heads, kv, context_begin, context_end, scale,
                                       kv_head_begin, kv_head_end, out, lse);
 }
+
+void CausalConv(float* x, int m, int channels, int stride, const float* weight, int kernel,
+                float* tail) {
+  internal::Kernels().causal_conv(x, m, channels, stride, weight, kernel, tail);
+}
+
+void GatedDelta(const GatedDeltaHead& head) { internal::Kernels().gated_delta(head); }
 
 void MergeAttentionParts(const float* const* parts_out, const float* parts_lse, int parts, int n,
                          float* out) {

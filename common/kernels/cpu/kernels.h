@@ -99,6 +99,12 @@ void PagedAttentionRange(const float* q, int num_heads, const PagedKv& kv, int c
 void MergeAttentionParts(const float* const* parts_out, const float* parts_lse, int parts, int n,
                          float* out);
 
+// A Gated DeltaNet's causal depthwise convolution with SiLU, in place over m rows of x, and its
+// gated delta rule over one value head's tokens (Backend::causal_conv, Backend::gated_delta).
+void CausalConv(float* x, int m, int channels, int stride, const float* weight, int kernel,
+                float* tail);
+void GatedDelta(const GatedDeltaHead& head);
+
 namespace reference {
 // The product over W's dequantized elements (PackedElement), summed in double.
 void Linear(const float* x, int b, const PackedMatrix& w, float* y);
@@ -115,6 +121,11 @@ void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int contex
 void PagedAttentionRange(const float* q, int num_heads, const PagedKv& kv, int context_begin,
                          int context_end, float scale, int kv_head_begin, int kv_head_end,
                          float* out, float* lse);
+// Each output by its definition, sums in double.
+void CausalConv(float* x, int m, int channels, int stride, const float* weight, int kernel,
+                float* tail);
+// Token by token whatever m, the state float32, sums in double.
+void GatedDelta(const GatedDeltaHead& head);
 }  // namespace reference
 
 }  // namespace tandem::kernels::cpu

@@ -246,6 +246,9 @@ void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int contex
                                kv_head_end, out, lse);
 }
 
+using DeltaSimd = Simd256;
+#include "common/kernels/cpu/delta_net_impl.h"
+
 #undef TANDEM_INLINE
 
 }  // namespace
@@ -264,6 +267,8 @@ const Backend kAvx2Elementwise = {
     .axpy = Axpy,
     .paged_attention = PagedAttention,
     .causal_attention = CausalByQuery<PagedAttention>,
+    .causal_conv = CausalConv,
+    .gated_delta = GatedDelta,
 };
 
 }  // namespace tandem::kernels::cpu::internal

@@ -865,6 +865,9 @@ void CausalAttentionBf16Dot(const float* q, int m, int num_heads, const PagedKv&
                                        context_end, scale, out, lse);
 }
 
+using DeltaSimd = Simd512;
+#include "common/kernels/cpu/delta_net_impl.h"
+
 #undef TANDEM_INLINE
 
 }  // namespace
@@ -886,6 +889,8 @@ const Backend kAvx512Elementwise = {
     .axpy = Axpy,
     .paged_attention = PagedAttention,
     .causal_attention = CausalByQuery<PagedAttention>,
+    .causal_conv = CausalConv,
+    .gated_delta = GatedDelta,
 };
 
 }  // namespace tandem::kernels::cpu::internal

@@ -132,4 +132,63 @@ void PagedAttention(const float* q, int num_heads, const PagedKv& kv, int contex
   PagedAttentionRange(q, num_heads, kv, 0, context_len, scale, 0, kv.num_kv_heads, out, nullptr);
 }
 
+// The convolution by its definition: each output from the kernel's inputs, read from the tail
+// before x's first row.
+void CausalConv(float* x, int m, int channels, int stride, const float* weight, int kernel,
+                float* tail) {
+  const int keep = kernel - 1;
+  std::vector<float> in(static_cast<size_t>(m) * channels);
+  for (int t = 0; t < m; ++t) {
+    for (int ch = 0; ch < channels; ++ch)
+      in[static_cast<size_t>(t) * channels + ch] = x[static_cast<size_t>(t) * stride + ch];
+  }
+  auto input = [&](int t, int ch) {  // t < 0: the tail's (keep + t)-th
+    return t >= 0 ? in[static_cast<size_t>(t) * channels + ch]
+                  : tail[static_cast<size_t>(ch) * keep + keep + t];
+  };
+  for (int t = 0; t < m; ++t) {
+    for (int ch = 0; ch < channels; ++ch) {
+      double sum = 0;
+      for (int j = 0; j < kernel; ++j) {
+        sum += double{weight[static_cast<size_t>(ch) * kernel + j]} * input(t - keep + j, ch);
+      }
+      x[static_cast<size_t>(t) * stride + ch] = static_cast<float>(sum / (1.0 + std::exp(-sum)));
+    }
+  }
+  std::vector<float> next(static_cast<size_t>(channels) * keep);
+  for (int ch = 0; ch < channels; ++ch) {
+    for (int j = 0; j < keep; ++j)
+      next[static_cast<size_t>(ch) * keep + j] = input(m - keep + j, ch);
+  }
+  std::copy(next.begin(), next.end(), tail);
+}
+
+// The recurrence token by token, the state float32 and each sum in double.
+void GatedDelta(const GatedDeltaHead& h) {
+  std::vector<float> delta(h.dv);
+  for (int t = 0; t < h.m; ++t) {
+    const float* q = h.q + static_cast<size_t>(t) * h.qk_stride;
+    const float* k = h.k + static_cast<size_t>(t) * h.qk_stride;
+    const float* v = h.v + static_cast<size_t>(t) * h.v_stride;
+    const float decay = std::exp(h.g[static_cast<size_t>(t) * h.gb_stride]);
+    const double beta = h.beta[static_cast<size_t>(t) * h.gb_stride];
+    float* S = h.state;
+    for (int i = 0; i < h.dk * h.dv; ++i) S[i] *= decay;
+    for (int j = 0; j < h.dv; ++j) {
+      double read = 0;
+      for (int i = 0; i < h.dk; ++i) read += double{S[i * h.dv + j]} * k[i];
+      delta[j] = static_cast<float>((v[j] - read) * beta);
+    }
+    for (int i = 0; i < h.dk; ++i) {
+      for (int j = 0; j < h.dv; ++j) S[i * h.dv + j] += k[i] * delta[j];
+    }
+    float* o = h.out + static_cast<size_t>(t) * h.out_stride;
+    for (int j = 0; j < h.dv; ++j) {
+      double sum = 0;
+      for (int i = 0; i < h.dk; ++i) sum += double{S[i * h.dv + j]} * q[i];
+      o[j] = static_cast<float>(sum);
+    }
+  }
+}
+
 }  // namespace tandem::kernels::cpu::reference
