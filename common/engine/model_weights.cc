@@ -46,36 +46,12 @@ float ElementAsF32(const model::TensorView& view, int64_t i) {
   return 0.0f;
 }
 
-// A checkpoint tensor of `kind`; where the checkpoint stacks the experts (`layout`), an
-// expert's gate, up or down matrix is a view into its layer's stacked tensor (each a
-// contiguous run of it).
+// A checkpoint tensor of `kind`, an expert's a view into its layer's stacked tensor where the
+// checkpoint stacks them.
 absl::StatusOr<model::TensorView> Get(
     const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, TensorKind kind,
     int layer = -1, int expert = -1, model::ExpertLayout layout = model::ExpertLayout::kPerExpert) {
-  const bool stacked_expert = layout == model::ExpertLayout::kStacked &&
-                              (kind == TensorKind::kExpertGate || kind == TensorKind::kExpertUp ||
-                               kind == TensorKind::kExpertDown);
-  if (!stacked_expert) return checkpoint.Get(model::TensorName(*config.arch, kind, layer, expert));
-  const TensorKind stacked_kind =
-      kind == TensorKind::kExpertDown ? TensorKind::kExpertsDown : TensorKind::kExpertsGateUp;
-  ASSIGN_OR_RETURN(model::TensorView all,
-                   checkpoint.Get(model::TensorName(*config.arch, stacked_kind, layer)));
-  // Shapes were validated against the config: (experts, rows, cols).
-  const std::vector<int64_t> shape = model::TensorShape(config, kind);
-  const size_t bytes = all.size_bytes / static_cast<size_t>(config.num_local_experts) /
-                       (stacked_kind == TensorKind::kExpertsGateUp ? 2 : 1);
-  size_t offset = static_cast<size_t>(expert) * (all.size_bytes / config.num_local_experts);
-  if (kind == TensorKind::kExpertUp) offset += bytes;  // the expert's up rows follow its gate rows
-  return model::TensorView{all.name, all.dtype, shape, all.data + offset, bytes};
-}
-
-// A norm's weight: 1 + w where the checkpoint stores it centred on zero.
-std::vector<float> NormFromTensor(const model::TensorView& view, const model::ModelConfig& config) {
-  std::vector<float> w = VectorFromTensor(view);
-  if (config.zero_centred_norms) {
-    for (float& x : w) x += 1.0f;
-  }
-  return w;
+  return model::GetTensor(checkpoint, config, kind, layer, expert, layout);
 }
 
 // A linear layer's weight of `kind`: quantized where the config says so (levels and scales),
@@ -332,6 +308,14 @@ std::vector<float> VectorFromTensor(const model::TensorView& view) {
   std::vector<float> out(view.num_elements());
   for (size_t i = 0; i < out.size(); ++i) out[i] = ElementAsF32(view, i);
   return out;
+}
+
+std::vector<float> NormFromTensor(const model::TensorView& view, const model::ModelConfig& config) {
+  std::vector<float> w = VectorFromTensor(view);
+  if (config.zero_centred_norms) {
+    for (float& x : w) x += 1.0f;
+  }
+  return w;
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(

@@ -142,6 +142,9 @@ struct ModelWeights {
 absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view);
 absl::StatusOr<WeightMatrix> WeightFromTensor(const model::TensorView& view);
 std::vector<float> VectorFromTensor(const model::TensorView& view);
+// A norm's weight as the engine applies it: 1 + w where the config says the checkpoint stores
+// it centred on zero (config.zero_centred_norms), else w.
+std::vector<float> NormFromTensor(const model::TensorView& view, const model::ModelConfig& config);
 // A quantized weight from its levels (I8, or U8 with two int4 levels a byte) and its float16
 // scales (rows, cols / group), as the checkpoint stores them; INVALID_ARGUMENT for shapes or
 // dtypes that do not fit.

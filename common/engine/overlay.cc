@@ -38,20 +38,21 @@ LayerWeights AlwaysOnCopy(const LayerWeights& from) {
 
 // The field of `layer` (or the final norm) that holds a tensor of `kind`.
 absl::Status Assign(const model::TensorSpec& spec, const model::TensorView& view,
-                    LayerWeights* layer, std::vector<float>* final_norm) {
+                    const model::ModelConfig& config, LayerWeights* layer,
+                    std::vector<float>* final_norm) {
   auto matrix = [&](WeightMatrix* m) -> absl::Status {
     ASSIGN_OR_RETURN(*m, WeightFromTensor(view));
     return absl::OkStatus();
   };
   switch (spec.kind) {
     case TensorKind::kAttnNorm:
-      layer->attn_norm = VectorFromTensor(view);
+      layer->attn_norm = NormFromTensor(view, config);
       return absl::OkStatus();
     case TensorKind::kFfnNorm:
-      layer->ffn_norm = VectorFromTensor(view);
+      layer->ffn_norm = NormFromTensor(view, config);
       return absl::OkStatus();
     case TensorKind::kOutputNorm:
-      *final_norm = VectorFromTensor(view);
+      *final_norm = NormFromTensor(view, config);
       return absl::OkStatus();
     case TensorKind::kRouter:
       return matrix(&layer->router);
@@ -199,7 +200,8 @@ absl::StatusOr<std::unique_ptr<DecoderOverlay>> LoadDecoderOverlay(const std::st
                                  "], the model's is [", absl::StrJoin(spec.shape, ", "), "]"));
     }
     LayerWeights scratch;
-    RETURN_IF_ERROR(Assign(spec, view, spec.layer >= 0 ? &overlay->layers[spec.layer] : &scratch,
+    RETURN_IF_ERROR(Assign(spec, view, config,
+                           spec.layer >= 0 ? &overlay->layers[spec.layer] : &scratch,
                            &overlay->final_norm));
   }
   ASSIGN_OR_RETURN(overlay->sha256, util::Sha256OfFile(path));

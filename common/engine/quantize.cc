@@ -63,12 +63,9 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   ASSIGN_OR_RETURN(model::ModelConfig target, model::ParseModelConfig(config_json.dump()));
   ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
   RETURN_IF_ERROR(model::ValidateAgainstConfig(*checkpoint, source));
-  if (model::DetectExpertLayout(source, checkpoint->Names()) == model::ExpertLayout::kStacked) {
-    return absl::UnimplementedError(absl::StrCat(
-        model_dir,
-        " stores its experts stacked (mlp.experts.gate_up_proj); tandem quantize "
-        "writes them one tensor each and does not split stacked ones yet (issue #33)"));
-  }
+  // Stacked experts (mlp.experts.gate_up_proj) are read an expert at a time and written one
+  // tensor each, a layout every architecture that stacks them also reads.
+  const model::ExpertLayout layout = model::DetectExpertLayout(source, checkpoint->Names());
   ASSIGN_OR_RETURN(std::string source_sha256, CheckpointSha256(model_dir));
 
   const kernels::WeightFormat format =
@@ -78,7 +75,10 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   const std::vector<model::TensorSpec> specs = model::ExpectedTensors(source);
   owned.reserve(2 * specs.size());
   for (const model::TensorSpec& spec : specs) {
-    ASSIGN_OR_RETURN(model::TensorView view, checkpoint->Get(spec.name));
+    ASSIGN_OR_RETURN(model::TensorView view, spec.expert >= 0
+                                                 ? model::GetTensor(*checkpoint, source, spec.kind,
+                                                                    spec.layer, spec.expert, layout)
+                                                 : checkpoint->Get(spec.name));
     if (!target.quantization.Quantizes(spec.kind)) {
       out.push_back(view);
       continue;

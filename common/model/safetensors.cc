@@ -556,4 +556,26 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
   return absl::OkStatus();
 }
 
+absl::StatusOr<TensorView> GetTensor(const SafetensorsModel& checkpoint, const ModelConfig& config,
+                                     TensorKind kind, int layer, int expert, ExpertLayout layout) {
+  const bool stacked_expert = layout == ExpertLayout::kStacked &&
+                              (kind == TensorKind::kExpertGate || kind == TensorKind::kExpertUp ||
+                               kind == TensorKind::kExpertDown);
+  if (!stacked_expert) return checkpoint.Get(TensorName(*config.arch, kind, layer, expert));
+  const TensorKind stacked_kind =
+      kind == TensorKind::kExpertDown ? TensorKind::kExpertsDown : TensorKind::kExpertsGateUp;
+  absl::StatusOr<TensorView> all = checkpoint.Get(TensorName(*config.arch, stacked_kind, layer));
+  if (!all.ok()) return all.status();
+  if (expert < 0 || expert >= config.num_local_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("no expert ", expert));
+  }
+  // Shapes were validated against the config: (experts, rows, cols).
+  const size_t per_expert = all->size_bytes / static_cast<size_t>(config.num_local_experts);
+  const size_t bytes = per_expert / (stacked_kind == TensorKind::kExpertsGateUp ? 2 : 1);
+  size_t offset = static_cast<size_t>(expert) * per_expert;
+  if (kind == TensorKind::kExpertUp) offset += bytes;  // the expert's up rows follow its gate rows
+  return TensorView{TensorName(*config.arch, kind, layer, expert), all->dtype,
+                    TensorShape(config, kind), all->data + offset, bytes};
+}
+
 }  // namespace tandem::model

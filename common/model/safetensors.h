@@ -112,6 +112,15 @@ class SafetensorsModel {
 // architecture skips (IsIgnoredTensor). INVALID_ARGUMENT listing the problems otherwise.
 absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelConfig& config);
 
+// The checkpoint's tensor of `kind` (of `layer`, `expert` where the kind has them). Where the
+// checkpoint stores the experts stacked (`layout`, DetectExpertLayout), an expert's gate, up or
+// down matrix is a view into its layer's stacked tensor (each a contiguous run of it), named
+// and shaped as the per-expert tensor would be, so a tool reading experts one at a time
+// reads either layout and writes the per-expert one.
+absl::StatusOr<TensorView> GetTensor(const SafetensorsModel& checkpoint, const ModelConfig& config,
+                                     TensorKind kind, int layer = -1, int expert = -1,
+                                     ExpertLayout layout = ExpertLayout::kPerExpert);
+
 // Writes `tensors` (in the given order, contiguous) and `metadata` as a safetensors file,
 // with the header padded to a multiple of 8 bytes. Used by tools that write checkpoints and by
 // tests.

@@ -43,12 +43,7 @@ absl::Status ReorderCheckpoint(const model::ModelDir& dir, const CalibrationStat
   }
   ASSIGN_OR_RETURN(const model::SafetensorsModel* checkpoint, dir.checkpoint());
   RETURN_IF_ERROR(model::ValidateAgainstConfig(*checkpoint, config));
-  if (model::DetectExpertLayout(config, checkpoint->Names()) == model::ExpertLayout::kStacked) {
-    return absl::UnimplementedError(
-        absl::StrCat(model_dir,
-                     " stores its experts stacked (mlp.experts.gate_up_proj); reordering writes "
-                     "them one tensor each and does not split stacked ones yet (issue #33)"));
-  }
+  const model::ExpertLayout layout = model::DetectExpertLayout(config, checkpoint->Names());
   const int layers = static_cast<int>(config.num_hidden_layers);
   const int experts = static_cast<int>(config.num_local_experts);
   const int inter = static_cast<int>(config.intermediate_size);
@@ -70,11 +65,34 @@ absl::Status ReorderCheckpoint(const model::ModelDir& dir, const CalibrationStat
   }
 
   // The permuted copies of the expert tensors; views of everything else point into the map.
+  // Stacked experts (mlp.experts.gate_up_proj) are written one tensor each, a layout every
+  // architecture that stacks them also reads.
   std::vector<std::vector<std::byte>> owned;
   std::vector<model::TensorView> out;
   for (const std::string& name : checkpoint->Names()) {
+    if (layout == model::ExpertLayout::kStacked) {
+      bool stacked = false;
+      for (int l = 0; l < layers && !stacked; ++l) {
+        stacked = name == model::TensorName(*config.arch, TensorKind::kExpertsGateUp, l) ||
+                  name == model::TensorName(*config.arch, TensorKind::kExpertsDown, l);
+      }
+      if (stacked) continue;
+    }
     ASSIGN_OR_RETURN(model::TensorView view, checkpoint->Get(name));
     out.push_back(view);
+  }
+  if (layout == model::ExpertLayout::kStacked) {
+    for (int l = 0; l < layers; ++l) {
+      if (!config.IsSparseLayer(l)) continue;
+      for (int e = 0; e < experts; ++e) {
+        for (TensorKind kind :
+             {TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown}) {
+          ASSIGN_OR_RETURN(model::TensorView view,
+                           model::GetTensor(*checkpoint, config, kind, l, e, layout));
+          out.push_back(view);
+        }
+      }
+    }
   }
   owned.reserve(static_cast<size_t>(layers) * experts * 3);
   for (int l = 0; l < layers; ++l) {

@@ -8,9 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/engine/forward.h"
@@ -104,6 +106,48 @@ TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
   EXPECT_EQ((*int4)->layers[2].qkv.format(), WeightFormat::kBf16);
   EXPECT_EQ((*int4)->layers[2].router.format(), WeightFormat::kBf16);
   EXPECT_EQ((*int4)->lm_head.format(), WeightFormat::kBf16);
+}
+
+// A checkpoint storing its experts stacked (Qwen3.5-MoE as published: mlp.experts.gate_up_proj
+// (E, 2I, H) and down_proj (E, H, I)) is quantized an expert at a time and written one tensor
+// each, which the architecture reads as well; the tensors the engine skips (the vision tower,
+// the multi-token-prediction head) are not carried over.
+TEST_F(QuantizeTest, StackedExpertsAreQuantizedOneTensorEach) {
+  const std::string source = testing::SourceDir() + "/tests/golden/arch/qwen3_5_moe_hybrid";
+  ASSERT_EQ(
+      QuantizeCheckpoint(
+          source, {.bits = 8, .group_size = 32, .attention = false, .shared_expert = false}, out_),
+      absl::OkStatus());
+  auto original = LoadModelWeights(*testing::OpenModelDir(source), LoadFormat::kSafetensors);
+  auto quantized = LoadModelWeights(*testing::OpenModelDir(out_), LoadFormat::kSafetensors);
+  ASSERT_TRUE(original.ok() && quantized.ok()) << quantized.status();
+  const model::ModelConfig& c = (*quantized)->config;
+  EXPECT_TRUE(c.quantization.experts);
+  auto file = model::SafetensorsFile::Open(out_ + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const std::string& name : (*file)->Names()) {
+    EXPECT_EQ(name.find("gate_up_proj"), std::string::npos) << name;
+    EXPECT_FALSE(name.starts_with("mtp.") || name.starts_with("model.visual.")) << name;
+  }
+  EXPECT_TRUE((*file)->Get(model::TensorName(*c.arch, model::TensorKind::kExpertUp, 2, 5)).ok());
+  // Each expert's matrices are its own slices of the stacked tensors: within half an int8 step
+  // of every group.
+  for (auto [l, e] : {std::pair{0, 0}, std::pair{2, 5}, std::pair{3, 7}}) {
+    const ExpertWeights& a = (*original)->layers[l].experts[e];
+    const ExpertWeights& b = (*quantized)->layers[l].experts[e];
+    for (auto [from, to] :
+         {std::pair{&a.gate, &b.gate}, std::pair{&a.up, &b.up}, std::pair{&a.down, &b.down}}) {
+      ASSERT_EQ(from->rows(), to->rows());
+      double worst = 0, largest = 0;
+      for (int r = 0; r < from->rows(); ++r) {
+        for (int k = 0; k < from->cols(); ++k) {
+          worst = std::max(worst, std::fabs(double{from->at(r, k)} - to->at(r, k)));
+          largest = std::max(largest, std::fabs(double{from->at(r, k)}));
+        }
+      }
+      EXPECT_LE(worst, largest / 127 / 2 * 1.01) << "layer " << l << " expert " << e;
+    }
+  }
 }
 
 TEST_F(QuantizeTest, RefusesWhatDoesNotFit) {

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <random>
+#include <utility>
 
 #include "common/engine/forward.h"
 #include "common/engine/generator.h"
@@ -43,9 +45,8 @@ TEST(NeuronOrderTest, DescendingWithTiesToTheLowerIndex) {
 std::vector<float> Logits(const engine::ModelWeights& weights, const std::vector<int32_t>& prompt,
                           const engine::MoeOptions& moe) {
   const auto& c = weights.config;
-  auto pool = engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
-                                           static_cast<int>(c.num_key_value_heads),
-                                           static_cast<int>(c.head_dim), 16, 32});
+  auto pool = engine::KvBlockPool::Create(
+      engine::KvCacheConfigFor(c, 16, 32, kernels::KvDtype::kF32, /*max_sequences=*/1));
   EXPECT_TRUE(pool.ok());
   auto forward = engine::ForwardPass::Create(&weights, pool->get());
   EXPECT_TRUE(forward.ok());
@@ -129,6 +130,61 @@ TEST(ReorderCheckpointTest, FunctionIdenticalAtFullWidthAndImportantNeuronsFirst
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReorderCheckpoint(*testing::OpenModelDir(dir), *stats, dir).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A checkpoint storing its experts stacked (Qwen3.5-MoE as published) is reordered an expert
+// at a time and written one tensor each (the tensors the engine skips carried over as they
+// are): the same logits at full width, each expert's neurons in its own order.
+TEST(ReorderCheckpointTest, StackedExpertsAreWrittenOneTensorEach) {
+  testing::UseExactKernels();
+  const std::string dir = testing::SourceDir() + "/tests/golden/arch/qwen3_5_moe_hybrid";
+  const model::ModelConfig& config = testing::OpenModelDir(dir)->config();
+  const int inter = static_cast<int>(config.intermediate_size);
+  CalibrationStats stats;
+  stats.text = "random importance";
+  stats.layers.resize(config.num_hidden_layers);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> unit(0, 1);
+  for (auto& layer : stats.layers) {
+    layer.neuron_importance.assign(config.num_local_experts, std::vector<double>(inter));
+    for (auto& expert : layer.neuron_importance) {
+      for (double& x : expert) x = unit(rng);
+    }
+  }
+  testing::TempDir out;
+  const std::string reordered_dir = out.path() + "/reordered";
+  ASSERT_EQ(ReorderCheckpoint(*testing::OpenModelDir(dir), stats, reordered_dir), absl::OkStatus());
+  auto file = model::SafetensorsFile::Open(reordered_dir + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  bool skipped_kept = false;
+  for (const std::string& name : (*file)->Names()) {
+    EXPECT_EQ(name.find("gate_up_proj"), std::string::npos) << name;
+    skipped_kept |= name.starts_with("mtp.");
+  }
+  EXPECT_TRUE(skipped_kept);
+
+  auto original =
+      engine::LoadModelWeights(*testing::OpenModelDir(dir), engine::LoadFormat::kSafetensors);
+  auto reordered = engine::LoadModelWeights(*testing::OpenModelDir(reordered_dir),
+                                            engine::LoadFormat::kSafetensors);
+  ASSERT_TRUE(original.ok() && reordered.ok()) << reordered.status();
+  const int hidden = static_cast<int>(config.hidden_size);
+  for (auto [l, e] : {std::pair{0, 1}, std::pair{3, 6}}) {
+    const std::vector<int> order = NeuronOrder(stats.layers[l].neuron_importance[e]);
+    const engine::ExpertWeights& a = (*original)->layers[l].experts[e];
+    const engine::ExpertWeights& b = (*reordered)->layers[l].experts[e];
+    for (int i = 0; i < inter; ++i) {
+      for (int j = 0; j < hidden; ++j) {
+        ASSERT_EQ(b.gate.at(i, j), a.gate.at(order[i], j)) << l << "," << e << "," << i;
+        ASSERT_EQ(b.up.at(i, j), a.up.at(order[i], j)) << l << "," << e << "," << i;
+        ASSERT_EQ(b.down.at(j, i), a.down.at(j, order[i])) << l << "," << e << "," << i;
+      }
+    }
+  }
+  std::ifstream golden(dir + "/golden.json");
+  const auto ids = nlohmann::json::parse(golden)["token_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 40);
+  EXPECT_LT(MaxError(Logits(**reordered, prompt, {}), Logits(**original, prompt, {})), 1e-5);
 }
 
 }  // namespace
