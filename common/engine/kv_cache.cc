@@ -40,6 +40,11 @@ absl::Status KvCacheConfig::Validate() const {
                                                    " of ", state_bytes,
                                                    " bytes) must both be positive or both zero"));
   }
+  if (num_state_snapshots < 0 || (num_state_snapshots > 0 && state_bytes == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache state snapshots (", num_state_snapshots,
+                     ") must be zero, or positive in a pool that keeps recurrent state"));
+  }
   return absl::OkStatus();
 }
 
@@ -72,12 +77,14 @@ absl::StatusOr<size_t> KvBlockPool::BytesFor(const KvCacheConfig& config) {
       config.state_bytes > static_cast<int64_t>(PTRDIFF_MAX / 2) ||
       MulOverflows(
           (static_cast<size_t>(config.state_bytes) + kAlignment - 1) / kAlignment * kAlignment,
-          static_cast<size_t>(config.num_state_slots), &states) ||
+          static_cast<size_t>(config.num_state_slots) +
+              static_cast<size_t>(std::max(config.num_state_snapshots, 0)),
+          &states) ||
       states > static_cast<size_t>(PTRDIFF_MAX) - total;
   if (states_overflow) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache state slots overflow: ", config.num_state_slots, " x ",
-                     config.state_bytes, " bytes"));
+        absl::StrCat("KV cache state slots overflow: ", config.num_state_slots, " + ",
+                     config.num_state_snapshots, " x ", config.state_bytes, " bytes"));
   }
   total += states;
   if (overflows) {
@@ -328,6 +335,10 @@ int32_t KvBlockPool::Evict() {
   Unlink(b);
   published_[b] = false;
   by_key_.erase(key_[b]);
+  if (const int32_t s = snapshot_of_[b]; s >= 0) {
+    snapshot_block_[s] = -1;
+    snapshot_of_[b] = -1;
+  }
   ++evictions_;
   return b;
 }
@@ -345,9 +356,10 @@ int KvBlockPool::ref_count(int32_t block) const {
 }
 
 void KvBlockPool::EnablePrefixCache() {
-  if (config_.num_state_slots > 0) {
-    TANDEM_LOG(WARNING) << "prefix cache off: it does not keep recurrent layers' state yet "
-                           "(Gated DeltaNet, issue #33)";
+  if (config_.num_state_slots > 0 && config_.num_state_snapshots == 0) {
+    TANDEM_LOG(WARNING) << "prefix cache off: the model's recurrent layers (Gated DeltaNet) "
+                           "resume a cached prefix only from a state snapshot, and the pool "
+                           "keeps none (--prefix_state_snapshots 0)";
     return;
   }
   absl::MutexLock lock(&mu_);
@@ -359,7 +371,63 @@ void KvBlockPool::EnablePrefixCache() {
   tokens_.assign(n * config_.block_size, 0);
   lru_prev_.assign(n, -1);
   lru_next_.assign(n, -1);
+  snapshot_of_.assign(n, -1);
+  snapshot_block_.assign(config_.num_state_snapshots, -1);
+  snapshot_used_.assign(config_.num_state_snapshots, 0);
   prefix_cache_ = true;
+}
+
+std::byte* KvBlockPool::snapshot(int32_t snapshot) {
+  return data_.get() + state_base_ +
+         static_cast<size_t>(config_.num_state_slots + snapshot) * state_stride_bytes_;
+}
+
+bool KvBlockPool::SnapshotState(uint64_t key, int32_t slot) {
+  absl::MutexLock lock(&mu_);
+  if (!prefix_cache_ || config_.num_state_snapshots == 0) return false;
+  const auto it = by_key_.find(key);
+  if (it == by_key_.end()) return false;
+  const int32_t block = it->second;
+  TANDEM_CHECK(slot >= 0 && slot < config_.num_state_slots && state_used_[slot])
+      << "snapshot of state slot " << slot << ", which is not allocated";
+  int32_t s = snapshot_of_[block];
+  if (s < 0) {
+    // A free snapshot, else the least recently used one, taken from its block.
+    s = 0;
+    for (int32_t i = 0; i < config_.num_state_snapshots; ++i) {
+      if (snapshot_block_[i] < 0) {
+        s = i;
+        break;
+      }
+      if (snapshot_used_[i] < snapshot_used_[s]) s = i;
+    }
+    if (snapshot_block_[s] >= 0) snapshot_of_[snapshot_block_[s]] = -1;
+    snapshot_block_[s] = block;
+    snapshot_of_[block] = s;
+  }
+  snapshot_used_[s] = ++snapshot_clock_;
+  std::memcpy(snapshot(s), state(slot), static_cast<size_t>(config_.state_bytes));
+  return true;
+}
+
+bool KvBlockPool::RestoreState(int32_t block, int32_t slot) {
+  TANDEM_CHECK(block >= 0 && block < config_.num_blocks)
+      << "KV block id " << block << " out of range";
+  absl::MutexLock lock(&mu_);
+  if (!prefix_cache_ || snapshot_of_[block] < 0) return false;
+  TANDEM_CHECK(slot >= 0 && slot < config_.num_state_slots && state_used_[slot])
+      << "restore into state slot " << slot << ", which is not allocated";
+  const int32_t s = snapshot_of_[block];
+  snapshot_used_[s] = ++snapshot_clock_;
+  std::memcpy(state(slot), snapshot(s), static_cast<size_t>(config_.state_bytes));
+  return true;
+}
+
+bool KvBlockPool::HasStateSnapshot(int32_t block) const {
+  TANDEM_CHECK(block >= 0 && block < config_.num_blocks)
+      << "KV block id " << block << " out of range";
+  absl::MutexLock lock(&mu_);
+  return prefix_cache_ && snapshot_of_[block] >= 0;
 }
 
 bool KvBlockPool::prefix_cache_enabled() const {
@@ -417,6 +485,8 @@ KvBlockPool::PrefixCacheStats KvBlockPool::prefix_cache_stats() const {
   stats.cached_blocks = static_cast<int>(by_key_.size());
   stats.evictable_blocks = num_evictable_;
   stats.evictions = evictions_;
+  stats.state_snapshots = static_cast<int>(std::count_if(
+      snapshot_block_.begin(), snapshot_block_.end(), [](int32_t b) { return b >= 0; }));
   return stats;
 }
 

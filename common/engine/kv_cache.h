@@ -4,7 +4,8 @@
 // Memory layout, one contiguous 64-byte-aligned allocation, zero-filled at creation:
 //   for each layer l:  K pool (num_blocks blocks of block_bytes())
 //                      V pool (num_blocks blocks of block_bytes())
-//   state slots:       num_state_slots slots of state_bytes, each padded to 64 bytes
+//   state slots:       num_state_slots slots of state_bytes, each padded to 64 bytes, then
+//                      num_state_snapshots more for the prefix cache's state snapshots
 // (layers here are the model's attention layers; a recurrent layer keeps a fixed-size state
 // per sequence in its sequence's state slot instead).
 // A block holds (block_size, num_kv_heads, head_dim) values in the config's dtype (float32, bf16,
@@ -40,8 +41,14 @@ struct KvCacheConfig {
   // recurrent states), one slot of state_bytes per sequence; 0 and 0 when it has none.
   int64_t state_bytes = 0;
   int num_state_slots = 0;
+  // Copies of a sequence's state taken at block boundaries, which the prefix cache keeps with
+  // the published block ending there (state_bytes each): with recurrent layers a cached prefix
+  // can only be resumed where such a snapshot exists. 0 keeps the prefix cache off in a pool
+  // with state.
+  int num_state_snapshots = 0;
 
-  // INVALID_ARGUMENT naming the first field that is not positive (state: both or neither).
+  // INVALID_ARGUMENT naming the first field that is not positive (state: both or neither;
+  // snapshots only with state).
   absl::Status Validate() const;
 };
 
@@ -146,8 +153,8 @@ class KvBlockPool {
   int ref_count(int32_t block) const;  // 0 for a free block; CHECK on an out-of-range id
 
   // Turns the prefix cache on (it cannot be turned off again), except in a pool that keeps
-  // recurrent state, whose cached blocks would not carry the state at their boundary: there it
-  // stays off, with a warning in the log.
+  // recurrent state without room for state snapshots (num_state_snapshots 0), whose cached
+  // blocks could not be resumed from: there it stays off, with a warning in the log.
   void EnablePrefixCache();
   bool prefix_cache_enabled() const;
   // The parent key of a sequence's first block: `salt` stands for whatever else changes the
@@ -163,10 +170,22 @@ class KvBlockPool {
   // The block published under `key` after `parent` holding `tokens`, with one more holder
   // (Release it like an allocated block); -1 when there is none.
   int32_t AcquireCached(uint64_t parent, uint64_t key, absl::Span<const int32_t> tokens);
+  // State snapshots (a pool with recurrent state): SnapshotState copies state slot `slot` (a
+  // sequence's state after exactly the tokens up to the end of the block published under `key`,
+  // whichever sequence published it) into a snapshot kept with that block, taking a free
+  // snapshot or the least recently used one; false, changing nothing, when the cache is off, no
+  // block is published under `key` or the pool keeps no snapshots. A snapshot goes when its
+  // block is evicted. RestoreState copies the block's snapshot into `slot` (false when it has
+  // none); HasStateSnapshot says whether it has one.
+  bool SnapshotState(uint64_t key, int32_t slot);
+  bool RestoreState(int32_t block, int32_t slot);
+  bool HasStateSnapshot(int32_t block) const;
+
   struct PrefixCacheStats {
     int cached_blocks = 0;     // published, referenced or not
     int evictable_blocks = 0;  // published and unreferenced
     int64_t evictions = 0;     // published blocks Allocate has taken back
+    int state_snapshots = 0;   // blocks holding a state snapshot
   };
   PrefixCacheStats prefix_cache_stats() const;
 
@@ -219,6 +238,14 @@ class KvBlockPool {
   int32_t lru_tail_ ABSL_GUARDED_BY(mu_) = -1;
   int num_evictable_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  // State snapshots: each block's snapshot (-1: none), each snapshot's block (-1: free) and
+  // when it was last written or read (a clock), for reclaiming the least recently used.
+  std::vector<int32_t> snapshot_of_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> snapshot_block_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> snapshot_used_ ABSL_GUARDED_BY(mu_);
+  uint64_t snapshot_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  // Snapshot `snapshot`'s bytes (after the sequences' slots).
+  std::byte* snapshot(int32_t snapshot);
 };
 
 // Where a token position lives in the pool.

@@ -214,16 +214,39 @@ int Scheduler::ReuseCachedPrefix(Sequence* seq) {
   // At least the last token is computed: its logits are what the next step samples from.
   const int max_blocks = std::min(cacheable, total - 1) / block_size;
   const absl::Span<const int32_t> tokens = seq->tokens;
+  // The chain of cached blocks; with recurrent layers it is resumed only up to the last block
+  // that holds a state snapshot (the state after its last token), and the rest is released.
+  const bool stateful = pool->config().num_state_slots > 0;
+  std::vector<int32_t> blocks;
+  std::vector<uint64_t> keys;
+  size_t keep = 0;
+  uint64_t parent = seq->chain_key;
   for (int i = 0; i < max_blocks; ++i) {
     const absl::Span<const int32_t> block_tokens = tokens.subspan(i * block_size, block_size);
-    const uint64_t key = pool->PrefixKey(seq->chain_key, block_tokens);
-    const int32_t block = pool->AcquireCached(seq->chain_key, key, block_tokens);
+    const uint64_t key = pool->PrefixKey(parent, block_tokens);
+    const int32_t block = pool->AcquireCached(parent, key, block_tokens);
     if (block < 0) break;
-    seq->table.AppendFull(pool, block);
-    seq->chain_key = key;
-    ++seq->published;
+    blocks.push_back(block);
+    keys.push_back(key);
+    parent = key;
+    if (!stateful || pool->HasStateSnapshot(block)) keep = blocks.size();
   }
+  pool->Release(absl::MakeConstSpan(blocks).subspan(keep));
+  for (size_t i = 0; i < keep; ++i) seq->table.AppendFull(pool, blocks[i]);
+  if (keep > 0) seq->chain_key = keys[keep - 1];
+  seq->published = static_cast<int>(keep);
   seq->num_computed = seq->published * block_size;
+  if (stateful && keep > 0) {
+    // The sequence's state slot, then the state at the end of its last cached block. The
+    // snapshot may have gone to another block meanwhile: then nothing is reused.
+    if (!seq->table.Reserve(pool, seq->num_computed).ok() ||
+        !pool->RestoreState(blocks[keep - 1], seq->table.state_slot())) {
+      DropKv(seq);
+      seq->chain_key = pool->PrefixRoot(config_.prefix_salt);
+      seq->published = 0;
+      return 0;
+    }
+  }
   return seq->num_computed;
 }
 
@@ -241,6 +264,12 @@ void Scheduler::PublishBlocks(Sequence* seq) {
     // False when another sequence published the same block first: ours stays private, and
     // the chain goes on from the same key.
     pool->Publish(seq->table.blocks()[seq->published], seq->chain_key, key, block_tokens);
+    // With recurrent layers, the state now in the sequence's slot is the state at the end of
+    // the block published under `key` (ours or another sequence's) only where the step ended
+    // there (prompt chunks are cut at block boundaries for this, in Step).
+    if (seq->table.state_slot() >= 0 && (seq->published + 1) * block_size == seq->num_computed) {
+      pool->SnapshotState(key, seq->table.state_slot());
+    }
     seq->chain_key = key;
   }
 }
@@ -398,10 +427,19 @@ absl::Status Scheduler::Step(std::vector<SequenceOutput>* outputs) {
   // chunk stops at the end of the prompt, so each chunk is wholly prefill or wholly decode
   // phase (tokens recomputed after a preemption), and shrinks to the free blocks; only a
   // sequence that cannot get a single token in preempts.
+  // A pool keeping state snapshots for the prefix cache ends a prompt's chunks on a block
+  // boundary where one lies inside them, so that the state there can be snapshotted.
+  KvBlockPool* pool = forward_->pool();
+  const int align = pool->prefix_cache_enabled() && pool->config().num_state_slots > 0
+                        ? pool->config().block_size
+                        : 1;
   auto chunk = [&](Sequence* seq) {
     int end = static_cast<int>(seq->tokens.size());
     if (seq->num_computed < seq->prompt_len) end = seq->prompt_len;
-    return Fit(seq, std::min(end - seq->num_computed, budget));
+    int len = Fit(seq, std::min(end - seq->num_computed, budget));
+    const int aligned = (seq->num_computed + len) / align * align;
+    if (len > 1 && aligned > seq->num_computed) len = aligned - seq->num_computed;
+    return len;
   };
   for (Sequence* seq : running) {
     if (budget == 0) break;

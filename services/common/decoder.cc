@@ -49,7 +49,8 @@ absl::StatusOr<Decoder> LoadDecoder(const model::ModelDir& dir, int block_size, 
                                .memory_bytes = options.memory_bytes,
                                .kv_dtype = options.kv_dtype,
                                .max_sequences = options.max_sequences,
-                               .load = options.load};
+                               .load = options.load,
+                               .state_snapshots = options.state_snapshots};
   engine::ExpertMask& load = engine_options.load.only_experts;
   if (!options.expert_pack.empty()) {
     load.retained.assign(config.num_hidden_layers,

@@ -35,7 +35,8 @@ struct DecoderOptions {
   engine::LoadOptions load = {};
   // > 0: the KV pool gets what the weights leave of this many bytes (EngineOptions).
   int64_t memory_bytes = 0;
-  int max_sequences = 64;  // sequences held at once (EngineOptions)
+  int max_sequences = 64;   // sequences held at once (EngineOptions)
+  int state_snapshots = 0;  // the prefix cache's state snapshots (EngineOptions)
 };
 
 struct Decoder {

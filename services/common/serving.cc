@@ -22,6 +22,19 @@ absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
   const model::ModelConfig& c = e.model.weights->config;
   engine::KvCacheConfig kv = engine::KvCacheConfigFor(c, options.block_size, options.num_blocks,
                                                       options.kv_dtype, options.max_sequences);
+  if (kv.state_bytes > 0) {
+    if (options.state_snapshots < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prefix_state_snapshots=", options.state_snapshots, " must be >= 0"));
+    }
+    kv.num_state_snapshots = options.state_snapshots;
+    TANDEM_LOG(INFO) << "KV pool: " << kv.num_state_slots << " state slots and "
+                     << kv.num_state_snapshots << " prefix-cache state snapshots of "
+                     << kv.state_bytes << " bytes ("
+                     << (static_cast<int64_t>(kv.num_state_slots) + kv.num_state_snapshots) *
+                            kv.state_bytes / (1 << 20)
+                     << " MiB)";
+  }
   if (options.memory_bytes > 0) {
     const int64_t weights = e.model.weights->bytes();
     const int64_t left = options.memory_bytes - weights;

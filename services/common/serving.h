@@ -42,6 +42,8 @@ struct EngineOptions {
   int max_sequences = 64;
   // The weights (the checkpoint's or dummy ones; only some experts'), and a synthetic router.
   engine::LoadOptions load = {};
+  // With recurrent layers: the state snapshots the prefix cache keeps (KvCacheConfig).
+  int state_snapshots = 0;
 };
 
 // Loads `dir` as `options` say and makes its KV pool; a stated routing replaces the router.

@@ -28,6 +28,11 @@ ABSL_FLAG(int, prefill_chunk, 512,
 ABSL_FLAG(bool, prefix_cache, true,
           "Reuse the KV of prompt prefixes already computed (full blocks, kept while unused and "
           "evicted least recently used); docs/kv-cache.md \"Prefix cache\".");
+ABSL_FLAG(int, prefix_state_snapshots, 32,
+          "With a model whose recurrent layers keep state (Gated DeltaNet): copies of a "
+          "sequence's state kept at block boundaries, from which a cached prefix resumes, each "
+          "the model's state bytes per sequence (logged at start-up); the least recently used "
+          "goes first. 0 turns the prefix cache off for such a model.");
 ABSL_FLAG(std::string, kv_listen_host, "127.0.0.1",
           "IPv4 address the KV transport listens on (port chosen by the system).");
 ABSL_FLAG(std::string, kv_transports, "tcp",
@@ -77,7 +82,8 @@ int main(int argc, char** argv) {
               // the prompts running, and those whose KV
               // (and recurrent state) is being shipped
               .max_sequences = 2 * absl::GetFlag(FLAGS_max_running),
-              .load = engine_flags->load});
+              .load = engine_flags->load,
+              .state_snapshots = absl::GetFlag(FLAGS_prefix_state_snapshots)});
   if (!engine.ok()) return fail("loading the engine", engine.status());
   dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::kv::UcxTransportOptions kv_options;

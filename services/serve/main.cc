@@ -32,6 +32,11 @@ ABSL_FLAG(std::string, kv_dtype, "bf16",
 ABSL_FLAG(bool, prefix_cache, true,
           "Reuse the KV of prompt prefixes already computed (full blocks, kept while unused and "
           "evicted least recently used); docs/kv-cache.md \"Prefix cache\".");
+ABSL_FLAG(int, prefix_state_snapshots, 32,
+          "With a model whose recurrent layers keep state (Gated DeltaNet): copies of a "
+          "sequence's state kept at block boundaries, from which a cached prefix resumes, each "
+          "the model's state bytes per sequence (logged at start-up); the least recently used "
+          "goes first. 0 turns the prefix cache off for such a model.");
 ABSL_FLAG(int, max_running, 64, "Sequences in the batch at most.");
 ABSL_FLAG(int, max_step_tokens, 512, "Tokens one engine step runs at most (chunked prefill).");
 
@@ -54,15 +59,16 @@ int main(int argc, char** argv) {
   if (!engine_flags.ok()) return fail("flags", engine_flags.status());
   auto dir = tandem::model::ModelDir::Open(model_dir);
   if (!dir.ok()) return fail("--model=" + model_dir, dir.status());
-  auto decoder = tandem::serving::LoadDecoder(**dir, absl::GetFlag(FLAGS_kv_block_size),
-                                              absl::GetFlag(FLAGS_kv_blocks),
-                                              {.plan = absl::GetFlag(FLAGS_plan),
-                                               .overlay = absl::GetFlag(FLAGS_overlay),
-                                               .decode_only = false,
-                                               .kv_dtype = *kv_dtype,
-                                               .load = engine_flags->load,
-                                               .memory_bytes = engine_flags->memory_bytes,
-                                               .max_sequences = absl::GetFlag(FLAGS_max_running)});
+  auto decoder = tandem::serving::LoadDecoder(
+      **dir, absl::GetFlag(FLAGS_kv_block_size), absl::GetFlag(FLAGS_kv_blocks),
+      {.plan = absl::GetFlag(FLAGS_plan),
+       .overlay = absl::GetFlag(FLAGS_overlay),
+       .decode_only = false,
+       .kv_dtype = *kv_dtype,
+       .load = engine_flags->load,
+       .memory_bytes = engine_flags->memory_bytes,
+       .max_sequences = absl::GetFlag(FLAGS_max_running),
+       .state_snapshots = absl::GetFlag(FLAGS_prefix_state_snapshots)});
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
   (*dir)->ReleaseCheckpoint();  // the engine holds its own copies of the weights
   tandem::serving::ServingEngine* engine = &decoder->engine;

@@ -2,7 +2,8 @@
 // random-weight checkpoint of tests/golden/arch): sequences joining mid-flight, prompts chunked
 // beside decode tokens and sequences preempted and recomputed all generate what each generates
 // alone: every sequence's DeltaNet state lives in its own state slot, restarts from zero when
-// the sequence is recomputed, and goes back to the pool with its blocks.
+// the sequence is recomputed, and goes back to the pool with its blocks; the prefix cache resumes
+// a cached prefix from a state snapshot.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -39,13 +40,16 @@ class HybridSchedulerTest : public ::testing::Test {
     }
   }
 
-  // A pool of `num_blocks` blocks of 8 tokens for `max_running` sequences, and a scheduler.
-  void Build(int num_blocks, SchedulerConfig config) {
-    const KvCacheConfig kv = KvCacheConfigFor(weights_->config, 8, num_blocks,
-                                              kernels::KvDtype::kF32, config.max_running);
+  // A pool of `num_blocks` blocks of 8 tokens for `max_running` sequences, and a scheduler;
+  // with `snapshots`, the prefix cache on, keeping that many state snapshots.
+  void Build(int num_blocks, SchedulerConfig config, int snapshots = 0) {
+    KvCacheConfig kv = KvCacheConfigFor(weights_->config, 8, num_blocks, kernels::KvDtype::kF32,
+                                        config.max_running);
+    kv.num_state_snapshots = snapshots;
     auto pool = KvBlockPool::Create(kv);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *std::move(pool);
+    if (snapshots > 0) pool_->EnablePrefixCache();
     auto forward = ForwardPass::Create(weights_.get(), pool_.get());
     ASSERT_TRUE(forward.ok()) << forward.status();
     forward_ = *std::move(forward);
@@ -115,6 +119,48 @@ TEST_F(HybridSchedulerTest, JoinsChunksAndPreemptionsMatchEachSequenceAlone) {
   EXPECT_GT(scheduler_->counters().preemptions, 0);
   EXPECT_EQ(pool_->num_free(), pool_->num_total());
   EXPECT_EQ(pool_->num_free_states(), 6);
+}
+
+// The prefix cache on a hybrid model: a repeated prompt resumes from the state snapshot at the
+// last cached block boundary (prompt chunks end on one so that it exists), a follow-up turn
+// (the prompt, its answer and more) from a boundary inside the answer, and with one snapshot
+// for three prompts the least recently used goes; every output is what the sequence generates
+// with no cache at all.
+TEST_F(HybridSchedulerTest, CachedPrefixesResumeFromStateSnapshotsAsEachSequenceAlone) {
+  std::vector<std::vector<int32_t>> prompts = prompts_;
+  const std::vector<std::vector<int32_t>> first = Alone();
+  std::vector<int32_t> follow_up = prompts[3];
+  follow_up.insert(follow_up.end(), first[3].begin(), first[3].end());
+  follow_up.insert(follow_up.end(), prompts[1].begin(), prompts[1].end());
+  prompts_ = {follow_up};
+  const std::vector<int32_t> follow_up_alone = Alone()[0];
+  prompts_ = prompts;
+
+  const SchedulerConfig config{.max_running = 2, .max_step_tokens = 64, .cache_generated = true};
+  Build(/*num_blocks=*/64, config, /*snapshots=*/8);
+  EXPECT_EQ(Run({{0, {prompts[3]}}})[0], first[3]);
+  EXPECT_EQ(scheduler_->counters().prefix_hit_tokens, 0);
+  EXPECT_GT(pool_->prefix_cache_stats().state_snapshots, 0);
+  EXPECT_EQ(Run({{0, {prompts[3]}}})[0], first[3]);
+  // 31 prompt tokens: the first 24 (three blocks, the last with the state after it).
+  EXPECT_EQ(scheduler_->counters().prefix_hit_tokens, 24);
+  EXPECT_EQ(Run({{0, {follow_up}}})[0], follow_up_alone);
+  EXPECT_GT(scheduler_->counters().prefix_hit_tokens, 24 + 24);
+  EXPECT_EQ(pool_->num_free_states(), 2);
+
+  // One snapshot and prompts' blocks only (as a prefill instance caches): each prompt's takes
+  // the one before's.
+  Build(/*num_blocks=*/64, {.max_running = 2, .max_step_tokens = 64}, /*snapshots=*/1);
+  for (int k : {4, 5, 4}) EXPECT_EQ(Run({{0, {prompts[k]}}})[0], first[k]) << "prompt " << k;
+  EXPECT_EQ(pool_->prefix_cache_stats().state_snapshots, 1);
+  EXPECT_EQ(scheduler_->counters().prefix_hit_tokens, 0);
+  EXPECT_EQ(Run({{0, {prompts[4]}}})[0], first[4]);
+  EXPECT_EQ(scheduler_->counters().prefix_hit_tokens, 32);  // 39 tokens: 4 blocks of 8
+
+  // Without snapshots the cache stays off for this pool.
+  Build(/*num_blocks=*/64, config);
+  pool_->EnablePrefixCache();
+  EXPECT_FALSE(pool_->prefix_cache_enabled());
 }
 
 }  // namespace

@@ -85,7 +85,7 @@ TEST(KvBlockPoolTest, StateSlotsAreZeroedSeparateAndBounded) {
   EXPECT_EQ(*again, *a);
   EXPECT_TRUE(std::all_of(pool->state(*again), pool->state(*again) + 100,
                           [](std::byte x) { return x == std::byte{0}; }));
-  // Cached blocks would not carry the state at their boundary: no prefix cache here.
+  // Without snapshots a cached prefix could not resume: no prefix cache here.
   pool->EnablePrefixCache();
   EXPECT_FALSE(pool->prefix_cache_enabled());
 }
@@ -124,6 +124,59 @@ TEST(KvCacheConfigTest, StateSlotsNeedBothFields) {
   config.state_bytes = 0;
   config.num_state_slots = 3;
   EXPECT_EQ(config.Validate().code(), absl::StatusCode::kInvalidArgument);
+  config.num_state_slots = 0;
+  config.num_state_snapshots = 2;  // snapshots of no state
+  EXPECT_THAT(config.Validate().message(), HasSubstr("state snapshots"));
+}
+
+// State snapshots: kept with a published block, restored into a sequence's slot, the least
+// recently used reclaimed when all are taken, dropped with their block on eviction, and counted
+// in the pool's size.
+TEST(KvBlockPoolTest, StateSnapshotsFollowTheirBlocks) {
+  KvCacheConfig config = SmallConfig();
+  config.state_bytes = 100;
+  config.num_state_slots = 1;
+  config.num_state_snapshots = 2;
+  KvCacheConfig without = config;
+  without.num_state_snapshots = 0;
+  EXPECT_EQ(*KvBlockPool::BytesFor(config), *KvBlockPool::BytesFor(without) + 2 * 128);
+  std::unique_ptr<KvBlockPool> pool = MakePool(config);
+  pool->EnablePrefixCache();
+  ASSERT_TRUE(pool->prefix_cache_enabled());
+  const int32_t slot = *pool->AllocateState();
+  std::vector<int32_t> blocks = *pool->Allocate(3);
+  const std::vector<int32_t> tokens(config.block_size, 7);
+  auto write = [&](uint8_t value) { std::memset(pool->state(slot), value, 100); };
+  auto holds = [&](uint8_t value) {
+    return std::all_of(pool->state(slot), pool->state(slot) + 100,
+                       [&](std::byte x) { return x == std::byte{value}; });
+  };
+  EXPECT_FALSE(pool->SnapshotState(200, slot));  // nothing published under the key
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pool->Publish(blocks[i], 100 + i, 200 + i, tokens));
+    write(static_cast<uint8_t>(i + 1));
+    EXPECT_TRUE(pool->SnapshotState(200 + i, slot));
+    if (i == 1) {  // block 0's snapshot is used last
+      ASSERT_TRUE(pool->RestoreState(blocks[0], slot));
+    }
+  }
+  // Two snapshots for three blocks: block 1's, the least recently used, went to block 2.
+  EXPECT_TRUE(pool->HasStateSnapshot(blocks[0]));
+  EXPECT_FALSE(pool->HasStateSnapshot(blocks[1]));
+  EXPECT_TRUE(pool->HasStateSnapshot(blocks[2]));
+  EXPECT_FALSE(pool->RestoreState(blocks[1], slot));
+  ASSERT_TRUE(pool->RestoreState(blocks[0], slot));
+  EXPECT_TRUE(holds(1));
+  ASSERT_TRUE(pool->RestoreState(blocks[2], slot));
+  EXPECT_TRUE(holds(3));
+  EXPECT_EQ(pool->prefix_cache_stats().state_snapshots, 2);
+  // Evicting a block drops its snapshot.
+  pool->Release(blocks);
+  const int free_blocks = pool->num_free();
+  std::vector<int32_t> all = *pool->Allocate(free_blocks);
+  EXPECT_EQ(pool->prefix_cache_stats().state_snapshots, 0);
+  pool->Release(all);
+  pool->ReleaseState(slot);
 }
 
 TEST(KvBlockPoolTest, OverflowingSizeIsResourceExhausted) {
