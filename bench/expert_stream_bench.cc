@@ -96,10 +96,8 @@ absl::StatusOr<std::shared_ptr<const RecordedRouting>> RecordRouting(const std::
   const model::ModelConfig& c = model.weights->config;
   ASSIGN_OR_RETURN(engine::ProtocolText protocol,
                    engine::ReadProtocolText(*model.tokenizer, text, positions - 1));
-  ASSIGN_OR_RETURN(auto pool, engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
-                                                           static_cast<int>(c.num_key_value_heads),
-                                                           static_cast<int>(c.head_dim), 16,
-                                                           (positions + 15) / 16}));
+  ASSIGN_OR_RETURN(auto pool, engine::KvBlockPool::Create(engine::KvCacheConfigFor(
+                                  c, 16, (positions + 15) / 16, kernels::KvDtype::kF32, 1)));
   ASSIGN_OR_RETURN(auto forward, engine::ForwardPass::Create(model.weights.get(), pool.get()));
   auto probs = std::make_shared<RecordedRouting>();
   const int experts = static_cast<int>(c.num_local_experts);
@@ -222,9 +220,8 @@ int Run() {
   const int steps = absl::GetFlag(FLAGS_steps);
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int per_seq = (context + steps + 4 + 15) / 16;
-  auto pool = engine::KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
-                                           static_cast<int>(c.num_key_value_heads),
-                                           static_cast<int>(c.head_dim), 16, max_batch * per_seq});
+  auto pool = engine::KvBlockPool::Create(
+      engine::KvCacheConfigFor(c, 16, max_batch * per_seq, kernels::KvDtype::kF32, max_batch));
   if (!pool.ok()) return Fail(pool.status());
   auto resident = engine::ForwardPass::Create(full->get(), pool->get());
   auto streaming = engine::ForwardPass::Create(slim->get(), pool->get());

@@ -124,6 +124,13 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
   KvBlockPool* pool = forward->pool();
   const int block_size = pool->config().block_size;
   const int free_blocks = pool->num_free();
+  // A model with recurrent layers holds a state slot per window in flight.
+  const size_t free_states = pool->config().num_state_slots > 0
+                                 ? static_cast<size_t>(pool->num_free_states())
+                                 : windows.size();
+  if (free_states == 0) {
+    return absl::ResourceExhaustedError("the KV pool has no free state slot for a window");
+  }
   int longest = 0;
   for (const ProtocolWindow& w : windows) longest = std::max(longest, w.size + 1);
   if (BlocksFor(longest, block_size) > free_blocks) {
@@ -147,7 +154,10 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(ForwardPass* forward,
     for (int tokens = 0, blocks = 0; last < windows.size(); ++last) {
       const int n = windows[last].size + 1;
       const int b = BlocksFor(n, block_size);
-      if (last > next && (tokens + n > options.max_step_tokens || blocks + b > free_blocks)) break;
+      if (last > next && (tokens + n > options.max_step_tokens || blocks + b > free_blocks ||
+                          last - next == free_states)) {
+        break;
+      }
       tokens += n;
       blocks += b;
     }
@@ -237,8 +247,9 @@ absl::StatusOr<PerplexityResult> EvaluatePerplexity(const ModelWeights& weights,
   // Room for a full step plus the slack of partly filled blocks, and always one full window.
   const int blocks = BlocksFor(std::max(options.max_step_tokens, 1), kBlockSize) +
                      BlocksFor(std::max(options.window, 0) + 1, kBlockSize);
+  // Windows share a step up to the free state slots too (recurrent layers), 8 here.
   const KvCacheConfig kv =
-      KvCacheConfigFor(c, kBlockSize, blocks, options.kv_dtype, /*max_sequences=*/1);
+      KvCacheConfigFor(c, kBlockSize, blocks, options.kv_dtype, /*max_sequences=*/8);
   ASSIGN_OR_RETURN(std::unique_ptr<KvBlockPool> pool, KvBlockPool::Create(kv));
   ASSIGN_OR_RETURN(std::unique_ptr<ForwardPass> forward, ForwardPass::Create(&weights, pool.get()));
   return EvaluatePerplexity(forward.get(), tokenizer, text_path, options);

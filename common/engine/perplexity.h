@@ -23,7 +23,8 @@ struct PerplexityOptions {
   // in the model's context. 511 is the protocol's, for a 512-token context.
   int window = 511;
   // Positions one forward step may run: windows are batched into steps up to this many (and up
-  // to the KV blocks free in the pool), each step holding at least one window. The result does
+  // to the KV blocks, and with recurrent layers the state slots, free in the pool), each step
+  // holding at least one window. The result does
   // not depend on it; it trades memory ((positions, vocab) float logits) for speed.
   int max_step_tokens = 2048;
   // Applies to every window (the defaults run the whole model).

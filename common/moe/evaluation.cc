@@ -81,11 +81,10 @@ absl::StatusOr<std::vector<Continuation>> GenerateGreedy(
   const model::ModelConfig& c = weights.config;
   const int context = static_cast<int>(c.max_position_embeddings);
   const int blocks_per_sequence = (context + kBlockSize - 1) / kBlockSize;
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<engine::KvBlockPool> pool,
-      engine::KvBlockPool::Create(
-          {static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
-           static_cast<int>(c.head_dim), kBlockSize, options.max_running * blocks_per_sequence}));
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::KvBlockPool> pool,
+                   engine::KvBlockPool::Create(engine::KvCacheConfigFor(
+                       c, kBlockSize, options.max_running * blocks_per_sequence,
+                       kernels::KvDtype::kF32, options.max_running)));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::ForwardPass> forward,
                    engine::ForwardPass::Create(&weights, pool.get()));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::Scheduler> scheduler,

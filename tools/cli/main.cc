@@ -266,10 +266,9 @@ int Calibrate() {
   if (!model.ok()) return Report(model.status());
   const auto& c = model->weights->config;
   const int block = 16;
-  auto pool = tandem::engine::KvBlockPool::Create(
-      {static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
-       static_cast<int>(c.head_dim), block,
-       static_cast<int>((c.max_position_embeddings + block - 1) / block)});
+  auto pool = tandem::engine::KvBlockPool::Create(tandem::engine::KvCacheConfigFor(
+      c, block, static_cast<int>((c.max_position_embeddings + block - 1) / block),
+      tandem::kernels::KvDtype::kF32, /*max_sequences=*/1));
   if (!pool.ok()) return Report(pool.status());
   auto forward = tandem::engine::ForwardPass::Create(model->weights.get(), pool->get());
   if (!forward.ok()) return Report(forward.status());

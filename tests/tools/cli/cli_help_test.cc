@@ -198,5 +198,24 @@ TEST(CliHelpTest, TokenizeReadsAModelDirectory) {
   EXPECT_THAT(bad.output, HasSubstr("--messages needs --model"));
 }
 
+// The pruning commands on a model with recurrent layers (its pool has a state slot): calibrate
+// over a short text, then a plan from the statistics.
+TEST(CliHelpTest, CalibrateAndPruneRunAHybridModel) {
+  testing::TempDir dir;
+  const std::string model = testing::SourceDir() + "/models/tiny-hybrid-moe";
+  std::ifstream valid(model + "/eval/valid.txt");
+  std::string line;
+  std::getline(valid, line);
+  std::ofstream(dir.path() + "/text.txt") << line.substr(0, 600) << "\n";
+  const Result calibrate =
+      Tandem({"calibrate", "--model=" + model, "--text=" + dir.path() + "/text.txt",
+              "--out=" + dir.path() + "/stats.json"});
+  ASSERT_EQ(calibrate.exit_code, 0) << calibrate.output;
+  const Result prune = Tandem({"prune", "--stats=" + dir.path() + "/stats.json", "--criterion=reap",
+                               "--keep=32", "--out=" + dir.path() + "/plan.json"});
+  ASSERT_EQ(prune.exit_code, 0) << prune.output;
+  EXPECT_THAT(prune.output, HasSubstr("kept 32 of 64 experts in each of 8 layers"));
+}
+
 }  // namespace
 }  // namespace tandem
