@@ -8,7 +8,8 @@ The recipe (phase-decoupled pruning's third part, docs/design.md):
 - Trained: only the always-on parameters (`always_on_names`): each layer's two RMSNorm
   weights and router, the shared expert and its gate or the dense MLP where the model has
   them, and the final norm; the routers at --router-lr-scale (1/10) of the others' rate.
-  Attention, the routed experts, the embedding and the lm_head stay frozen.
+  Attention (and a hybrid's Gated DeltaNet), the routed experts, the embedding and the lm_head
+  stay frozen.
 - Split points: each training sequence gets a split s drawn uniformly from [0, T); positions
   before s are the teacher's (the student attends to the teacher's keys and values there, as a
   decoder reads a full prefill's KV cache) and the loss is over the positions from s on, whose
@@ -132,7 +133,7 @@ def apply_overlay(student, tensors):
     own = dict(student.named_parameters())
     with torch.no_grad():
         for name, t in tensors.items():
-            own[name].copy_(t.float())
+            own[student.cfg.module_name(name)].copy_(t.float())
 
 
 def topk_kl(student_logits, teacher_logits, k):
@@ -213,6 +214,9 @@ def main():
     cfg, teacher = load_model(args.model_dir)
     for p in teacher.parameters():
         p.requires_grad_(False)
+    # A hybrid's DeltaNet runs its chunked form in training mode (a 512-token window as matrix
+    # products, not a token loop); the exported config has no dropout, so that is all it changes.
+    teacher.train()
     masks, plan_hash = load_plan(args.plan, cfg)
     student, params = make_student(teacher, cfg)
     student.train()  # no dropout in an exported config; train() only for clarity
@@ -275,17 +279,20 @@ def main():
             history.append(report(step))
 
     # Frozen means frozen: every tensor outside the overlay is still the checkpoint's, bit for bit.
+    # (Names here are the checkpoint's: cfg.checkpoint_name of the module's.)
     shipped = safetensors_io.read(os.path.join(args.model_dir, "model.safetensors"))
-    own = student.state_dict()
+    own = student.export_state_dict()
+    trained_names = {cfg.checkpoint_name(name) for name in params}
     for name, t in shipped.items():
-        if name not in params:
+        if name not in trained_names and name in own:  # (not the tensors the engine skips)
             assert torch.equal(own[name], t.float()), f"frozen tensor {name} changed"
 
     # The overlay: the trained tensors as the engine holds them (norms F32, matrices BF16).
     out = {}
     for name, p in params.items():
         t = p.detach()
-        out[name] = t.float().contiguous() if t.dim() == 1 else t.to(torch.bfloat16).contiguous()
+        out[cfg.checkpoint_name(name)] = (t.float().contiguous() if t.dim() == 1
+                                          else t.to(torch.bfloat16).contiguous())
     elapsed = time.time() - t0
     recipe = {"split": args.split, "alpha": args.alpha, "teacher_topk": args.topk,
               "steps": args.steps, "batch": args.batch, "seq": args.seq, "lr": args.lr,

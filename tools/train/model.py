@@ -209,7 +209,8 @@ class Config:
                   "partial_rotary_factor": self.partial_rotary_factor,
                   "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta,
                                       "partial_rotary_factor": self.partial_rotary_factor,
-                                      "mrope_interleaved": True, "mrope_section": [11, 11, 10]},
+                                      "mrope_interleaved": True,
+                                      "mrope_section": self._mrope_section()},
                   "dtype": "bfloat16"})
         top = {"architectures": [ARCHITECTURES[self.model_type]],
                "tie_word_embeddings": self.tie_word_embeddings}
@@ -218,6 +219,27 @@ class Config:
         return {**top, "model_type": "qwen3_5_moe", "text_config": d,
                 "vision_config": {"model_type": "qwen3_5_moe_vision", "depth": 1},
                 "image_token_id": self.vocab_size - 1}
+
+    def checkpoint_name(self, name):
+        """A parameter's name in the checkpoint (the published qwen3_5_moe layout keeps the text
+        model under model.language_model.); module_name is the inverse."""
+        if self.model_type == "qwen3_5_moe" and name.startswith("model."):
+            return "model.language_model." + name[len("model."):]
+        return name
+
+    def module_name(self, name):
+        prefix = "model.language_model."
+        if self.model_type == "qwen3_5_moe" and name.startswith(prefix):
+            return "model." + name[len(prefix):]
+        return name
+
+    def _mrope_section(self):
+        """The published split of the rotary pairs over (text, height, width) positions,
+        [11, 11, 10] of 32, scaled to this rotary width (a text model uses only the first)."""
+        half = self.rotary_dim // 2
+        width = half // 3
+        height = (half - width) // 2
+        return [half - height - width, height, width]
 
     @staticmethod
     def from_hf(d):
@@ -496,7 +518,12 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(cfg.hidden_size, nv, bias=False)
         self.in_proj_a = nn.Linear(cfg.hidden_size, nv, bias=False)
 
-    def forward(self, x, chunked=False):
+    def forward(self, x, chunked=None):
+        """chunked: the chunked form (default while training: a 512-token window is then
+        matrix products, not a token loop) or one token at a time (the default in eval mode,
+        the reference the engine's logits are checked against)."""
+        if chunked is None:
+            chunked = self.training
         b, t, _ = x.shape
         c = self.cfg
         mixed = F.silu(self.conv1d(self.in_proj_qkv(x).transpose(1, 2))[:, :, :t]).transpose(1, 2)
@@ -681,17 +708,10 @@ class MoeForCausalLM(nn.Module):
             out[p + "down_proj"] = torch.stack([sd.pop(p + f"{e}.down_proj.weight")
                                                 for e in range(n)])
         out.update(sd)
-        if self.cfg.model_type == "qwen3_5_moe":
-            out = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
-                   for k, v in out.items()}
-        return out
+        return {self.cfg.checkpoint_name(k): v for k, v in out.items()}
 
     def load_export(self, tensors):
-        tensors = dict(tensors)
-        if self.cfg.model_type == "qwen3_5_moe":
-            tensors = {("model." + k[len("model.language_model."):]
-                        if k.startswith("model.language_model.") else k): v
-                       for k, v in tensors.items()}
+        tensors = {self.cfg.module_name(k): v for k, v in tensors.items()}
         if self.cfg.hybrid:
             inter = self.cfg.moe_intermediate_size
             for l in range(self.cfg.num_hidden_layers):

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Writes a shipped model's README.md (the model card) from the measured numbers:
 eval/metrics.json (export.py), eval/split.json (prepare_data.py) and the training log.
-models/tiny-moe (Mixtral layout) and models/tiny-fg-moe (Qwen2-MoE layout, fine-grained) each
-have their card; the config's model_type picks which."""
+models/tiny-moe (Mixtral layout), models/tiny-fg-moe (Qwen2-MoE layout, fine-grained) and
+models/tiny-hybrid-moe (Qwen3.5-MoE layout, Gated DeltaNet hybrid) each have their card; the
+config's model_type picks which."""
 import argparse
 import json
 import math
@@ -26,7 +27,10 @@ DATA_SECTION = """## Data
 
 
 def fine_grained_card(args, m, split, cfg, log):
-    """The card of the fine-grained Qwen2-MoE-layout model (one training stage)."""
+    """The card of a fine-grained model trained in one stage: the Qwen2-MoE-layout tiny-fg-moe
+    or the Qwen3.5-MoE-layout hybrid tiny-hybrid-moe (its keys in text_config)."""
+    hybrid = cfg["model_type"] == "qwen3_5_moe"
+    t = cfg.get("text_config", cfg)
     a, start = log["args"], log["start"]
     tokens_per_step = a["accum"] * a["batch"] * a["seq"]
     step = m["step"]
@@ -45,49 +49,99 @@ def fine_grained_card(args, m, split, cfg, log):
                     f"{r['pairs_never_used']} | {r['distinct_sets']:,} | "
                     f"{r['tokens_in_repeated_sets_share']:.3f} | {r['top100_sets_share']:.3f} | "
                     f"{r['leading_pair_weight_share']:.3f} |")
-    e, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    e, k = t["num_experts"], t["num_experts_per_tok"]
     pairs = e * (e - 1) // 2
     tokens = m["routing_test_split"][0]["tokens"]
     weight_bytes = os.path.getsize(os.path.join(args.model_dir, "model.safetensors"))
-    return f"""# {name}
-
-A small fine-grained Mixture-of-Experts language model in the Qwen2-MoE layout (64 routed
+    common_rows = f"""| hidden size | {t['hidden_size']} |
+| routed experts | {e} per layer, top-{k} softmax router, `norm_topk_prob: {str(t['norm_topk_prob'] if 'norm_topk_prob' in t else True).lower()}`, SwiGLU gate/up/down, expert hidden {t['moe_intermediate_size']} (`moe_intermediate_size`) |
+| shared expert | one per layer, SwiGLU of hidden {t['shared_expert_intermediate_size']}, added to every token's routed output scaled by `sigmoid(shared_expert_gate(x))` |
+| context | {t['max_position_embeddings']} tokens (trained at 512) |
+| vocabulary | {t['vocab_size']} (SentencePiece BPE, `tiny-moe`'s tokenizer, byte for byte) |
+| lm_head | {'tied' if cfg['tie_word_embeddings'] else 'untied'} |
+| parameters | {m['params_total']:,} total, {m['params_active']:,} active per token |
+| weights | `model.safetensors`, bf16, {weight_bytes:,} bytes |"""
+    if not hybrid:
+        intro = """A small fine-grained Mixture-of-Experts language model in the Qwen2-MoE layout (64 routed
 experts, top-8, plus an always-on shared expert in every layer), trained from scratch on the
 Brown corpus with the same split and tokenizer as `tiny-moe`. Tandem ships it as the
 fine-grained counterpart of `tiny-moe`: the regime of Qwen3-30B-A3B, DeepSeek-MoE and the
 phase-decoupled pruning paper's backbone (many small routed experts, a shared expert), at a
 size that trains on two CPU cores. It loads wherever `Qwen2MoeForCausalLM` loads (Hugging Face
 layout, standard tensor names, bf16 safetensors). A research and testing artifact: it writes
-fluent-looking but often meaningless English.
+fluent-looking but often meaningless English."""
+        arch = f"""| architecture | `Qwen2MoeForCausalLM` (`model_type: qwen2_moe`) |
+| layers | {cfg['num_hidden_layers']}, every one sparse (`decoder_sparse_step` {cfg['decoder_sparse_step']}, no `mlp_only_layers`) |
+| attention | {cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads (GQA), head dim {cfg['head_dim']}, q/k/v bias, RoPE `rotate_half`, theta {cfg['rope_theta']:g} |
+{common_rows}"""
+        beside = """Beside `tiny-moe` (16 experts of 384, top-2, 24,990,144 parameters, 6,410,688 active): the
+same attention and embedding, each of `tiny-moe`'s experts cut into four (64 of 96), eight
+routed per token (the same routed width per token, 768, as `tiny-moe`'s two of 384), plus a
+shared expert of 384 on every token.
+
+"""
+        command = "tools/train/train_fine_grained.sh"
+        stop = (f"the\n  run was stopped at step {log['last_step']} to fit the session it was "
+                f"trained in, once its validation\n  perplexity had passed `tiny-moe`'s. "
+                f"`train_fine_grained.sh` stops at the same step\n  (`--stop-at-step {m['step']}`); "
+                f"the full schedule would do better.")
+        hardware = "Intel Xeon, KVM"
+        peers = [("tiny-moe", 182.13, 177.85)]
+        results_note = ""
+    else:
+        types = t["layer_types"]
+        linear = [i for i, x in enumerate(types) if x == "linear_attention"]
+        full = [i for i, x in enumerate(types) if x == "full_attention"]
+        rope = t["rope_parameters"]
+        head_dim = t["head_dim"]
+        intro = """A small hybrid Mixture-of-Experts language model in the Qwen3.5/Qwen3.6-MoE layout (the
+phase-decoupled pruning method's published backbone): three of every four layers are Gated
+DeltaNet (linear attention with a fixed-size recurrent state per sequence), the fourth gated
+full attention, and every layer an MoE of 64 routed experts (top-8) plus a gated shared expert.
+Trained from scratch on the Brown corpus with the same split and tokenizer as `tiny-moe`.
+Stored as published: `Qwen3_5MoeForConditionalGeneration` with the text model's keys in
+`text_config` and its tensors under `model.language_model.`, experts stacked per layer
+(`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`), bf16 safetensors. A research and testing
+artifact: it writes fluent-looking but often meaningless English."""
+        arch = f"""| architecture | `Qwen3_5MoeForConditionalGeneration` (`model_type: qwen3_5_moe`, text model `qwen3_5_moe_text`) |
+| layers | {t['num_hidden_layers']}: Gated DeltaNet at {', '.join(map(str, linear))}, gated full attention at {', '.join(map(str, full))}; every one an MoE |
+| Gated DeltaNet | {t['linear_num_key_heads']} key heads of {t['linear_key_head_dim']}, {t['linear_num_value_heads']} value heads of {t['linear_value_head_dim']}, causal depthwise conv kernel {t['linear_conv_kernel_dim']} (SiLU), state float32 (`mamba_ssm_dtype`), output `out_proj(RMSNorm(o) * silu(z))` |
+| attention | {t['num_attention_heads']} heads, {t['num_key_value_heads']} KV heads (GQA), head dim {head_dim}, `q_proj` emitting `[q | gate]` (output scaled by `sigmoid(gate)`), q/k RMSNorm, RoPE on the first {int(head_dim * rope['partial_rotary_factor'])} of each head (`partial_rotary_factor` {rope['partial_rotary_factor']}), theta {rope['rope_theta']:g} |
+| norms | RMSNorm centred on zero (`1 + w`) everywhere but the DeltaNet's output norm |
+{common_rows}"""
+        beside = ""
+        command = "tools/train/train_hybrid.sh"
+        stop = (f"the\n  run stopped at step {log['steps_run']} of the {a['steps']}-step schedule after "
+                f"`--max-minutes {a['max_minutes']:g}`,\n  the time the session it was trained in "
+                f"could give it; the full schedule would do better."
+                if log["steps_run"] < a["steps"] else "the schedule's last step.")
+        hardware = "AMD EPYC Zen 3, KVM"
+        peers = [("tiny-moe", 182.13, 177.85), ("tiny-fg-moe", 159.32, 153.80)]
+        results_note = (f"\n\nIt saw {step * tokens_per_step / 1e6:.1f}M training tokens, against "
+                        "`tiny-fg-moe`'s 3.4M (825 steps\nof a 1,100-step schedule) and "
+                        "`tiny-moe`'s 4.3M: the perplexities compare training budgets,\nnot the "
+                        "architectures.")
+    peer_head = "".join(f" `{p}` |" for p, _, _ in peers)
+    peer_rule = "---|" * len(peers)
+    valid_peers = "".join(f" {v:.2f} |" for _, v, _ in peers)
+    test_peers = "".join(f" {x:.2f} |" for _, _, x in peers)
+    return f"""# {name}
+
+{intro}
 
 ## Architecture
 
 | field | value |
 |---|---|
-| architecture | `Qwen2MoeForCausalLM` (`model_type: qwen2_moe`) |
-| layers | {cfg['num_hidden_layers']}, every one sparse (`decoder_sparse_step` {cfg['decoder_sparse_step']}, no `mlp_only_layers`) |
-| hidden size | {cfg['hidden_size']} |
-| attention | {cfg['num_attention_heads']} heads, {cfg['num_key_value_heads']} KV heads (GQA), head dim {cfg['head_dim']}, q/k/v bias, RoPE `rotate_half`, theta {cfg['rope_theta']:g} |
-| routed experts | {e} per layer, top-{k} softmax router, `norm_topk_prob: {str(cfg['norm_topk_prob']).lower()}`, SwiGLU gate/up/down, expert hidden {cfg['moe_intermediate_size']} (`moe_intermediate_size`) |
-| shared expert | one per layer, SwiGLU of hidden {cfg['shared_expert_intermediate_size']}, added to every token's routed output scaled by `sigmoid(shared_expert_gate(x))` |
-| context | {cfg['max_position_embeddings']} tokens (trained at 512) |
-| vocabulary | {cfg['vocab_size']} (SentencePiece BPE, `tiny-moe`'s tokenizer, byte for byte) |
-| lm_head | {'tied' if cfg['tie_word_embeddings'] else 'untied'} |
-| parameters | {m['params_total']:,} total, {m['params_active']:,} active per token |
-| weights | `model.safetensors`, bf16, {weight_bytes:,} bytes |
+{arch}
 
-Beside `tiny-moe` (16 experts of 384, top-2, 24,990,144 parameters, 6,410,688 active): the
-same attention and embedding, each of `tiny-moe`'s experts cut into four (64 of 96), eight
-routed per token (the same routed width per token, 768, as `tiny-moe`'s two of 384), plus a
-shared expert of 384 on every token.
-
-{data}- Tokenizer: `tiny-moe`'s (SentencePiece BPE, 8192 pieces, byte fallback, digits split, unk=0
+{beside}{data}- Tokenizer: `tiny-moe`'s (SentencePiece BPE, 8192 pieces, byte fallback, digits split, unk=0
   bos=1 eos=2, trained on the train split only), copied, so the two models score the same
   tokens. Every training and evaluation window starts with BOS (`add_bos_token: true`).
 
 ## Training
 
-- Command (from the repository root): `tools/train/train_fine_grained.sh` (set-up, data, the
+- Command (from the repository root): `{command}` (set-up, data, the
   shared tokenizer, training, export, model card, golden references).
 - AdamW (betas 0.9/0.95, weight decay {a['weight_decay']}), peak learning rate {a['lr']},
   {a['warmup']} warm-up steps then a cosine schedule over {a['steps']} steps down to 2% of peak;
@@ -95,15 +149,12 @@ shared expert of 384 on every token.
   residual dropout {a['dropout']} (training only); float32; seed {a['seed']}.
 - **The shipped checkpoint is step {m['step']}'s** ({m['step'] * tokens_per_step:,} training
   tokens, {m['step'] * tokens_per_step / start['train_tokens']:.1f} epochs of {start['train_tokens']:,}),
-  with the learning rate still at {lr_at_ckpt:.1e} ({100 * lr_at_ckpt / a['lr']:.0f}% of peak): the
-  run was stopped at step {log['last_step']} to fit the session it was trained in, once its validation
-  perplexity had passed `tiny-moe`'s. `train_fine_grained.sh` stops at the same step
-  (`--stop-at-step {m['step']}`); the full schedule would do better.
+  with the learning rate still at {lr_at_ckpt:.1e} ({100 * lr_at_ckpt / a['lr']:.0f}% of peak): {stop}
 - Load balancing **per layer** from the start (Hugging Face's `load_balancing_loss_func`
   applied to each layer's router logits and averaged, coefficient {a['aux_coef']}): `tiny-moe`
   showed that the usual loss over all layers' logits concatenated lets each layer collapse onto
   a few experts.
-- Hardware and time: 2 CPU cores (Intel Xeon, KVM), PyTorch {m.get('torch_version', '1.13')} from
+- Hardware and time: 2 CPU cores ({hardware}), PyTorch {m.get('torch_version', '1.13')} from
   Debian; {m['train_elapsed_s'] / 60:.0f} minutes to step {m['step']} ({log['tok_s']} tokens/s on average,
   shared with other work on the machine), started {start['start']} UTC. Tokens are grouped per expert (no dense
   all-expert compute).
@@ -113,10 +164,10 @@ shared expert of 384 on every token.
 
 ## Results (shipped bf16 weights, float32 compute)
 
-| split | tokens scored | perplexity | `tiny-moe` |
-|---|---|---|---|
-| validation | {m['valid']['tokens']:,} | {m['valid']['perplexity']:.2f} | 182.13 |
-| test | {m['test']['tokens']:,} | {m['test']['perplexity']:.2f} | 177.85 |
+| split | tokens scored | perplexity |{peer_head}
+|---|---|---|{peer_rule}
+| validation | {m['valid']['tokens']:,} | {m['valid']['perplexity']:.2f} |{valid_peers}
+| test | {m['test']['tokens']:,} | {m['test']['perplexity']:.2f} |{test_peers}{results_note}
 
 Evaluation protocol (`tools/train/data.py`): each document is encoded, EOS appended, cut into
 chunks of at most 511 tokens, and each chunk is scored as input `[BOS] + chunk`; every token
@@ -182,7 +233,7 @@ def main():
                 "tokens": steps_run * start["args"]["accum"] * start["args"]["batch"]
                           * start["args"]["seq"]}
 
-    if cfg["model_type"] == "qwen2_moe":
+    if cfg["model_type"] in ("qwen2_moe", "qwen3_5_moe"):
         card = fine_grained_card(args, m, split, cfg, read_log(args.train_log))
         with open(os.path.join(args.model_dir, "README.md"), "w") as f:
             f.write(card)
