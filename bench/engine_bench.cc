@@ -64,6 +64,10 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of dummy weights, routing and token ids.");
 ABSL_FLAG(std::string, kernels, "auto",
           "Kernel level: auto (the fastest this CPU has), exact (float32 activations), or a "
           "level's name (reference, avx2, avx512, avx512vnni, avx512bf16).");
+ABSL_FLAG(std::string, prefill_contrast, "attention_by_query",
+          "The prefill table's last row, for contrast: attention_by_query (the full pool with "
+          "attention one query at a time), delta_net_by_token (a hybrid's Gated DeltaNet one "
+          "token at a time instead of in chunks of 64), or none.");
 ABSL_FLAG(std::string, keep, "",
           "Pruned decoders to compare, as experts retained per layer, e.g. 4,2 (of 8).");
 
@@ -131,6 +135,22 @@ void CausalOneQueryAtATime(const float* q, int m, int num_heads, const kernels::
                            float* out, float* lse) {
   kernels::CausalAttentionByQuery(g_per_query_base->paged_attention, q, m, num_heads, kv,
                                   first_position, context_begin, context_end, scale, out, lse);
+}
+
+// Backend::gated_delta over a prompt as one token at a time: the recurrence decode runs,
+// before prompts ran in chunks (issue #33). The prefill table sets it beside the chunked form.
+void GatedDeltaByToken(const kernels::GatedDeltaHead& head) {
+  kernels::GatedDeltaHead one = head;
+  one.m = 1;
+  for (int t = 0; t < head.m; ++t) {
+    g_per_query_base->gated_delta(one);
+    one.q += one.qk_stride;
+    one.k += one.qk_stride;
+    one.v += one.v_stride;
+    one.g += one.gb_stride;
+    one.beta += one.gb_stride;
+    one.out += one.out_stride;
+  }
 }
 
 int Run() {
@@ -217,7 +237,16 @@ int Run() {
   ForwardPass& fwd = **forward;
   g_per_query_base = &k::ActiveBackend();
   static kernels::Backend per_query_backend = k::ActiveBackend();
-  per_query_backend.causal_attention = CausalOneQueryAtATime;
+  const std::string contrast = absl::GetFlag(FLAGS_prefill_contrast);
+  if (contrast == "attention_by_query") {
+    per_query_backend.causal_attention = CausalOneQueryAtATime;
+  } else if (contrast == "delta_net_by_token") {
+    per_query_backend.gated_delta = GatedDeltaByToken;
+  } else if (contrast != "none") {
+    std::cerr << "tandem_engine_bench: --prefill_contrast=" << contrast
+              << " is not attention_by_query, delta_net_by_token or none\n";
+    return 2;
+  }
   auto per_query = ForwardPass::Create(weights->get(), pool->get(), &per_query_backend);
   if (!per_query.ok()) {
     std::cerr << "tandem_engine_bench: " << per_query.status() << "\n";
@@ -434,7 +463,7 @@ int Run() {
   // Prefill: one prompt in one step, logits of its last token; the full pool and each mask,
   // and the full pool with attention one query at a time (the last entry), interleaved over
   // --prefill_rounds rounds.
-  const size_t prefill_settings = settings.size() + 1;
+  const size_t prefill_settings = settings.size() + (contrast == "none" ? 0 : 1);
   std::vector<std::vector<double>> prefill_times(prefill_settings);
   std::vector<double> prefill_bytes(prefill_settings), prefill_flops(prefill_settings);
   std::vector<double> prefill_attention_s(prefill_settings);  // the last round's
@@ -503,9 +532,12 @@ int Run() {
       prefill_tokens, prefill_times[0].size());
   for (size_t k = 0; k < prefill_settings; ++k) {
     const double prefill_s = Median(prefill_times[k]);
-    const std::string name = k == 0                 ? "full pool (Tandem's prefill)"
-                             : k == settings.size() ? "full pool, attention one query at a time"
-                                                    : settings[k].name;
+    const std::string name =
+        k == 0 ? "full pool (Tandem's prefill)"
+        : k == settings.size()
+            ? (contrast == "attention_by_query" ? "full pool, attention one query at a time"
+                                                : "full pool, DeltaNet one token at a time")
+            : settings[k].name;
     std::printf("| %s | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f |\n", name.c_str(), prefill_s * 1e3,
                 prefill_tokens / prefill_s, prefill_attention_s[k] * 1e3,
                 prefill_flops[k] / prefill_s / 1e9, prefill_bytes[k] / 1e6,

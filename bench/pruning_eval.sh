@@ -12,7 +12,7 @@ out=${1:-build/pruning-eval}
 model=${2:-models/tiny-moe}
 keeps=${3:-12 8 4}
 mkdir -p "$out"
-experts=$(jq '.num_local_experts // .num_experts' "$model/config.json")
+experts=$(jq '.num_local_experts // .num_experts // .text_config.num_experts' "$model/config.json")
 for criterion in frequency mass ean reap; do
   for keep in $keeps; do
     echo "== $criterion $keep"
