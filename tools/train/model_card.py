@@ -88,6 +88,7 @@ shared expert of 384 on every token.
         hardware = "Intel Xeon, KVM"
         peers = [("tiny-moe", 182.13, 177.85)]
         results_note = ""
+        distill_files = ""
     else:
         types = t["layer_types"]
         linear = [i for i, x in enumerate(types) if x == "linear_attention"]
@@ -117,6 +118,8 @@ artifact: it writes fluent-looking but often meaningless English."""
                 if log["steps_run"] < a["steps"] else "the schedule's last step.")
         hardware = "AMD EPYC Zen 3, KVM"
         peers = [("tiny-moe", 182.13, 177.85), ("tiny-fg-moe", 159.32, 153.80)]
+        distill_files = (",\n`distill/` (decoder overlays distilled for the REAP keep-32 plan, "
+                         "`docs/distillation.md`)")
         results_note = (f"\n\nIt saw {step * tokens_per_step / 1e6:.1f}M training tokens, against "
                         "`tiny-fg-moe`'s 3.4M (825 steps\nof a 1,100-step schedule) and "
                         "`tiny-moe`'s 4.3M: the perplexities compare training budgets,\nnot the "
@@ -200,7 +203,7 @@ of the tokens share their exact set with another test token.
 `config.json`, `model.safetensors`, `tokenizer.model`, `tokenizer_config.json` (with
 `tiny-moe`'s quoted-dialogue chat template), `generation_config.json`, `eval/`
 (split, validation and test text, the 96 generation prompts, measured metrics), `pruning/`
-(calibration statistics on the validation split and the shipped plans, `docs/pruning.md`).
+(calibration statistics on the validation split and the shipped plans, `docs/pruning.md`){distill_files}.
 """
 
 

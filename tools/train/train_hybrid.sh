@@ -4,7 +4,8 @@
 # documents), takes tiny-moe's tokenizer as it is shipped, trains the Qwen3.5-MoE-layout hybrid
 # of tools/train/configs/tiny-hybrid-moe.json (Gated DeltaNet in three of every four layers,
 # 64 experts top-8 and a gated shared expert; the DeltaNet in its chunked form while training),
-# exports, measures, writes the model card and the golden references.
+# exports, measures, writes the model card and the golden references, then (from a build)
+# the calibration, the plans and the decoder overlays.
 # Scratch files go to $TANDEM_TRAIN_WORK (default: build/train-work-hybrid); nothing there is
 # committed.
 set -euo pipefail
@@ -35,3 +36,8 @@ for criterion in frequency mass ean reap; do
       --criterion "$criterion" --keep "$keep" --out "$model/pruning/$criterion-keep$keep.json"
   done
 done
+# The shipped decoder overlays (docs/distillation.md) and the golden reference of one.
+TANDEM_TRAIN_TEXT="$work/train.txt" tools/train/distill_all.sh "$model" reap 32 100
+$py tools/train/overlay_golden.py --model-dir "$model" --plan "$model/pruning/reap-keep32.json" \
+  --overlay "$model/distill/reap-keep32-handoff.safetensors" \
+  --out tests/golden/distill/tiny-hybrid-moe-reap-keep32

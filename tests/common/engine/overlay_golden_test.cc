@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <fstream>
 #include <iostream>
+#include <vector>
 
 #include "common/engine/forward.h"
 #include "common/engine/overlay.h"
@@ -52,9 +54,8 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
   auto overlay = LoadDecoderOverlay(root + golden["overlay"].get<std::string>(),
                                     *testing::OpenModelDir(model_dir), **weights, plan);
   ASSERT_TRUE(overlay.ok()) << overlay.status();
-  KvCacheConfig kv{static_cast<int>(c.num_hidden_layers), static_cast<int>(c.num_key_value_heads),
-                   static_cast<int>(c.head_dim), /*block_size=*/8, /*num_blocks=*/24};
-  auto pool = KvBlockPool::Create(kv);
+  auto pool = KvBlockPool::Create(KvCacheConfigFor(c, /*block_size=*/8, /*num_blocks=*/24,
+                                                   kernels::KvDtype::kF32, /*max_sequences=*/3));
   ASSERT_TRUE(pool.ok());
   auto forward = ForwardPass::Create(weights->get(), pool->get());
   ASSERT_TRUE(forward.ok());
@@ -86,6 +87,12 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
   // Handoff: the full prefill's KV, then the distilled decoder over the rest in one chunk.
   StepInput prefill{absl::MakeConstSpan(ids).subspan(0, split), 0, &table, LogitRows::kNone};
   ASSERT_TRUE((*forward)->Step({&prefill, 1}, full, &logits).ok());
+  // A recurrent model's state after the prefill, for running the decode part again below.
+  std::vector<std::byte> prefill_state;
+  if (table.state_slot() >= 0) {
+    const std::byte* state = (*pool)->state(table.state_slot());
+    prefill_state.assign(state, state + (*pool)->config().state_bytes);
+  }
   StepInput decode{absl::MakeConstSpan(ids).subspan(split), split, &table, LogitRows::kAll};
   ASSERT_TRUE((*forward)->Step({&decode, 1}, distilled, &logits).ok());
   compare(logits[0], "handoff_logits.npy", n - split);
@@ -94,6 +101,9 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
   BlockTable other_before, other_after;
   ASSERT_TRUE(other_before.Reserve(pool->get(), split).ok());
   ASSERT_TRUE(other_after.Reserve(pool->get(), split).ok());
+  if (!prefill_state.empty()) {
+    std::copy(prefill_state.begin(), prefill_state.end(), (*pool)->state(table.state_slot()));
+  }
   const auto prompt = absl::MakeConstSpan(ids).subspan(0, split);
   StepInput mixed[] = {
       {prompt, 0, &other_before, LogitRows::kLast, &full},
@@ -112,7 +122,8 @@ TEST_P(OverlayGoldenTest, DistilledDecoderMatchesThePyTorchStudent) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, OverlayGoldenTest,
-                         ::testing::Values("tiny-moe-reap-keep8", "tiny-fg-moe-reap-keep32"),
+                         ::testing::Values("tiny-moe-reap-keep8", "tiny-fg-moe-reap-keep32",
+                                           "tiny-hybrid-moe-reap-keep32"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
