@@ -120,39 +120,13 @@ TEST_F(FineGrainedClusterTest, FullDisaggregatedClusterGivesTheReferencesGreedyT
 }
 
 TEST_F(FineGrainedClusterTest, PrunedDecoderEqualsColocatedPhaseAwareServing) {
-  const std::string plan = "--plan=" + model_dir_ + "/pruning/reap-keep32.json";
-  std::vector<std::vector<int32_t>> disaggregated, colocated;
-  double decode_experts = -1, decode_bytes = -1, serve_bytes = -1;
-  {
-    testing::ServiceSet set(model_dir_);
-    auto cluster = StartCluster(set, {plan});
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    auto client = testing::ConnectClient(cluster->gateway);
-    ASSERT_NE(client, nullptr);
-    disaggregated = GenerateAll(client.get());
-    decode_experts = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
-    decode_bytes = MetricValue(cluster->decode.http_port, "tandem_expert_weight_bytes");
-  }
-  {
-    testing::ServiceSet set(model_dir_);
-    auto serve = set.Start("tandem-serve", {plan});
-    ASSERT_TRUE(serve.ok()) << serve.status();
-    auto client = testing::ConnectClient(*serve);
-    ASSERT_NE(client, nullptr);
-    colocated = GenerateAll(client.get());
-    serve_bytes = MetricValue(serve->http_port, "tandem_expert_weight_bytes");
-  }
-  int differ_from_full = 0;
-  for (size_t k = 0; k < colocated.size(); ++k) {
-    ASSERT_EQ(colocated[k].size(), static_cast<size_t>(kTokens)) << "prompt " << k;
-    EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
-    EXPECT_EQ(colocated[k][0], Reference(k)[0]) << "prompt " << k;  // from the full prefill
-    differ_from_full += colocated[k] != Reference(k);
-  }
-  EXPECT_GT(differ_from_full, 0) << "the plan changed no continuation";
-  EXPECT_EQ(decode_experts, 6 * 32);  // 32 of 64 routed experts in each of 6 layers
-  EXPECT_GT(decode_bytes, 0);
-  EXPECT_EQ(decode_bytes * 2, serve_bytes);  // the shared experts are not routed experts
+  const testing::PlanServing runs = testing::ServePlanBothWays(
+      model_dir_, manifest_, kTokens, "--plan=" + model_dir_ + "/pruning/reap-keep32.json",
+      {"--kv_blocks=160"});
+  testing::ExpectPrunedDecoderEqualsColocated(runs, manifest_, kTokens);
+  EXPECT_EQ(runs.decode_experts, 6 * 32);  // 32 of 64 routed experts in each of 6 layers
+  EXPECT_GT(runs.decode_bytes, 0);
+  EXPECT_EQ(runs.decode_bytes * 2, runs.serve_bytes);  // the shared experts are not routed
 }
 
 TEST_F(FineGrainedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentMixedWidth) {

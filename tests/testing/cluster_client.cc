@@ -55,6 +55,53 @@ std::vector<std::vector<int32_t>> ColocatedContinuations(
   return GreedyContinuations(client.get(), manifest, max_tokens);
 }
 
+PlanServing ServePlanBothWays(const std::string& model_dir, const nlohmann::json& manifest,
+                              int max_tokens, const std::string& plan_flag,
+                              std::vector<std::string> decode_flags) {
+  PlanServing runs;
+  decode_flags.push_back(plan_flag);
+  {
+    ServiceSet set(model_dir);
+    auto cluster = set.StartCluster({}, decode_flags);
+    if (!cluster.ok()) {
+      ADD_FAILURE() << cluster.status();
+      return runs;
+    }
+    auto client = ConnectClient(cluster->gateway);
+    if (client == nullptr) return runs;
+    runs.disaggregated = GreedyContinuations(client.get(), manifest, max_tokens);
+    runs.decode_experts = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
+    runs.decode_bytes = MetricValue(cluster->decode.http_port, "tandem_expert_weight_bytes");
+  }
+  ServiceSet set(model_dir);
+  auto serve = set.Start("tandem-serve", {plan_flag});
+  if (!serve.ok()) {
+    ADD_FAILURE() << serve.status();
+    return runs;
+  }
+  auto client = ConnectClient(*serve);
+  if (client == nullptr) return runs;
+  runs.colocated = GreedyContinuations(client.get(), manifest, max_tokens);
+  runs.serve_bytes = MetricValue(serve->http_port, "tandem_expert_weight_bytes");
+  return runs;
+}
+
+void ExpectPrunedDecoderEqualsColocated(const PlanServing& runs, const nlohmann::json& manifest,
+                                        int tokens) {
+  ASSERT_EQ(runs.colocated.size(), manifest["prompts"].size());
+  ASSERT_EQ(runs.disaggregated.size(), runs.colocated.size());
+  int differ_from_full = 0;
+  for (size_t k = 0; k < runs.colocated.size(); ++k) {
+    auto reference = manifest["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
+    if (reference.size() > static_cast<size_t>(tokens)) reference.resize(tokens);
+    ASSERT_EQ(runs.colocated[k].size(), static_cast<size_t>(tokens)) << "prompt " << k;
+    EXPECT_EQ(runs.disaggregated[k], runs.colocated[k]) << "prompt " << k;
+    EXPECT_EQ(runs.colocated[k][0], reference[0]) << "prompt " << k;  // from the full prefill
+    differ_from_full += runs.colocated[k] != reference;
+  }
+  EXPECT_GT(differ_from_full, 0) << "the plan changed no continuation";
+}
+
 void ExpectSameContinuations(const std::vector<std::vector<int32_t>>& got,
                              const std::vector<std::vector<int32_t>>& want, int tokens) {
   ASSERT_EQ(got.size(), want.size());

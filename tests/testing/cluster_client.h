@@ -31,6 +31,23 @@ std::vector<std::vector<int32_t>> ColocatedContinuations(
     const std::string& model_dir, const std::vector<std::string>& serve_flags,
     const nlohmann::json& manifest, int max_tokens);
 
+// A pruning plan served both ways on the golden prompts: a cluster whose decoder runs
+// `plan_flag` (--plan=FILE, with `decode_flags`) fed by a full prefill, then colocated
+// tandem-serve with the same plan; their greedy continuations of `max_tokens`, the decoder's
+// tandem_experts_resident and tandem_expert_weight_bytes and tandem-serve's weight bytes.
+struct PlanServing {
+  std::vector<std::vector<int32_t>> disaggregated, colocated;
+  double decode_experts = -1, decode_bytes = -1, serve_bytes = -1;
+};
+PlanServing ServePlanBothWays(const std::string& model_dir, const nlohmann::json& manifest,
+                              int max_tokens, const std::string& plan_flag,
+                              std::vector<std::string> decode_flags = {});
+// Expects the two to give the same tokens on every prompt, `tokens` of them, each starting
+// with the reference's first token (the full prefill's), and the plan to change at least one
+// continuation from the reference's.
+void ExpectPrunedDecoderEqualsColocated(const PlanServing& runs, const nlohmann::json& manifest,
+                                        int tokens);
+
 // Expects `got` to equal `want` prompt for prompt, each `want` of `tokens` tokens.
 void ExpectSameContinuations(const std::vector<std::vector<int32_t>>& got,
                              const std::vector<std::vector<int32_t>>& want, int tokens);
