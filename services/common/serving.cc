@@ -120,6 +120,7 @@ engine::EngineLoop::StepObserver WithPrefixCacheMetrics(engine::EngineLoop::Step
     const engine::KvBlockPool::PrefixCacheStats stats = pool->prefix_cache_stats();
     metrics->cached_blocks->Set(stats.cached_blocks);
     metrics->evictable_blocks->Set(stats.evictable_blocks);
+    metrics->state_blocks->Set(stats.state_snapshots);
     metrics->evictions->Increment(static_cast<double>(stats.evictions - *evictions));
     *evictions = stats.evictions;
   };

@@ -113,10 +113,12 @@ PrefixCacheMetrics::PrefixCacheMetrics(metrics::Registry* r) {
                                    "Tokens whose KV came from the prefix cache (not computed)."))
                     ->Add({});
   auto* blocks = Must(r->AddGauge("tandem_prefix_cache_blocks",
-                                  "KV blocks in the prefix cache: cached (all published blocks) "
-                                  "and evictable (published, held by no sequence)."));
+                                  "KV blocks in the prefix cache: cached (all published blocks), "
+                                  "evictable (published, held by no sequence) and with_state "
+                                  "(holding a recurrent model's state snapshot)."));
   cached_blocks = &blocks->Add(metrics::Labels{{"state", "cached"}});
   evictable_blocks = &blocks->Add(metrics::Labels{{"state", "evictable"}});
+  state_blocks = &blocks->Add(metrics::Labels{{"state", "with_state"}});
   evictions = &Must(r->AddCounter("tandem_prefix_cache_evictions_total",
                                   "Cached blocks taken back for other KV."))
                    ->Add({});

@@ -64,6 +64,7 @@ struct PrefixCacheMetrics {
   metrics::Counter* hit_tokens;      // tandem_prefix_cache_hit_tokens_total
   metrics::Gauge* cached_blocks;     // tandem_prefix_cache_blocks{state="cached"}
   metrics::Gauge* evictable_blocks;  // tandem_prefix_cache_blocks{state="evictable"}
+  metrics::Gauge* state_blocks;      // tandem_prefix_cache_blocks{state="with_state"}
   metrics::Counter* evictions;       // tandem_prefix_cache_evictions_total
 };
 

@@ -1,7 +1,8 @@
 // The shipped hybrid model (models/tiny-hybrid-moe: Qwen3.5-MoE layout, Gated DeltaNet in three
 // of every four layers, 64 routed experts top-8 and a gated shared expert) through real
 // processes: a full disaggregated cluster, whose handoff carries each sequence's recurrent state
-// with its KV blocks, gives the PyTorch reference's greedy tokens; a pruned decoder (REAP keep 32
+// with its KV blocks, gives the PyTorch reference's greedy tokens, again from the prefix cache's
+// state snapshots when the prompts repeat; a pruned decoder (REAP keep 32
 // of 64) fed by a full prefill equals colocated tandem-serve --plan token for token and holds
 // half the routed experts.
 #include <gtest/gtest.h>
@@ -57,6 +58,13 @@ TEST_F(HybridClusterTest, FullDisaggregatedClusterGivesTheReferencesGreedyTokens
   // (3 x 384 floats) and a state (4 heads x 48 x 48 floats), 248,832 bytes a sequence.
   EXPECT_GE(MetricValue(cluster->prefill.http_port, "tandem_kv_transfer_bytes_total"),
             248832.0 * static_cast<double>(generated.size()));
+  // The long prompt's blocks stayed cached with the state at its last block boundary: asked
+  // again, the prefill resumes there and the tokens are the same.
+  const int port = cluster->prefill.http_port;
+  EXPECT_GT(MetricValue(port, "tandem_prefix_cache_blocks", "state=\"with_state\""), 0);
+  const double hits = MetricValue(port, "tandem_prefix_cache_hit_tokens_total");
+  EXPECT_EQ(GenerateAll(client.get()), generated);
+  EXPECT_GT(MetricValue(port, "tandem_prefix_cache_hit_tokens_total"), hits);
 }
 
 TEST_F(HybridClusterTest, PrunedDecoderEqualsColocatedPhaseAwareServing) {
