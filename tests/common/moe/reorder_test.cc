@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <utility>
 
@@ -138,7 +139,8 @@ TEST(ReorderCheckpointTest, FunctionIdenticalAtFullWidthAndImportantNeuronsFirst
 TEST(ReorderCheckpointTest, StackedExpertsAreWrittenOneTensorEach) {
   testing::UseExactKernels();
   const std::string dir = testing::SourceDir() + "/tests/golden/arch/qwen3_5_moe_hybrid";
-  const model::ModelConfig& config = testing::OpenModelDir(dir)->config();
+  const std::unique_ptr<model::ModelDir> model_dir = testing::OpenModelDir(dir);
+  const model::ModelConfig& config = model_dir->config();
   const int inter = static_cast<int>(config.intermediate_size);
   CalibrationStats stats;
   stats.text = "random importance";
