@@ -46,20 +46,13 @@ float ElementAsF32(const model::TensorView& view, int64_t i) {
   return 0.0f;
 }
 
-// A checkpoint tensor of `kind`, an expert's a view into its layer's stacked tensor where the
-// checkpoint stacks them.
-absl::StatusOr<model::TensorView> Get(
-    const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, TensorKind kind,
-    int layer = -1, int expert = -1, model::ExpertLayout layout = model::ExpertLayout::kPerExpert) {
-  return model::GetTensor(checkpoint, config, kind, layer, expert, layout);
-}
-
 // A linear layer's weight of `kind`: quantized where the config says so (levels and scales),
 // else packed bf16.
 absl::StatusOr<WeightMatrix> LoadWeight(
     const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, TensorKind kind,
     int layer = -1, int expert = -1, model::ExpertLayout layout = model::ExpertLayout::kPerExpert) {
-  ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer, expert, layout));
+  ASSIGN_OR_RETURN(model::TensorView view,
+                   model::GetTensor(checkpoint, config, kind, layer, expert, layout));
   if (!config.quantization.Quantizes(kind)) return WeightFromTensor(view);
   ASSIGN_OR_RETURN(model::TensorView scales, checkpoint.Get(model::ScaleTensorName(view.name)));
   return WeightFromQuantized(view, scales, config.quantization.bits,
@@ -69,21 +62,22 @@ absl::StatusOr<WeightMatrix> LoadWeight(
 absl::StatusOr<Bf16Matrix> LoadMatrix(const model::SafetensorsModel& checkpoint,
                                       const model::ModelConfig& config, TensorKind kind,
                                       int layer = -1, int expert = -1) {
-  ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer, expert));
+  ASSIGN_OR_RETURN(model::TensorView view,
+                   model::GetTensor(checkpoint, config, kind, layer, expert));
   return MatrixFromTensor(view);
 }
 
 absl::StatusOr<std::vector<float>> LoadVector(const model::SafetensorsModel& checkpoint,
                                               const model::ModelConfig& config, TensorKind kind,
                                               int layer = -1) {
-  ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer));
+  ASSIGN_OR_RETURN(model::TensorView view, model::GetTensor(checkpoint, config, kind, layer));
   return VectorFromTensor(view);
 }
 
 absl::StatusOr<std::vector<float>> LoadNorm(const model::SafetensorsModel& checkpoint,
                                             const model::ModelConfig& config, TensorKind kind,
                                             int layer = -1) {
-  ASSIGN_OR_RETURN(model::TensorView view, Get(checkpoint, config, kind, layer));
+  ASSIGN_OR_RETURN(model::TensorView view, model::GetTensor(checkpoint, config, kind, layer));
   return NormFromTensor(view, config);
 }
 

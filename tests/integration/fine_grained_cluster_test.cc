@@ -48,9 +48,7 @@ class FineGrainedClusterTest : public ::testing::Test {
   }
 
   std::vector<int32_t> Reference(size_t k) const {
-    auto ids = manifest_["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
-    if (ids.size() > kTokens) ids.resize(kTokens);
-    return ids;
+    return testing::ReferenceTokens(manifest_, k, kTokens);
   }
 
   // The decoder's expert metrics after a streamed run.

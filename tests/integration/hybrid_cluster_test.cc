@@ -35,9 +35,7 @@ class HybridClusterTest : public ::testing::Test {
   }
 
   std::vector<int32_t> Reference(size_t k) const {
-    auto ids = manifest_["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
-    if (ids.size() > kTokens) ids.resize(kTokens);
-    return ids;
+    return testing::ReferenceTokens(manifest_, k, kTokens);
   }
 
   std::string model_dir_;

@@ -55,6 +55,12 @@ std::vector<std::vector<int32_t>> ColocatedContinuations(
   return GreedyContinuations(client.get(), manifest, max_tokens);
 }
 
+std::vector<int32_t> ReferenceTokens(const nlohmann::json& manifest, size_t k, int max_tokens) {
+  auto ids = manifest["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
+  if (ids.size() > static_cast<size_t>(max_tokens)) ids.resize(max_tokens);
+  return ids;
+}
+
 PlanServing ServePlanBothWays(const std::string& model_dir, const nlohmann::json& manifest,
                               int max_tokens, const std::string& plan_flag,
                               std::vector<std::string> decode_flags) {
@@ -92,8 +98,7 @@ void ExpectPrunedDecoderEqualsColocated(const PlanServing& runs, const nlohmann:
   ASSERT_EQ(runs.disaggregated.size(), runs.colocated.size());
   int differ_from_full = 0;
   for (size_t k = 0; k < runs.colocated.size(); ++k) {
-    auto reference = manifest["prompts"][k]["greedy_token_ids"].get<std::vector<int32_t>>();
-    if (reference.size() > static_cast<size_t>(tokens)) reference.resize(tokens);
+    const std::vector<int32_t> reference = ReferenceTokens(manifest, k, tokens);
     ASSERT_EQ(runs.colocated[k].size(), static_cast<size_t>(tokens)) << "prompt " << k;
     EXPECT_EQ(runs.disaggregated[k], runs.colocated[k]) << "prompt " << k;
     EXPECT_EQ(runs.colocated[k][0], reference[0]) << "prompt " << k;  // from the full prefill

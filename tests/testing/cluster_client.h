@@ -18,6 +18,9 @@ std::unique_ptr<sdk::Client> ConnectClient(const Ports& ports);
 // tests/golden/MODEL/manifest.json: the golden prompts and the reference's greedy tokens.
 nlohmann::json LoadGoldenManifest(const std::string& model = "tiny-moe");
 
+// The reference's greedy tokens of golden prompt `k`, the first `max_tokens` of them.
+std::vector<int32_t> ReferenceTokens(const nlohmann::json& manifest, size_t k, int max_tokens);
+
 // The greedy continuation of at most `max_tokens` of every golden prompt of `manifest`,
 // through `client`, in the manifest's order (exactly `max_tokens` with `ignore_eos`); an empty
 // one (and a test failure) where a request failed.

@@ -54,13 +54,15 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
   ctx.Linear(ctx.h.data(), T, W.b.view(), b_.data(), /*exact=*/true);
   ctx.Linear(ctx.h.data(), T, W.a.view(), a_.data(), /*exact=*/true);
 
-  // beta and the decay's log in place of their inputs.
+  // beta and the decay's log in place of their inputs; -exp(A_log) once per head.
+  a_scale_.resize(nv);
+  for (int vh = 0; vh < nv; ++vh) a_scale_[vh] = -std::exp(W.a_log[vh]);
   for (int t = 0; t < T; ++t) {
     for (int vh = 0; vh < nv; ++vh) {
       float& b = b_[t * int64_t{nv} + vh];
       float& a = a_[t * int64_t{nv} + vh];
       b = Sigmoid(b);
-      a = -std::exp(W.a_log[vh]) * Softplus(a + W.dt_bias[vh]);
+      a = a_scale_[vh] * Softplus(a + W.dt_bias[vh]);
     }
   }
   // Each sequence's tokens are consecutive in the step and in position order.
