@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -25,8 +24,6 @@ namespace {
 
 constexpr int kTokens = 24;
 constexpr char kModel[] = "tiny-fg-moe";
-
-using testing::MetricValue;
 
 class FineGrainedClusterTest : public ::testing::Test {
  protected:
@@ -51,50 +48,16 @@ class FineGrainedClusterTest : public ::testing::Test {
     return testing::ReferenceTokens(manifest_, k, kTokens);
   }
 
-  // The decoder's expert metrics after a streamed run.
-  struct StreamedRun {
-    double misses = -1, warm = -1, cold = -1, resident = -1, neurons = -1;
-  };
-  // Greedy continuations from a cluster whose decoder streams `prepared`'s pack through a cache
-  // of `cache_bytes` with its plan, expected to equal colocated tandem-serve with the plan and
-  // every expert resident.
-  StreamedRun StreamedAgainstColocated(const testing::MixedWidthModel& prepared,
-                                       int64_t cache_bytes) {
-    const std::string plan = "--plan=" + prepared.plan;
-    std::vector<std::vector<int32_t>> disaggregated, colocated;
-    StreamedRun run;
-    {
-      testing::ServiceSet set(prepared.model_dir);
-      auto cluster = StartCluster(set, {plan, "--expert_pack=" + prepared.pack,
-                                        absl::StrCat("--expert_cache_bytes=", cache_bytes)});
-      EXPECT_TRUE(cluster.ok()) << cluster.status();
-      if (!cluster.ok()) return run;
-      auto client = testing::ConnectClient(cluster->gateway);
-      EXPECT_NE(client, nullptr);
-      if (client == nullptr) return run;
-      disaggregated = GenerateAll(client.get());
-      const int port = cluster->decode.http_port;
-      run.misses = MetricValue(port, "tandem_expert_cache_requests_total", "result=\"miss\"");
-      run.warm = MetricValue(port, "tandem_expert_pairs_total", "tier=\"warm\"");
-      run.cold = MetricValue(port, "tandem_expert_pairs_total", "tier=\"cold\"");
-      run.resident = MetricValue(port, "tandem_experts_resident");
-      run.neurons = MetricValue(port, "tandem_expert_neurons_total");
-    }
-    {
-      testing::ServiceSet set(prepared.model_dir);
-      auto serve = set.Start("tandem-serve", {plan});
-      EXPECT_TRUE(serve.ok()) << serve.status();
-      if (!serve.ok()) return run;
-      auto client = testing::ConnectClient(*serve);
-      EXPECT_NE(client, nullptr);
-      if (client == nullptr) return run;
-      colocated = GenerateAll(client.get());
-    }
-    EXPECT_EQ(disaggregated.size(), colocated.size());
-    for (size_t k = 0; k < colocated.size() && k < disaggregated.size(); ++k) {
-      EXPECT_EQ(disaggregated[k], colocated[k]) << "prompt " << k;
-    }
-    return run;
+  // A cluster whose decoder streams `prepared`'s pack through a cache of `cache_bytes` with its
+  // plan, and colocated tandem-serve with the plan and every expert resident: the same tokens.
+  testing::PlanServing StreamedAgainstColocated(const testing::MixedWidthModel& prepared,
+                                                int64_t cache_bytes) {
+    testing::PlanServing runs = testing::ServePlanBothWays(
+        prepared.model_dir, manifest_, kTokens, "--plan=" + prepared.plan,
+        {"--kv_blocks=160", "--expert_pack=" + prepared.pack,
+         absl::StrCat("--expert_cache_bytes=", cache_bytes)});
+    testing::ExpectSameContinuations(runs.disaggregated, runs.colocated, kTokens);
+    return runs;
   }
 
   std::string model_dir_;
@@ -132,10 +95,12 @@ TEST_F(FineGrainedClusterTest, StreamedMixedWidthDecoderEqualsColocatedResidentM
   auto prepared = testing::MakeMixedWidthModel(work.path(), kModel, "reap-keep32.json");
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   // 6 layers x 64 experts x 3 x 96 x 192 x 2 bytes, a quarter of it.
-  const StreamedRun run = StreamedAgainstColocated(*prepared, 6 * 64 * 3 * 96 * 192 * 2 / 4);
-  EXPECT_GT(run.misses, 0);
-  EXPECT_GT(run.warm, 0);
-  EXPECT_EQ(run.resident, 0);  // every routed expert streams; the shared experts stay resident
+  const testing::PlanServing run =
+      StreamedAgainstColocated(*prepared, 6 * 64 * 3 * 96 * 192 * 2 / 4);
+  EXPECT_GT(run.cache_misses, 0);
+  EXPECT_GT(run.warm_pairs, 0);
+  EXPECT_EQ(run.decode_experts,
+            0);  // every routed expert streams; the shared experts stay resident
 }
 
 // Top-k tiers with int4 experts: the reordered model quantized to int4, REAP keep 32 tiered with
@@ -150,12 +115,12 @@ TEST_F(FineGrainedClusterTest, StreamedTopKTieredInt4DecoderEqualsColocatedResid
       "--hot_share 0.3 --warm_share 0.4 --warm_width 32 "
       "--warm_widths 96,96,96,96,64,64,32,0 --cold_widths 96,0,96,64,32,0,0,0");
   ASSERT_TRUE(prepared.ok()) << prepared.status();
-  const StreamedRun run = StreamedAgainstColocated(
+  const testing::PlanServing run = StreamedAgainstColocated(
       *prepared, static_cast<int64_t>(std::filesystem::file_size(prepared->pack) / 4));
-  EXPECT_GT(run.misses, 0);
-  EXPECT_GT(run.cold, 0);
+  EXPECT_GT(run.cache_misses, 0);
+  EXPECT_GT(run.cold_pairs, 0);
   EXPECT_GT(run.neurons, 0);
-  EXPECT_EQ(run.resident, 0);
+  EXPECT_EQ(run.decode_experts, 0);
 }
 
 }  // namespace

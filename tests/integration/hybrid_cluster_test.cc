@@ -2,16 +2,21 @@
 // of every four layers, 64 routed experts top-8 and a gated shared expert) through real
 // processes: a full disaggregated cluster, whose handoff carries each sequence's recurrent state
 // with its KV blocks, gives the PyTorch reference's greedy tokens, again from the prefix cache's
-// state snapshots when the prompts repeat; a pruned decoder (REAP keep 32
-// of 64) fed by a full prefill equals colocated tandem-serve --plan token for token and holds
-// half the routed experts.
+// state snapshots when the prompts repeat; a pruned decoder (REAP keep 32 of 64) fed by a full
+// prefill equals colocated tandem-serve --plan token for token and holds half the routed
+// experts; and a streamed, mixed-width decoder of int4 experts (the reordered checkpoint
+// quantized, top-k tiers with widths by rank, an O_DIRECT pack through a cache of a quarter of
+// it) equals colocated resident serving of the same checkpoint and plan.
 #include <gtest/gtest.h>
+
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
 #include "tests/testing/cluster_client.h"
 #include "tests/testing/kernels.h"
+#include "tests/testing/mixed_width_model.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem {
@@ -72,6 +77,25 @@ TEST_F(HybridClusterTest, PrunedDecoderEqualsColocatedPhaseAwareServing) {
   EXPECT_EQ(runs.decode_experts, 8 * 32);  // 32 of 64 routed experts in each of 8 layers
   EXPECT_GT(runs.decode_bytes, 0);
   EXPECT_EQ(runs.decode_bytes * 2, runs.serve_bytes);  // the shared experts are not routed
+}
+
+TEST_F(HybridClusterTest, StreamedTopKTieredInt4DecoderEqualsColocatedResident) {
+  testing::TempDir work;
+  auto prepared = testing::MakeMixedWidthModel(
+      work.path(), kModel, "reap-keep32.json", 4,
+      "--hot_share 0.3 --warm_share 0.4 --warm_width 32 "
+      "--warm_widths 64,64,64,64,48,48,32,0 --cold_widths 64,0,64,48,32,0,0,0");
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  const testing::PlanServing runs = testing::ServePlanBothWays(
+      prepared->model_dir, manifest_, kTokens, "--plan=" + prepared->plan,
+      {"--expert_pack=" + prepared->pack,
+       absl::StrCat("--expert_cache_bytes=", std::filesystem::file_size(prepared->pack) / 4)});
+  testing::ExpectSameContinuations(runs.disaggregated, runs.colocated, kTokens);
+  EXPECT_GT(runs.cache_misses, 0);
+  EXPECT_GT(runs.warm_pairs, 0);
+  EXPECT_GT(runs.cold_pairs, 0);
+  EXPECT_GT(runs.neurons, 0);
+  EXPECT_EQ(runs.decode_experts, 0);  // every routed expert streams
 }
 
 }  // namespace

@@ -76,8 +76,13 @@ PlanServing ServePlanBothWays(const std::string& model_dir, const nlohmann::json
     auto client = ConnectClient(cluster->gateway);
     if (client == nullptr) return runs;
     runs.disaggregated = GreedyContinuations(client.get(), manifest, max_tokens);
-    runs.decode_experts = MetricValue(cluster->decode.http_port, "tandem_experts_resident");
-    runs.decode_bytes = MetricValue(cluster->decode.http_port, "tandem_expert_weight_bytes");
+    const int port = cluster->decode.http_port;
+    runs.decode_experts = MetricValue(port, "tandem_experts_resident");
+    runs.decode_bytes = MetricValue(port, "tandem_expert_weight_bytes");
+    runs.cache_misses = MetricValue(port, "tandem_expert_cache_requests_total", "result=\"miss\"");
+    runs.warm_pairs = MetricValue(port, "tandem_expert_pairs_total", "tier=\"warm\"");
+    runs.cold_pairs = MetricValue(port, "tandem_expert_pairs_total", "tier=\"cold\"");
+    runs.neurons = MetricValue(port, "tandem_expert_neurons_total");
   }
   ServiceSet set(model_dir);
   auto serve = set.Start("tandem-serve", {plan_flag});

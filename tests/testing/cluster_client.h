@@ -37,10 +37,14 @@ std::vector<std::vector<int32_t>> ColocatedContinuations(
 // A pruning plan served both ways on the golden prompts: a cluster whose decoder runs
 // `plan_flag` (--plan=FILE, with `decode_flags`) fed by a full prefill, then colocated
 // tandem-serve with the same plan; their greedy continuations of `max_tokens`, the decoder's
-// tandem_experts_resident and tandem_expert_weight_bytes and tandem-serve's weight bytes.
+// tandem_experts_resident and tandem_expert_weight_bytes and tandem-serve's weight bytes, and
+// the decoder's streaming counters (for a decoder given --expert_pack).
 struct PlanServing {
   std::vector<std::vector<int32_t>> disaggregated, colocated;
   double decode_experts = -1, decode_bytes = -1, serve_bytes = -1;
+  // tandem_expert_cache_requests_total{result="miss"}, tandem_expert_pairs_total{tier="warm"}
+  // and {tier="cold"}, tandem_expert_neurons_total.
+  double cache_misses = -1, warm_pairs = -1, cold_pairs = -1, neurons = -1;
 };
 PlanServing ServePlanBothWays(const std::string& model_dir, const nlohmann::json& manifest,
                               int max_tokens, const std::string& plan_flag,
