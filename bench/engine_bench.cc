@@ -387,14 +387,14 @@ int Run() {
         return static_cast<float>(rng >> 40) * (4.0f / (1 << 24)) - 2.0f;
       };
       for (int s = 0; s < batch; ++s) {
-        for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
-          for (int pos = 0; pos < context; ++pos) {
+        for (int layer = 0; layer < (*pool)->config().num_layers; ++layer) {  // attention's
+          const kernels::PagedKvOut out = (*pool)->Writer(layer, tables[s].blocks().data());
+          for (int32_t pos = 0; pos < context; ++pos) {
             for (int i = 0; i < kv_dim; ++i) {
               k_row[i] = random_value();
               v_row[i] = random_value();
             }
-            const BlockSlot slot = tables[s].Locate(pos, block_size);
-            (*pool)->StoreToken(layer, slot.block, slot.offset, k_row.data(), v_row.data());
+            k::ActiveBackend().kv_store(out, 1, &pos, k_row.data(), v_row.data());
           }
         }
         tables[s].Append(context);

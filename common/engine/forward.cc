@@ -199,11 +199,7 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   Resize(x_, T, hidden);
   Resize(out_, T, hidden);
   Resize(ctx_.h, T, hidden);
-  for (int t = 0; t < T; ++t) {  // the tokens' embeddings
-    const uint16_t* row = w_->embed.row(ctx_.refs[t].token);
-    float* x = Row(x_, t, hidden);
-    for (int i = 0; i < hidden; ++i) x[i] = k::Bf16ToF32(row[i]);
-  }
+  ctx_.ops->embed(w_->embed.data.data(), hidden, ctx_.ids.data(), T, x_.data());
   // Each layer: x += mixer(norm(x)), then x += ffn(norm(x)), each norm the run's (the model's
   // or a decoder overlay's).
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -215,7 +211,7 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
                            Row(ctx_.h, run.begin, hidden));
       }
       RETURN_IF_ERROR(block->Forward(l, ctx_, out_.data()));
-      for (size_t i = 0; i < x_.size(); ++i) x_[i] += out_[i];
+      ctx_.ops->add_rows(out_.data(), T, hidden, nullptr, nullptr, x_.data());
     }
   }
   Logits(batch, moe, logits);
@@ -232,8 +228,8 @@ void ForwardPass::Logits(absl::Span<const StepInput> batch, const MoeOptions& mo
   const float eps = static_cast<float>(c.rms_norm_eps);
   logits->resize(batch.size());
   std::vector<int> wanted(batch.size());  // rows of logits per sequence
-  int total = 0, only = -1;
-  Resize(out_, ctx_.tokens(), hidden);
+  int only = -1;
+  logit_rows_.clear();
   for (size_t s = 0, first = 0; s < batch.size(); ++s) {
     const int n = static_cast<int>(batch[s].tokens.size());
     wanted[s] = batch[s].logits == LogitRows::kAll    ? n
@@ -241,15 +237,15 @@ void ForwardPass::Logits(absl::Span<const StepInput> batch, const MoeOptions& mo
                                                       : 0;
     (*logits)[s].resize(static_cast<size_t>(wanted[s]) * vocab);
     if (wanted[s] > 0) {
-      std::memcpy(Row(out_, total, hidden),
-                  Row(x_, static_cast<int>(first) + n - wanted[s], hidden),
-                  static_cast<size_t>(wanted[s]) * hidden * sizeof(float));
-      only = total == 0 ? static_cast<int>(s) : -1;
-      total += wanted[s];
+      only = logit_rows_.empty() ? static_cast<int>(s) : -1;
+      for (int i = n - wanted[s]; i < n; ++i) logit_rows_.push_back(static_cast<int>(first) + i);
     }
     first += n;
   }
+  const int total = static_cast<int>(logit_rows_.size());
   if (total == 0) return;
+  Resize(out_, total, hidden);
+  ctx_.ops->gather_rows(x_.data(), hidden, logit_rows_.data(), total, hidden, out_.data(), hidden);
   for (size_t s = 0, row = 0; s < batch.size(); ++s) {  // each with its final norm
     if (wanted[s] == 0) continue;
     const DecoderOverlay* overlay = (batch[s].moe != nullptr ? *batch[s].moe : moe).overlay;

@@ -90,6 +90,7 @@ class ForwardPass {
   // Buffers reused across steps (sized by the largest step so far): the residual stream, a
   // block's output (also the rows whose logits are wanted), and logits.
   std::vector<float> x_, out_, logits_;
+  std::vector<int32_t> logit_rows_;  // the step's rows whose logits are wanted
 };
 
 }  // namespace tandem::engine

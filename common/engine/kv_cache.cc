@@ -230,13 +230,15 @@ kernels::PagedKv KvBlockPool::View(int layer, const int32_t* block_table) const 
                           .block_table = block_table};
 }
 
-void KvBlockPool::StoreToken(int layer, int32_t block, int offset, const float* k, const float* v) {
-  TANDEM_CHECK(offset >= 0 && offset < config_.block_size)
-      << "offset " << offset << " outside a block of " << config_.block_size;
-  kernels::StoreKvToken(k, config_.dtype, config_.block_size, config_.num_kv_heads,
-                        config_.head_dim, offset, k_block(layer, block));
-  kernels::StoreKvToken(v, config_.dtype, config_.block_size, config_.num_kv_heads,
-                        config_.head_dim, offset, v_block(layer, block));
+kernels::PagedKvOut KvBlockPool::Writer(int layer, const int32_t* block_table) {
+  return kernels::PagedKvOut{.k = PoolBase(layer, 0),
+                             .v = PoolBase(layer, 1),
+                             .dtype = config_.dtype,
+                             .block_size = config_.block_size,
+                             .num_kv_heads = config_.num_kv_heads,
+                             .head_dim = config_.head_dim,
+                             .block_bytes = block_bytes_,
+                             .block_table = block_table};
 }
 
 float* KvBlockPool::k_pool(int layer) {

@@ -102,9 +102,8 @@ class KvBlockPool {
   // Layer `layer`'s K and V as the attention kernels read them, for a sequence whose blocks are
   // `block_table` (which must outlive the view).
   kernels::PagedKv View(int layer, const int32_t* block_table) const;
-  // Stores one token's K and V rows (num_kv_heads * head_dim floats each) at `offset` of
-  // `block` in layer `layer`, converted to the pool's dtype.
-  void StoreToken(int layer, int32_t block, int offset, const float* k, const float* v);
+  // The same, writable: where a step's keys and values go (Backend::kv_store).
+  kernels::PagedKvOut Writer(int layer, const int32_t* block_table);
 
   // A float32 pool's layer `layer`, (num_blocks, block_size, num_kv_heads, head_dim) floats;
   // CHECK-fails for another dtype.

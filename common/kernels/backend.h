@@ -8,7 +8,9 @@
 //   linear            Y (b, w.rows) = X (b, w.cols) @ W^T, W packed in any format
 //   linear_f32        the same with X kept float32 (routers: their outputs pick experts)
 //   rms_norm          out (b, n) = x (b, n) / rms(x row) * weight (n,)
-//   rope              x (heads, head_dim) rotated in place at `pos` (rotate_half convention)
+//   rope              x (rows, heads, head_dim) rotated in place, row r at positions[r]: the
+//                     first rotary_dim of each head (rotate_half convention, frequencies
+//                     theta^(-2i/rotary_dim)); the rest of each head passes through
 //   softmax           x (n,) <- softmax(x)
 //   log_sum_exp       log(sum(exp(x (n,))))
 //   top_k             out (k,) = indices of the k largest of x (n,), largest first
@@ -37,6 +39,29 @@
 //                     one to write it; more run in chunks of kGatedDeltaChunk tokens in the
 //                     WY / UT form (matrix products and a triangular solve per chunk), so a
 //                     prompt is not a token loop.
+// The step's own arithmetic between those, each op over all of a step's rows at once (so that a
+// backend whose memory is not the host's can own a whole step, as ggml-backend's buffers do):
+//   embed             out (n, cols) = the bf16 rows ids[0..n) of table (vocab, cols), as float32
+//   gather_rows       out row i (cols, at out_stride) = x row rows[i] (at x_stride), or row i
+//                     when rows is null: a split of columns, or the rows routed to one expert
+//   add_rows          y row to[r] (row r when to is null) += scales[r] (1 when null) * x row r,
+//                     rows (rows, n): residual adds and the experts' weighted outputs
+//   add_bias          x (rows, n) += bias (n,) on every row
+//   sigmoid           x (n,) <- 1 / (1 + exp(-x))
+//   mul               y (n,) *= x (n,)
+//   l2_norm           each of the `heads` (n,) vectors of each of `rows` rows (at `stride`) of x
+//                     <- x * scale / sqrt(sum(x^2) + 1e-6) (a DeltaNet's q and k)
+//   delta_gates       a DeltaNet's gates, a and b (rows, heads) in place: b <- sigmoid(b),
+//                     a <- -exp(a_log[h]) * softplus(a + dt_bias[h]) (the log of the decay)
+//   route             a router's logits (rows, n) <- softmax(logits + bias) (bias (n,), null
+//                     for none, -inf masking experts out); experts (rows, k) the top k of each
+//                     row (Backend::top_k's order) and weights (rows, k) their probabilities,
+//                     divided by their sum when `renormalize`
+//   merge_attention   out (n,) = attention over the union of `parts` disjoint ranges of a
+//                     context, from each part's out (n,) and log-sum-exp (paged_attention's
+//                     with lse)
+//   kv_store          k and v (rows, num_kv_heads * head_dim) written at positions[r] of the
+//                     sequence whose blocks `kv` maps, in its dtype
 #pragma once
 
 #include <algorithm>
@@ -81,7 +106,8 @@ struct Backend {
   void (*linear)(const float* x, int b, const PackedMatrix& w, float* y);
   void (*linear_f32)(const float* x, int b, const PackedMatrix& w, float* y);
   void (*rms_norm)(const float* x, int b, int n, const float* weight, float eps, float* out);
-  void (*rope)(float* x, int heads, int head_dim, int pos, float theta);
+  void (*rope)(float* x, int rows, int heads, int head_dim, int rotary_dim,
+               const int32_t* positions, float theta);
   void (*softmax)(float* x, int n);
   double (*log_sum_exp)(const float* x, int n);
   void (*top_k)(const float* x, int n, int k, int32_t* out);
@@ -96,6 +122,24 @@ struct Backend {
   void (*causal_conv)(float* x, int m, int channels, int stride, const float* weight, int kernel,
                       float* tail);
   void (*gated_delta)(const GatedDeltaHead& head);
+  // The step's ops (default null: a table may fill them in after its kernels).
+  void (*embed)(const uint16_t* table, int cols, const int32_t* ids, int n, float* out) = nullptr;
+  void (*gather_rows)(const float* x, int x_stride, const int32_t* rows, int n, int cols,
+                      float* out, int out_stride) = nullptr;
+  void (*add_rows)(const float* x, int rows, int n, const float* scales, const int32_t* to,
+                   float* y) = nullptr;
+  void (*add_bias)(const float* bias, int rows, int n, float* x) = nullptr;
+  void (*sigmoid)(float* x, int n) = nullptr;
+  void (*mul)(const float* x, int n, float* y) = nullptr;
+  void (*l2_norm)(float* x, int rows, int heads, int n, int stride, float scale) = nullptr;
+  void (*delta_gates)(float* a, float* b, int rows, int heads, const float* a_log,
+                      const float* dt_bias) = nullptr;
+  void (*route)(float* logits, int rows, int n, const float* bias, int k, bool renormalize,
+                int32_t* experts, float* weights) = nullptr;
+  void (*merge_attention)(const float* const* parts_out, const float* parts_lse, int parts, int n,
+                          float* out) = nullptr;
+  void (*kv_store)(const PagedKvOut& kv, int rows, const int32_t* positions, const float* k,
+                   const float* v) = nullptr;
 };
 
 // Where query i of a causal_attention block stops attending: its own position + 1, within

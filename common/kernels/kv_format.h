@@ -53,6 +53,19 @@ struct PagedKv {
   const int32_t* block_table = nullptr;
 };
 
+// A layer's K and V pools and a sequence's block table as a step writes them
+// (Backend::kv_store): PagedKv's fields over writable pools.
+struct PagedKvOut {
+  std::byte* k = nullptr;
+  std::byte* v = nullptr;
+  KvDtype dtype = KvDtype::kF32;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  size_t block_bytes = 0;
+  const int32_t* block_table = nullptr;
+};
+
 // Stores one token's (num_kv_heads, head_dim) float32 row `x` at `offset` of `block` (one block
 // of one pool, KvBlockBytes long), converted to `dtype`.
 void StoreKvToken(const float* x, KvDtype dtype, int block_size, int num_kv_heads, int head_dim,

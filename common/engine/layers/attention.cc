@@ -21,13 +21,9 @@ constexpr int64_t kMinAttentionPart = 512;
 // Queries of one sequence attended together (Backend::causal_attention).
 constexpr int kQueryBlock = 16;
 
-// x (rows, n) += bias (n,) on every row; no-op for an empty bias.
-void AddBias(const std::vector<float>& bias, int rows, float* x) {
-  const int n = static_cast<int>(bias.size());
-  for (int r = 0; r < rows; ++r) {
-    float* row = x + static_cast<int64_t>(r) * n;
-    for (int i = 0; i < n; ++i) row[i] += bias[i];
-  }
+// x (rows, n) += bias (n,) on every row; nothing for an empty bias.
+void AddBias(const kernels::Backend& ops, const std::vector<float>& bias, int rows, float* x) {
+  if (!bias.empty()) ops.add_bias(bias.data(), rows, static_cast<int>(bias.size()), x);
 }
 
 }  // namespace
@@ -48,7 +44,6 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const int head_dim = static_cast<int>(c.head_dim);
   const int q_dim = heads * head_dim;
   const int kv_dim = kv_heads * head_dim;
-  const int block_size = pool_->config().block_size;
   const float theta = static_cast<float>(c.rope_theta);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -64,52 +59,42 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
 
   float* const q_out = gated ? q_raw_.data() : q_.data();
   if (!L.qkv.empty()) {  // one product, then each token's q, k and v apart
-    Resize(qkv_, T, q_rows + 2 * kv_dim);
+    const int qkv_dim = q_rows + 2 * kv_dim;
+    Resize(qkv_, T, qkv_dim);
     ctx.Linear(ctx.h.data(), T, L.qkv.view(), qkv_.data());
-    for (int t = 0; t < T; ++t) {
-      const float* row = Row(qkv_, t, q_rows + 2 * kv_dim);
-      std::memcpy(q_out + int64_t{t} * q_rows, row, q_rows * sizeof(float));
-      std::memcpy(Row(k_, t, kv_dim), row + q_rows, kv_dim * sizeof(float));
-      std::memcpy(Row(v_, t, kv_dim), row + q_rows + kv_dim, kv_dim * sizeof(float));
-    }
+    ctx.ops->gather_rows(qkv_.data(), qkv_dim, nullptr, T, q_rows, q_out, q_rows);
+    ctx.ops->gather_rows(qkv_.data() + q_rows, qkv_dim, nullptr, T, kv_dim, k_.data(), kv_dim);
+    ctx.ops->gather_rows(qkv_.data() + q_rows + kv_dim, qkv_dim, nullptr, T, kv_dim, v_.data(),
+                         kv_dim);
   } else {
     ctx.Linear(ctx.h.data(), T, L.q.view(), q_out);
     ctx.Linear(ctx.h.data(), T, L.k.view(), k_.data());
     ctx.Linear(ctx.h.data(), T, L.v.view(), v_.data());
   }
-  AddBias(L.q_bias, T, q_out);
-  AddBias(L.k_bias, T, k_.data());
-  AddBias(L.v_bias, T, v_.data());
+  AddBias(*ctx.ops, L.q_bias, T, q_out);
+  AddBias(*ctx.ops, L.k_bias, T, k_.data());
+  AddBias(*ctx.ops, L.v_bias, T, v_.data());
   if (gated) {  // each head's q, then its gate
     Resize(gate_, T, q_dim);
-    for (int t = 0; t < T; ++t) {
-      for (int h = 0; h < heads; ++h) {
-        const float* src = Row(q_raw_, t, q_rows) + 2 * h * head_dim;
-        std::memcpy(Row(q_, t, q_dim) + h * head_dim, src, head_dim * sizeof(float));
-        std::memcpy(Row(gate_, t, q_dim) + h * head_dim, src + head_dim, head_dim * sizeof(float));
-      }
-    }
+    ctx.ops->gather_rows(q_raw_.data(), 2 * head_dim, nullptr, T * heads, head_dim, q_.data(),
+                         head_dim);
+    ctx.ops->gather_rows(q_raw_.data() + head_dim, 2 * head_dim, nullptr, T * heads, head_dim,
+                         gate_.data(), head_dim);
   }
   if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
     ctx.ops->rms_norm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
     ctx.ops->rms_norm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
   }
-  for (int t = 0; t < T; ++t) {
-    const StepContext::TokenRef& r = ctx.refs[t];
-    if (rotary_dim == head_dim) {
-      ctx.ops->rope(Row(q_, t, q_dim), heads, head_dim, r.position, theta);
-      ctx.ops->rope(Row(k_, t, kv_dim), kv_heads, head_dim, r.position, theta);
-    } else {  // the first rotary_dim of each head; the rest passes through
-      for (int h = 0; h < heads; ++h) {
-        ctx.ops->rope(Row(q_, t, q_dim) + h * head_dim, 1, rotary_dim, r.position, theta);
-      }
-      for (int h = 0; h < kv_heads; ++h) {
-        ctx.ops->rope(Row(k_, t, kv_dim) + h * head_dim, 1, rotary_dim, r.position, theta);
-      }
-    }
-    const auto& blocks = ctx.batch[r.seq].block_table->blocks();
-    pool_->StoreToken(kv_layer, blocks[r.position / block_size], r.position % block_size,
-                      Row(k_, t, kv_dim), Row(v_, t, kv_dim));
+  ctx.ops->rope(q_.data(), T, heads, head_dim, rotary_dim, ctx.positions.data(), theta);
+  ctx.ops->rope(k_.data(), T, kv_heads, head_dim, rotary_dim, ctx.positions.data(), theta);
+  // Each sequence's keys and values into its blocks (its tokens are consecutive in the step).
+  for (int first = 0; first < T;) {
+    const int seq = ctx.refs[first].seq;
+    int n = 1;
+    while (first + n < T && ctx.refs[first + n].seq == seq) ++n;
+    ctx.ops->kv_store(pool_->Writer(kv_layer, ctx.batch[seq].block_table->blocks().data()), n,
+                      ctx.positions.data() + first, Row(k_, first, kv_dim), Row(v_, first, kv_dim));
+    first += n;
   }
   // Every token's K/V is in the cache before any query reads it (causal within a chunk). The
   // queries form units: a run of consecutive tokens of one sequence (a prompt's chunk) in blocks
@@ -200,7 +185,7 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
           merge_out_[p] = Row(part_out_, row, q_dim) + h * head_dim;
           merge_lse_[p] = part_lse_[row * heads + h];
         }
-        k::MergeAttentionParts(merge_out_.data(), merge_lse_.data(), parts, head_dim,
+        ctx.ops->merge_attention(merge_out_.data(), merge_lse_.data(), parts, head_dim,
                                Row(attn_, unit.first + i, q_dim) + h * head_dim);
       }
     }
@@ -208,12 +193,11 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   ctx.stats.attention_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
   if (gated) {
-    for (size_t i = 0; i < static_cast<size_t>(T) * q_dim; ++i) {
-      attn_[i] *= 1.0f / (1.0f + std::exp(-gate_[i]));
-    }
+    ctx.ops->sigmoid(gate_.data(), T * q_dim);
+    ctx.ops->mul(gate_.data(), T * q_dim, attn_.data());
   }
   ctx.Linear(attn_.data(), T, L.o.view(), out);
-  AddBias(L.o_bias, T, out);
+  AddBias(*ctx.ops, L.o_bias, T, out);
   return absl::OkStatus();
 }
 

@@ -11,10 +11,14 @@ void StepContext::Begin(absl::Span<const StepInput> batch_in, const MoeOptions& 
   ops = ops_in;
   trace = trace_in;
   refs.clear();
+  ids.clear();
+  positions.clear();
   for (size_t s = 0; s < batch.size(); ++s) {
     for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
       refs.push_back(
           {static_cast<int>(s), batch[s].start_position + static_cast<int>(i), batch[s].tokens[i]});
+      ids.push_back(refs.back().token);
+      positions.push_back(refs.back().position);
     }
   }
   // Rows by always-on weights: usually one run; in colocated mode with an overlay, prompts run

@@ -81,6 +81,8 @@ class StepContext {
   absl::Span<const StepInput> batch;
   const MoeOptions* moe = nullptr;
   std::vector<TokenRef> refs;  // the step's tokens, in batch order
+  // The same tokens' ids and positions as arrays, for the backend's batched ops.
+  std::vector<int32_t> ids, positions;
   std::vector<RowRun> runs;
   std::vector<float> h;  // (tokens, hidden): the current block's input, normalised
   StepStats stats;

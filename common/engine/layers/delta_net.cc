@@ -12,11 +12,6 @@ namespace {
 
 namespace k = kernels::cpu;
 
-float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float Silu(float x) { return x * Sigmoid(x); }
-// torch.nn.functional.softplus (beta 1, threshold 20).
-float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-
 }  // namespace
 
 GatedDeltaNetBlock::GatedDeltaNetBlock(const model::ModelConfig& config, KvBlockPool* pool,
@@ -54,17 +49,8 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
   ctx.Linear(ctx.h.data(), T, W.b.view(), b_.data(), /*exact=*/true);
   ctx.Linear(ctx.h.data(), T, W.a.view(), a_.data(), /*exact=*/true);
 
-  // beta and the decay's log in place of their inputs; -exp(A_log) once per head.
-  a_scale_.resize(nv);
-  for (int vh = 0; vh < nv; ++vh) a_scale_[vh] = -std::exp(W.a_log[vh]);
-  for (int t = 0; t < T; ++t) {
-    for (int vh = 0; vh < nv; ++vh) {
-      float& b = b_[t * int64_t{nv} + vh];
-      float& a = a_[t * int64_t{nv} + vh];
-      b = Sigmoid(b);
-      a = a_scale_[vh] * Softplus(a + W.dt_bias[vh]);
-    }
-  }
+  // beta and the decay's log in place of their inputs.
+  ctx.ops->delta_gates(a_.data(), b_.data(), T, nv, W.a_log.data(), W.dt_bias.data());
   // Each sequence's tokens are consecutive in the step and in position order.
   for (int first = 0; first < T;) {
     const int seq = ctx.refs[first].seq;
@@ -88,18 +74,8 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
                                conv_state + static_cast<int64_t>(ch0) * tail);
         });
     // q and k L2-normed per key head (q also by 1/sqrt(dk)).
-    for (int t = first; t < first + n; ++t) {
-      float* row = Row(mixed_, t, conv_dim);
-      for (int part = 0; part < 2; ++part) {
-        for (int h = 0; h < nk; ++h) {
-          float* x = row + part * key_dim + h * dk;
-          float sum = 0;
-          for (int i = 0; i < dk; ++i) sum += x[i] * x[i];
-          const float scale = (1.0f / std::sqrt(sum + 1e-6f)) * (part == 0 ? q_scale : 1.0f);
-          for (int i = 0; i < dk; ++i) x[i] *= scale;
-        }
-      }
-    }
+    ctx.ops->l2_norm(rows, n, nk, dk, conv_dim, q_scale);
+    ctx.ops->l2_norm(rows + key_dim, n, nk, dk, conv_dim, 1.0f);
     // The recurrence, each value head on its own.
     k::DefaultThreadPool().ParallelFor(nv, 1, [&](int64_t begin, int64_t end) {
       for (int64_t vh = begin; vh < end; ++vh) {
@@ -127,7 +103,7 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
   }
   // RMSNorm of each head's output, gated by silu(z), then out_proj.
   ctx.ops->rms_norm(core_.data(), T * nv, dv, W.norm.data(), eps, core_.data());
-  for (size_t i = 0; i < static_cast<size_t>(T) * value_dim; ++i) core_[i] *= Silu(z_[i]);
+  ctx.ops->silu_mul(z_.data(), core_.data(), T * value_dim, core_.data());
   ctx.Linear(core_.data(), T, W.out.view(), out);
   return absl::OkStatus();
 }

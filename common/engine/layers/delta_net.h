@@ -39,7 +39,6 @@ class GatedDeltaNetBlock : public Block {
   // Buffers reused across steps: the projections (tokens, conv_dim / value_dim / value heads)
   // and the heads' outputs (tokens, value_dim).
   std::vector<float> mixed_, z_, b_, a_, core_;
-  std::vector<float> a_scale_;  // -exp(A_log) per value head
 };
 
 }  // namespace tandem::engine

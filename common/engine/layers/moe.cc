@@ -18,8 +18,7 @@ int ExpertRunWidth(const model::ModelConfig& config, int width) {
   return std::min(static_cast<int>(config.intermediate_size), (width + group - 1) / group * group);
 }
 
-MoeBlock::MoeBlock(const model::ModelConfig& config)
-    : routed_(config.num_local_experts), order_(config.num_local_experts) {}
+MoeBlock::MoeBlock(const model::ModelConfig& config) : routed_(config.num_local_experts) {}
 
 absl::Status MoeBlock::Forward(int l, StepContext& ctx, float* out) {
   const model::ModelConfig& c = ctx.w.config;
@@ -55,35 +54,31 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
                          absl::MakeSpan(Row(router_logits_, t, num_experts), num_experts));
     }
   }
-  for (auto& pairs : routed_) pairs.clear();
-  for (int t = 0; t < T; ++t) {
-    float* p = Row(router_logits_, t, num_experts);
-    const MoeOptions& options = ctx.Options(ctx.refs[t].seq);
-    if (options.mask != nullptr && !options.mask->retained.empty()) {
+  // Softmax, top-k and their weights on the backend, over runs of tokens that share a mask.
+  for (int first = 0; first < T;) {
+    const ExpertMask* mask = ctx.Options(ctx.refs[first].seq).mask;
+    int n = 1;
+    while (first + n < T && ctx.Options(ctx.refs[first + n].seq).mask == mask) ++n;
+    const bool masked = mask != nullptr && !mask->retained.empty();
+    if (masked) {
+      mask_bias_.resize(num_experts);
       for (int e = 0; e < num_experts; ++e) {
-        if (!options.mask->retained[l][e]) p[e] = -std::numeric_limits<float>::infinity();
+        mask_bias_[e] = mask->retained[l][e] ? 0.0f : -std::numeric_limits<float>::infinity();
       }
     }
-    ctx.ops->softmax(p, num_experts);
-    // Top-k by probability; on equal probabilities the lower expert index wins.
-    for (int e = 0; e < num_experts; ++e) order_[e] = e;
-    std::partial_sort(order_.begin(), order_.begin() + top_k, order_.end(),
-                      [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    // norm_topk_prob: the chosen probabilities renormalised to sum to one (Mixtral always;
-    // Qwen where the config says so), else the softmax probabilities as they are.
-    float mass = 1.0f;
-    if (c.norm_topk_prob) {
-      mass = 0;
-      for (int j = 0; j < top_k; ++j) mass += p[order_[j]];
-    }
-    int32_t* experts = &chosen_[static_cast<size_t>(t) * top_k];
+    ctx.ops->route(Row(router_logits_, first, num_experts), n, num_experts,
+                   masked ? mask_bias_.data() : nullptr, top_k, c.norm_topk_prob,
+                   &chosen_[static_cast<size_t>(first) * top_k],
+                   &chosen_w_[static_cast<size_t>(first) * top_k]);
+    first += n;
+  }
+  for (auto& pairs : routed_) pairs.clear();
+  for (int t = 0; t < T; ++t) {
+    const MoeOptions& options = ctx.Options(ctx.refs[t].seq);
+    const int32_t* experts = &chosen_[static_cast<size_t>(t) * top_k];
     float* weights = &chosen_w_[static_cast<size_t>(t) * top_k];
     int* widths = &chosen_width_[static_cast<size_t>(t) * top_k];
-    for (int j = 0; j < top_k; ++j) {
-      experts[j] = order_[j];
-      weights[j] = p[order_[j]] / mass;
-      widths[j] = inter;
-    }
+    std::fill(widths, widths + top_k, inter);
     if (options.widths != nullptr) {
       options.widths->Widths(l, absl::MakeConstSpan(experts, top_k), absl::MakeSpan(weights, top_k),
                              absl::MakeSpan(widths, top_k));
@@ -123,10 +118,9 @@ void MoeBlock::SharedExpert(int l, StepContext& ctx, float* out) {
                  shared_scale_.data() + run.begin, /*exact=*/true);
     }
   }
-  for (int t = 0; t < T; ++t) {
-    const float scale = c.shared_expert_gated ? 1.0f / (1.0f + std::exp(-shared_scale_[t])) : 1.0f;
-    ctx.ops->axpy(scale, Row(shared_out_, t, hidden), hidden, out + int64_t{t} * hidden);
-  }
+  if (c.shared_expert_gated) ctx.ops->sigmoid(shared_scale_.data(), T);
+  ctx.ops->add_rows(shared_out_.data(), T, hidden,
+                    c.shared_expert_gated ? shared_scale_.data() : nullptr, nullptr, out);
 }
 
 absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
@@ -174,10 +168,14 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
       Resize(up_, m, width);
       Resize(act_, m, width);
       Resize(expert_out_, m, hidden);
+      pair_tokens_.resize(m);
+      pair_weights_.resize(m);
       for (int i = 0; i < m; ++i) {
-        std::memcpy(Row(expert_in_, i, hidden), Row(ctx.h, pairs[begin + i].token, hidden),
-                    hidden * sizeof(float));
+        pair_tokens_[i] = pairs[begin + i].token;
+        pair_weights_[i] = pairs[begin + i].weight;
       }
+      ctx.ops->gather_rows(ctx.h.data(), hidden, pair_tokens_.data(), m, hidden, expert_in_.data(),
+                           hidden);
       // gate and up: the first `width` rows; down: the first `width` columns of each row.
       kernels::PackedMatrix gate = E.gate, up = E.up, down = E.down;
       gate.rows = up.rows = down.cols = width;
@@ -189,14 +187,10 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
       ctx.stats.expert_weight_bytes += ctx.stats.weight_bytes - before;
       ++ctx.stats.expert_runs;
       if (ctx.observer != nullptr) {
-        observer_tokens_.resize(m);
-        for (int i = 0; i < m; ++i) observer_tokens_[i] = pairs[begin + i].token;
-        ctx.observer->OnExpert(l, e, width, observer_tokens_, act_.data(), expert_out_.data());
+        ctx.observer->OnExpert(l, e, width, pair_tokens_, act_.data(), expert_out_.data());
       }
-      for (int i = 0; i < m; ++i) {
-        ctx.ops->axpy(pairs[begin + i].weight, Row(expert_out_, i, hidden), hidden,
-                      out + int64_t{pairs[begin + i].token} * hidden);
-      }
+      ctx.ops->add_rows(expert_out_.data(), m, hidden, pair_weights_.data(), pair_tokens_.data(),
+                        out);
       begin = end;
     }
   }

@@ -42,10 +42,12 @@ class MoeBlock : public Block {
   std::vector<int32_t> chosen_;  // (tokens, top_k)
   std::vector<float> chosen_w_;
   std::vector<int> chosen_width_;
-  std::vector<int> order_;  // expert indices, for top-k
+  std::vector<float> mask_bias_;  // (experts,): 0, or -inf for an expert a mask leaves out
   std::vector<float> expert_in_, gate_, up_, act_, expert_out_;
   std::vector<float> shared_out_, shared_scale_;
-  std::vector<int> observer_tokens_;
+  // One width's pairs of an expert: their tokens (rows of h and out) and routing weights.
+  std::vector<int32_t> pair_tokens_;
+  std::vector<float> pair_weights_;
 };
 
 }  // namespace tandem::engine

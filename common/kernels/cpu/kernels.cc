@@ -76,23 +76,24 @@ void RopeSharedAngles(float* x, int heads, int head_dim, int pos, float theta) {
 namespace {
 
 // For CPUs without AVX2 (and for testing the fast paths against it).
-constexpr Backend kReferenceBackend = {
-    .name = "reference",
-    .rounding = ActivationRounding::kNone,
-    .linear = reference::Linear,
-    .linear_f32 = reference::Linear,
-    .rms_norm = reference::RmsNorm,
-    .rope = reference::Rope,
-    .softmax = reference::Softmax,
-    .log_sum_exp = reference::LogSumExp,
-    .top_k = reference::TopK,
-    .silu_mul = reference::SiluMul,
-    .axpy = reference::Axpy,
-    .paged_attention = reference::PagedAttentionRange,
-    .causal_attention = internal::CausalByQuery<reference::PagedAttentionRange>,
-    .causal_conv = reference::CausalConv,
-    .gated_delta = reference::GatedDelta,
-};
+constexpr Backend kReferenceBackend =
+    internal::WithStepOps<reference::Softmax, reference::TopK, reference::Axpy>({
+        .name = "reference",
+        .rounding = ActivationRounding::kNone,
+        .linear = reference::Linear,
+        .linear_f32 = reference::Linear,
+        .rms_norm = reference::RmsNorm,
+        .rope = internal::RopeRows<reference::Rope>,
+        .softmax = reference::Softmax,
+        .log_sum_exp = reference::LogSumExp,
+        .top_k = reference::TopK,
+        .silu_mul = reference::SiluMul,
+        .axpy = reference::Axpy,
+        .paged_attention = reference::PagedAttentionRange,
+        .causal_attention = internal::CausalByQuery<reference::PagedAttentionRange>,
+        .causal_conv = reference::CausalConv,
+        .gated_delta = reference::GatedDelta,
+    });
 
 Backend WithLinear(const Backend& elementwise, const char* name, ActivationRounding rounding,
                    LinearFn linear, LinearFn linear_f32) {
@@ -274,7 +275,7 @@ void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float
 }
 
 void Rope(float* x, int heads, int head_dim, int pos, float theta) {
-  internal::Kernels().rope(x, heads, head_dim, pos, theta);
+  internal::Kernels().rope(x, 1, heads, head_dim, head_dim, &pos, theta);
 }
 
 void Softmax(float* x, int n) { internal::Kernels().softmax(x, n); }

@@ -253,13 +253,13 @@ using DeltaSimd = Simd256;
 
 }  // namespace
 
-const Backend kAvx2Elementwise = {
+const Backend kAvx2Elementwise = WithStepOps<Softmax, TopK, Axpy>({
     .name = "avx2",
     .rounding = ActivationRounding::kNone,
     .linear = nullptr,
     .linear_f32 = nullptr,
     .rms_norm = RmsNorm,
-    .rope = RopeSharedAngles,
+    .rope = RopeRows<RopeSharedAngles>,
     .softmax = Softmax,
     .log_sum_exp = LogSumExp,
     .top_k = TopK,
@@ -269,7 +269,7 @@ const Backend kAvx2Elementwise = {
     .causal_attention = CausalByQuery<PagedAttention>,
     .causal_conv = CausalConv,
     .gated_delta = GatedDelta,
-};
+});
 
 }  // namespace tandem::kernels::cpu::internal
 

@@ -875,13 +875,13 @@ using DeltaSimd = Simd512;
 const PagedAttentionFn kAvx512Bf16Attention = PagedAttentionBf16Dot;
 const CausalAttentionFn kAvx512Bf16CausalAttention = CausalAttentionBf16Dot;
 
-const Backend kAvx512Elementwise = {
+const Backend kAvx512Elementwise = WithStepOps<Softmax, TopK, Axpy>({
     .name = "avx512",
     .rounding = ActivationRounding::kNone,
     .linear = nullptr,
     .linear_f32 = nullptr,
     .rms_norm = RmsNorm,
-    .rope = RopeSharedAngles,
+    .rope = RopeRows<RopeSharedAngles>,
     .softmax = Softmax,
     .log_sum_exp = LogSumExp,
     .top_k = TopK,
@@ -891,7 +891,7 @@ const Backend kAvx512Elementwise = {
     .causal_attention = CausalByQuery<PagedAttention>,
     .causal_conv = CausalConv,
     .gated_delta = GatedDelta,
-};
+});
 
 }  // namespace tandem::kernels::cpu::internal
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/kernels/backend.h"
+#include "common/kernels/cpu/kernels.h"
 #include "common/kernels/packed_matrix.h"
 
 namespace tandem::kernels::cpu::internal {
@@ -33,6 +34,87 @@ void CausalByQuery(const float* q, int m, int num_heads, const PagedKv& kv, int 
   CausalAttentionByQuery(Attend, q, m, num_heads, kv, first_position, context_begin, context_end,
                          scale, out, lse);
 }
+// The step's ops that every level shares (Backend::embed .. kv_store; step_ops.cc): plain loops
+// the compiler vectorises, memory-bound.
+void Embed(const uint16_t* table, int cols, const int32_t* ids, int n, float* out);
+void GatherRows(const float* x, int x_stride, const int32_t* rows, int n, int cols, float* out,
+                int out_stride);
+void AddBias(const float* bias, int rows, int n, float* x);
+void Sigmoid(float* x, int n);
+void Mul(const float* x, int n, float* y);
+void L2Norm(float* x, int rows, int heads, int n, int stride, float scale);
+void DeltaGates(float* a, float* b, int rows, int heads, const float* a_log, const float* dt_bias);
+void KvStore(const PagedKvOut& kv, int rows, const int32_t* positions, const float* k,
+             const float* v);
+
+// Backend::rope over a level's rotation of one token (x (heads, head_dim) at `pos`).
+template <auto RopeToken>
+void RopeRows(float* x, int rows, int heads, int head_dim, int rotary_dim, const int32_t* positions,
+              float theta) {
+  for (int r = 0; r < rows; ++r) {
+    float* row = x + static_cast<int64_t>(r) * heads * head_dim;
+    if (rotary_dim == head_dim) {
+      RopeToken(row, heads, head_dim, positions[r], theta);
+      continue;
+    }
+    for (int h = 0; h < heads; ++h)
+      RopeToken(row + h * head_dim, 1, rotary_dim, positions[r], theta);
+  }
+}
+
+// Backend::add_rows over a level's axpy for the scaled rows.
+template <auto AxpyFn>
+void AddRows(const float* x, int rows, int n, const float* scales, const int32_t* to, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const float* src = x + static_cast<int64_t>(r) * n;
+    float* dst = y + static_cast<int64_t>(to != nullptr ? to[r] : r) * n;
+    if (scales != nullptr) {
+      AxpyFn(scales[r], src, n, dst);
+    } else {
+      for (int i = 0; i < n; ++i) dst[i] += src[i];
+    }
+  }
+}
+
+// Backend::route over a level's softmax and top_k.
+template <auto SoftmaxFn, auto TopKFn>
+void Route(float* logits, int rows, int n, const float* bias, int k, bool renormalize,
+           int32_t* experts, float* weights) {
+  for (int r = 0; r < rows; ++r) {
+    float* p = logits + static_cast<int64_t>(r) * n;
+    if (bias != nullptr) {
+      for (int e = 0; e < n; ++e) p[e] += bias[e];
+    }
+    SoftmaxFn(p, n);
+    int32_t* chosen = experts + static_cast<int64_t>(r) * k;
+    float* w = weights + static_cast<int64_t>(r) * k;
+    TopKFn(p, n, k, chosen);
+    float mass = 1.0f;
+    if (renormalize) {
+      mass = 0;
+      for (int j = 0; j < k; ++j) mass += p[chosen[j]];
+    }
+    for (int j = 0; j < k; ++j) w[j] = p[chosen[j]] / mass;
+  }
+}
+
+// `table` with the step's ops filled in over the level's softmax, top_k and axpy.
+template <auto SoftmaxFn, auto TopKFn, auto AxpyFn>
+constexpr Backend WithStepOps(Backend table) {
+  table.embed = Embed;
+  table.gather_rows = GatherRows;
+  table.add_rows = AddRows<AxpyFn>;
+  table.add_bias = AddBias;
+  table.sigmoid = Sigmoid;
+  table.mul = Mul;
+  table.l2_norm = L2Norm;
+  table.delta_gates = DeltaGates;
+  table.route = Route<SoftmaxFn, TopKFn>;
+  table.merge_attention = MergeAttentionParts;
+  table.kv_store = KvStore;
+  return table;
+}
+
 // The products over packed weights (linear_avx512.cc, linear_avx2.cc), by what they do with
 // activations: float32 throughout; int8 for int8/int4 weights; and bf16 for bf16 weights.
 extern const LinearFn kAvx512Linear;

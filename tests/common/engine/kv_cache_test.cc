@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/kernels/cpu/kernels.h"
+
 namespace tandem::engine {
 namespace {
 
@@ -260,8 +262,8 @@ TEST(KvBlockPoolTest, StartsZeroedAndWritingOneBlockTouchesNoOther) {
 }
 
 // Bf16 and int8 pools: blocks of the dtype's bytes, every pool 64-byte aligned and disjoint,
-// StoreToken writes only its slot, and View reads back what was stored within the dtype's
-// rounding.
+// kv_store through Writer writes only its slot, and View reads back what was stored within the
+// dtype's rounding.
 TEST(KvBlockPoolTest, ReducedPrecisionPoolsStoreAndReadBack) {
   for (kernels::KvDtype dtype : {kernels::KvDtype::kBf16, kernels::KvDtype::kInt8}) {
     KvCacheConfig config = SmallConfig();
@@ -279,7 +281,10 @@ TEST(KvBlockPoolTest, ReducedPrecisionPoolsStoreAndReadBack) {
     }
     const std::vector<float> k = {1, -2, 3, -4, 5, 0.5f, 0.25f, -0.125f, 8, 16};
     const std::vector<float> v = {-1, 2, -3, 4, -5, 6, -7, 8, -9, 10};
-    pool->StoreToken(/*layer=*/1, /*block=*/3, /*offset=*/2, k.data(), v.data());
+    const int32_t table[] = {5, 3};  // position 6 = block 3, offset 2
+    const int32_t position = 6;
+    kernels::cpu::ActiveBackend().kv_store(pool->Writer(/*layer=*/1, table), 1, &position, k.data(),
+                                           v.data());
     size_t nonzero = 0;
     for (size_t i = 0; i < pool->size_bytes(); ++i) {
       const std::byte* p = pool->data() + i;
@@ -291,7 +296,6 @@ TEST(KvBlockPoolTest, ReducedPrecisionPoolsStoreAndReadBack) {
       }
     }
     EXPECT_GT(nonzero, 0u);
-    const int32_t table[] = {5, 3};  // position 6 = block 3, offset 2
     const kernels::PagedKv view = pool->View(1, table);
     for (int head = 0; head < 2; ++head) {
       float got_k[5], got_v[5];
