@@ -258,26 +258,8 @@ int Run() {
                                                   static_cast<int>(c.num_local_experts), seed));
   }
 
-  // Bytes of the weights as held: the embedding (bf16) and every packed matrix.
-  int64_t weight_bytes = static_cast<int64_t>((*weights)->embed.data.size()) * 2;
-  auto count = [&](const WeightMatrix& m) { weight_bytes += static_cast<int64_t>(m.data.size()); };
-  count((*weights)->lm_head);
-  for (const auto& l : (*weights)->layers) {
-    for (const auto* m : {&l.qkv, &l.q, &l.k, &l.v, &l.o, &l.router, &l.shared_gate, &l.linear.qkv,
-                          &l.linear.z, &l.linear.b, &l.linear.a, &l.linear.out}) {
-      count(*m);
-    }
-    for (const auto* e : {&l.shared, &l.dense}) {
-      count(e->gate);
-      count(e->up);
-      count(e->down);
-    }
-    for (const auto& e : l.experts) {
-      count(e.gate);
-      count(e.up);
-      count(e.down);
-    }
-  }
+  // Bytes of the weights as held: the embedding (bf16), every packed matrix, norms and biases.
+  const int64_t weight_bytes = (*weights)->bytes();
   const model::QuantizationConfig& quant = c.quantization;
   const std::string weight_format =
       quant.bits == 0 ? "bf16"

@@ -97,6 +97,66 @@ absl::StatusOr<DeltaNetWeights> LoadDeltaNet(const model::SafetensorsModel& chec
   return d;
 }
 
+// A SwiGLU MLP's three matrices: a dense layer's, the shared expert's or routed expert e's.
+absl::StatusOr<ExpertWeights> LoadMlp(
+    const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, TensorKind gate,
+    TensorKind up, TensorKind down, int l, int e = -1,
+    model::ExpertLayout layout = model::ExpertLayout::kPerExpert) {
+  ExpertWeights m;
+  ASSIGN_OR_RETURN(m.gate, LoadWeight(checkpoint, config, gate, l, e, layout));
+  ASSIGN_OR_RETURN(m.up, LoadWeight(checkpoint, config, up, l, e, layout));
+  ASSIGN_OR_RETURN(m.down, LoadWeight(checkpoint, config, down, l, e, layout));
+  return m;
+}
+
+// An attention layer's tensors, q/k/v stacked where they fill panels.
+absl::StatusOr<AttentionWeights> LoadAttention(const model::SafetensorsModel& checkpoint,
+                                               const model::ModelConfig& config, int l) {
+  AttentionWeights a;
+  ASSIGN_OR_RETURN(a.q, LoadWeight(checkpoint, config, TensorKind::kAttnQ, l));
+  ASSIGN_OR_RETURN(a.k, LoadWeight(checkpoint, config, TensorKind::kAttnK, l));
+  ASSIGN_OR_RETURN(a.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
+  ASSIGN_OR_RETURN(a.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
+  StackQkv(&a);
+  if (config.HasQkNorm()) {
+    ASSIGN_OR_RETURN(a.q_norm, LoadNorm(checkpoint, config, TensorKind::kAttnQNorm, l));
+    ASSIGN_OR_RETURN(a.k_norm, LoadNorm(checkpoint, config, TensorKind::kAttnKNorm, l));
+  }
+  if (config.attention_qkv_bias) {
+    ASSIGN_OR_RETURN(a.q_bias, LoadVector(checkpoint, config, TensorKind::kAttnQBias, l));
+    ASSIGN_OR_RETURN(a.k_bias, LoadVector(checkpoint, config, TensorKind::kAttnKBias, l));
+    ASSIGN_OR_RETURN(a.v_bias, LoadVector(checkpoint, config, TensorKind::kAttnVBias, l));
+  }
+  if (config.attention_out_bias) {
+    ASSIGN_OR_RETURN(a.o_bias, LoadVector(checkpoint, config, TensorKind::kAttnOutBias, l));
+  }
+  return a;
+}
+
+// A sparse layer's router, shared expert and the routed experts `weights` keeps.
+absl::StatusOr<MoeWeights> LoadMoe(const model::SafetensorsModel& checkpoint,
+                                   const model::ModelConfig& config, int l,
+                                   const ModelWeights& weights, model::ExpertLayout layout) {
+  MoeWeights m;
+  ASSIGN_OR_RETURN(m.router, LoadWeight(checkpoint, config, TensorKind::kRouter, l));
+  if (config.HasSharedExpert()) {
+    ASSIGN_OR_RETURN(m.shared, LoadMlp(checkpoint, config, TensorKind::kSharedGate,
+                                       TensorKind::kSharedUp, TensorKind::kSharedDown, l));
+    if (config.shared_expert_gated) {
+      ASSIGN_OR_RETURN(m.shared_gate,
+                       LoadWeight(checkpoint, config, TensorKind::kSharedExpertGate, l));
+    }
+  }
+  m.experts.resize(config.num_local_experts);
+  for (int e = 0; e < config.num_local_experts; ++e) {
+    if (!weights.HasExpert(l, e)) continue;
+    ASSIGN_OR_RETURN(m.experts[e],
+                     LoadMlp(checkpoint, config, TensorKind::kExpertGate, TensorKind::kExpertUp,
+                             TensorKind::kExpertDown, l, e, layout));
+  }
+  return m;
+}
+
 using util::SplitMix64;
 
 // Weights uniform in [-a, a], a = 0.02 * sqrt(3) (standard deviation 0.02), each hashed from
@@ -200,28 +260,28 @@ absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view) {
   return m;
 }
 
-void StackQkv(LayerWeights* layer) {
-  const WeightMatrix* parts[] = {&layer->q, &layer->k, &layer->v};
+void StackQkv(AttentionWeights* a) {
+  const WeightMatrix* parts[] = {&a->q, &a->k, &a->v};
   for (const WeightMatrix* m : parts) {
     if (m->empty() || m->rows() % kernels::kPanelRows != 0 ||
-        m->layout.format != layer->q.layout.format || m->layout.group != layer->q.layout.group ||
-        m->cols() != layer->q.cols()) {
+        m->layout.format != a->q.layout.format || m->layout.group != a->q.layout.group ||
+        m->cols() != a->q.cols()) {
       return;
     }
   }
   WeightMatrix qkv;
-  qkv.layout = layer->q.layout;
-  qkv.layout.rows = layer->q.rows() + layer->k.rows() + layer->v.rows();
+  qkv.layout = a->q.layout;
+  qkv.layout.rows = a->q.rows() + a->k.rows() + a->v.rows();
   qkv.data.resize(qkv.layout.bytes());
   std::byte* out = qkv.data.data();
   for (const WeightMatrix* m : parts) {
     std::memcpy(out, m->data.data(), m->data.size());
     out += m->data.size();
   }
-  layer->qkv = std::move(qkv);
-  layer->q = WeightMatrix();
-  layer->k = WeightMatrix();
-  layer->v = WeightMatrix();
+  a->qkv = std::move(qkv);
+  a->q = WeightMatrix();
+  a->k = WeightMatrix();
+  a->v = WeightMatrix();
 }
 
 WeightMatrix PackBf16Matrix(const uint16_t* w, int rows, int cols) {
@@ -337,60 +397,17 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights layer;
     ASSIGN_OR_RETURN(layer.attn_norm, LoadNorm(checkpoint, config, TensorKind::kAttnNorm, l));
-    ASSIGN_OR_RETURN(layer.ffn_norm, LoadNorm(checkpoint, config, TensorKind::kFfnNorm, l));
     if (config.Mixer(l) == model::MixerKind::kGatedDeltaNet) {
       ASSIGN_OR_RETURN(layer.linear, LoadDeltaNet(checkpoint, config, l));
     } else {
-      ASSIGN_OR_RETURN(layer.q, LoadWeight(checkpoint, config, TensorKind::kAttnQ, l));
-      ASSIGN_OR_RETURN(layer.k, LoadWeight(checkpoint, config, TensorKind::kAttnK, l));
-      ASSIGN_OR_RETURN(layer.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
-      ASSIGN_OR_RETURN(layer.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
-      StackQkv(&layer);
+      ASSIGN_OR_RETURN(layer.attention, LoadAttention(checkpoint, config, l));
     }
-    if (config.HasQkNorm() && config.Mixer(l) == model::MixerKind::kAttention) {
-      ASSIGN_OR_RETURN(layer.q_norm, LoadNorm(checkpoint, config, TensorKind::kAttnQNorm, l));
-      ASSIGN_OR_RETURN(layer.k_norm, LoadNorm(checkpoint, config, TensorKind::kAttnKNorm, l));
-    }
-    if (config.attention_qkv_bias && config.Mixer(l) == model::MixerKind::kAttention) {
-      ASSIGN_OR_RETURN(layer.q_bias, LoadVector(checkpoint, config, TensorKind::kAttnQBias, l));
-      ASSIGN_OR_RETURN(layer.k_bias, LoadVector(checkpoint, config, TensorKind::kAttnKBias, l));
-      ASSIGN_OR_RETURN(layer.v_bias, LoadVector(checkpoint, config, TensorKind::kAttnVBias, l));
-    }
-    if (config.attention_out_bias && config.Mixer(l) == model::MixerKind::kAttention) {
-      ASSIGN_OR_RETURN(layer.o_bias, LoadVector(checkpoint, config, TensorKind::kAttnOutBias, l));
-    }
-    if (!config.IsSparseLayer(l)) {
-      ASSIGN_OR_RETURN(layer.dense.gate, LoadWeight(checkpoint, config, TensorKind::kDenseGate, l));
-      ASSIGN_OR_RETURN(layer.dense.up, LoadWeight(checkpoint, config, TensorKind::kDenseUp, l));
-      ASSIGN_OR_RETURN(layer.dense.down, LoadWeight(checkpoint, config, TensorKind::kDenseDown, l));
-      w->layers.push_back(std::move(layer));
-      continue;
-    }
-    ASSIGN_OR_RETURN(layer.router, LoadWeight(checkpoint, config, TensorKind::kRouter, l));
-    if (config.HasSharedExpert()) {
-      ASSIGN_OR_RETURN(layer.shared.gate,
-                       LoadWeight(checkpoint, config, TensorKind::kSharedGate, l));
-      ASSIGN_OR_RETURN(layer.shared.up, LoadWeight(checkpoint, config, TensorKind::kSharedUp, l));
-      ASSIGN_OR_RETURN(layer.shared.down,
-                       LoadWeight(checkpoint, config, TensorKind::kSharedDown, l));
-      if (config.shared_expert_gated) {
-        ASSIGN_OR_RETURN(layer.shared_gate,
-                         LoadWeight(checkpoint, config, TensorKind::kSharedExpertGate, l));
-      }
-    }
-    for (int e = 0; e < config.num_local_experts; ++e) {
-      ExpertWeights expert;
-      if (!w->HasExpert(l, e)) {
-        layer.experts.push_back(std::move(expert));
-        continue;
-      }
-      ASSIGN_OR_RETURN(expert.gate,
-                       LoadWeight(checkpoint, config, TensorKind::kExpertGate, l, e, layout));
-      ASSIGN_OR_RETURN(expert.up,
-                       LoadWeight(checkpoint, config, TensorKind::kExpertUp, l, e, layout));
-      ASSIGN_OR_RETURN(expert.down,
-                       LoadWeight(checkpoint, config, TensorKind::kExpertDown, l, e, layout));
-      layer.experts.push_back(std::move(expert));
+    ASSIGN_OR_RETURN(layer.ffn_norm, LoadNorm(checkpoint, config, TensorKind::kFfnNorm, l));
+    if (config.IsSparseLayer(l)) {
+      ASSIGN_OR_RETURN(layer.moe, LoadMoe(checkpoint, config, l, *w, layout));
+    } else {
+      ASSIGN_OR_RETURN(layer.dense, LoadMlp(checkpoint, config, TensorKind::kDenseGate,
+                                            TensorKind::kDenseUp, TensorKind::kDenseDown, l));
     }
     w->layers.push_back(std::move(layer));
   }
@@ -426,10 +443,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
   const int q_dim = static_cast<int>(config.num_attention_heads * config.head_dim);
   const int kv_dim = static_cast<int>(config.num_key_value_heads * config.head_dim);
   w->embed = fill.Matrix(static_cast<int>(config.vocab_size), h);
+  const model::QuantizationConfig& qc = config.quantization;
+  // A SwiGLU MLP `width` wide, its matrices of `kinds` (gate, up, down).
+  auto mlp = [&](int width, TensorKind gate, TensorKind up, TensorKind down) {
+    return ExpertWeights{fill.Weight(width, h, qc, gate), fill.Weight(width, h, qc, up),
+                         fill.Weight(h, width, qc, down)};
+  };
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights layer;
     layer.attn_norm.assign(h, 1.0f);
-    const model::QuantizationConfig& qc = config.quantization;
     if (config.Mixer(l) == model::MixerKind::kGatedDeltaNet) {
       // Decays exp(g) near 0.5 and an identity-like convolution, so a dummy model's state
       // neither vanishes nor grows.
@@ -447,52 +469,48 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
       dn.dt_bias.assign(heads, 0.0f);
       dn.norm.assign(d.value_head_dim, 1.0f);
     } else {
+      AttentionWeights& a = layer.attention;
       const int q_rows = config.attention_output_gate ? 2 * q_dim : q_dim;
-      layer.q = fill.Weight(q_rows, h, qc, TensorKind::kAttnQ);
-      layer.k = fill.Weight(kv_dim, h, qc, TensorKind::kAttnK);
-      layer.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
-      layer.o = fill.Weight(h, q_dim, qc, TensorKind::kAttnOut);
-      StackQkv(&layer);
+      a.q = fill.Weight(q_rows, h, qc, TensorKind::kAttnQ);
+      a.k = fill.Weight(kv_dim, h, qc, TensorKind::kAttnK);
+      a.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
+      a.o = fill.Weight(h, q_dim, qc, TensorKind::kAttnOut);
+      StackQkv(&a);
       if (config.HasQkNorm()) {
-        layer.q_norm.assign(config.head_dim, 1.0f);
-        layer.k_norm.assign(config.head_dim, 1.0f);
+        a.q_norm.assign(config.head_dim, 1.0f);
+        a.k_norm.assign(config.head_dim, 1.0f);
       }
       if (config.attention_qkv_bias) {  // zero, as a freshly initialised model's
-        layer.q_bias.assign(q_rows, 0.0f);
-        layer.k_bias.assign(kv_dim, 0.0f);
-        layer.v_bias.assign(kv_dim, 0.0f);
+        a.q_bias.assign(q_rows, 0.0f);
+        a.k_bias.assign(kv_dim, 0.0f);
+        a.v_bias.assign(kv_dim, 0.0f);
       }
-      if (config.attention_out_bias) layer.o_bias.assign(h, 0.0f);
+      if (config.attention_out_bias) a.o_bias.assign(h, 0.0f);
     }
     layer.ffn_norm.assign(h, 1.0f);
     if (!config.IsSparseLayer(l)) {
-      const int dense = static_cast<int>(config.dense_intermediate_size);
-      layer.dense = {fill.Weight(dense, h, qc, TensorKind::kDenseGate),
-                     fill.Weight(dense, h, qc, TensorKind::kDenseUp),
-                     fill.Weight(h, dense, qc, TensorKind::kDenseDown)};
+      layer.dense = mlp(static_cast<int>(config.dense_intermediate_size), TensorKind::kDenseGate,
+                        TensorKind::kDenseUp, TensorKind::kDenseDown);
       w->layers.push_back(std::move(layer));
       continue;
     }
-    layer.router =
-        fill.Weight(static_cast<int>(config.num_local_experts), h, qc, TensorKind::kRouter);
+    MoeWeights& m = layer.moe;
+    m.router = fill.Weight(static_cast<int>(config.num_local_experts), h, qc, TensorKind::kRouter);
     if (config.HasSharedExpert()) {
-      const int shared = static_cast<int>(config.shared_expert_intermediate_size);
-      layer.shared = {fill.Weight(shared, h, qc, TensorKind::kSharedGate),
-                      fill.Weight(shared, h, qc, TensorKind::kSharedUp),
-                      fill.Weight(h, shared, qc, TensorKind::kSharedDown)};
+      m.shared = mlp(static_cast<int>(config.shared_expert_intermediate_size),
+                     TensorKind::kSharedGate, TensorKind::kSharedUp, TensorKind::kSharedDown);
       if (config.shared_expert_gated) {
-        layer.shared_gate = fill.Weight(1, h, qc, TensorKind::kSharedExpertGate);
+        m.shared_gate = fill.Weight(1, h, qc, TensorKind::kSharedExpertGate);
       }
     }
+    m.experts.resize(config.num_local_experts);
     for (int e = 0; e < config.num_local_experts; ++e) {
       if (!w->HasExpert(l, e)) {
-        for (int m = 0; m < 3; ++m) fill.Skip();
-        layer.experts.emplace_back();
+        for (int matrix = 0; matrix < 3; ++matrix) fill.Skip();
         continue;
       }
-      layer.experts.push_back({fill.Weight(inter, h, qc, TensorKind::kExpertGate),
-                               fill.Weight(inter, h, qc, TensorKind::kExpertUp),
-                               fill.Weight(h, inter, qc, TensorKind::kExpertDown)});
+      m.experts[e] =
+          mlp(inter, TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown);
     }
     w->layers.push_back(std::move(layer));
   }
@@ -512,22 +530,19 @@ int64_t ModelWeights::bytes() const {
     return static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size());
   };
   for (const LayerWeights& l : layers) {
-    total += static_cast<int64_t>(l.qkv.data.size() + l.q.data.size() + l.k.data.size() +
-                                  l.v.data.size() + l.o.data.size() + l.router.data.size() +
-                                  l.shared_gate.data.size());
+    const AttentionWeights& a = l.attention;
     const DeltaNetWeights& d = l.linear;
-    for (const WeightMatrix* m : {&d.qkv, &d.z, &d.b, &d.a, &d.out}) {
+    for (const WeightMatrix* m : {&a.qkv, &a.q, &a.k, &a.v, &a.o, &l.moe.router, &l.moe.shared_gate,
+                                  &d.qkv, &d.z, &d.b, &d.a, &d.out}) {
       total += static_cast<int64_t>(m->data.size());
     }
-    for (const std::vector<float>* v : {&d.conv, &d.a_log, &d.dt_bias, &d.norm}) {
+    for (const std::vector<float>* v :
+         {&l.attn_norm, &a.q_bias, &a.k_bias, &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm,
+          &l.ffn_norm, &d.conv, &d.a_log, &d.dt_bias, &d.norm}) {
       total += floats(*v);
     }
-    for (const std::vector<float>* v : {&l.attn_norm, &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias,
-                                        &l.q_norm, &l.k_norm, &l.ffn_norm}) {
-      total += floats(*v);
-    }
-    for (const ExpertWeights& e : l.experts) total += expert(e);
-    total += expert(l.shared) + expert(l.dense);
+    for (const ExpertWeights& e : l.moe.experts) total += expert(e);
+    total += expert(l.moe.shared) + expert(l.dense);
   }
   return total;
 }

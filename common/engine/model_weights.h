@@ -79,8 +79,8 @@ struct DeltaNetWeights {
   std::vector<float> norm;            // (value head dim,): RMSNorm of each head's output
 };
 
-struct LayerWeights {
-  std::vector<float> attn_norm;  // (hidden,): the token mixer's norm (attention or DeltaNet)
+// Grouped-query attention's (AttentionBlock).
+struct AttentionWeights {
   // q (heads*head_dim, hidden), k and v (kv_heads*head_dim, hidden) stacked in one matrix, so
   // that a step reads them in one product: rows [0, q_dim) are q, then k, then v. Separate (qkv
   // empty) only where their rows do not fill whole panels.
@@ -92,22 +92,32 @@ struct LayerWeights {
   // Empty where the architecture or config has none.
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // (q_dim,), (kv_dim,) x2, (hidden,)
   std::vector<float> q_norm, k_norm;                  // (head_dim,): per-head RMSNorm weights
-  std::vector<float> ffn_norm;                        // (hidden,)
-  // A sparse layer: the router, its routed experts and, where the model has one, the
-  // always-on shared expert and its scalar gate (1, hidden; empty when it has none).
+};
+
+// A sparse layer's (MoeBlock): the router, its routed experts and, where the model has one, the
+// always-on shared expert and its scalar gate (1, hidden; empty when it has none).
+struct MoeWeights {
   WeightMatrix router;                 // (experts, hidden), bf16
   std::vector<ExpertWeights> experts;  // (experts,); empty matrices for experts not loaded
   ExpertWeights shared;                // (shared_intermediate) wide; empty when none
   WeightMatrix shared_gate;            // (1, hidden), bf16
-  // A dense layer (config.IsSparseLayer false): its MLP, and no router or experts.
-  ExpertWeights dense;
-  // A Gated DeltaNet layer's mixer, in place of attention's q, k, v, o (empty otherwise).
-  DeltaNetWeights linear;
 };
 
-// Stacks `layer`'s q, k and v into qkv (and empties them) when their rows fill whole panels and
-// they share a format; otherwise leaves them.
-void StackQkv(LayerWeights* layer);
+// A layer: its token mixer's norm and weights (attention or a Gated DeltaNet, as the layer's
+// spec says; the other is empty), then its feed-forward block's norm and weights (an MoE or,
+// in a dense layer, an MLP; the other is empty). Each block reads its own.
+struct LayerWeights {
+  std::vector<float> attn_norm;  // (hidden,): the token mixer's norm
+  AttentionWeights attention;
+  DeltaNetWeights linear;
+  std::vector<float> ffn_norm;  // (hidden,)
+  MoeWeights moe;
+  ExpertWeights dense;
+};
+
+// Stacks `attention`'s q, k and v into qkv (and empties them) when their rows fill whole panels
+// and they share a format; otherwise leaves them.
+void StackQkv(AttentionWeights* attention);
 
 struct ModelWeights {
   model::ModelConfig config;

@@ -29,9 +29,9 @@ LayerWeights AlwaysOnCopy(const LayerWeights& from) {
   LayerWeights to;
   to.attn_norm = from.attn_norm;
   to.ffn_norm = from.ffn_norm;
-  to.router = from.router;
-  to.shared = from.shared;
-  to.shared_gate = from.shared_gate;
+  to.moe.router = from.moe.router;
+  to.moe.shared = from.moe.shared;
+  to.moe.shared_gate = from.moe.shared_gate;
   to.dense = from.dense;
   return to;
 }
@@ -55,15 +55,15 @@ absl::Status Assign(const model::TensorSpec& spec, const model::TensorView& view
       *final_norm = NormFromTensor(view, config);
       return absl::OkStatus();
     case TensorKind::kRouter:
-      return matrix(&layer->router);
+      return matrix(&layer->moe.router);
     case TensorKind::kSharedGate:
-      return matrix(&layer->shared.gate);
+      return matrix(&layer->moe.shared.gate);
     case TensorKind::kSharedUp:
-      return matrix(&layer->shared.up);
+      return matrix(&layer->moe.shared.up);
     case TensorKind::kSharedDown:
-      return matrix(&layer->shared.down);
+      return matrix(&layer->moe.shared.down);
     case TensorKind::kSharedExpertGate:
-      return matrix(&layer->shared_gate);
+      return matrix(&layer->moe.shared_gate);
     case TensorKind::kDenseGate:
       return matrix(&layer->dense.gate);
     case TensorKind::kDenseUp:

@@ -374,7 +374,7 @@ absl::Status WriteExpertPack(const engine::ModelWeights& weights, const std::str
       if (!weights.HasExpert(l, e)) {
         return absl::InvalidArgumentError("an expert pack needs every expert's weights");
       }
-      const engine::ExpertWeights& w = weights.layers[l].experts[e];
+      const engine::ExpertWeights& w = weights.layers[l].moe.experts[e];
       std::fill(expert.begin(), expert.end(), std::byte{0});
       CopyBundles(layout, w.gate, w.up, w.down, 0, layout.bundles(), expert.data());
       out.write(reinterpret_cast<const char*>(expert.data()),

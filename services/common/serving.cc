@@ -129,7 +129,7 @@ engine::EngineLoop::StepObserver WithPrefixCacheMetrics(engine::EngineLoop::Step
 void ReportResidentExperts(const engine::ModelWeights& weights, DecodeMetrics* metrics) {
   int64_t experts = 0, bytes = 0;
   for (const engine::LayerWeights& layer : weights.layers) {
-    for (const engine::ExpertWeights& e : layer.experts) {
+    for (const engine::ExpertWeights& e : layer.moe.experts) {
       if (e.gate.data.empty()) continue;
       ++experts;
       bytes += static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size());

@@ -37,7 +37,7 @@ AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* po
 
 absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const model::ModelConfig& c = ctx.w.config;
-  const LayerWeights& L = ctx.w.layers[l];
+  const AttentionWeights& L = ctx.w.layers[l].attention;
   const int T = ctx.tokens();
   const int heads = static_cast<int>(c.num_attention_heads);
   const int kv_heads = static_cast<int>(c.num_key_value_heads);
@@ -186,7 +186,7 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
           merge_lse_[p] = part_lse_[row * heads + h];
         }
         ctx.ops->merge_attention(merge_out_.data(), merge_lse_.data(), parts, head_dim,
-                               Row(attn_, unit.first + i, q_dim) + h * head_dim);
+                                 Row(attn_, unit.first + i, q_dim) + h * head_dim);
       }
     }
   }

@@ -45,7 +45,8 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
     // Float32 activations at every level: the logits pick experts.
     for (const StepContext::RowRun& run : ctx.runs) {
       ctx.Linear(Row(ctx.h, run.begin, hidden), run.end - run.begin,
-                 ctx.AlwaysOn(run, l).router.view(), Row(router_logits_, run.begin, num_experts),
+                 ctx.AlwaysOn(run, l).moe.router.view(),
+                 Row(router_logits_, run.begin, num_experts),
                  /*exact=*/true);
     }
   } else {
@@ -111,7 +112,7 @@ void MoeBlock::SharedExpert(int l, StepContext& ctx, float* out) {
   Resize(shared_out_, T, hidden);
   shared_scale_.assign(T, 0.0f);
   for (const StepContext::RowRun& run : ctx.runs) {
-    const LayerWeights& A = ctx.AlwaysOn(run, l);
+    const MoeWeights& A = ctx.AlwaysOn(run, l).moe;
     ctx.SwiGlu(A.shared, run.begin, run.end - run.begin, Row(shared_out_, run.begin, hidden));
     if (c.shared_expert_gated) {
       ctx.Linear(Row(ctx.h, run.begin, hidden), run.end - run.begin, A.shared_gate.view(),
@@ -155,7 +156,7 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
       }
       E = *view;
     } else {
-      const ExpertWeights& W = ctx.w.layers[l].experts[e];
+      const ExpertWeights& W = ctx.w.layers[l].moe.experts[e];
       E = {W.gate.view(), W.up.view(), W.down.view()};
     }
     for (size_t begin = 0; begin < pairs.size();) {

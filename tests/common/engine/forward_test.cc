@@ -346,8 +346,8 @@ TEST_F(ForwardGoldenTest, RetainedOnlyWeightsRunTheMaskedModelAndRefuseOthers) {
   int64_t full_bytes = 0, slim_bytes = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     for (int e = 0; e < c.num_local_experts; ++e) {
-      const ExpertWeights& want = weights_->layers[l].experts[e];
-      const ExpertWeights& got = (*slim)->layers[l].experts[e];
+      const ExpertWeights& want = weights_->layers[l].moe.experts[e];
+      const ExpertWeights& got = (*slim)->layers[l].moe.experts[e];
       full_bytes += static_cast<int64_t>(want.gate.data.size() * 3) * 2;
       slim_bytes +=
           static_cast<int64_t>(got.gate.data.size() + got.up.data.size() + got.down.data.size()) *
@@ -430,7 +430,7 @@ TEST_F(ForwardGoldenTest, NarrowWidthsEqualExpertsWithTheOtherNeuronsZeroed) {
     }
     ModelWeights zeroed = *weights_;
     for (LayerWeights& layer : zeroed.layers) {
-      for (ExpertWeights& e : layer.experts) {
+      for (ExpertWeights& e : layer.moe.experts) {
         for (WeightMatrix* m : {&e.gate, &e.up}) {  // rows [width, inter) zero, packed again
           std::vector<uint16_t> rows(static_cast<size_t>(inter) * hidden, 0);
           for (int r = 0; r < width; ++r) {

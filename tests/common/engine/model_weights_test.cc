@@ -30,13 +30,13 @@ TEST(RandomWeightsTest, ShapesFollowTheConfig) {
   EXPECT_EQ(m.embed.cols, 96);
   ASSERT_EQ(m.layers.size(), 3u);
   // q (96), k and v (48 each) stacked in one matrix.
-  EXPECT_EQ(m.layers[0].qkv.rows(), 96 + 2 * 48);
-  EXPECT_EQ(m.layers[0].qkv.cols(), 96);
-  EXPECT_TRUE(m.layers[0].q.empty());
-  EXPECT_EQ(m.layers[0].router.rows(), 6);
-  ASSERT_EQ(m.layers[2].experts.size(), 6u);
-  EXPECT_EQ(m.layers[2].experts[5].down.rows(), 96);
-  EXPECT_EQ(m.layers[2].experts[5].down.cols(), 160);
+  EXPECT_EQ(m.layers[0].attention.qkv.rows(), 96 + 2 * 48);
+  EXPECT_EQ(m.layers[0].attention.qkv.cols(), 96);
+  EXPECT_TRUE(m.layers[0].attention.q.empty());
+  EXPECT_EQ(m.layers[0].moe.router.rows(), 6);
+  ASSERT_EQ(m.layers[2].moe.experts.size(), 6u);
+  EXPECT_EQ(m.layers[2].moe.experts[5].down.rows(), 96);
+  EXPECT_EQ(m.layers[2].moe.experts[5].down.cols(), 160);
   EXPECT_EQ(m.lm_head.rows(), 300);
   EXPECT_EQ(m.lm_head.cols(), 96);
 }
@@ -46,10 +46,10 @@ TEST(RandomWeightsTest, ReproducibleInTheSeedWithStandardDeviation002) {
   auto b = ModelWeights::Random(SmallConfig(), 7);
   auto c = ModelWeights::Random(SmallConfig(), 8);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
-  EXPECT_EQ((*a)->layers[1].experts[3].up.data, (*b)->layers[1].experts[3].up.data);
-  EXPECT_NE((*a)->layers[1].experts[3].up.data, (*c)->layers[1].experts[3].up.data);
+  EXPECT_EQ((*a)->layers[1].moe.experts[3].up.data, (*b)->layers[1].moe.experts[3].up.data);
+  EXPECT_NE((*a)->layers[1].moe.experts[3].up.data, (*c)->layers[1].moe.experts[3].up.data);
   // Different matrices of one model differ too.
-  EXPECT_NE((*a)->layers[1].experts[3].up.data, (*a)->layers[1].experts[3].gate.data);
+  EXPECT_NE((*a)->layers[1].moe.experts[3].up.data, (*a)->layers[1].moe.experts[3].gate.data);
   double sum = 0, sum_sq = 0;
   const auto& data = (*a)->embed.data;
   for (uint16_t bits : data) {
@@ -120,9 +120,9 @@ TEST(RandomWeightsTest, RetainedOnlyExpertsAreTheFullModelsAndTheRestAbsent) {
   ASSERT_TRUE(full.ok() && slim.ok());
   for (int l = 0; l < 3; ++l) {
     for (int e = 0; e < 6; ++e) {
-      const ExpertWeights& got = (*slim)->layers[l].experts[e];
+      const ExpertWeights& got = (*slim)->layers[l].moe.experts[e];
       if (only.retained[l][e]) {
-        EXPECT_EQ(got.up.data, (*full)->layers[l].experts[e].up.data);
+        EXPECT_EQ(got.up.data, (*full)->layers[l].moe.experts[e].up.data);
       } else {
         EXPECT_EQ(got.up.rows(), 0);
         EXPECT_TRUE(got.up.data.empty());
@@ -131,7 +131,7 @@ TEST(RandomWeightsTest, RetainedOnlyExpertsAreTheFullModelsAndTheRestAbsent) {
   }
   // Matrices after the skipped experts are unchanged too.
   EXPECT_EQ((*slim)->lm_head.data, (*full)->lm_head.data);
-  EXPECT_EQ((*slim)->layers[2].qkv.data, (*full)->layers[2].qkv.data);
+  EXPECT_EQ((*slim)->layers[2].attention.qkv.data, (*full)->layers[2].attention.qkv.data);
 }
 
 // Random weights of the Qwen layouts: q/k norms, biases, a shared expert and its gate on sparse
@@ -147,15 +147,15 @@ TEST(RandomWeightsTest, QwenLayoutsHaveTheirExtraTensors) {
   ASSERT_TRUE(w.ok()) << w.status();
   const LayerWeights& sparse = (*w)->layers[0];
   const LayerWeights& dense = (*w)->layers[1];
-  EXPECT_EQ(sparse.q_norm.size(), 16u);
-  EXPECT_EQ(sparse.k_norm.size(), 16u);
-  EXPECT_EQ(sparse.q_bias.size(), 64u);
-  EXPECT_EQ(sparse.o_bias.size(), 32u);
-  EXPECT_EQ(sparse.experts.size(), 8u);
-  EXPECT_EQ(sparse.router.rows(), 8);
+  EXPECT_EQ(sparse.attention.q_norm.size(), 16u);
+  EXPECT_EQ(sparse.attention.k_norm.size(), 16u);
+  EXPECT_EQ(sparse.attention.q_bias.size(), 64u);
+  EXPECT_EQ(sparse.attention.o_bias.size(), 32u);
+  EXPECT_EQ(sparse.moe.experts.size(), 8u);
+  EXPECT_EQ(sparse.moe.router.rows(), 8);
   EXPECT_TRUE(sparse.dense.gate.data.empty());
-  EXPECT_TRUE(dense.experts.empty());
-  EXPECT_TRUE(dense.router.data.empty());
+  EXPECT_TRUE(dense.moe.experts.empty());
+  EXPECT_TRUE(dense.moe.router.data.empty());
   EXPECT_EQ(dense.dense.gate.rows(), 64);
   EXPECT_EQ(dense.dense.down.cols(), 64);
   for (int r : {0, 57, 99}) {  // tied: the lm_head is the embedding, packed
@@ -172,14 +172,14 @@ TEST(RandomWeightsTest, QwenLayoutsHaveTheirExtraTensors) {
   w = ModelWeights::Random(*qwen2, 1);
   ASSERT_TRUE(w.ok()) << w.status();
   const LayerWeights& layer = (*w)->layers[0];
-  EXPECT_EQ(layer.shared.gate.rows(), 48);
-  EXPECT_EQ(layer.shared.down.cols(), 48);
-  EXPECT_EQ(layer.shared_gate.rows(), 1);
-  EXPECT_EQ(layer.shared_gate.cols(), 32);
-  EXPECT_EQ(layer.q_bias.size(), 32u);
-  EXPECT_EQ(layer.v_bias.size(), 32u);
-  EXPECT_TRUE(layer.o_bias.empty());
-  EXPECT_TRUE(layer.q_norm.empty());
+  EXPECT_EQ(layer.moe.shared.gate.rows(), 48);
+  EXPECT_EQ(layer.moe.shared.down.cols(), 48);
+  EXPECT_EQ(layer.moe.shared_gate.rows(), 1);
+  EXPECT_EQ(layer.moe.shared_gate.cols(), 32);
+  EXPECT_EQ(layer.attention.q_bias.size(), 32u);
+  EXPECT_EQ(layer.attention.v_bias.size(), 32u);
+  EXPECT_TRUE(layer.attention.o_bias.empty());
+  EXPECT_TRUE(layer.attention.q_norm.empty());
 }
 
 }  // namespace

@@ -124,19 +124,20 @@ TEST_F(OverlayTest, LoadsTheFilesTensorsAndTheModelsForTheRest) {
   EXPECT_EQ(o.sha256, *util::Sha256OfFile(path));
   ASSERT_EQ(o.layers.size(), 6u);
   // The router is held as bf16, as the model's are.
-  EXPECT_EQ(o.layers[0].router.rows(), 16);
-  EXPECT_EQ(o.layers[0].router.format(), kernels::WeightFormat::kBf16);
-  EXPECT_EQ(o.layers[0].router.at(0, 0), kernels::cpu::Bf16ToF32(kernels::cpu::F32ToBf16(0.01f)));
+  EXPECT_EQ(o.layers[0].moe.router.rows(), 16);
+  EXPECT_EQ(o.layers[0].moe.router.format(), kernels::WeightFormat::kBf16);
+  EXPECT_EQ(o.layers[0].moe.router.at(0, 0),
+            kernels::cpu::Bf16ToF32(kernels::cpu::F32ToBf16(0.01f)));
   EXPECT_EQ(o.layers[2].attn_norm, std::vector<float>(192, 1.5f));
   EXPECT_EQ(o.final_norm, std::vector<float>(192, 0.75f));
   // What the file does not hold is the model's.
-  EXPECT_TRUE(o.layers[1].router.data == weights_->layers[1].router.data);
+  EXPECT_TRUE(o.layers[1].moe.router.data == weights_->layers[1].moe.router.data);
   EXPECT_EQ(o.layers[0].attn_norm, weights_->layers[0].attn_norm);
   EXPECT_EQ(o.layers[2].ffn_norm, weights_->layers[2].ffn_norm);
   // Only always-on fields: no attention or experts.
-  EXPECT_TRUE(o.layers[0].qkv.data.empty());
-  EXPECT_TRUE(o.layers[0].q.data.empty());
-  EXPECT_TRUE(o.layers[0].experts.empty());
+  EXPECT_TRUE(o.layers[0].attention.qkv.data.empty());
+  EXPECT_TRUE(o.layers[0].attention.q.data.empty());
+  EXPECT_TRUE(o.layers[0].moe.experts.empty());
 }
 
 TEST_F(OverlayTest, RefusesAnOverlayMadeForAnotherCheckpoint) {
@@ -222,7 +223,7 @@ TEST_F(OverlayTest, ForwardPassUsesTheOverlayPerSequenceAndLeavesTheModelUnchang
   auto overlay = Load(Write(Valid(), Metadata()));
   ASSERT_TRUE(overlay.ok()) << overlay.status();
   const std::vector<float> norm_before = weights_->final_norm;
-  const auto router_before = weights_->layers[0].router.data;
+  const auto router_before = weights_->layers[0].moe.router.data;
   KvCacheConfig kv{6, 2, 32, /*block_size=*/8, /*num_blocks=*/32};
   auto pool = KvBlockPool::Create(kv);
   ASSERT_TRUE(pool.ok());
@@ -273,7 +274,7 @@ TEST_F(OverlayTest, ForwardPassUsesTheOverlayPerSequenceAndLeavesTheModelUnchang
   t2.ReleaseAll(pool->get());
 
   EXPECT_EQ(weights_->final_norm, norm_before);
-  EXPECT_EQ(weights_->layers[0].router.data, router_before);
+  EXPECT_EQ(weights_->layers[0].moe.router.data, router_before);
 }
 
 // Every overlay shipped in models/*/distill loads for the plan its name gives

@@ -86,8 +86,8 @@ TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
   auto bf16 = LoadModelWeights(*testing::OpenModelDir(Source()), LoadFormat::kSafetensors);
   auto int4 = LoadModelWeights(*testing::OpenModelDir(out_), LoadFormat::kSafetensors);
   ASSERT_TRUE(bf16.ok() && int4.ok()) << int4.status();
-  const WeightMatrix& want = (*bf16)->layers[2].experts[5].gate;
-  const WeightMatrix& got = (*int4)->layers[2].experts[5].gate;
+  const WeightMatrix& want = (*bf16)->layers[2].moe.experts[5].gate;
+  const WeightMatrix& got = (*int4)->layers[2].moe.experts[5].gate;
   ASSERT_EQ(got.format(), WeightFormat::kInt4);
   std::vector<float> values(static_cast<size_t>(want.rows()) * want.cols());
   for (int r = 0; r < want.rows(); ++r) {
@@ -103,8 +103,8 @@ TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
           << r << "," << c;
     }
   }
-  EXPECT_EQ((*int4)->layers[2].qkv.format(), WeightFormat::kBf16);
-  EXPECT_EQ((*int4)->layers[2].router.format(), WeightFormat::kBf16);
+  EXPECT_EQ((*int4)->layers[2].attention.qkv.format(), WeightFormat::kBf16);
+  EXPECT_EQ((*int4)->layers[2].moe.router.format(), WeightFormat::kBf16);
   EXPECT_EQ((*int4)->lm_head.format(), WeightFormat::kBf16);
 }
 
@@ -133,8 +133,8 @@ TEST_F(QuantizeTest, StackedExpertsAreQuantizedOneTensorEach) {
   // Each expert's matrices are its own slices of the stacked tensors: within half an int8 step
   // of every group.
   for (auto [l, e] : {std::pair{0, 0}, std::pair{2, 5}, std::pair{3, 7}}) {
-    const ExpertWeights& a = (*original)->layers[l].experts[e];
-    const ExpertWeights& b = (*quantized)->layers[l].experts[e];
+    const ExpertWeights& a = (*original)->layers[l].moe.experts[e];
+    const ExpertWeights& b = (*quantized)->layers[l].moe.experts[e];
     for (auto [from, to] :
          {std::pair{&a.gate, &b.gate}, std::pair{&a.up, &b.up}, std::pair{&a.down, &b.down}}) {
       ASSERT_EQ(from->rows(), to->rows());

@@ -48,7 +48,7 @@ class ExpertStoreTest : public ::testing::TestWithParam<int> {
 
   // Checks that `r` holds the first r.width neurons of (layer, expert).
   void ExpectPrefix(const ResidentExpert& r, int layer, int expert) {
-    const engine::ExpertWeights& w = weights_->layers[layer].experts[expert];
+    const engine::ExpertWeights& w = weights_->layers[layer].moe.experts[expert];
     ASSERT_EQ(r.gate.rows(), r.width);
     ASSERT_EQ(r.up.rows(), r.width);
     ASSERT_EQ(r.down.cols(), r.width);

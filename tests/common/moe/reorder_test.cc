@@ -90,8 +90,8 @@ TEST(ReorderCheckpointTest, FunctionIdenticalAtFullWidthAndImportantNeuronsFirst
   const int hidden = static_cast<int>(c.hidden_size);
   // Neuron order[i] became neuron i: gate/up rows and down columns moved together.
   const std::vector<int> order = NeuronOrder(stats->layers[3].neuron_importance[5]);
-  const engine::ExpertWeights& a = (*original)->layers[3].experts[5];
-  const engine::ExpertWeights& b = (*reordered)->layers[3].experts[5];
+  const engine::ExpertWeights& a = (*original)->layers[3].moe.experts[5];
+  const engine::ExpertWeights& b = (*reordered)->layers[3].moe.experts[5];
   for (int i : {0, 1, inter - 1}) {
     for (int j = 0; j < hidden; ++j) {
       ASSERT_EQ(b.gate.at(i, j), a.gate.at(order[i], j)) << i << "," << j;
@@ -100,7 +100,7 @@ TEST(ReorderCheckpointTest, FunctionIdenticalAtFullWidthAndImportantNeuronsFirst
     EXPECT_EQ(b.down.at(7, i), a.down.at(7, order[i]));
   }
   EXPECT_EQ((*reordered)->embed.data, (*original)->embed.data);
-  EXPECT_TRUE((*reordered)->layers[2].router.data == (*original)->layers[2].router.data);
+  EXPECT_TRUE((*reordered)->layers[2].moe.router.data == (*original)->layers[2].moe.router.data);
   auto file = model::SafetensorsFile::Open(reordered_dir + "/model.safetensors");
   ASSERT_TRUE(file.ok());
   EXPECT_EQ((*file)->metadata().at("tandem.calibration_text_sha256"), stats->text_sha256);
@@ -173,8 +173,8 @@ TEST(ReorderCheckpointTest, StackedExpertsAreWrittenOneTensorEach) {
   const int hidden = static_cast<int>(config.hidden_size);
   for (auto [l, e] : {std::pair{0, 1}, std::pair{3, 6}}) {
     const std::vector<int> order = NeuronOrder(stats.layers[l].neuron_importance[e]);
-    const engine::ExpertWeights& a = (*original)->layers[l].experts[e];
-    const engine::ExpertWeights& b = (*reordered)->layers[l].experts[e];
+    const engine::ExpertWeights& a = (*original)->layers[l].moe.experts[e];
+    const engine::ExpertWeights& b = (*reordered)->layers[l].moe.experts[e];
     for (int i = 0; i < inter; ++i) {
       for (int j = 0; j < hidden; ++j) {
         ASSERT_EQ(b.gate.at(i, j), a.gate.at(order[i], j)) << l << "," << e << "," << i;
