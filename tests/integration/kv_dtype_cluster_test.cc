@@ -1,11 +1,13 @@
 // The KV cache in bf16 and int8 through real processes (docs/kv-cache.md): a disaggregated
 // cluster whose prefill and decode both store `--kv_dtype` — the smaller blocks moving over UCX
-// unchanged — gives exactly the greedy tokens of colocated tandem-serve with the same dtype, and
+// unchanged — gives exactly the greedy tokens of colocated tandem-serve with the same dtype
+// (tiny-moe in bf16 and int8; the hybrid in int8, its recurrent state float32 beside), and
 // reports the dtype and the pool's bytes on /metrics; a prefill and a decode configured with
 // different dtypes refuse the request, naming both dtypes, and a bad --kv_dtype stops a service
 // at start-up.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -20,14 +22,19 @@ constexpr int kTokens = 24;
 
 using testing::MetricValue;
 
-class KvDtypeClusterTest : public ::testing::TestWithParam<const char*> {
- protected:
-  const nlohmann::json manifest_ = testing::LoadGoldenManifest();
+// (shipped model, dtype): the hybrid's recurrent state stays float32 whatever the KV dtype.
+struct DtypeCase {
+  const char* model;
+  const char* dtype;
 };
 
+class KvDtypeClusterTest : public ::testing::TestWithParam<DtypeCase> {};
+
 TEST_P(KvDtypeClusterTest, ClusterEqualsColocatedServingWithTheSameDtype) {
-  const std::string flag = std::string("--kv_dtype=") + GetParam();
-  const std::string model = testing::SourceDir() + "/models/tiny-moe";
+  const std::string dtype = GetParam().dtype;
+  const std::string flag = "--kv_dtype=" + dtype;
+  const std::string model = testing::SourceDir() + "/models/" + GetParam().model;
+  const nlohmann::json manifest = testing::LoadGoldenManifest(GetParam().model);
   std::vector<std::vector<int32_t>> disaggregated, colocated;
   {
     testing::ServiceSet set(model);
@@ -35,18 +42,26 @@ TEST_P(KvDtypeClusterTest, ClusterEqualsColocatedServingWithTheSameDtype) {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     auto client = testing::ConnectClient(cluster->gateway);
     ASSERT_NE(client, nullptr);
-    disaggregated = testing::GreedyContinuations(client.get(), manifest_, kTokens);
-    EXPECT_EQ(MetricValue(cluster->decode.http_port, "tandem_kv_cache_info",
-                          std::string("dtype=\"") + GetParam() + "\""),
-              1);
+    disaggregated = testing::GreedyContinuations(client.get(), manifest, kTokens);
+    EXPECT_EQ(
+        MetricValue(cluster->decode.http_port, "tandem_kv_cache_info", "dtype=\"" + dtype + "\""),
+        1);
     EXPECT_GT(MetricValue(cluster->decode.http_port, "tandem_kv_cache_bytes", ""), 0);
   }
-  colocated = testing::ColocatedContinuations(model, {flag}, manifest_, kTokens);
+  colocated = testing::ColocatedContinuations(model, {flag}, manifest, kTokens);
   testing::ExpectSameContinuations(disaggregated, colocated, kTokens);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, KvDtypeClusterTest, ::testing::Values("bf16", "int8"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Dtypes, KvDtypeClusterTest,
+                         ::testing::Values(DtypeCase{"tiny-moe", "bf16"},
+                                           DtypeCase{"tiny-moe", "int8"},
+                                           DtypeCase{"tiny-hybrid-moe", "int8"}),
+                         [](const auto& info) {
+                           std::string name =
+                               std::string(info.param.model) + "_" + info.param.dtype;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(KvDtypeMismatchTest, PrefillAndDecodeOfDifferentDtypesRefuseTheRequest) {
   testing::ServiceSet set(testing::SourceDir() + "/models/tiny-moe");
