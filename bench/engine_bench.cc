@@ -38,8 +38,10 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
+#include "bench/op_timeline.h"
 #include "common/engine/forward.h"
 #include "common/engine/kv_cache.h"
 #include "common/engine/model_weights.h"
@@ -68,6 +70,9 @@ ABSL_FLAG(std::string, prefill_contrast, "attention_by_query",
           "The prefill table's last row, for contrast: attention_by_query (the full pool with "
           "attention one query at a time), delta_net_by_token (a hybrid's Gated DeltaNet one "
           "token at a time instead of in chunks of 64), or none.");
+ABSL_FLAG(bool, timeline, false,
+          "After each batch's decode, --steps more of the full model through a timing backend: "
+          "a per-op table (calls, ms and share of a step, the products' weight GB/s).");
 ABSL_FLAG(std::string, keep, "",
           "Pruned decoders to compare, as experts retained per layer, e.g. 4,2 (of 8).");
 
@@ -335,6 +340,28 @@ int Run() {
     }
   }
 
+  // The per-op timeline's pass: the same weights, pool and routing through a timing backend.
+  const bool timeline = absl::GetFlag(FLAGS_timeline);
+  auto timed_pass =
+      ForwardPass::Create(weights->get(), pool->get(), &bench::TimedBackend(k::ActiveBackend()));
+  if (!timed_pass.ok()) {
+    std::cerr << "tandem_engine_bench: " << timed_pass.status() << "\n";
+    return 1;
+  }
+  if (!routing.empty()) {
+    (*timed_pass)
+        ->SetRouterOverride(*ZipfRouter::FromSpec(routing, static_cast<int>(c.num_hidden_layers),
+                                                  static_cast<int>(c.num_local_experts), seed));
+  }
+  struct Timeline {
+    int batch;
+    double step_s;
+    double attention_s;              // attention's wall time a step (its ops run in workers)
+    std::vector<bench::OpTime> ops;  // totals over `steps` steps
+    int steps;
+  };
+  std::vector<Timeline> timelines;
+
   struct Row {
     int batch;
     size_t setting;
@@ -439,6 +466,37 @@ int Run() {
                       runs[k] / n / c.num_hidden_layers, flops[k] / n / step_s / 1e9,
                       kv_bytes[k] / n / 1e6, attention_s[k] / n * 1e3, state_bytes[k] / n / 1e6});
     }
+    if (timeline) {  // the full model again, each op timed
+      logits = prefill_logits;
+      for (int s = 0; s < batch && recurrent; ++s) {
+        std::copy(prefill_state[s].begin(), prefill_state[s].end(),
+                  (*pool)->state(tables[s].state_slot()));
+      }
+      std::vector<int32_t> next(batch);
+      std::vector<double> step_times;
+      double attention_wall = 0;
+      for (int step = 0; step < steps + 2; ++step) {
+        if (step == 2) bench::ResetOpTimes();
+        inputs.clear();
+        for (int s = 0; s < batch; ++s) {
+          const auto& row = logits[s];
+          next[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+          inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
+        }
+        const auto start = Clock::now();
+        if (absl::Status s = (*timed_pass)->Step(inputs, settings[0].moe(), &logits); !s.ok()) {
+          std::cerr << "tandem_engine_bench: " << s << "\n";
+          return 1;
+        }
+        if (step >= 2) {
+          step_times.push_back(Seconds(start, Clock::now()));
+          attention_wall += (*timed_pass)->last_step_stats().attention_seconds;
+        }
+      }
+      double total = 0;
+      for (double t : step_times) total += t;
+      timelines.push_back({batch, total / steps, attention_wall / steps, bench::OpTimes(), steps});
+    }
     for (auto& t : tables) t.ReleaseAll(pool->get());
   }
 
@@ -524,6 +582,30 @@ int Run() {
                 prefill_tokens / prefill_s, prefill_attention_s[k] * 1e3,
                 prefill_flops[k] / prefill_s / 1e9, prefill_bytes[k] / 1e6,
                 prefill_bytes[k] / (roofline_gbs * 1e9) * 1e3);
+  }
+  for (const Timeline& t : timelines) {
+    std::printf(
+        "\nPer-op timeline, decode batch %d, full model: %.2f ms a step (mean of %d, timed)\n\n",
+        t.batch, t.step_s * 1e3, t.steps);
+    std::printf("| op | calls / step | ms / step | share of step | weight GB/s |\n");
+    std::printf("|---|---|---|---|---|\n");
+    double on_step_thread = 0;
+    for (const bench::OpTime& op : t.ops) {
+      const double ms = op.seconds / t.steps * 1e3;
+      if (!op.in_workers) on_step_thread += op.seconds / t.steps;
+      const std::string gbs =
+          op.bytes > 0 ? absl::StrFormat("%.1f", op.bytes / op.seconds / 1e9) : std::string("");
+      std::printf("| %s%s | %.1f | %.3f | %.1f%% | %s |\n", op.name.c_str(),
+                  op.in_workers ? " (thread time)" : "", static_cast<double>(op.calls) / t.steps,
+                  ms, 100 * op.seconds / t.steps / t.step_s, gbs.c_str());
+    }
+    const double outside = t.step_s - on_step_thread - t.attention_s;
+    std::printf("| attention (wall: its ops' items over the threads) | | %.3f | %.1f%% | |\n",
+                t.attention_s * 1e3, 100 * t.attention_s / t.step_s);
+    std::printf(
+        "| outside the ops (engine control; the DeltaNet's workers' wall time) | | %.3f | %.1f%% "
+        "| |\n",
+        outside * 1e3, 100 * outside / t.step_s);
   }
   return 0;
 }
