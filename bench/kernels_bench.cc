@@ -385,7 +385,8 @@ void RegisterBenchmarks() {
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
   }
-  for (const char* impl : {"fast", "reference", "avx2", "avx512", "avx512vnni", "avx512bf16"}) {
+  for (const char* impl :
+       {"fast", "reference", "avx2", "avx2int8", "avx512", "avx512vnni", "avx512bf16"}) {
     for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8, WeightFormat::kInt4}) {
       for (const auto& shape : shapes) {
         for (int64_t b : {1, 4, 16, 64}) {

@@ -65,8 +65,8 @@ ABSL_FLAG(std::string, kv_dtype, "bf16",
           "(per-token, per-head scales); docs/kv-cache.md.");
 ABSL_FLAG(std::string, kernels, "",
           "CPU kernel level of commands that run a model here: auto (the fastest this CPU has), "
-          "exact (the fastest that keeps activations float32), or reference, avx2, avx512, "
-          "avx512vnni, avx512bf16; empty: TANDEM_KERNELS, else auto.");
+          "exact (the fastest that keeps activations float32), or reference, avx2, avx2int8, "
+          "avx512, avx512vnni, avx512bf16, amx; empty: TANDEM_KERNELS, else auto.");
 ABSL_FLAG(std::string, out, "",
           "Where calibrate writes its statistics (JSON), prune its plan (proto JSON), or bench "
           "serve its result (JSON).");

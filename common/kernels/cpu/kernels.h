@@ -8,6 +8,8 @@
 // its instructions (and the OS enables them):
 //   reference    plain loops, the test oracle
 //   avx2         AVX2 + FMA + F16C; activations float32
+//   avx2int8     + int8 / int4 weights meet activations quantized to int8 per group
+//                (vpmaddubsw): the default on CPUs without AVX-512
 //   avx512       AVX-512 F/BW/VL/DQ; activations float32
 //   avx512vnni   + VNNI: int8/int4 weights meet activations quantized to int8 per group
 //   avx512bf16   + AVX512_BF16: bf16 weights meet activations rounded to bf16 as well

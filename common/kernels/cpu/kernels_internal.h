@@ -121,6 +121,7 @@ extern const LinearFn kAvx512Linear;
 extern const LinearFn kAvx512VnniLinear;
 extern const LinearFn kAvx512Bf16Linear;
 extern const LinearFn kAvx2Linear;
+extern const LinearFn kAvx2Int8Linear;  // int8 activations for int8 / int4 weights
 // AMX tiles (linear_amx.cc): bf16 activations for bf16 weights, int8 for int8/int4; and the same
 // kernels over a software model of the tile instructions, for tests on machines without AMX.
 extern const LinearFn kAmxLinear;

@@ -1,9 +1,11 @@
 // The matrix products over packed weights (common/kernels/packed_matrix.h) on AVX2 + FMA, for
-// CPUs without AVX-512: activations stay float32, bf16 weights are widened and int8 / int4
-// weights dequantized in registers. Compiled for those instructions with a target pragma;
-// kernels.cc calls into this file only after checking the CPU, and every function here has
-// internal linkage. As on AVX-512, each output sums its products in the same lanes in the same
-// order whatever the batch, the tile and the split across threads.
+// CPUs without AVX-512: at the avx2 level activations stay float32, bf16 weights are widened
+// and int8 / int4 weights dequantized in registers; at avx2int8, int8 / int4 weights meet
+// activations quantized to int8 per group in vpmaddubsw, as avx512vnni's meet them in vpdpbusd.
+// Compiled for those instructions with a target pragma; kernels.cc calls into this file only after
+// checking the CPU, and every function here has internal linkage. As on AVX-512, each output sums
+// its products in the same lanes in the same order whatever the batch, the tile and the split
+// across threads.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -33,6 +35,12 @@ struct TileArgs {
   float* y;
   int64_t ldy;
   PackedMatrix w;
+  // avx2int8: the activations quantized per group (QuantizeActivations), rows ldq apart, and
+  // their scales and level sums (rows, groups).
+  const int8_t* xq = nullptr;
+  int64_t ldq = 0;
+  const float* xscale = nullptr;
+  const int32_t* xsum = nullptr;
 };
 
 TANDEM_INLINE const std::byte* Panel(const TileArgs& a, int panel) {
@@ -208,11 +216,180 @@ void Linear(const float* x, int b, const PackedMatrix& w, float* y) {
   });
 }
 
+// ---- avx2int8: int8 activations for int8 / int4 weights (vpmaddubsw) ----
+// Per group and panel, the integer sums of q_w * q_x for the panel's 16 rows in two registers
+// (rows 0-7 and 8-15: a chunk's 32-bit lane is one row's 4 columns), then scaled by (weight
+// scale) x (activation scale) into float32. vpmaddubsw multiplies unsigned by signed bytes and
+// adds pairs into 16 bits with saturation, so: int4 levels (q + 8, 0..15) meet q_x as they are
+// (a pair at most 2 x 15 x 127), the offset taken out by starting at -8 sum(q_x); int8 levels
+// (q + 128) become q, and |q| meets q_x with q's sign (a pair at most 2 x 127 x 127 < 2^15).
+// The sums are exact, so an output does not depend on the batch, the tile or the threads.
+
+TANDEM_INLINE __m256i BroadcastQuad(const int8_t* q) {
+  int32_t quad;
+  std::memcpy(&quad, q, 4);
+  return _mm256_set1_epi32(quad);
+}
+
+// M activation rows against Q consecutive panels.
+template <int M, int Q, bool kInt4>
+struct QuantizedTile {
+  static void Run(const TileArgs& a, int m0, int p0) {
+    __m256 acc[M][Q][2];
+    for (int m = 0; m < M; ++m) {
+      for (int q = 0; q < Q; ++q) acc[m][q][0] = acc[m][q][1] = _mm256_setzero_ps();
+    }
+    const int group = a.w.group;
+    const int groups = a.w.cols / group;
+    const int64_t group_bytes = int64_t{kPanelRows} * group * (kInt4 ? 4 : 8) / 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i nibbles = _mm256_set1_epi8(0x0f);
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int g = 0; g < groups; ++g) {
+      __m256i sums[M][Q][2];
+      for (int m = 0; m < M; ++m) {
+        const __m256i start =
+            _mm256_set1_epi32(kInt4 ? -8 * a.xsum[int64_t{m0 + m} * groups + g] : 0);
+        for (int q = 0; q < Q; ++q) sums[m][q][0] = sums[m][q][1] = start;
+      }
+      const int8_t* xg = a.xq + int64_t{m0} * a.ldq + int64_t{g} * group;
+      if constexpr (kInt4) {
+        for (int c = 0; c < group / 8; ++c) {
+          __m256i lo[Q][2], hi[Q][2];
+          for (int q = 0; q < Q; ++q) {
+            const std::byte* chunk =
+                Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
+            for (int h = 0; h < 2; ++h) {
+              const __m256i v =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
+              lo[q][h] = _mm256_and_si256(v, nibbles);
+              hi[q][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibbles);
+            }
+          }
+          for (int m = 0; m < M; ++m) {
+            const __m256i xl = BroadcastQuad(xg + m * a.ldq + 8 * c);
+            const __m256i xh = BroadcastQuad(xg + m * a.ldq + 8 * c + 4);
+            for (int q = 0; q < Q; ++q) {
+              for (int h = 0; h < 2; ++h) {
+                const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[q][h], xl),
+                                                       _mm256_maddubs_epi16(hi[q][h], xh));
+                sums[m][q][h] = _mm256_add_epi32(sums[m][q][h], _mm256_madd_epi16(pairs, ones));
+              }
+            }
+          }
+        }
+      } else {
+        for (int c = 0; c < group / 4; ++c) {
+          __m256i level[Q][2], magnitude[Q][2];
+          for (int q = 0; q < Q; ++q) {
+            const std::byte* chunk =
+                Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
+            for (int h = 0; h < 2; ++h) {
+              level[q][h] = _mm256_xor_si256(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h)), flip);
+              magnitude[q][h] = _mm256_abs_epi8(level[q][h]);
+            }
+          }
+          for (int m = 0; m < M; ++m) {
+            const __m256i xv = BroadcastQuad(xg + m * a.ldq + 4 * c);
+            for (int q = 0; q < Q; ++q) {
+              for (int h = 0; h < 2; ++h) {
+                const __m256i pairs =
+                    _mm256_maddubs_epi16(magnitude[q][h], _mm256_sign_epi8(xv, level[q][h]));
+                sums[m][q][h] = _mm256_add_epi32(sums[m][q][h], _mm256_madd_epi16(pairs, ones));
+              }
+            }
+          }
+        }
+      }
+      for (int q = 0; q < Q; ++q) {
+        const std::byte* scales = Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2;
+        __m256 scale[2];
+        for (int h = 0; h < 2; ++h) {
+          scale[h] =
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
+        }
+        for (int m = 0; m < M; ++m) {
+          const __m256 xs = _mm256_set1_ps(a.xscale[int64_t{m0 + m} * groups + g]);
+          for (int h = 0; h < 2; ++h) {
+            acc[m][q][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[m][q][h]),
+                                           _mm256_mul_ps(scale[h], xs), acc[m][q][h]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      for (int q = 0; q < Q; ++q) {
+        StoreHalf(a, m0 + m, p0 + q, 0, acc[m][q][0]);
+        StoreHalf(a, m0 + m, p0 + q, 8, acc[m][q][1]);
+      }
+    }
+  }
+};
+
+template <bool kInt4, int Q>
+struct QuantizedPanels {
+  template <int M>
+  using Tile = QuantizedTile<M, Q, kInt4>;
+};
+
+// Panels [begin, end) two at a time (the last alone), activation rows two at a time.
+template <bool kInt4>
+void QuantizedTiles(const TileArgs& a, int b, int begin, int end) {
+  static constexpr auto kPairs =
+      MakeTileTable<QuantizedPanels<kInt4, 2>::template Tile>(std::make_integer_sequence<int, 2>());
+  static constexpr auto kSingles =
+      MakeTileTable<QuantizedPanels<kInt4, 1>::template Tile>(std::make_integer_sequence<int, 2>());
+  int p = begin;
+  for (; p + 2 <= end; p += 2) {
+    for (int m = 0; m < b; m += 2) kPairs[std::min(2, b - m) - 1](a, m, p);
+  }
+  for (; p < end; ++p) {
+    for (int m = 0; m < b; m += 2) kSingles[std::min(2, b - m) - 1](a, m, p);
+  }
+}
+
+// int8 / int4 weights against activations quantized per group; bf16 weights as Linear.
+void LinearInt8Activations(const float* x, int b, const PackedMatrix& w, float* y) {
+  if (b <= 0 || w.rows <= 0) return;
+  if (w.format == WeightFormat::kBf16) {
+    Linear(x, b, w, y);
+    return;
+  }
+  ActivationScratch& s = ThreadScratch();
+  const int groups = w.cols / w.group;
+  s.q.resize(static_cast<size_t>(b) * w.cols);
+  s.scales.resize(static_cast<size_t>(b) * groups);
+  s.sums.resize(s.scales.size());
+  for (int m = 0; m < b; ++m) {
+    QuantizeActivations(x + int64_t{m} * w.cols, w.cols, w.group, s.q.data() + int64_t{m} * w.cols,
+                        s.scales.data() + int64_t{m} * groups, s.sums.data() + int64_t{m} * groups);
+  }
+  const TileArgs a{.x = x,
+                   .ldx = w.cols,
+                   .y = y,
+                   .ldy = w.rows,
+                   .w = w,
+                   .xq = s.q.data(),
+                   .ldq = w.cols,
+                   .xscale = s.scales.data(),
+                   .xsum = s.sums.data()};
+  const bool int4 = w.format == WeightFormat::kInt4;
+  ParallelPanels(b, w, 2, [&](int begin, int end) {
+    if (int4) {
+      QuantizedTiles<true>(a, b, begin, end);
+    } else {
+      QuantizedTiles<false>(a, b, begin, end);
+    }
+  });
+}
+
 #undef TANDEM_INLINE
 
 }  // namespace
 
 const LinearFn kAvx2Linear = Linear;
+const LinearFn kAvx2Int8Linear = LinearInt8Activations;
 
 }  // namespace tandem::kernels::cpu::internal
 

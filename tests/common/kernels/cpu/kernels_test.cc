@@ -127,6 +127,9 @@ TEST(KernelIsaTest, DefaultIsTheFastestLevelAndExactKeepsFloat32) {
       EXPECT_TRUE(std::string(KernelIsa()) == "avx512bf16" || std::string(KernelIsa()) == "amx")
           << KernelIsa();
     }
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_STREQ(KernelIsa(), "avx2int8");  // int8 activations for quantized weights
+    EXPECT_STREQ(exact->name, "avx2");
   }
 }
 

@@ -275,7 +275,7 @@ TEST_P(LinearTest, RoundingErrorIsBounded) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLevels, LinearTest,
-                         ::testing::Values("reference", "avx2", "avx512", "avx512vnni",
+                         ::testing::Values("reference", "avx2", "avx2int8", "avx512", "avx512vnni",
                                            "avx512bf16", "amx", "amx-emulated"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
