@@ -48,6 +48,7 @@
 #include "common/engine/synthetic_router.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
+#include "common/util/status.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (config.json, and safetensors unless dummy).");
 ABSL_FLAG(std::string, load_format, "auto", "auto | safetensors | dummy (random weights).");
@@ -225,19 +226,24 @@ int Run() {
     std::cerr << "tandem_engine_bench: " << pool.status() << "\n";
     return 1;
   }
-  auto forward = ForwardPass::Create(weights->get(), pool->get());
-  if (!forward.ok()) {
-    std::cerr << "tandem_engine_bench: " << forward.status() << "\n";
-    return 1;
-  }
-  if (!routing.empty()) {
-    auto router = ZipfRouter::FromSpec(routing, static_cast<int>(c.num_hidden_layers),
-                                       static_cast<int>(c.num_local_experts), seed);
-    if (!router.ok()) {
-      std::cerr << "tandem_engine_bench: " << router.status().message() << "\n";
-      return 2;
+  // A forward pass over the weights and pool on `backend` (null: the level in use), routed as
+  // --routing says.
+  auto make_pass =
+      [&](const kernels::Backend* backend) -> absl::StatusOr<std::unique_ptr<ForwardPass>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<ForwardPass> pass,
+                     ForwardPass::Create(weights->get(), pool->get(), backend));
+    if (!routing.empty()) {
+      ASSIGN_OR_RETURN(std::unique_ptr<ZipfRouter> router,
+                       ZipfRouter::FromSpec(routing, static_cast<int>(c.num_hidden_layers),
+                                            static_cast<int>(c.num_local_experts), seed));
+      pass->SetRouterOverride(std::move(router));
     }
-    (*forward)->SetRouterOverride(*std::move(router));
+    return pass;
+  };
+  auto forward = make_pass(nullptr);
+  if (!forward.ok()) {
+    std::cerr << "tandem_engine_bench: " << forward.status().message() << "\n";
+    return forward.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   ForwardPass& fwd = **forward;
   g_per_query_base = &k::ActiveBackend();
@@ -252,15 +258,10 @@ int Run() {
               << " is not attention_by_query, delta_net_by_token or none\n";
     return 2;
   }
-  auto per_query = ForwardPass::Create(weights->get(), pool->get(), &per_query_backend);
+  auto per_query = make_pass(&per_query_backend);
   if (!per_query.ok()) {
     std::cerr << "tandem_engine_bench: " << per_query.status() << "\n";
     return 1;
-  }
-  if (!routing.empty()) {
-    (*per_query)
-        ->SetRouterOverride(*ZipfRouter::FromSpec(routing, static_cast<int>(c.num_hidden_layers),
-                                                  static_cast<int>(c.num_local_experts), seed));
   }
 
   // Bytes of the weights as held: the embedding (bf16), every packed matrix, norms and biases.
@@ -342,16 +343,10 @@ int Run() {
 
   // The per-op timeline's pass: the same weights, pool and routing through a timing backend.
   const bool timeline = absl::GetFlag(FLAGS_timeline);
-  auto timed_pass =
-      ForwardPass::Create(weights->get(), pool->get(), &bench::TimedBackend(k::ActiveBackend()));
+  auto timed_pass = make_pass(&bench::TimedBackend(k::ActiveBackend()));
   if (!timed_pass.ok()) {
     std::cerr << "tandem_engine_bench: " << timed_pass.status() << "\n";
     return 1;
-  }
-  if (!routing.empty()) {
-    (*timed_pass)
-        ->SetRouterOverride(*ZipfRouter::FromSpec(routing, static_cast<int>(c.num_hidden_layers),
-                                                  static_cast<int>(c.num_local_experts), seed));
   }
   struct Timeline {
     int batch;

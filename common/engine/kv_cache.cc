@@ -220,25 +220,11 @@ size_t KvBlockPool::BlockOffset(int32_t block) const {
 }
 
 kernels::PagedKv KvBlockPool::View(int layer, const int32_t* block_table) const {
-  return kernels::PagedKv{.k = PoolBase(layer, 0),
-                          .v = PoolBase(layer, 1),
-                          .dtype = config_.dtype,
-                          .block_size = config_.block_size,
-                          .num_kv_heads = config_.num_kv_heads,
-                          .head_dim = config_.head_dim,
-                          .block_bytes = block_bytes_,
-                          .block_table = block_table};
+  return Paged(PoolBase(layer, 0), PoolBase(layer, 1), block_table);
 }
 
 kernels::PagedKvOut KvBlockPool::Writer(int layer, const int32_t* block_table) {
-  return kernels::PagedKvOut{.k = PoolBase(layer, 0),
-                             .v = PoolBase(layer, 1),
-                             .dtype = config_.dtype,
-                             .block_size = config_.block_size,
-                             .num_kv_heads = config_.num_kv_heads,
-                             .head_dim = config_.head_dim,
-                             .block_bytes = block_bytes_,
-                             .block_table = block_table};
+  return Paged(PoolBase(layer, 0), PoolBase(layer, 1), block_table);
 }
 
 float* KvBlockPool::k_pool(int layer) {

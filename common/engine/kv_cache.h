@@ -199,6 +199,18 @@ class KvBlockPool {
   std::byte* PoolBase(int layer, int kv);  // kv: 0 = K, 1 = V; CHECKs the layer
   const std::byte* PoolBase(int layer, int kv) const;
   size_t BlockOffset(int32_t block) const;  // CHECKs the id
+  // A layer's pools k and v with this pool's geometry and `block_table`.
+  template <class Byte>
+  kernels::BasicPagedKv<Byte> Paged(Byte* k, Byte* v, const int32_t* block_table) const {
+    return {.k = k,
+            .v = v,
+            .dtype = config_.dtype,
+            .block_size = config_.block_size,
+            .num_kv_heads = config_.num_kv_heads,
+            .head_dim = config_.head_dim,
+            .block_bytes = block_bytes_,
+            .block_table = block_table};
+  }
 
   const KvCacheConfig config_;
   const std::unique_ptr<std::byte[], AlignedDelete> data_;

@@ -39,12 +39,14 @@ size_t KvBlockBytes(KvDtype dtype, int block_size, int num_kv_heads, int head_di
 // start on 64 bytes and every block size is a multiple of 4, so the scales are float-aligned.
 size_t Int8ScalesOffset(int block_size, int num_kv_heads, int head_dim);
 
-// One layer's paged K and V as the attention kernels read them. Block b of the K pool starts at
-// k + b * block_bytes (the same for V); position p of a sequence lives in block
-// block_table[p / block_size] at offset p % block_size.
-struct PagedKv {
-  const std::byte* k = nullptr;
-  const std::byte* v = nullptr;
+// One layer's paged K and V. Block b of the K pool starts at k + b * block_bytes (the same for
+// V); position p of a sequence lives in block block_table[p / block_size] at offset
+// p % block_size. PagedKv is how the attention kernels read it, PagedKvOut how a step writes it
+// (Backend::kv_store).
+template <class Byte>
+struct BasicPagedKv {
+  Byte* k = nullptr;
+  Byte* v = nullptr;
   KvDtype dtype = KvDtype::kF32;
   int block_size = 0;
   int num_kv_heads = 0;
@@ -52,19 +54,8 @@ struct PagedKv {
   size_t block_bytes = 0;
   const int32_t* block_table = nullptr;
 };
-
-// A layer's K and V pools and a sequence's block table as a step writes them
-// (Backend::kv_store): PagedKv's fields over writable pools.
-struct PagedKvOut {
-  std::byte* k = nullptr;
-  std::byte* v = nullptr;
-  KvDtype dtype = KvDtype::kF32;
-  int block_size = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  size_t block_bytes = 0;
-  const int32_t* block_table = nullptr;
-};
+using PagedKv = BasicPagedKv<const std::byte>;
+using PagedKvOut = BasicPagedKv<std::byte>;
 
 // Stores one token's (num_kv_heads, head_dim) float32 row `x` at `offset` of `block` (one block
 // of one pool, KvBlockBytes long), converted to `dtype`.
