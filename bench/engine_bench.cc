@@ -421,22 +421,30 @@ int Run() {
     std::vector<double> bytes(settings.size()), runs(settings.size()), flops(settings.size());
     std::vector<double> kv_bytes(settings.size()), attention_s(settings.size());
     std::vector<double> state_bytes(settings.size());
+    // Every run of decode steps starts from the prefill's logits and recurrent states (the
+    // handoff) and feeds each sequence its greedy token.
+    std::vector<int32_t> next(batch);
+    auto restore_prefill = [&] {
+      logits = prefill_logits;
+      for (int s = 0; s < batch && recurrent; ++s) {
+        std::copy(prefill_state[s].begin(), prefill_state[s].end(),
+                  (*pool)->state(tables[s].state_slot()));
+      }
+    };
+    auto next_inputs = [&](int step) {
+      inputs.clear();
+      for (int s = 0; s < batch; ++s) {
+        const auto& row = logits[s];
+        next[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+        inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
+      }
+    };
     for (int round = 0; round < kRounds; ++round) {
       for (size_t j = 0; j < settings.size(); ++j) {
         const size_t k = (j + round) % settings.size();
-        logits = prefill_logits;
-        for (int s = 0; s < batch && recurrent; ++s) {
-          std::copy(prefill_state[s].begin(), prefill_state[s].end(),
-                    (*pool)->state(tables[s].state_slot()));
-        }
-        std::vector<int32_t> next(batch);
+        restore_prefill();
         for (int step = 0; step < timed + 2; ++step) {
-          inputs.clear();
-          for (int s = 0; s < batch; ++s) {
-            const auto& row = logits[s];
-            next[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-            inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
-          }
+          next_inputs(step);
           const auto start = Clock::now();
           if (absl::Status s = fwd.Step(inputs, settings[k].moe(), &logits); !s.ok()) {
             std::cerr << "tandem_engine_bench: " << s << "\n";
@@ -462,22 +470,12 @@ int Run() {
                       kv_bytes[k] / n / 1e6, attention_s[k] / n * 1e3, state_bytes[k] / n / 1e6});
     }
     if (timeline) {  // the full model again, each op timed
-      logits = prefill_logits;
-      for (int s = 0; s < batch && recurrent; ++s) {
-        std::copy(prefill_state[s].begin(), prefill_state[s].end(),
-                  (*pool)->state(tables[s].state_slot()));
-      }
-      std::vector<int32_t> next(batch);
+      restore_prefill();
       std::vector<double> step_times;
       double attention_wall = 0;
       for (int step = 0; step < steps + 2; ++step) {
         if (step == 2) bench::ResetOpTimes();
-        inputs.clear();
-        for (int s = 0; s < batch; ++s) {
-          const auto& row = logits[s];
-          next[s] = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-          inputs.push_back({absl::MakeConstSpan(&next[s], 1), context + step, &tables[s]});
-        }
+        next_inputs(step);
         const auto start = Clock::now();
         if (absl::Status s = (*timed_pass)->Step(inputs, settings[0].moe(), &logits); !s.ok()) {
           std::cerr << "tandem_engine_bench: " << s << "\n";
