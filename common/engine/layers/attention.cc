@@ -87,14 +87,12 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   }
   ctx.ops->rope(q_.data(), T, heads, head_dim, rotary_dim, ctx.positions.data(), theta);
   ctx.ops->rope(k_.data(), T, kv_heads, head_dim, rotary_dim, ctx.positions.data(), theta);
-  // Each sequence's keys and values into its blocks (its tokens are consecutive in the step).
-  for (int first = 0; first < T;) {
-    const int seq = ctx.refs[first].seq;
-    int n = 1;
-    while (first + n < T && ctx.refs[first + n].seq == seq) ++n;
-    ctx.ops->kv_store(pool_->Writer(kv_layer, ctx.batch[seq].block_table->blocks().data()), n,
-                      ctx.positions.data() + first, Row(k_, first, kv_dim), Row(v_, first, kv_dim));
-    first += n;
+  // Each sequence's keys and values into its blocks.
+  for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
+    const int first = ctx.row_begin[seq];
+    ctx.ops->kv_store(pool_->Writer(kv_layer, ctx.batch[seq].block_table->blocks().data()),
+                      ctx.row_begin[seq + 1] - first, ctx.positions.data() + first,
+                      Row(k_, first, kv_dim), Row(v_, first, kv_dim));
   }
   // Every token's K/V is in the cache before any query reads it (causal within a chunk). The
   // queries form units: a run of consecutive tokens of one sequence (a prompt's chunk) in blocks
@@ -113,8 +111,8 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   units_.clear();
   for (int t = 0; t < T;) {
     int m = 1;
-    while (m < kQueryBlock && t + m < T && ctx.refs[t + m].seq == ctx.refs[t].seq &&
-           ctx.refs[t + m].position == ctx.refs[t].position + m) {
+    while (m < kQueryBlock && t + m < T && ctx.seqs[t + m] == ctx.seqs[t] &&
+           ctx.positions[t + m] == ctx.positions[t] + m) {
       ++m;
     }
     units_.push_back({t, m, 0});
@@ -127,7 +125,7 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   int64_t part_rows = 0;       // rows of part outputs, when contexts split
   for (int u = 0; u < U; ++u) {
     AttentionUnit& unit = units_[u];
-    const int context = ctx.refs[unit.first + unit.count - 1].position + 1;  // the last query's
+    const int context = ctx.positions[unit.first + unit.count - 1] + 1;  // the last query's
     int parts = 1;
     if (U < 2 * threads) {
       parts = static_cast<int>(std::min<int64_t>(
@@ -153,10 +151,10 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
       const AttentionUnit& unit = units_[u];
       const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
       const int part = static_cast<int>(item - attention_parts_[u]);
-      const StepContext::TokenRef& first = ctx.refs[unit.first];
-      const int context = first.position + unit.count;
+      const int first_position = ctx.positions[unit.first];
+      const int context = first_position + unit.count;
       const kernels::PagedKv kv =
-          pool_->View(kv_layer, ctx.batch[first.seq].block_table->blocks().data());
+          pool_->View(kv_layer, ctx.batch[ctx.seqs[unit.first]].block_table->blocks().data());
       const float* q = Row(q_, unit.first, q_dim);
       // The whole context into attn_, or this part's outputs and log-sum-exps into its rows.
       const int64_t row = unit.part_row + int64_t{part} * unit.count;
@@ -167,7 +165,7 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
       if (unit.count == 1) {
         ctx.ops->paged_attention(q, heads, kv, begin, end, scale, 0, kv_heads, out, lse);
       } else {
-        ctx.ops->causal_attention(q, unit.count, heads, kv, first.position, begin, end, scale, out,
+        ctx.ops->causal_attention(q, unit.count, heads, kv, first_position, begin, end, scale, out,
                                   lse);
       }
     }

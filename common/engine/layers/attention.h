@@ -26,7 +26,7 @@ class AttentionBlock : public Block {
   CacheSpec cache() const override { return cache_; }
 
  private:
-  // A unit of attention work: `count` consecutive tokens of one sequence from refs[first], and
+  // A unit of attention work: `count` consecutive tokens of one sequence from row `first`, and
   // where its parts' rows start in part_out_ when its context is split.
   struct AttentionUnit {
     int first;

@@ -10,17 +10,19 @@ void StepContext::Begin(absl::Span<const StepInput> batch_in, const MoeOptions& 
   moe = &moe_in;
   ops = ops_in;
   trace = trace_in;
-  refs.clear();
+  seqs.clear();
   ids.clear();
   positions.clear();
+  row_begin.clear();
   for (size_t s = 0; s < batch.size(); ++s) {
+    row_begin.push_back(static_cast<int>(ids.size()));
     for (size_t i = 0; i < batch[s].tokens.size(); ++i) {
-      refs.push_back(
-          {static_cast<int>(s), batch[s].start_position + static_cast<int>(i), batch[s].tokens[i]});
-      ids.push_back(refs.back().token);
-      positions.push_back(refs.back().position);
+      seqs.push_back(static_cast<int>(s));
+      ids.push_back(batch[s].tokens[i]);
+      positions.push_back(batch[s].start_position + static_cast<int>(i));
     }
   }
+  row_begin.push_back(static_cast<int>(ids.size()));
   // Rows by always-on weights: usually one run; in colocated mode with an overlay, prompts run
   // the model's and generated tokens the overlay's.
   runs.clear();

@@ -40,12 +40,6 @@ struct CacheSpec {
 
 class StepContext {
  public:
-  // Where a token of the batch comes from.
-  struct TokenRef {
-    int seq;        // index into the batch
-    int position;   // absolute position in its sequence
-    int32_t token;  // token id
-  };
   // Consecutive rows of the step that share always-on weights (the model's or an overlay's).
   struct RowRun {
     int begin;
@@ -55,12 +49,12 @@ class StepContext {
 
   explicit StepContext(const ModelWeights* weights) : w(*weights) {}
 
-  // Lays out `batch` (refs, runs) for a step on `ops`; `moe` applies to sequences without
-  // their own options.
+  // Lays out `batch` (its rows by sequence, runs) for a step on `ops`; `moe` applies to sequences
+  // without their own options.
   void Begin(absl::Span<const StepInput> batch, const MoeOptions& moe, const kernels::Backend* ops,
              RouterTrace* trace);
 
-  int tokens() const { return static_cast<int>(refs.size()); }
+  int tokens() const { return static_cast<int>(ids.size()); }
   // The MoE options sequence `seq` runs with.
   const MoeOptions& Options(int seq) const {
     return batch[seq].moe != nullptr ? *batch[seq].moe : *moe;
@@ -80,9 +74,12 @@ class StepContext {
   const kernels::Backend* ops = nullptr;
   absl::Span<const StepInput> batch;
   const MoeOptions* moe = nullptr;
-  std::vector<TokenRef> refs;  // the step's tokens, in batch order
-  // The same tokens' ids and positions as arrays, for the backend's batched ops.
+  // The step's tokens (rows), in batch order: each one's sequence (an index into the batch),
+  // id and absolute position.
+  std::vector<int> seqs;
   std::vector<int32_t> ids, positions;
+  // Sequence s is rows [row_begin[s], row_begin[s + 1]); the last entry is tokens().
+  std::vector<int> row_begin;
   std::vector<RowRun> runs;
   std::vector<float> h;  // (tokens, hidden): the current block's input, normalised
   StepStats stats;

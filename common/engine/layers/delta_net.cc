@@ -52,14 +52,13 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
   // beta and the decay's log in place of their inputs.
   ctx.ops->delta_gates(a_.data(), b_.data(), T, nv, W.a_log.data(), W.dt_bias.data());
   // Each sequence's tokens are consecutive in the step and in position order.
-  for (int first = 0; first < T;) {
-    const int seq = ctx.refs[first].seq;
-    int n = 1;
-    while (first + n < T && ctx.refs[first + n].seq == seq) ++n;
+  for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
+    const int first = ctx.row_begin[seq];
+    const int n = ctx.row_begin[seq + 1] - first;
     float* conv_state = reinterpret_cast<float*>(
         pool_->state(ctx.batch[seq].block_table->state_slot()) + state_offsets_[l]);
     float* recurrent = conv_state + static_cast<int64_t>(conv_dim) * tail;  // (nv, dk, dv)
-    if (ctx.refs[first].position == 0) {  // a sequence (re)starting: no history
+    if (ctx.positions[first] == 0) {  // a sequence (re)starting: no history
       std::memset(conv_state, 0, static_cast<size_t>(cache_.state_bytes));
     }
     float* rows = Row(mixed_, first, conv_dim);
@@ -99,7 +98,6 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
       }
     });
     ctx.stats.state_bytes += 2 * cache_.state_bytes;
-    first += n;
   }
   // RMSNorm of each head's output, gated by silu(z), then out_proj.
   ctx.ops->rms_norm(core_.data(), T * nv, dv, W.norm.data(), eps, core_.data());

@@ -51,15 +51,18 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
     }
   } else {
     for (int t = 0; t < T; ++t) {
-      ctx.router->Logits(l, ctx.refs[t].token, ctx.refs[t].position,
+      ctx.router->Logits(l, ctx.ids[t], ctx.positions[t],
                          absl::MakeSpan(Row(router_logits_, t, num_experts), num_experts));
     }
   }
-  // Softmax, top-k and their weights on the backend, over runs of tokens that share a mask.
-  for (int first = 0; first < T;) {
-    const ExpertMask* mask = ctx.Options(ctx.refs[first].seq).mask;
-    int n = 1;
-    while (first + n < T && ctx.Options(ctx.refs[first + n].seq).mask == mask) ++n;
+  // Softmax, top-k and their weights on the backend, over runs of sequences that share a mask.
+  const int sequences = static_cast<int>(ctx.batch.size());
+  for (int s = 0; s < sequences;) {
+    const ExpertMask* mask = ctx.Options(s).mask;
+    int end = s + 1;
+    while (end < sequences && ctx.Options(end).mask == mask) ++end;
+    const int first = ctx.row_begin[s];
+    const int n = ctx.row_begin[end] - first;
     const bool masked = mask != nullptr && !mask->retained.empty();
     if (masked) {
       mask_bias_.resize(num_experts);
@@ -71,11 +74,11 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
                    masked ? mask_bias_.data() : nullptr, top_k, c.norm_topk_prob,
                    &chosen_[static_cast<size_t>(first) * top_k],
                    &chosen_w_[static_cast<size_t>(first) * top_k]);
-    first += n;
+    s = end;
   }
   for (auto& pairs : routed_) pairs.clear();
   for (int t = 0; t < T; ++t) {
-    const MoeOptions& options = ctx.Options(ctx.refs[t].seq);
+    const MoeOptions& options = ctx.Options(ctx.seqs[t]);
     const int32_t* experts = &chosen_[static_cast<size_t>(t) * top_k];
     float* weights = &chosen_w_[static_cast<size_t>(t) * top_k];
     int* widths = &chosen_width_[static_cast<size_t>(t) * top_k];
