@@ -48,16 +48,12 @@ class FineGrainedClusterTest : public ::testing::Test {
     return testing::ReferenceTokens(manifest_, k, kTokens);
   }
 
-  // A cluster whose decoder streams `prepared`'s pack through a cache of `cache_bytes` with its
-  // plan, and colocated tandem-serve with the plan and every expert resident: the same tokens.
+  // A decoder streaming `prepared`'s pack through a cache of `cache_bytes` with its plan
+  // against colocated resident serving: the same tokens.
   testing::PlanServing StreamedAgainstColocated(const testing::MixedWidthModel& prepared,
                                                 int64_t cache_bytes) {
-    testing::PlanServing runs = testing::ServePlanBothWays(
-        prepared.model_dir, manifest_, kTokens, "--plan=" + prepared.plan,
-        {"--kv_blocks=160", "--expert_pack=" + prepared.pack,
-         absl::StrCat("--expert_cache_bytes=", cache_bytes)});
-    testing::ExpectSameContinuations(runs.disaggregated, runs.colocated, kTokens);
-    return runs;
+    return testing::ServeStreamedBothWays(prepared.model_dir, prepared.plan, prepared.pack,
+                                          cache_bytes, manifest_, kTokens, {"--kv_blocks=160"});
   }
 
   std::string model_dir_;

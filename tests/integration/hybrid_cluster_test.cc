@@ -86,11 +86,9 @@ TEST_F(HybridClusterTest, StreamedTopKTieredInt4DecoderEqualsColocatedResident) 
       "--hot_share 0.3 --warm_share 0.4 --warm_width 32 "
       "--warm_widths 64,64,64,64,48,48,32,0 --cold_widths 64,0,64,48,32,0,0,0");
   ASSERT_TRUE(prepared.ok()) << prepared.status();
-  const testing::PlanServing runs = testing::ServePlanBothWays(
-      prepared->model_dir, manifest_, kTokens, "--plan=" + prepared->plan,
-      {"--expert_pack=" + prepared->pack,
-       absl::StrCat("--expert_cache_bytes=", std::filesystem::file_size(prepared->pack) / 4)});
-  testing::ExpectSameContinuations(runs.disaggregated, runs.colocated, kTokens);
+  const testing::PlanServing runs = testing::ServeStreamedBothWays(
+      prepared->model_dir, prepared->plan, prepared->pack,
+      static_cast<int64_t>(std::filesystem::file_size(prepared->pack) / 4), manifest_, kTokens);
   EXPECT_GT(runs.cache_misses, 0);
   EXPECT_GT(runs.warm_pairs, 0);
   EXPECT_GT(runs.cold_pairs, 0);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -94,6 +95,18 @@ PlanServing ServePlanBothWays(const std::string& model_dir, const nlohmann::json
   if (client == nullptr) return runs;
   runs.colocated = GreedyContinuations(client.get(), manifest, max_tokens);
   runs.serve_bytes = MetricValue(serve->http_port, "tandem_expert_weight_bytes");
+  return runs;
+}
+
+PlanServing ServeStreamedBothWays(const std::string& model_dir, const std::string& plan,
+                                  const std::string& pack, int64_t cache_bytes,
+                                  const nlohmann::json& manifest, int max_tokens,
+                                  std::vector<std::string> decode_flags) {
+  decode_flags.push_back("--expert_pack=" + pack);
+  decode_flags.push_back(absl::StrCat("--expert_cache_bytes=", cache_bytes));
+  PlanServing runs =
+      ServePlanBothWays(model_dir, manifest, max_tokens, "--plan=" + plan, std::move(decode_flags));
+  ExpectSameContinuations(runs.disaggregated, runs.colocated, max_tokens);
   return runs;
 }
 

@@ -2,6 +2,7 @@
 // prompts' greedy continuations through it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,14 @@ struct PlanServing {
 PlanServing ServePlanBothWays(const std::string& model_dir, const nlohmann::json& manifest,
                               int max_tokens, const std::string& plan_flag,
                               std::vector<std::string> decode_flags = {});
+// ServePlanBothWays for a decoder that streams expert `pack` through a cache of `cache_bytes`
+// (with `decode_flags`) against colocated serving with every expert resident, both with
+// `plan` (a file) on `model_dir`; expects their continuations to be the same.
+PlanServing ServeStreamedBothWays(const std::string& model_dir, const std::string& plan,
+                                  const std::string& pack, int64_t cache_bytes,
+                                  const nlohmann::json& manifest, int max_tokens,
+                                  std::vector<std::string> decode_flags = {});
+
 // Expects the two to give the same tokens on every prompt, `tokens` of them, each starting
 // with the reference's first token (the full prefill's), and the plan to change at least one
 // continuation from the reference's.
