@@ -11,6 +11,7 @@ using kernels::Backend;
 
 enum Op : int {
   kLinear,
+  kLinearGroup,
   kLinearF32,
   kRmsNorm,
   kRope,
@@ -37,11 +38,11 @@ enum Op : int {
   kNumOps
 };
 constexpr const char* kNames[kNumOps] = {
-    "linear",           "linear_f32",  "rms_norm",        "rope",    "softmax",
-    "log_sum_exp",      "top_k",       "silu_mul",        "axpy",    "paged_attention",
-    "causal_attention", "causal_conv", "gated_delta",     "embed",   "gather_rows",
-    "add_rows",         "add_bias",    "sigmoid",         "mul",     "l2_norm",
-    "delta_gates",      "route",       "merge_attention", "kv_store"};
+    "linear",          "linear_group",     "linear_f32",  "rms_norm",        "rope",
+    "softmax",         "log_sum_exp",      "top_k",       "silu_mul",        "axpy",
+    "paged_attention", "causal_attention", "causal_conv", "gated_delta",     "embed",
+    "gather_rows",     "add_rows",         "add_bias",    "sigmoid",         "mul",
+    "l2_norm",         "delta_gates",      "route",       "merge_attention", "kv_store"};
 // Called by the forward pass from its worker threads.
 constexpr bool InWorkers(int op) {
   return op == kPagedAttention || op == kCausalAttention || op == kCausalConv || op == kGatedDelta;
@@ -102,6 +103,13 @@ void TimedLinear(const float* x, int b, const kernels::PackedMatrix& w, float* y
   (g_inner->*Field)(x, b, w, y);
 }
 
+void TimedLinearGroup(const kernels::LinearProduct* products, int n) {
+  int64_t bytes = 0;
+  for (int i = 0; i < n; ++i) bytes += products[i].w.bytes_read();
+  Timed timed(kLinearGroup, bytes);
+  g_inner->linear_group(products, n);
+}
+
 }  // namespace
 
 const Backend& TimedBackend(const Backend& inner) {
@@ -110,6 +118,7 @@ const Backend& TimedBackend(const Backend& inner) {
     Backend t{};
     t.name = "timed";
     t.linear = TimedLinear<&Backend::linear, kLinear>;
+    t.linear_group = TimedLinearGroup;
     t.linear_f32 = TimedLinear<&Backend::linear_f32, kLinearF32>;
     t.rms_norm = Timer<&Backend::rms_norm, kRmsNorm>();
     t.rope = Timer<&Backend::rope, kRope>();

@@ -33,27 +33,84 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 19;
 // Smallest share of a product handed to one thread.
 constexpr int64_t kMinChunkWork = int64_t{1} << 17;
 
-void ParallelPanels(int b, const PackedMatrix& w, int panel_align,
-                    const std::function<void(int, int)>& fn) {
-  const int panels = (w.rows + kPanelRows - 1) / kPanelRows;
-  const int64_t work = int64_t{b} * w.cols * w.rows;
+// A product's share of a group: its prepared activations and its blocks of `align` panels,
+// each `block_work` multiply-adds (the last may hold fewer), placed from `start` on the group's
+// axis of work.
+struct GroupPart {
+  const ActivationScratch* scratch;
+  int panels;
+  int align;
+  int64_t blocks;
+  int64_t block_work;
+  int64_t start;
+};
+
+void RunLinearGroup(const LinearProduct* products, int n, const LinearKernel& kernel) {
+  // The calling thread's: prepared inputs stay put while the workers read them, and a nested
+  // group (none today) would run inline on its own thread's buffers.
+  thread_local std::vector<ActivationScratch> prepared_here;
+  thread_local std::vector<GroupPart> parts_here;
+  // Named apart: the workers' lambda must see this thread's buffers, not their own.
+  std::vector<ActivationScratch>& prepared = prepared_here;
+  std::vector<GroupPart>& parts = parts_here;
+  if (prepared.size() < static_cast<size_t>(n)) prepared.resize(n);
+  parts.assign(n, GroupPart{});
+  int64_t work = 0, blocks = 0;
+  for (int i = 0; i < n; ++i) {
+    const LinearProduct& p = products[i];
+    if (p.b <= 0 || p.w.rows <= 0) continue;
+    GroupPart& part = parts[i];
+    part.scratch = &prepared[i];
+    if (kernel.prepare != nullptr) {
+      // An input already prepared the same way is shared.
+      const bool bf16 = p.w.format == WeightFormat::kBf16;
+      for (int j = 0; j < i; ++j) {
+        const LinearProduct& o = products[j];
+        if (parts[j].scratch != nullptr && o.x == p.x && o.b == p.b && o.w.cols == p.w.cols &&
+            (o.w.format == WeightFormat::kBf16) == bf16 && (bf16 || o.w.group == p.w.group)) {
+          part.scratch = parts[j].scratch;
+          break;
+        }
+      }
+      if (part.scratch == &prepared[i]) kernel.prepare(p.x, p.b, p.w, prepared[i]);
+    }
+    part.panels = (p.w.rows + kPanelRows - 1) / kPanelRows;
+    part.align = kernel.panel_align(p.b, p.w);
+    part.blocks = (part.panels + part.align - 1) / part.align;
+    part.block_work = std::max<int64_t>(1, int64_t{p.b} * p.w.cols * kPanelRows * part.align);
+    part.start = work;
+    work += part.blocks * part.block_work;
+    blocks += part.blocks;
+  }
   ThreadPool& pool = DefaultThreadPool();
   if (work < kMinParallelWork || pool.num_threads() == 1) {
-    fn(0, panels);
+    for (int i = 0; i < n; ++i) {
+      if (parts[i].scratch != nullptr)
+        kernel.panels(products[i], *parts[i].scratch, 0, parts[i].panels);
+    }
     return;
   }
-  const int64_t blocks = (panels + panel_align - 1) / panel_align;
-  const int64_t block_work = std::max<int64_t>(1, int64_t{b} * w.cols * kPanelRows * panel_align);
-  pool.ParallelFor(blocks, std::max<int64_t>(1, kMinChunkWork / block_work),
-                   [&](int64_t begin, int64_t end) {
-                     fn(static_cast<int>(begin * panel_align),
-                        static_cast<int>(std::min<int64_t>(panels, end * panel_align)));
-                   });
-}
-
-ActivationScratch& ThreadScratch() {
-  thread_local ActivationScratch scratch;
-  return scratch;
+  // The axis of work in `blocks` equal slices; slices [begin, end) run the blocks that start
+  // in their share of the axis, so that products of unequal rows (experts given more tokens
+  // than others) split as evenly as their work.
+  const int64_t slice = (work + blocks - 1) / blocks;
+  pool.ParallelFor(
+      blocks, std::max<int64_t>(1, kMinChunkWork / slice), [&](int64_t begin, int64_t end) {
+        const int64_t lo = begin * slice, hi = std::min(work, end * slice);
+        for (int i = 0; i < n; ++i) {
+          const GroupPart& part = parts[i];
+          if (part.scratch == nullptr) continue;
+          // Blocks k with lo <= start + k * block_work < hi.
+          const auto at_or_after = [&](int64_t at) {
+            return std::clamp<int64_t>((at - part.start + part.block_work - 1) / part.block_work, 0,
+                                       part.blocks);
+          };
+          const int64_t k0 = at_or_after(lo), k1 = at_or_after(hi);
+          if (k0 >= k1) continue;
+          kernel.panels(products[i], *part.scratch, static_cast<int>(k0 * part.align),
+                        static_cast<int>(std::min<int64_t>(part.panels, k1 * part.align)));
+        }
+      });
 }
 
 void RopeSharedAngles(float* x, int heads, int head_dim, int pos, float theta) {
@@ -80,8 +137,9 @@ constexpr Backend kReferenceBackend =
     internal::WithStepOps<reference::Softmax, reference::TopK, reference::Axpy>({
         .name = "reference",
         .rounding = ActivationRounding::kNone,
-        .linear = reference::Linear,
-        .linear_f32 = reference::Linear,
+        .linear = LinearWith<kReferenceLinear>,
+        .linear_group = LinearGroupWith<kReferenceLinear>,
+        .linear_f32 = LinearWith<kReferenceLinear>,
         .rms_norm = reference::RmsNorm,
         .rope = internal::RopeRows<reference::Rope>,
         .softmax = reference::Softmax,
@@ -95,13 +153,15 @@ constexpr Backend kReferenceBackend =
         .gated_delta = reference::GatedDelta,
     });
 
-Backend WithLinear(const Backend& elementwise, const char* name, ActivationRounding rounding,
-                   LinearFn linear, LinearFn linear_f32) {
+// `elementwise` with the products of `Kernel` (and of `F32Kernel` for linear_f32).
+template <const LinearKernel& Kernel, const LinearKernel& F32Kernel>
+Backend WithLinear(const Backend& elementwise, const char* name, ActivationRounding rounding) {
   Backend backend = elementwise;
   backend.name = name;
   backend.rounding = rounding;
-  backend.linear = linear;
-  backend.linear_f32 = linear_f32;
+  backend.linear = LinearWith<Kernel>;
+  backend.linear_group = LinearGroupWith<Kernel>;
+  backend.linear_f32 = LinearWith<F32Kernel>;
   return backend;
 }
 
@@ -158,24 +218,23 @@ const std::vector<Level>& Levels() {
     const bool amx = bf16 && AmxUsable();
     return new std::vector<Level>{
         {kReferenceBackend, true},
-        {WithLinear(kAvx2Elementwise, "avx2", ActivationRounding::kNone, kAvx2Linear, kAvx2Linear),
+        {WithLinear<kAvx2Linear, kAvx2Linear>(kAvx2Elementwise, "avx2", ActivationRounding::kNone),
          avx2},
-        {WithLinear(kAvx2Elementwise, "avx2int8", ActivationRounding::kInt8, kAvx2Int8Linear,
-                    kAvx2Linear),
+        {WithLinear<kAvx2Int8Linear, kAvx2Linear>(kAvx2Elementwise, "avx2int8",
+                                                  ActivationRounding::kInt8),
          avx2},
-        {WithLinear(kAvx512Elementwise, "avx512", ActivationRounding::kNone, kAvx512Linear,
-                    kAvx512Linear),
+        {WithLinear<kAvx512Linear, kAvx512Linear>(kAvx512Elementwise, "avx512",
+                                                  ActivationRounding::kNone),
          avx512},
-        {WithLinear(kAvx512Elementwise, "avx512vnni", ActivationRounding::kInt8, kAvx512VnniLinear,
-                    kAvx512Linear),
+        {WithLinear<kAvx512VnniLinear, kAvx512Linear>(kAvx512Elementwise, "avx512vnni",
+                                                      ActivationRounding::kInt8),
          vnni},
-        {WithAttention(
-             WithLinear(kAvx512Elementwise, "avx512bf16", ActivationRounding::kBf16AndInt8,
-                        kAvx512Bf16Linear, kAvx512Linear),
-             kAvx512Bf16Attention, kAvx512Bf16CausalAttention),
+        {WithAttention(WithLinear<kAvx512Bf16Linear, kAvx512Linear>(
+                           kAvx512Elementwise, "avx512bf16", ActivationRounding::kBf16AndInt8),
+                       kAvx512Bf16Attention, kAvx512Bf16CausalAttention),
          bf16},
-        {WithAttention(WithLinear(kAvx512Elementwise, "amx", ActivationRounding::kBf16AndInt8,
-                                  kAmxLinear, kAvx512Linear),
+        {WithAttention(WithLinear<kAmxLinear, kAvx512Linear>(kAvx512Elementwise, "amx",
+                                                             ActivationRounding::kBf16AndInt8),
                        kAvx512Bf16Attention, kAvx512Bf16CausalAttention),
          amx},
     };
@@ -251,9 +310,9 @@ const Backend* AmxEmulatedBackendForTesting() {
   static const Backend* const backend = [] {
     const Backend* bf16 = internal::Find("avx512bf16");
     if (bf16 == nullptr) return static_cast<const Backend*>(nullptr);
-    return static_cast<const Backend*>(new Backend(internal::WithLinear(
-        internal::kAvx512Elementwise, "amx-emulated", ActivationRounding::kBf16AndInt8,
-        internal::kAmxEmulatedLinear, internal::kAvx512Linear)));
+    return static_cast<const Backend*>(
+        new Backend(internal::WithLinear<internal::kAmxEmulatedLinear, internal::kAvx512Linear>(
+            internal::kAvx512Elementwise, "amx-emulated", ActivationRounding::kBf16AndInt8)));
   }();
   return backend;
 }
@@ -267,6 +326,10 @@ bool SetKernelIsa(const std::string& name) {
 
 void Linear(const float* x, int b, const PackedMatrix& w, float* y) {
   internal::Kernels().linear(x, b, w, y);
+}
+
+void LinearGroup(const LinearProduct* products, int n) {
+  internal::Kernels().linear_group(products, n);
 }
 
 void LinearF32(const float* x, int b, const PackedMatrix& w, float* y) {

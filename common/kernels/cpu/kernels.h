@@ -57,6 +57,8 @@ bool SetKernelIsa(const std::string& name);
 
 // Y (b, w.rows) = X (b, w.cols) @ W^T, W packed; activations rounded as the level says.
 void Linear(const float* x, int b, const PackedMatrix& w, float* y);
+// The products in one pass over the threads, each equal to Linear's (Backend::linear_group).
+void LinearGroup(const LinearProduct* products, int n);
 // The same with activations float32 at every level.
 void LinearF32(const float* x, int b, const PackedMatrix& w, float* y);
 // out (b,n) = x (b,n) / rms(x row) * weight (n,)

@@ -257,6 +257,7 @@ const Backend kAvx2Elementwise = WithStepOps<Softmax, TopK, Axpy>({
     .name = "avx2",
     .rounding = ActivationRounding::kNone,
     .linear = nullptr,
+    .linear_group = nullptr,
     .linear_f32 = nullptr,
     .rms_norm = RmsNorm,
     .rope = RopeRows<RopeSharedAngles>,

@@ -879,6 +879,7 @@ const Backend kAvx512Elementwise = WithStepOps<Softmax, TopK, Axpy>({
     .name = "avx512",
     .rounding = ActivationRounding::kNone,
     .linear = nullptr,
+    .linear_group = nullptr,
     .linear_f32 = nullptr,
     .rms_norm = RmsNorm,
     .rope = RopeRows<RopeSharedAngles>,

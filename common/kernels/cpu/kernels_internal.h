@@ -13,8 +13,6 @@
 
 namespace tandem::kernels::cpu::internal {
 
-using LinearFn = void (*)(const float* x, int b, const PackedMatrix& w, float* y);
-
 // The elementwise and attention kernels of each instruction set (their linear fields null;
 // kernels.cc completes the tables with the products below).
 extern const Backend kAvx512Elementwise;  // kernels_avx512.cc
@@ -115,33 +113,58 @@ constexpr Backend WithStepOps(Backend table) {
   return table;
 }
 
-// The products over packed weights (linear_avx512.cc, linear_avx2.cc), by what they do with
-// activations: float32 throughout; int8 for int8/int4 weights; and bf16 for bf16 weights.
-extern const LinearFn kAvx512Linear;
-extern const LinearFn kAvx512VnniLinear;
-extern const LinearFn kAvx512Bf16Linear;
-extern const LinearFn kAvx2Linear;
-extern const LinearFn kAvx2Int8Linear;  // int8 activations for int8 / int4 weights
-// AMX tiles (linear_amx.cc): bf16 activations for bf16 weights, int8 for int8/int4; and the same
-// kernels over a software model of the tile instructions, for tests on machines without AMX.
-extern const LinearFn kAmxLinear;
-extern const LinearFn kAmxEmulatedLinear;
-
-// Calls fn(panel_begin, panel_end) on ranges covering the panels of `w` for a product with b
-// activation rows: across DefaultThreadPool() when the product is large, in one inline call
-// otherwise. Every range but the last starts and ends at a multiple of `panel_align`.
-void ParallelPanels(int b, const PackedMatrix& w, int panel_align,
-                    const std::function<void(int, int)>& fn);
-
-// Per-thread buffers for activations as the reduced-precision products read them (grown as
-// needed, never shrunk): a product's calling thread fills them, its workers only read them.
+// Activations as one product's panels read them (grown as needed, never shrunk): rounded to
+// bf16, or int8 levels with per-group scales and sums; filled by the thread that runs the
+// product (or group) before its panels start, then only read.
 struct ActivationScratch {
   std::vector<uint16_t> bf16;
   std::vector<int8_t> q;
   std::vector<float> scales;
   std::vector<int32_t> sums;
 };
-ActivationScratch& ThreadScratch();
+
+// A level's matrix product in its two halves, so that several products can share one pass over
+// the threads (Backend::linear_group; RunLinearGroup below):
+//   prepare       rounds or quantizes x (b, w.cols) as the panels read it, into s; null when the
+//                 level reads float32 activations for every format. What it writes depends on
+//                 x, b, w.cols, whether w is bf16 and w's group only.
+//   panels        y's panels [begin, end) of one product (16 outputs each) from x and s.
+//   panel_align   panels a thread takes at a time for a product with b rows: every range but a
+//                 product's last starts and ends at a multiple of it.
+struct LinearKernel {
+  void (*prepare)(const float* x, int b, const PackedMatrix& w, ActivationScratch& s);
+  void (*panels)(const LinearProduct& p, const ActivationScratch& s, int begin, int end);
+  int (*panel_align)(int b, const PackedMatrix& w);
+};
+
+// Runs the products: prepares each distinct input once, then every product's panels, in one
+// inline call each when the group is small, else as blocks of panels handed out across
+// DefaultThreadPool() (a thread takes the next block, of whichever product, when it is done).
+void RunLinearGroup(const LinearProduct* products, int n, const LinearKernel& kernel);
+
+template <const LinearKernel& K>
+void LinearGroupWith(const LinearProduct* products, int n) {
+  RunLinearGroup(products, n, K);
+}
+template <const LinearKernel& K>
+void LinearWith(const float* x, int b, const PackedMatrix& w, float* y) {
+  const LinearProduct product{.x = x, .b = b, .w = w, .y = y};
+  RunLinearGroup(&product, 1, K);
+}
+
+// The products over packed weights (linear_avx512.cc, linear_avx2.cc, reference.cc), by what
+// they do with activations: float32 throughout; int8 for int8/int4 weights; and bf16 for bf16
+// weights.
+extern const LinearKernel kReferenceLinear;
+extern const LinearKernel kAvx512Linear;
+extern const LinearKernel kAvx512VnniLinear;
+extern const LinearKernel kAvx512Bf16Linear;
+extern const LinearKernel kAvx2Linear;
+extern const LinearKernel kAvx2Int8Linear;  // int8 activations for int8 / int4 weights
+// AMX tiles (linear_amx.cc): bf16 activations for bf16 weights, int8 for int8/int4; and the same
+// kernels over a software model of the tile instructions, for tests on machines without AMX.
+extern const LinearKernel kAmxLinear;
+extern const LinearKernel kAmxEmulatedLinear;
 
 // Rope for the fast paths: the reference's arithmetic, with each angle's sine and cosine
 // computed once for all heads rather than once per head. Results equal the reference's.

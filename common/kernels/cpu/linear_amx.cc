@@ -341,70 +341,71 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
   Tiles::Release();
 }
 
-// Activations in whole tiles: bf16 rows of ldh bytes (a multiple of 64) for bf16 weights, or
-// int8 levels with per-group scales and sums, rows padded with zeros to a multiple of 16.
-template <class Tiles>
-void LinearAmx(const float* x, int b, const PackedMatrix& w, float* y) {
-  if (b <= 0 || w.rows <= 0) return;
-  ActivationScratch& s = ThreadScratch();
-  const int padded_rows = (b + 15) / 16 * 16;
-  AmxArgs a{.y = y, .ldy = w.rows, .w = w, .b = b, .ldh = 0, .x = nullptr};
+// Activations in whole tiles: bf16 rows of a multiple of 32 values for bf16 weights, or int8
+// levels (rows of a multiple of 64) with per-group scales and sums, rows padded with zeros to
+// a multiple of 16.
+int PaddedRows(int b) { return (b + 15) / 16 * 16; }
+int Bf16RowValues(int cols) { return (cols + 31) / 32 * 32; }
+int Int8RowBytes(int cols) { return (cols + 63) / 64 * 64; }
+
+void PrepareTiles(const float* x, int b, const PackedMatrix& w, ActivationScratch& s) {
   if (w.format == WeightFormat::kBf16) {
-    const int ldh = (w.cols + 31) / 32 * 32;  // bf16 values per row
-    s.bf16.assign(static_cast<size_t>(padded_rows) * ldh, 0);
+    const int ldh = Bf16RowValues(w.cols);
+    s.bf16.assign(static_cast<size_t>(PaddedRows(b)) * ldh, 0);
     for (int m = 0; m < b; ++m) {
       for (int c = 0; c < w.cols; ++c) {
         s.bf16[static_cast<size_t>(m) * ldh + c] = F32ToBf16Bits(x[int64_t{m} * w.cols + c]);
       }
     }
-    a.ldh = int64_t{ldh} * 2;
-    a.x = reinterpret_cast<const std::byte*>(s.bf16.data());
-  } else {
-    const int groups = w.cols / w.group;
-    const int ldh = (w.cols + 63) / 64 * 64;
-    s.q.assign(static_cast<size_t>(padded_rows) * ldh, 0);
-    s.scales.resize(static_cast<size_t>(b) * groups);
-    s.sums.resize(s.scales.size());
-    for (int m = 0; m < b; ++m) {
-      QuantizeActivations(x + int64_t{m} * w.cols, w.cols, w.group,
-                          s.q.data() + static_cast<size_t>(m) * ldh,
-                          s.scales.data() + static_cast<size_t>(m) * groups,
-                          s.sums.data() + static_cast<size_t>(m) * groups);
-    }
-    a.ldh = ldh;
-    a.x = reinterpret_cast<const std::byte*>(s.q.data());
-    a.xscale = s.scales.data();
-    a.xsum = s.sums.data();
+    return;
   }
-  ParallelPanels(b, w, 2, [&](int begin, int end) {
-    switch (w.format) {
-      case WeightFormat::kBf16:
-        Bf16Panels<Tiles>(a, begin, end);
-        break;
-      case WeightFormat::kInt8:
-        IntPanels<Tiles, false>(a, begin, end);
-        break;
-      case WeightFormat::kInt4:
-        IntPanels<Tiles, true>(a, begin, end);
-        break;
-    }
-  });
+  const int groups = w.cols / w.group;
+  const int ldh = Int8RowBytes(w.cols);
+  s.q.assign(static_cast<size_t>(PaddedRows(b)) * ldh, 0);
+  s.scales.resize(static_cast<size_t>(b) * groups);
+  s.sums.resize(s.scales.size());
+  for (int m = 0; m < b; ++m) {
+    QuantizeActivations(x + int64_t{m} * w.cols, w.cols, w.group,
+                        s.q.data() + static_cast<size_t>(m) * ldh,
+                        s.scales.data() + static_cast<size_t>(m) * groups,
+                        s.sums.data() + static_cast<size_t>(m) * groups);
+  }
 }
 
-void LinearAmxHardware(const float* x, int b, const PackedMatrix& w, float* y) {
-  LinearAmx<HardwareTiles>(x, b, w, y);
-}
-
-void LinearAmxEmulated(const float* x, int b, const PackedMatrix& w, float* y) {
-  LinearAmx<EmulatedTiles>(x, b, w, y);
+template <class Tiles>
+void TilePanels(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {
+  AmxArgs a{.y = p.y, .ldy = p.w.rows, .w = p.w, .b = p.b, .ldh = 0, .x = nullptr};
+  if (p.w.format == WeightFormat::kBf16) {
+    a.ldh = int64_t{Bf16RowValues(p.w.cols)} * 2;
+    a.x = reinterpret_cast<const std::byte*>(s.bf16.data());
+    Bf16Panels<Tiles>(a, begin, end);
+    return;
+  }
+  a.ldh = Int8RowBytes(p.w.cols);
+  a.x = reinterpret_cast<const std::byte*>(s.q.data());
+  a.xscale = s.scales.data();
+  a.xsum = s.sums.data();
+  if (p.w.format == WeightFormat::kInt4) {
+    IntPanels<Tiles, true>(a, begin, end);
+  } else {
+    IntPanels<Tiles, false>(a, begin, end);
+  }
 }
 
 #undef TANDEM_INLINE
 
 }  // namespace
 
-const LinearFn kAmxLinear = LinearAmxHardware;
-const LinearFn kAmxEmulatedLinear = LinearAmxEmulated;
+const LinearKernel kAmxLinear{
+    .prepare = PrepareTiles,
+    .panels = TilePanels<HardwareTiles>,
+    .panel_align = [](int, const PackedMatrix&) { return 2; },
+};
+const LinearKernel kAmxEmulatedLinear{
+    .prepare = PrepareTiles,
+    .panels = TilePanels<EmulatedTiles>,
+    .panel_align = [](int, const PackedMatrix&) { return 2; },
+};
 
 }  // namespace tandem::kernels::cpu::internal
 

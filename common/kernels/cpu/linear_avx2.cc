@@ -198,22 +198,20 @@ using Int8Tile = IntTileImpl<false>::Tile<M>;
 template <int M>
 using Int4Tile = IntTileImpl<true>::Tile<M>;
 
-void Linear(const float* x, int b, const PackedMatrix& w, float* y) {
-  if (b <= 0 || w.rows <= 0) return;
-  const TileArgs a{.x = x, .ldx = w.cols, .y = y, .ldy = w.rows, .w = w};
-  ParallelPanels(b, w, 1, [&](int begin, int end) {
-    switch (w.format) {
-      case WeightFormat::kBf16:
-        ForTiles<Bf16Tile, 2>(a, b, begin, end);
-        break;
-      case WeightFormat::kInt8:
-        ForTiles<Int8Tile, 1>(a, b, begin, end);
-        break;
-      case WeightFormat::kInt4:
-        ForTiles<Int4Tile, 1>(a, b, begin, end);
-        break;
-    }
-  });
+// Panels [begin, end) with float32 activations.
+void Panels(const LinearProduct& p, const ActivationScratch&, int begin, int end) {
+  const TileArgs a{.x = p.x, .ldx = p.w.cols, .y = p.y, .ldy = p.w.rows, .w = p.w};
+  switch (p.w.format) {
+    case WeightFormat::kBf16:
+      ForTiles<Bf16Tile, 2>(a, p.b, begin, end);
+      break;
+    case WeightFormat::kInt8:
+      ForTiles<Int8Tile, 1>(a, p.b, begin, end);
+      break;
+    case WeightFormat::kInt4:
+      ForTiles<Int4Tile, 1>(a, p.b, begin, end);
+      break;
+  }
 }
 
 // ---- avx2int8: int8 activations for int8 / int4 weights (vpmaddubsw) ----
@@ -349,14 +347,9 @@ void QuantizedTiles(const TileArgs& a, int b, int begin, int end) {
   }
 }
 
-// int8 / int4 weights against activations quantized per group; bf16 weights as Linear.
-void LinearInt8Activations(const float* x, int b, const PackedMatrix& w, float* y) {
-  if (b <= 0 || w.rows <= 0) return;
-  if (w.format == WeightFormat::kBf16) {
-    Linear(x, b, w, y);
-    return;
-  }
-  ActivationScratch& s = ThreadScratch();
+// int8 / int4 weights: each activation row quantized per group; bf16 weights read float32.
+void QuantizeRows(const float* x, int b, const PackedMatrix& w, ActivationScratch& s) {
+  if (w.format == WeightFormat::kBf16) return;
   const int groups = w.cols / w.group;
   s.q.resize(static_cast<size_t>(b) * w.cols);
   s.scales.resize(static_cast<size_t>(b) * groups);
@@ -365,31 +358,44 @@ void LinearInt8Activations(const float* x, int b, const PackedMatrix& w, float* 
     QuantizeActivations(x + int64_t{m} * w.cols, w.cols, w.group, s.q.data() + int64_t{m} * w.cols,
                         s.scales.data() + int64_t{m} * groups, s.sums.data() + int64_t{m} * groups);
   }
-  const TileArgs a{.x = x,
-                   .ldx = w.cols,
-                   .y = y,
-                   .ldy = w.rows,
-                   .w = w,
+}
+
+void QuantizedPanelRange(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {
+  if (p.w.format == WeightFormat::kBf16) {
+    Panels(p, s, begin, end);
+    return;
+  }
+  const TileArgs a{.x = p.x,
+                   .ldx = p.w.cols,
+                   .y = p.y,
+                   .ldy = p.w.rows,
+                   .w = p.w,
                    .xq = s.q.data(),
-                   .ldq = w.cols,
+                   .ldq = p.w.cols,
                    .xscale = s.scales.data(),
                    .xsum = s.sums.data()};
-  const bool int4 = w.format == WeightFormat::kInt4;
-  ParallelPanels(b, w, 2, [&](int begin, int end) {
-    if (int4) {
-      QuantizedTiles<true>(a, b, begin, end);
-    } else {
-      QuantizedTiles<false>(a, b, begin, end);
-    }
-  });
+  if (p.w.format == WeightFormat::kInt4) {
+    QuantizedTiles<true>(a, p.b, begin, end);
+  } else {
+    QuantizedTiles<false>(a, p.b, begin, end);
+  }
 }
 
 #undef TANDEM_INLINE
 
 }  // namespace
 
-const LinearFn kAvx2Linear = Linear;
-const LinearFn kAvx2Int8Linear = LinearInt8Activations;
+const LinearKernel kAvx2Linear{
+    .prepare = nullptr,
+    .panels = Panels,
+    .panel_align = [](int, const PackedMatrix&) { return 1; },
+};
+const LinearKernel kAvx2Int8Linear{
+    .prepare = QuantizeRows,
+    .panels = QuantizedPanelRange,
+    .panel_align = [](int,
+                      const PackedMatrix& w) { return w.format == WeightFormat::kBf16 ? 1 : 2; },
+};
 
 }  // namespace tandem::kernels::cpu::internal
 

@@ -265,27 +265,25 @@ using Int8F32Tile = IntF32TileImpl<M, Q, false>;
 template <int M, int Q>
 using Int4F32Tile = IntF32TileImpl<M, Q, true>;
 
-// Panels per task for threads: a block of NP panels is the unit of every loop above.
-void LinearF32Act(const float* x, int b, const PackedMatrix& w, float* y) {
-  if (b <= 0 || w.rows <= 0) return;
-  TileArgs a{.x = x, .ldx = w.cols, .y = y, .ldy = w.rows, .w = w};
-  ParallelPanels(b, w, 2, [&](int begin, int end) {
-    switch (w.format) {
-      case WeightFormat::kBf16:
-        if (b == 1) {
-          ForTiles<Bf16F32Tile, 1, 2>(a, b, begin, end);
-        } else {
-          ForTiles<Bf16F32Tile, 4, 2>(a, b, begin, end);
-        }
-        break;
-      case WeightFormat::kInt8:
-        ForTiles<Int8F32Tile, 4, 1>(a, b, begin, end);
-        break;
-      case WeightFormat::kInt4:
-        ForTiles<Int4F32Tile, 4, 1>(a, b, begin, end);
-        break;
-    }
-  });
+// Panels [begin, end) with float32 activations (the avx512 level, and bf16 weights at
+// avx512vnni).
+void F32Panels(const LinearProduct& p, const ActivationScratch&, int begin, int end) {
+  const TileArgs a{.x = p.x, .ldx = p.w.cols, .y = p.y, .ldy = p.w.rows, .w = p.w};
+  switch (p.w.format) {
+    case WeightFormat::kBf16:
+      if (p.b == 1) {
+        ForTiles<Bf16F32Tile, 1, 2>(a, p.b, begin, end);
+      } else {
+        ForTiles<Bf16F32Tile, 4, 2>(a, p.b, begin, end);
+      }
+      break;
+    case WeightFormat::kInt8:
+      ForTiles<Int8F32Tile, 4, 1>(a, p.b, begin, end);
+      break;
+    case WeightFormat::kInt4:
+      ForTiles<Int4F32Tile, 4, 1>(a, p.b, begin, end);
+      break;
+  }
 }
 
 // Activations quantized per group of `group` columns, exactly as QuantizeActivations does:
@@ -422,9 +420,9 @@ using Int8VnniTile = VnniTileImpl<M, Q, false>;
 template <int M, int Q>
 using Int4VnniTile = VnniTileImpl<M, Q, true>;
 
-// int8 / int4 weights against activations quantized per group; bf16 weights by `bf16`.
-void LinearQuantized(const float* x, int b, const PackedMatrix& w, float* y) {
-  ActivationScratch& s = ThreadScratch();
+// int8 / int4 weights: activation rows quantized per group (bf16 weights: nothing here).
+void QuantizeRows(const float* x, int b, const PackedMatrix& w, ActivationScratch& s) {
+  if (w.format == WeightFormat::kBf16) return;
   const int groups = w.cols / w.group;
   s.q.resize(static_cast<size_t>(b) * w.cols);
   s.scales.resize(static_cast<size_t>(b) * groups);
@@ -433,37 +431,38 @@ void LinearQuantized(const float* x, int b, const PackedMatrix& w, float* y) {
     QuantizeRow(x + int64_t{m} * w.cols, w.cols, w.group, s.q.data() + int64_t{m} * w.cols,
                 s.scales.data() + int64_t{m} * groups, s.sums.data() + int64_t{m} * groups);
   }
-  TileArgs a{.x = x,
-             .ldx = w.cols,
-             .y = y,
-             .ldy = w.rows,
-             .w = w,
-             .xq = s.q.data(),
-             .ldh = w.cols,
-             .xscale = s.scales.data(),
-             .xsum = s.sums.data()};
-  const bool int4 = w.format == WeightFormat::kInt4;
-  ParallelPanels(b, w, b == 1 ? 4 : 2, [&](int begin, int end) {
-    if (b == 1) {
-      if (int4) {
-        ForTiles<Int4VnniTile, 1, 4>(a, b, begin, end);
-      } else {
-        ForTiles<Int8VnniTile, 1, 4>(a, b, begin, end);
-      }
-    } else if (int4) {
-      ForTiles<Int4VnniTile, 4, 2>(a, b, begin, end);
-    } else {
-      ForTiles<Int8VnniTile, 4, 2>(a, b, begin, end);
-    }
-  });
 }
 
-void LinearVnni(const float* x, int b, const PackedMatrix& w, float* y) {
-  if (b <= 0 || w.rows <= 0) return;
-  if (w.format == WeightFormat::kBf16) {
-    LinearF32Act(x, b, w, y);
+// int8 / int4 panels [begin, end) against the quantized rows.
+void QuantizedPanels(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {
+  const TileArgs a{.x = p.x,
+                   .ldx = p.w.cols,
+                   .y = p.y,
+                   .ldy = p.w.rows,
+                   .w = p.w,
+                   .xq = s.q.data(),
+                   .ldh = p.w.cols,
+                   .xscale = s.scales.data(),
+                   .xsum = s.sums.data()};
+  const bool int4 = p.w.format == WeightFormat::kInt4;
+  if (p.b == 1) {
+    if (int4) {
+      ForTiles<Int4VnniTile, 1, 4>(a, p.b, begin, end);
+    } else {
+      ForTiles<Int8VnniTile, 1, 4>(a, p.b, begin, end);
+    }
+  } else if (int4) {
+    ForTiles<Int4VnniTile, 4, 2>(a, p.b, begin, end);
   } else {
-    LinearQuantized(x, b, w, y);
+    ForTiles<Int8VnniTile, 4, 2>(a, p.b, begin, end);
+  }
+}
+
+void VnniPanels(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {
+  if (p.w.format == WeightFormat::kBf16) {
+    F32Panels(p, s, begin, end);
+  } else {
+    QuantizedPanels(p, s, begin, end);
   }
 }
 
@@ -529,35 +528,60 @@ TANDEM_INLINE void RoundRowToBf16(const float* x, int cols, uint16_t* out) {
   if (cols % 2 != 0) out[cols] = 0;
 }
 
-void LinearBf16Dp(const float* x, int b, const PackedMatrix& w, float* y) {
-  if (b <= 0 || w.rows <= 0) return;
+// bf16 weights: activation rows rounded to bf16; int8 / int4: quantized as at avx512vnni.
+void RoundRows(const float* x, int b, const PackedMatrix& w, ActivationScratch& s) {
   if (w.format != WeightFormat::kBf16) {
-    LinearQuantized(x, b, w, y);
+    QuantizeRows(x, b, w, s);
     return;
   }
-  ActivationScratch& s = ThreadScratch();
   const int ldh = (w.cols + 1) / 2 * 2;
   s.bf16.resize(static_cast<size_t>(b) * ldh);
   for (int m = 0; m < b; ++m) {
     RoundRowToBf16(x + int64_t{m} * w.cols, w.cols, s.bf16.data() + int64_t{m} * ldh);
   }
-  TileArgs a{.x = x, .ldx = w.cols, .y = y, .ldy = w.rows, .w = w, .xh = s.bf16.data(), .ldh = ldh};
-  ParallelPanels(b, w, b == 1 ? 4 : 2, [&](int begin, int end) {
-    if (b == 1) {
-      ForTiles<Bf16DpTile, 1, 4>(a, b, begin, end);
-    } else {
-      ForTiles<Bf16DpTile, 12, 2>(a, b, begin, end);
-    }
-  });
+}
+
+void Bf16DpPanels(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {
+  if (p.w.format != WeightFormat::kBf16) {
+    QuantizedPanels(p, s, begin, end);
+    return;
+  }
+  const TileArgs a{.x = p.x,
+                   .ldx = p.w.cols,
+                   .y = p.y,
+                   .ldy = p.w.rows,
+                   .w = p.w,
+                   .xh = s.bf16.data(),
+                   .ldh = (p.w.cols + 1) / 2 * 2};
+  if (p.b == 1) {
+    ForTiles<Bf16DpTile, 1, 4>(a, p.b, begin, end);
+  } else {
+    ForTiles<Bf16DpTile, 12, 2>(a, p.b, begin, end);
+  }
 }
 
 #undef TANDEM_INLINE
 
 }  // namespace
 
-const LinearFn kAvx512Linear = LinearF32Act;
-const LinearFn kAvx512VnniLinear = LinearVnni;
-const LinearFn kAvx512Bf16Linear = LinearBf16Dp;
+const LinearKernel kAvx512Linear{
+    .prepare = nullptr,
+    .panels = F32Panels,
+    .panel_align = [](int, const PackedMatrix&) { return 2; },
+};
+const LinearKernel kAvx512VnniLinear{
+    .prepare = QuantizeRows,
+    .panels = VnniPanels,
+    .panel_align =
+        [](int b, const PackedMatrix& w) {
+          return w.format == WeightFormat::kBf16 || b != 1 ? 2 : 4;
+        },
+};
+const LinearKernel kAvx512Bf16Linear{
+    .prepare = RoundRows,
+    .panels = Bf16DpPanels,
+    .panel_align = [](int b, const PackedMatrix&) { return b == 1 ? 4 : 2; },
+};
 
 }  // namespace tandem::kernels::cpu::internal
 

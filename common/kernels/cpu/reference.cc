@@ -9,15 +9,25 @@
 
 namespace tandem::kernels::cpu::reference {
 
-// X (b, w.cols) @ W^T -> Y (b, w.rows), over W's dequantized elements
-void Linear(const float* x, int b, const PackedMatrix& w, float* y) {
+namespace {
+
+// Outputs [row_begin, row_end) of every activation row.
+void LinearRows(const float* x, int b, const PackedMatrix& w, float* y, int row_begin,
+                int row_end) {
   for (int64_t i = 0; i < b; ++i) {
-    for (int j = 0; j < w.rows; ++j) {
+    for (int j = row_begin; j < row_end; ++j) {
       double sum = 0;
       for (int k = 0; k < w.cols; ++k) sum += double{PackedElement(w, j, k)} * x[i * w.cols + k];
       y[i * w.rows + j] = static_cast<float>(sum);
     }
   }
+}
+
+}  // namespace
+
+// X (b, w.cols) @ W^T -> Y (b, w.rows), over W's dequantized elements
+void Linear(const float* x, int b, const PackedMatrix& w, float* y) {
+  LinearRows(x, b, w, y, 0, w.rows);
 }
 
 // x (b,n), weight (n,) -> out (b,n) = x / sqrt(mean(x^2) + eps) * weight
@@ -192,3 +202,17 @@ void GatedDelta(const GatedDeltaHead& h) {
 }
 
 }  // namespace tandem::kernels::cpu::reference
+
+namespace tandem::kernels::cpu::internal {
+
+const LinearKernel kReferenceLinear{
+    .prepare = nullptr,
+    .panels =
+        [](const LinearProduct& p, const ActivationScratch&, int begin, int end) {
+          reference::LinearRows(p.x, p.b, p.w, p.y, begin * kPanelRows,
+                                std::min(p.w.rows, end * kPanelRows));
+        },
+    .panel_align = [](int, const PackedMatrix&) { return 1; },
+};
+
+}  // namespace tandem::kernels::cpu::internal

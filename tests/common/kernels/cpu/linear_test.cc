@@ -1,8 +1,8 @@
 // The matrix products over packed weights at every kernel level this CPU has, against the
 // reference (the dequantized elements summed in double): bf16, int8 and int4 weights, odd and
 // tiny shapes, the tiny model's 192 x 384 experts, column prefixes (mixed width), partial panels,
-// products large enough to be split across threads, and the independence of a row's result
-// from the other rows of its batch.
+// products large enough to be split across threads, the independence of a row's result from
+// the other rows of its batch, and groups of products run in one pass (linear_group).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -249,6 +249,48 @@ TEST_P(LinearTest, RowsDoNotDependOnTheirBatch) {
           ASSERT_TRUE(std::equal(one.begin(), one.end(), all.begin() + size_t{1} * m * rows))
               << WeightFormatName(format) << " rows=" << rows << " b=" << b << " row " << m;
         }
+      }
+    }
+  }
+}
+
+// A group of products equals each product run alone, bit for bit: products sharing an input
+// (an expert's gate and up, q / k / v) and not, every format in one group, the same input read
+// by bf16 and quantized weights (prepared apart), batches of 1 and more, an empty product, and
+// groups small enough to run inline and large enough to be split across threads.
+TEST_P(LinearTest, GroupEqualsEachProductAlone) {
+  for (int b : {1, 3, 17}) {
+    for (int rows : {40, 1200}) {
+      const std::vector<float> shared = RandomFloats(size_t{1} * b * 512, rng_);
+      const std::vector<float> own = RandomFloats(size_t{1} * b * 256, rng_);
+      std::vector<Matrix> ws;
+      std::vector<const float*> xs;
+      for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kBf16, WeightFormat::kInt8}) {
+        ws.push_back(RandomMatrix(format, rows, 512, 32, rng_));
+        xs.push_back(shared.data());
+        ws.push_back(RandomMatrix(format, rows + 16, 512, 64, rng_));
+        xs.push_back(shared.data());
+        ws.push_back(RandomMatrix(format, rows - 8, 256, 32, rng_));
+        xs.push_back(own.data());
+      }
+      std::vector<std::vector<float>> got(ws.size()), want(ws.size());
+      std::vector<LinearProduct> products;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const PackedMatrix w = ws[i].view();
+        got[i].assign(size_t{1} * b * w.rows, 12345.0f);
+        want[i].resize(got[i].size());
+        backend_->linear(xs[i], b, w, want[i].data());
+        products.push_back({.x = xs[i], .b = b, .w = w, .y = got[i].data()});
+      }
+      // An empty product in the middle writes nothing.
+      float untouched = 7.0f;
+      products.insert(products.begin() + 4,
+                      {.x = shared.data(), .b = 0, .w = ws[0].view(), .y = &untouched});
+      backend_->linear_group(products.data(), static_cast<int>(products.size()));
+      EXPECT_EQ(untouched, 7.0f);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << "b=" << b << " rows=" << rows << " product " << i << " ("
+                                   << WeightFormatName(ws[i].layout.format) << ")";
       }
     }
   }
