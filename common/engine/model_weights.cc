@@ -109,7 +109,7 @@ absl::StatusOr<ExpertWeights> LoadMlp(
   return m;
 }
 
-// An attention layer's tensors, q/k/v stacked where they fill panels.
+// An attention layer's tensors.
 absl::StatusOr<AttentionWeights> LoadAttention(const model::SafetensorsModel& checkpoint,
                                                const model::ModelConfig& config, int l) {
   AttentionWeights a;
@@ -117,7 +117,6 @@ absl::StatusOr<AttentionWeights> LoadAttention(const model::SafetensorsModel& ch
   ASSIGN_OR_RETURN(a.k, LoadWeight(checkpoint, config, TensorKind::kAttnK, l));
   ASSIGN_OR_RETURN(a.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
   ASSIGN_OR_RETURN(a.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
-  StackQkv(&a);
   if (config.HasQkNorm()) {
     ASSIGN_OR_RETURN(a.q_norm, LoadNorm(checkpoint, config, TensorKind::kAttnQNorm, l));
     ASSIGN_OR_RETURN(a.k_norm, LoadNorm(checkpoint, config, TensorKind::kAttnKNorm, l));
@@ -258,30 +257,6 @@ absl::StatusOr<Bf16Matrix> MatrixFromTensor(const model::TensorView& view) {
     for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = F32ToBf16(ElementAsF32(view, i));
   }
   return m;
-}
-
-void StackQkv(AttentionWeights* a) {
-  const WeightMatrix* parts[] = {&a->q, &a->k, &a->v};
-  for (const WeightMatrix* m : parts) {
-    if (m->empty() || m->rows() % kernels::kPanelRows != 0 ||
-        m->layout.format != a->q.layout.format || m->layout.group != a->q.layout.group ||
-        m->cols() != a->q.cols()) {
-      return;
-    }
-  }
-  WeightMatrix qkv;
-  qkv.layout = a->q.layout;
-  qkv.layout.rows = a->q.rows() + a->k.rows() + a->v.rows();
-  qkv.data.resize(qkv.layout.bytes());
-  std::byte* out = qkv.data.data();
-  for (const WeightMatrix* m : parts) {
-    std::memcpy(out, m->data.data(), m->data.size());
-    out += m->data.size();
-  }
-  a->qkv = std::move(qkv);
-  a->q = WeightMatrix();
-  a->k = WeightMatrix();
-  a->v = WeightMatrix();
 }
 
 WeightMatrix PackBf16Matrix(const uint16_t* w, int rows, int cols) {
@@ -475,7 +450,6 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
       a.k = fill.Weight(kv_dim, h, qc, TensorKind::kAttnK);
       a.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
       a.o = fill.Weight(h, q_dim, qc, TensorKind::kAttnOut);
-      StackQkv(&a);
       if (config.HasQkNorm()) {
         a.q_norm.assign(config.head_dim, 1.0f);
         a.k_norm.assign(config.head_dim, 1.0f);
@@ -532,8 +506,8 @@ int64_t ModelWeights::bytes() const {
   for (const LayerWeights& l : layers) {
     const AttentionWeights& a = l.attention;
     const DeltaNetWeights& d = l.linear;
-    for (const WeightMatrix* m : {&a.qkv, &a.q, &a.k, &a.v, &a.o, &l.moe.router, &l.moe.shared_gate,
-                                  &d.qkv, &d.z, &d.b, &d.a, &d.out}) {
+    for (const WeightMatrix* m : {&a.q, &a.k, &a.v, &a.o, &l.moe.router, &l.moe.shared_gate, &d.qkv,
+                                  &d.z, &d.b, &d.a, &d.out}) {
       total += static_cast<int64_t>(m->data.size());
     }
     for (const std::vector<float>* v :

@@ -81,10 +81,8 @@ struct DeltaNetWeights {
 
 // Grouped-query attention's (AttentionBlock).
 struct AttentionWeights {
-  // q (heads*head_dim, hidden), k and v (kv_heads*head_dim, hidden) stacked in one matrix, so
-  // that a step reads them in one product: rows [0, q_dim) are q, then k, then v. Separate (qkv
-  // empty) only where their rows do not fill whole panels.
-  WeightMatrix qkv;
+  // q (heads*head_dim, hidden), k and v (kv_heads*head_dim, hidden): a step runs them as one
+  // group of products (Backend::linear_group).
   WeightMatrix q, k, v;
   // With an output gate (config.attention_output_gate) q's rows are [q | gate] per head,
   // 2 * heads * head_dim of them.
@@ -114,10 +112,6 @@ struct LayerWeights {
   MoeWeights moe;
   ExpertWeights dense;
 };
-
-// Stacks `attention`'s q, k and v into qkv (and empties them) when their rows fill whole panels
-// and they share a format; otherwise leaves them.
-void StackQkv(AttentionWeights* attention);
 
 struct ModelWeights {
   model::ModelConfig config;

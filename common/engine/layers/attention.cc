@@ -58,19 +58,12 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   Resize(attn_, T, q_dim);
 
   float* const q_out = gated ? q_raw_.data() : q_.data();
-  if (!L.qkv.empty()) {  // one product, then each token's q, k and v apart
-    const int qkv_dim = q_rows + 2 * kv_dim;
-    Resize(qkv_, T, qkv_dim);
-    ctx.Linear(ctx.h.data(), T, L.qkv.view(), qkv_.data());
-    ctx.ops->gather_rows(qkv_.data(), qkv_dim, nullptr, T, q_rows, q_out, q_rows);
-    ctx.ops->gather_rows(qkv_.data() + q_rows, qkv_dim, nullptr, T, kv_dim, k_.data(), kv_dim);
-    ctx.ops->gather_rows(qkv_.data() + q_rows + kv_dim, qkv_dim, nullptr, T, kv_dim, v_.data(),
-                         kv_dim);
-  } else {
-    ctx.Linear(ctx.h.data(), T, L.q.view(), q_out);
-    ctx.Linear(ctx.h.data(), T, L.k.view(), k_.data());
-    ctx.Linear(ctx.h.data(), T, L.v.view(), v_.data());
-  }
+  // q, k and v in one pass over the threads, the input rounded once.
+  const kernels::LinearProduct qkv[] = {
+      {.x = ctx.h.data(), .b = T, .w = L.q.view(), .y = q_out},
+      {.x = ctx.h.data(), .b = T, .w = L.k.view(), .y = k_.data()},
+      {.x = ctx.h.data(), .b = T, .w = L.v.view(), .y = v_.data()}};
+  ctx.LinearGroup(qkv);
   AddBias(*ctx.ops, L.q_bias, T, q_out);
   AddBias(*ctx.ops, L.k_bias, T, k_.data());
   AddBias(*ctx.ops, L.v_bias, T, v_.data());

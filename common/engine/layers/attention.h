@@ -39,7 +39,7 @@ class AttentionBlock : public Block {
   const std::vector<int> kv_layers_;
   // Buffers reused across steps (sized by the largest step so far); q_raw_ holds q_proj's
   // [q | gate] rows where the attention has an output gate.
-  std::vector<float> qkv_, q_raw_, q_, gate_, k_, v_, attn_;
+  std::vector<float> q_raw_, q_, gate_, k_, v_, attn_;
   std::vector<AttentionUnit> units_;
   // (units + 1) prefix sums of each unit's parts; the parts' outputs (row, heads, head_dim) and
   // log-sum-exps (row, heads).

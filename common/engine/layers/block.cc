@@ -51,6 +51,14 @@ void StepContext::Linear(const float* in, int rows, const kernels::PackedMatrix&
   stats.matmul_flops += int64_t{2} * rows * m.rows * m.cols;
 }
 
+void StepContext::LinearGroup(absl::Span<const kernels::LinearProduct> products) {
+  ops->linear_group(products.data(), static_cast<int>(products.size()));
+  for (const kernels::LinearProduct& p : products) {
+    stats.weight_bytes += p.w.bytes_read();
+    stats.matmul_flops += int64_t{2} * p.b * p.w.rows * p.w.cols;
+  }
+}
+
 void StepContext::SwiGlu(const ExpertWeights& m, int row0, int rows, float* out) {
   const int64_t hidden = w.config.hidden_size;
   const int width = m.gate.rows();
@@ -58,8 +66,10 @@ void StepContext::SwiGlu(const ExpertWeights& m, int row0, int rows, float* out)
   Resize(up_, rows, width);
   Resize(act_, rows, width);
   const float* in = h.data() + row0 * hidden;
-  Linear(in, rows, m.gate.view(), gate_.data());
-  Linear(in, rows, m.up.view(), up_.data());
+  const kernels::LinearProduct gate_up[] = {
+      {.x = in, .b = rows, .w = m.gate.view(), .y = gate_.data()},
+      {.x = in, .b = rows, .w = m.up.view(), .y = up_.data()}};
+  LinearGroup(gate_up);
   ops->silu_mul(gate_.data(), up_.data(), rows * width, act_.data());
   Linear(act_.data(), rows, m.down.view(), out);
 }

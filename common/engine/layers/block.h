@@ -66,8 +66,10 @@ class StepContext {
   // keeps activations float32 (routers and gates).
   void Linear(const float* in, int rows, const kernels::PackedMatrix& w, float* out,
               bool exact = false);
+  // The products in one pass over the threads (Backend::linear_group), counted in stats.
+  void LinearGroup(absl::Span<const kernels::LinearProduct> products);
   // out (rows, hidden) = the SwiGLU MLP `w` (shared expert or dense layer) over rows
-  // [row0, row0 + rows) of h.
+  // [row0, row0 + rows) of h: gate and up as one group.
   void SwiGlu(const ExpertWeights& w, int row0, int rows, float* out);
 
   const ModelWeights& w;

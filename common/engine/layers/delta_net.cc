@@ -43,8 +43,10 @@ absl::Status GatedDeltaNetBlock::Forward(int l, StepContext& ctx, float* out) {
   Resize(b_, T, nv);
   Resize(a_, T, nv);
   Resize(core_, T, value_dim);
-  ctx.Linear(ctx.h.data(), T, W.qkv.view(), mixed_.data());
-  ctx.Linear(ctx.h.data(), T, W.z.view(), z_.data());
+  const kernels::LinearProduct qkv_z[] = {
+      {.x = ctx.h.data(), .b = T, .w = W.qkv.view(), .y = mixed_.data()},
+      {.x = ctx.h.data(), .b = T, .w = W.z.view(), .y = z_.data()}};
+  ctx.LinearGroup(qkv_z);
   // Float32 activations for beta and the decay: they compound over every later token.
   ctx.Linear(ctx.h.data(), T, W.b.view(), b_.data(), /*exact=*/true);
   ctx.Linear(ctx.h.data(), T, W.a.view(), a_.data(), /*exact=*/true);

@@ -146,10 +146,14 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
   std::stable_sort(loads_.begin(), loads_.end(),
                    [](const ExpertLoad& a, const ExpertLoad& b) { return a.width > b.width; });
   if (ctx.provider != nullptr) RETURN_IF_ERROR(ctx.provider->BeginLayer(l, loads_));
+  // Every (expert, width) run of the layer: rows [row, row + m) of expert_in_ / expert_out_,
+  // values [offset, offset + m * width) of the layer's gate / up / act (held a wave at a time).
+  runs_.clear();
+  int64_t rows = 0, values = 0;
   absl::Status status;
   for (const ExpertLoad& load : loads_) {
     const int e = load.expert;
-    std::vector<Routed>& pairs = routed_[e];
+    const std::vector<Routed>& pairs = routed_[e];
     ExpertView E;
     if (ctx.provider != nullptr) {
       absl::StatusOr<ExpertView> view = ctx.provider->Wait(l, e, load.width);
@@ -167,36 +171,81 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
       size_t end = begin;
       while (end < pairs.size() && pairs[end].width == width) ++end;
       const int m = static_cast<int>(end - begin);
-      Resize(expert_in_, m, hidden);
-      Resize(gate_, m, width);
-      Resize(up_, m, width);
-      Resize(act_, m, width);
-      Resize(expert_out_, m, hidden);
-      pair_tokens_.resize(m);
-      pair_weights_.resize(m);
+      runs_.push_back({E, e, width, m, rows, values});
+      pair_tokens_.resize(rows + m);
+      pair_weights_.resize(rows + m);
       for (int i = 0; i < m; ++i) {
-        pair_tokens_[i] = pairs[begin + i].token;
-        pair_weights_[i] = pairs[begin + i].weight;
+        pair_tokens_[rows + i] = pairs[begin + i].token;
+        pair_weights_[rows + i] = pairs[begin + i].weight;
       }
-      ctx.ops->gather_rows(ctx.h.data(), hidden, pair_tokens_.data(), m, hidden, expert_in_.data(),
-                           hidden);
-      // gate and up: the first `width` rows; down: the first `width` columns of each row.
-      kernels::PackedMatrix gate = E.gate, up = E.up, down = E.down;
-      gate.rows = up.rows = down.cols = width;
-      const int64_t before = ctx.stats.weight_bytes;
-      ctx.Linear(expert_in_.data(), m, gate, gate_.data());
-      ctx.Linear(expert_in_.data(), m, up, up_.data());
-      ctx.ops->silu_mul(gate_.data(), up_.data(), m * width, act_.data());
-      ctx.Linear(act_.data(), m, down, expert_out_.data());
-      ctx.stats.expert_weight_bytes += ctx.stats.weight_bytes - before;
-      ++ctx.stats.expert_runs;
-      if (ctx.observer != nullptr) {
-        ctx.observer->OnExpert(l, e, width, pair_tokens_, act_.data(), expert_out_.data());
-      }
-      ctx.ops->add_rows(expert_out_.data(), m, hidden, pair_weights_.data(), pair_tokens_.data(),
-                        out);
+      rows += m;
+      values += int64_t{m} * width;
       begin = end;
     }
+  }
+  if (status.ok() && rows > 0) {
+    Resize(expert_in_, rows, hidden);
+    Resize(expert_out_, rows, hidden);
+    ctx.ops->gather_rows(ctx.h.data(), hidden, pair_tokens_.data(), static_cast<int>(rows), hidden,
+                         expert_in_.data(), hidden);
+    const int64_t before = ctx.stats.weight_bytes;
+    for (size_t first = 0; first < runs_.size();) {
+      // A wave of runs whose gate, up and act values stay within kWaveValues each (at least
+      // one run): every run's gate and up as one group of products, the activations at once,
+      // every run's down as another group, then their weighted sums in run order.
+      size_t last = first + 1;
+      while (last < runs_.size() && runs_[last].offset +
+                                            int64_t{runs_[last].m} * runs_[last].width -
+                                            runs_[first].offset <=
+                                        kWaveValues) {
+        ++last;
+      }
+      const int64_t base = runs_[first].offset;
+      const int64_t wave_values =
+          runs_[last - 1].offset + int64_t{runs_[last - 1].m} * runs_[last - 1].width - base;
+      Resize(gate_, wave_values, 1);
+      Resize(up_, wave_values, 1);
+      Resize(act_, wave_values, 1);
+      products_.clear();
+      for (size_t i = first; i < last; ++i) {
+        const ExpertRun& run = runs_[i];
+        // gate and up: the first `width` rows; down: the first `width` columns of each row.
+        kernels::PackedMatrix gate = run.view.gate, up = run.view.up;
+        gate.rows = up.rows = run.width;
+        const float* in = Row(expert_in_, run.row, hidden);
+        products_.push_back(
+            {.x = in, .b = run.m, .w = gate, .y = gate_.data() + run.offset - base});
+        products_.push_back({.x = in, .b = run.m, .w = up, .y = up_.data() + run.offset - base});
+      }
+      ctx.LinearGroup(products_);
+      ctx.ops->silu_mul(gate_.data(), up_.data(), static_cast<int>(wave_values), act_.data());
+      products_.clear();
+      for (size_t i = first; i < last; ++i) {
+        const ExpertRun& run = runs_[i];
+        kernels::PackedMatrix down = run.view.down;
+        down.cols = run.width;
+        products_.push_back({.x = act_.data() + run.offset - base,
+                             .b = run.m,
+                             .w = down,
+                             .y = Row(expert_out_, run.row, hidden)});
+      }
+      ctx.LinearGroup(products_);
+      if (ctx.observer != nullptr) {
+        for (size_t i = first; i < last; ++i) {
+          const ExpertRun& run = runs_[i];
+          ctx.observer->OnExpert(
+              l, run.expert, run.width, absl::MakeConstSpan(pair_tokens_).subspan(run.row, run.m),
+              act_.data() + run.offset - base, Row(expert_out_, run.row, hidden));
+        }
+      }
+      const int64_t row = runs_[first].row;
+      const int wave_rows = static_cast<int>(runs_[last - 1].row + runs_[last - 1].m - row);
+      ctx.ops->add_rows(Row(expert_out_, row, hidden), wave_rows, hidden,
+                        pair_weights_.data() + row, pair_tokens_.data() + row, out);
+      first = last;
+    }
+    ctx.stats.expert_weight_bytes += ctx.stats.weight_bytes - before;
+    ctx.stats.expert_runs += static_cast<int>(runs_.size());
   }
   if (ctx.provider != nullptr) ctx.provider->EndLayer(l);
   return status;

@@ -30,7 +30,10 @@ class MoeBlock : public Block {
   // The routed pairs of layer l into routed_ (masked softmax, top-k, renormalising, widths),
   // over ctx.h; the layer's decisions into ctx.trace.
   absl::Status Route(int l, StepContext& ctx);
-  // out (tokens, hidden) = the routed experts' weighted outputs, widest expert first.
+  // out (tokens, hidden) = the routed experts' weighted outputs: every expert of the layer in,
+  // then in waves of experts (all of them in decode): their gate and up products in one pass
+  // over the threads, their downs in another (Backend::linear_group), summed widest expert
+  // first.
   absl::Status RunExperts(int l, StepContext& ctx, float* out);
   // out += the shared expert of layer l.
   void SharedExpert(int l, StepContext& ctx, float* out);
@@ -43,9 +46,25 @@ class MoeBlock : public Block {
   std::vector<float> chosen_w_;
   std::vector<int> chosen_width_;
   std::vector<float> mask_bias_;  // (experts,): 0, or -inf for an expert a mask leaves out
+  // A wave's gate, up and act values at most (or one run's, when larger): 128K floats, 1.5 MB
+  // for the three, which a core's L2 cache mostly keeps between the products that write and
+  // read them. A decode step's experts are one wave; a long prefill chunk's are several.
+  static constexpr int64_t kWaveValues = int64_t{1} << 17;
+  // One width's pairs of an expert: rows [row, row + m) of expert_in_ / expert_out_, and its
+  // gate, up and act values (m, width) from `offset`.
+  struct ExpertRun {
+    ExpertView view;
+    int expert;
+    int width;
+    int m;
+    int64_t row;
+    int64_t offset;
+  };
+  std::vector<ExpertRun> runs_;
+  std::vector<kernels::LinearProduct> products_;
   std::vector<float> expert_in_, gate_, up_, act_, expert_out_;
   std::vector<float> shared_out_, shared_scale_;
-  // One width's pairs of an expert: their tokens (rows of h and out) and routing weights.
+  // Every run's pairs in turn: their tokens (rows of h and out) and routing weights.
   std::vector<int32_t> pair_tokens_;
   std::vector<float> pair_weights_;
 };

@@ -29,10 +29,10 @@ TEST(RandomWeightsTest, ShapesFollowTheConfig) {
   EXPECT_EQ(m.embed.rows, 300);
   EXPECT_EQ(m.embed.cols, 96);
   ASSERT_EQ(m.layers.size(), 3u);
-  // q (96), k and v (48 each) stacked in one matrix.
-  EXPECT_EQ(m.layers[0].attention.qkv.rows(), 96 + 2 * 48);
-  EXPECT_EQ(m.layers[0].attention.qkv.cols(), 96);
-  EXPECT_TRUE(m.layers[0].attention.q.empty());
+  EXPECT_EQ(m.layers[0].attention.q.rows(), 96);
+  EXPECT_EQ(m.layers[0].attention.k.rows(), 48);
+  EXPECT_EQ(m.layers[0].attention.v.rows(), 48);
+  EXPECT_EQ(m.layers[0].attention.v.cols(), 96);
   EXPECT_EQ(m.layers[0].moe.router.rows(), 6);
   ASSERT_EQ(m.layers[2].moe.experts.size(), 6u);
   EXPECT_EQ(m.layers[2].moe.experts[5].down.rows(), 96);
@@ -131,7 +131,7 @@ TEST(RandomWeightsTest, RetainedOnlyExpertsAreTheFullModelsAndTheRestAbsent) {
   }
   // Matrices after the skipped experts are unchanged too.
   EXPECT_EQ((*slim)->lm_head.data, (*full)->lm_head.data);
-  EXPECT_EQ((*slim)->layers[2].attention.qkv.data, (*full)->layers[2].attention.qkv.data);
+  EXPECT_EQ((*slim)->layers[2].attention.q.data, (*full)->layers[2].attention.q.data);
 }
 
 // Random weights of the Qwen layouts: q/k norms, biases, a shared expert and its gate on sparse

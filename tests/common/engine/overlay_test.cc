@@ -135,7 +135,6 @@ TEST_F(OverlayTest, LoadsTheFilesTensorsAndTheModelsForTheRest) {
   EXPECT_EQ(o.layers[0].attn_norm, weights_->layers[0].attn_norm);
   EXPECT_EQ(o.layers[2].ffn_norm, weights_->layers[2].ffn_norm);
   // Only always-on fields: no attention or experts.
-  EXPECT_TRUE(o.layers[0].attention.qkv.data.empty());
   EXPECT_TRUE(o.layers[0].attention.q.data.empty());
   EXPECT_TRUE(o.layers[0].moe.experts.empty());
 }

@@ -103,7 +103,7 @@ TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
           << r << "," << c;
     }
   }
-  EXPECT_EQ((*int4)->layers[2].attention.qkv.format(), WeightFormat::kBf16);
+  EXPECT_EQ((*int4)->layers[2].attention.q.format(), WeightFormat::kBf16);
   EXPECT_EQ((*int4)->layers[2].moe.router.format(), WeightFormat::kBf16);
   EXPECT_EQ((*int4)->lm_head.format(), WeightFormat::kBf16);
 }
