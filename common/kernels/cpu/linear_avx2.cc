@@ -35,7 +35,7 @@ struct TileArgs {
   float* y;
   int64_t ldy;
   PackedMatrix w;
-  // avx2int8: the activations quantized per group (QuantizeActivations), rows ldq apart, and
+  // avx2int8: the activations quantized per group (QuantizeRow), rows ldq apart, and
   // their scales and level sums (rows, groups).
   const int8_t* xq = nullptr;
   int64_t ldq = 0;
@@ -347,6 +347,41 @@ void QuantizedTiles(const TileArgs& a, int b, int begin, int end) {
   }
 }
 
+// One activation row quantized per group of `group` columns (a multiple of 8), exactly as
+// QuantizeActivations does: q (cols,), scales and sums (cols / group,).
+TANDEM_INLINE void QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales,
+                               int32_t* sums) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int g = 0; g < cols / group; ++g) {
+    const float* v = x + int64_t{g} * group;
+    __m256 amax8 = _mm256_setzero_ps();
+    for (int i = 0; i < group; i += 8) {
+      amax8 = _mm256_max_ps(amax8, _mm256_and_ps(_mm256_loadu_ps(v + i), magnitude));
+    }
+    __m128 amax4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    amax4 = _mm_max_ps(amax4, _mm_movehl_ps(amax4, amax4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(amax4, _mm_movehdup_ps(amax4)));
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    __m256i sum = _mm256_setzero_si256();
+    for (int i = 0; i < group; i += 8) {
+      // Round to nearest even (the default MXCSR mode), as std::nearbyint does.
+      __m256i level = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv));
+      level = _mm256_max_epi32(_mm256_set1_epi32(-127),
+                               _mm256_min_epi32(_mm256_set1_epi32(127), level));
+      sum = _mm256_add_epi32(sum, level);
+      const __m128i words =
+          _mm_packs_epi32(_mm256_castsi256_si128(level), _mm256_extracti128_si256(level, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + int64_t{g} * group + i),
+                       _mm_packs_epi16(words, words));
+    }
+    scales[g] = amax / 127.0f;
+    __m128i total = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0x4E));
+    total = _mm_add_epi32(total, _mm_shuffle_epi32(total, 0xB1));
+    sums[g] = _mm_cvtsi128_si32(total);
+  }
+}
+
 // int8 / int4 weights: each activation row quantized per group; bf16 weights read float32.
 void QuantizeRows(const float* x, int b, const PackedMatrix& w, ActivationScratch& s) {
   if (w.format == WeightFormat::kBf16) return;
@@ -355,8 +390,8 @@ void QuantizeRows(const float* x, int b, const PackedMatrix& w, ActivationScratc
   s.scales.resize(static_cast<size_t>(b) * groups);
   s.sums.resize(s.scales.size());
   for (int m = 0; m < b; ++m) {
-    QuantizeActivations(x + int64_t{m} * w.cols, w.cols, w.group, s.q.data() + int64_t{m} * w.cols,
-                        s.scales.data() + int64_t{m} * groups, s.sums.data() + int64_t{m} * groups);
+    QuantizeRow(x + int64_t{m} * w.cols, w.cols, w.group, s.q.data() + int64_t{m} * w.cols,
+                s.scales.data() + int64_t{m} * groups, s.sums.data() + int64_t{m} * groups);
   }
 }
 
