@@ -11,8 +11,8 @@
 #                when `build/bin/tandem quantize` exists, on its 8- and 4-bit quantizations,
 #                interleaved with llama.cpp: bf16 Tandem, bf16 llama.cpp, int8 Tandem, Q8_0
 #                llama.cpp, int4 Tandem, Q4_0 llama.cpp; what is not built is skipped, saying so
-#     --rounds   repeat the whole sequence N times (default 1); tables of the median and the
-#                best round
+#     --rounds   repeat the whole sequence N times (default 1); tables of the median (with the
+#                rounds' spread), the best round, and Tandem / llama.cpp per round (its median)
 #     --threads  llama.cpp's threads (default: nproc, the CPUs this process may use, as Tandem)
 # Prints a markdown table of tokens/s: decode at batch 1, 4, 16, 64 (B sequences with an
 # 8-token context, 16 timed steps after 2 untimed, B / median step time) and the prefill of
@@ -198,15 +198,39 @@ for line in open(sys.argv[1]):
 batches = [int(b) for b in sys.argv[2].split(",")]
 cols = batches + ["prefill"]
 # On a shared machine other work only ever slows a run down, so the best round is the
-# better estimate there; the median is the honest one on a quiet machine.
-stats = [("median", statistics.median)] + ([("best", max)] if int(sys.argv[4]) > 1 else [])
-for name, stat in stats:
+# better estimate there; the median is the honest one on a quiet machine. With more than one
+# round the median's cells give the spread (lowest-highest) too, and a third table the
+# ratios of each round's Tandem to the llama.cpp run beside it (same weights' bits), their
+# median: the ratio the noise moves least.
+many = int(sys.argv[4]) > 1
+def median_cell(values):
+    text = f"{statistics.median(values):.1f}"
+    return text + (f" ({min(values):.1f}-{max(values):.1f})" if many else "")
+stats = [("median", median_cell)] + ([("best", lambda v: f"{max(v):.1f}")] if many else [])
+for name, cell in stats:
     print(f"{name} of {sys.argv[4]} round(s), tokens/s:\n")
     print("| engine, weights | " + " | ".join(f"batch {b}" for b in batches) +
           f" | prefill {sys.argv[3]} |")
     print("|---" * (len(cols) + 1) + "|")
     for row in rows:
         print(f"| {row} | " + " | ".join(
-            f"{stat(cells[(row, c)]):.1f}" if (row, c) in cells else "n/a" for c in cols) + " |")
+            cell(cells[(row, c)]) if (row, c) in cells else "n/a" for c in cols) + " |")
+    print()
+pairs = [("Tandem bf16", "llama.cpp bf16"), ("Tandem int8", "llama.cpp Q8_0"),
+         ("Tandem int4", "llama.cpp Q4_0")]
+pairs = [(t, l) for t, l in pairs if t in rows and l in rows]
+if many and pairs:
+    print(f"Tandem / llama.cpp, median of the {sys.argv[4]} rounds' ratios (lowest-highest):\n")
+    print("| weights | " + " | ".join(f"batch {b}" for b in batches) +
+          f" | prefill {sys.argv[3]} |")
+    print("|---" * (len(cols) + 1) + "|")
+    for t, l in pairs:
+        out = []
+        for c in cols:
+            a, b = cells.get((t, c), []), cells.get((l, c), [])
+            ratios = [x / y for x, y in zip(a, b) if y > 0]
+            out.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+                       if ratios else "n/a")
+        print(f"| {t.split()[1]} vs {l.split()[1]} | " + " | ".join(out) + " |")
     print()
 PY
