@@ -111,20 +111,20 @@ if ((tandem)); then
     if [[ -x build/bin/tandem ]] && build/bin/tandem quantize --help >/dev/null 2>&1; then
       for bits in 8 4; do
         dir=$ckpt-int$bits
-        # As llama.cpp's Q8_0 quantizes every matrix, int8 includes the lm_head; int4 keeps it
-        # bf16 (Q4_0 keeps its output matrix at 6 bits; an int4 lm_head costs perplexity,
+        # As llama.cpp's Q8_0 quantizes every matrix, int8 includes the lm_head; int4 has an
+        # int8 one (Q4_0 keeps its output matrix at 6 bits; an int4 lm_head costs perplexity,
         # docs/quantization.md).
-        modules=experts,attention,shared_expert,dense_mlp
-        ((bits == 8)) && modules+=,lm_head
-        # $dir.done holds the modules of a finished quantization: an interrupted one, or one of
-        # other modules, is made again.
-        if [[ "$(cat "$dir.done" 2>/dev/null)" != "$modules" ||
+        modules=experts,attention,shared_expert,dense_mlp,lm_head
+        head_bits=8
+        # $dir.done holds the modules (and head bits) of a finished quantization: an interrupted
+        # one, or one of other modules, is made again.
+        if [[ "$(cat "$dir.done" 2>/dev/null)" != "$modules;lm_head_bits=$head_bits" ||
               "$ckpt/model.safetensors" -nt "$dir.done" ]]; then
           say "tandem quantize --bits $bits --modules $modules -> $dir"
           rm -rf "$dir" "$dir.done"
           build/bin/tandem quantize --model "$ckpt" --bits "$bits" --modules "$modules" \
-            --out "$dir" >&2
-          echo "$modules" > "$dir.done"
+            --lm_head_bits "$head_bits" --out "$dir" >&2
+          echo "$modules;lm_head_bits=$head_bits" > "$dir.done"
         fi
         printf -v "tandem_int$bits" %s "$dir"
       done

@@ -55,7 +55,7 @@ absl::StatusOr<WeightMatrix> LoadWeight(
                    model::GetTensor(checkpoint, config, kind, layer, expert, layout));
   if (!config.quantization.Quantizes(kind)) return WeightFromTensor(view);
   ASSIGN_OR_RETURN(model::TensorView scales, checkpoint.Get(model::ScaleTensorName(view.name)));
-  return WeightFromQuantized(view, scales, config.quantization.bits,
+  return WeightFromQuantized(view, scales, config.quantization.BitsOf(kind),
                              config.quantization.group_size);
 }
 
@@ -189,8 +189,9 @@ class RandomFill {
       const Bf16Matrix m = Matrix(rows, cols);
       return PackBf16Matrix(m.data.data(), rows, cols);
     }
+    const int bits = q.BitsOf(kind);
     const kernels::WeightFormat format =
-        q.bits == 8 ? kernels::WeightFormat::kInt8 : kernels::WeightFormat::kInt4;
+        bits == 8 ? kernels::WeightFormat::kInt8 : kernels::WeightFormat::kInt4;
     kernels::QuantizedRows levels;
     levels.format = format;
     levels.rows = rows;
@@ -198,7 +199,7 @@ class RandomFill {
     levels.group = q.group_size;
     levels.q.resize(static_cast<size_t>(rows) * cols);
     // Levels uniform over [-range, range]: standard deviation range / sqrt(3) levels.
-    const int range = q.bits == 8 ? 127 : 7;
+    const int range = bits == 8 ? 127 : 7;
     const float scale = 0.02f * 1.7320508f / static_cast<float>(range);
     levels.scales.assign(static_cast<size_t>(rows) * (cols / q.group_size),
                          kernels::F32ToF16(scale));

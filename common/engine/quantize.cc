@@ -28,6 +28,13 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   if (options.bits != 8 && options.bits != 4) {
     return absl::InvalidArgumentError(absl::StrCat("--bits must be 8 or 4, got ", options.bits));
   }
+  if (options.lm_head_bits != 0 && options.lm_head_bits != 8 && options.lm_head_bits != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lm_head_bits must be 8 or 4, got ", options.lm_head_bits));
+  }
+  if (options.lm_head_bits != 0 && !options.lm_head) {
+    return absl::InvalidArgumentError("--lm_head_bits needs lm_head among the modules");
+  }
   if (!options.experts && !options.attention && !options.shared_expert && !options.dense_mlp &&
       !options.lm_head) {
     return absl::InvalidArgumentError("quantize at least one module");
@@ -59,6 +66,10 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
                                         {"group_size", options.group_size},
                                         {"symmetric", true},
                                         {"modules", modules}};
+  if (options.lm_head_bits != 0 && options.lm_head_bits != options.bits &&
+      !source.tie_word_embeddings) {
+    config_json["quantization_config"]["lm_head_bits"] = options.lm_head_bits;
+  }
   // Parsing the new config checks the group against every quantized matrix's width.
   ASSIGN_OR_RETURN(model::ModelConfig target, model::ParseModelConfig(config_json.dump()));
   ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
@@ -68,8 +79,6 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   const model::ExpertLayout layout = model::DetectExpertLayout(source, checkpoint->Names());
   ASSIGN_OR_RETURN(std::string source_sha256, CheckpointSha256(model_dir));
 
-  const kernels::WeightFormat format =
-      options.bits == 8 ? kernels::WeightFormat::kInt8 : kernels::WeightFormat::kInt4;
   std::vector<std::vector<std::byte>> owned;
   std::vector<model::TensorView> out;
   const std::vector<model::TensorSpec> specs = model::ExpectedTensors(source);
@@ -85,11 +94,14 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
     }
     const int rows = static_cast<int>(view.shape[0]);
     const int cols = static_cast<int>(view.shape[1]);
+    const int bits = target.quantization.BitsOf(spec.kind);
     const std::vector<float> values = VectorFromTensor(view);
-    const kernels::QuantizedRows q =
-        kernels::QuantizeRows(values.data(), cols, rows, cols, format, options.group_size);
-    std::vector<std::byte> levels(options.bits == 8 ? q.q.size() : q.q.size() / 2);
-    if (options.bits == 8) {
+    const kernels::QuantizedRows q = kernels::QuantizeRows(
+        values.data(), cols, rows, cols,
+        bits == 8 ? kernels::WeightFormat::kInt8 : kernels::WeightFormat::kInt4,
+        options.group_size);
+    std::vector<std::byte> levels(bits == 8 ? q.q.size() : q.q.size() / 2);
+    if (bits == 8) {
       std::memcpy(levels.data(), q.q.data(), q.q.size());
     } else {
       kernels::PackNibbles(q.q.data(), static_cast<int64_t>(q.q.size()),
@@ -97,8 +109,8 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
     }
     owned.push_back(std::move(levels));
     out.push_back({spec.name,
-                   options.bits == 8 ? model::DType::kI8 : model::DType::kU8,
-                   {rows, options.bits == 8 ? cols : cols / 2},
+                   bits == 8 ? model::DType::kI8 : model::DType::kU8,
+                   {rows, bits == 8 ? cols : cols / 2},
                    owned.back().data(),
                    owned.back().size()});
     std::vector<std::byte> scales(q.scales.size() * 2);

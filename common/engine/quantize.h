@@ -7,7 +7,8 @@
 //   NAME.weight_scale  F16 (rows, cols / group_size)
 //   W[r][c] = scale[r][c / group_size] * level[r][c]
 // and config.json's "quantization_config" saying so (common/model/config.h). Routers, the
-// embedding, norms and biases stay as they were, and so does the lm_head unless asked for. The
+// embedding, norms and biases stay as they were, and so does the lm_head unless asked for (at
+// its own bits if `lm_head_bits` says so: "lm_head_bits" in the config). The
 // checkpoint's other files are copied; its safetensors metadata is kept (a reordered checkpoint
 // stays reordered), and the quantization and the source checkpoint's SHA-256 are added to it.
 #pragma once
@@ -26,11 +27,13 @@ struct QuantizeOptions {
   bool shared_expert = true;
   bool dense_mlp = true;
   bool lm_head = false;  // an untied model's output projection
+  int lm_head_bits = 0;  // the lm_head's own bits, 8 or 4 (0: `bits`)
 };
 
 // Writes the quantized copy of `model_dir` to `out_dir`. INVALID_ARGUMENT for a checkpoint that
 // is already quantized, options that do not fit the model (a group that does not divide a
-// quantized matrix's width), no module chosen, or `out_dir` the same as `model_dir`.
+// quantized matrix's width), no module chosen, lm_head_bits without the lm_head, or `out_dir`
+// the same as `model_dir`.
 absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOptions& options,
                                 const std::string& out_dir);
 

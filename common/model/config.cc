@@ -76,6 +76,16 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
                                      "lm_head)"));
     }
   }
+  if (const Json* lm_head_bits = json.Find("lm_head_bits"); lm_head_bits != nullptr) {
+    if (!lm_head_bits->is_number_integer() || (*lm_head_bits != 8 && *lm_head_bits != 4)) {
+      return FieldError("quantization_config.lm_head_bits", "must be 8 or 4");
+    }
+    if (!q.lm_head) {
+      return FieldError("quantization_config.lm_head_bits",
+                        "is set but modules does not name lm_head");
+    }
+    q.lm_head_bits = lm_head_bits->get<int>();
+  }
   if (q.lm_head && c.tie_word_embeddings) {
     return FieldError("quantization_config.modules",
                       "names lm_head, which is the (unquantized) embedding when "
@@ -422,12 +432,13 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layou
     }
     const int64_t rows = shape[0], cols = shape[1];
     std::string scales = ScaleTensorName(name);
+    const int bits = q.BitsOf(kind);
     out.push_back(TensorSpec{std::move(name),
-                             {rows, q.bits == 4 ? cols / 2 : cols},
+                             {rows, bits == 4 ? cols / 2 : cols},
                              kind,
                              layer,
                              expert,
-                             q.bits == 4 ? TensorStorage::kInt4 : TensorStorage::kInt8});
+                             bits == 4 ? TensorStorage::kInt4 : TensorStorage::kInt8});
     out.push_back(TensorSpec{std::move(scales),
                              {rows, cols / q.group_size},
                              kind,

@@ -112,8 +112,15 @@ struct QuantizationConfig {
   bool shared_expert = false;  // the shared expert's gate, up and down (not its scalar gate)
   bool dense_mlp = false;      // dense MLP layers
   bool lm_head = false;        // the output projection (not with tied embeddings)
+  // The lm_head's own bits (8 or 4; 0: `bits`), as llama.cpp keeps a 4-bit model's output
+  // matrix at 6 bits: "lm_head_bits" in quantization_config.
+  int lm_head_bits = 0;
 
   bool Quantizes(TensorKind kind) const;
+  // The bits of a quantized tensor of `kind`.
+  int BitsOf(TensorKind kind) const {
+    return kind == TensorKind::kOutput && lm_head_bits != 0 ? lm_head_bits : bits;
+  }
 };
 
 // What one layer is made of: the blocks the forward pass composes (common/engine/layers), each

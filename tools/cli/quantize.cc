@@ -1,4 +1,5 @@
 // tandem quantize --model DIR --bits 8|4 --out DIR2 [--group_size G] [--modules M,...]
+//                  [--lm_head_bits 8|4]
 //   DIR's checkpoint with the chosen matrices as integer levels and float16 scales
 //   (common/engine/quantize.h, docs/quantization.md).
 #include <iostream>
@@ -19,6 +20,10 @@ ABSL_FLAG(std::string, modules, "experts,attention,shared_expert,dense_mlp",
           "k, v, o), shared_expert, dense_mlp, lm_head (an untied output projection). Routers, "
           "the embedding and norms never.");
 
+ABSL_FLAG(int, lm_head_bits, 0,
+          "quantize: the lm_head's own bits, 8 or 4, when --modules names it (0: --bits); "
+          "llama.cpp keeps a 4-bit model's output matrix at 6 bits.");
+
 namespace tandem::cli {
 
 int Quantize() {
@@ -33,7 +38,8 @@ int Quantize() {
                                   .attention = false,
                                   .shared_expert = false,
                                   .dense_mlp = false,
-                                  .lm_head = false};
+                                  .lm_head = false,
+                                  .lm_head_bits = absl::GetFlag(FLAGS_lm_head_bits)};
   for (absl::string_view module :
        absl::StrSplit(absl::GetFlag(FLAGS_modules), ',', absl::SkipWhitespace())) {
     if (module == "experts") {

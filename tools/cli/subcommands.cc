@@ -174,13 +174,15 @@ std::vector<Subcommand> MakeSubcommands() {
   all.push_back(
       {"quantize",
        "a checkpoint with int8 or int4 weights in groups",
-       "tandem quantize --model DIR --bits 8|4 --out DIR2 [--group_size G] [--modules M,...]",
+       "tandem quantize --model DIR --bits 8|4 --out DIR2 [--group_size G] [--modules M,...]\n"
+       "                [--lm_head_bits 8|4]",
        "Each chosen matrix as integer levels with a float16 scale per --group_size input\n"
        "columns per row (docs/quantization.md); every Tandem command and service loads DIR2.",
        {{"model", "The bf16 (or f16 / f32) model directory to quantize."},
         {"bits", ""},
         {"group_size", ""},
         {"modules", ""},
+        {"lm_head_bits", ""},
         {"out", "The directory the quantized checkpoint is written to."}}});
   all.push_back(
       {"bench serve",

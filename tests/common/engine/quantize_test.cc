@@ -108,6 +108,29 @@ TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
   EXPECT_EQ((*int4)->lm_head.format(), WeightFormat::kBf16);
 }
 
+// The lm_head at its own bits: int8 beside int4 experts, as written, listed and loaded.
+TEST_F(QuantizeTest, TheLmHeadAtItsOwnBits) {
+  ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 4, .lm_head = true, .lm_head_bits = 8}, out_),
+            absl::OkStatus());
+  auto file = model::SafetensorsFile::Open(out_ + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto head = (*file)->Get("lm_head.weight");
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(head->dtype, model::DType::kI8);
+  EXPECT_NE((*file)->metadata().at("tandem.quantization").find("\"lm_head_bits\":8"),
+            std::string::npos);
+  auto int4 = LoadModelWeights(*testing::OpenModelDir(out_), LoadFormat::kSafetensors);
+  ASSERT_TRUE(int4.ok()) << int4.status();
+  EXPECT_EQ((*int4)->lm_head.format(), WeightFormat::kInt8);
+  EXPECT_EQ((*int4)->layers[2].moe.experts[5].gate.format(), WeightFormat::kInt4);
+  // Without the lm_head among the modules, its bits are refused.
+  const absl::Status status =
+      QuantizeCheckpoint(Source(), {.bits = 4, .lm_head_bits = 8}, out_ + ".refused");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("lm_head"), std::string::npos) << status;
+  EXPECT_FALSE(std::filesystem::exists(out_ + ".refused"));
+}
+
 // A checkpoint storing its experts stacked (Qwen3.5-MoE as published: mlp.experts.gate_up_proj
 // (E, 2I, H) and down_proj (E, H, I)) is quantized an expert at a time and written one tensor
 // each, which the architecture reads as well; the tensors the engine skips (the vision tower,

@@ -836,6 +836,18 @@ TEST(QuantizationConfigTest, ParsedAndListedInTheExpectedTensors) {
   EXPECT_TRUE(c->quantization.Quantizes(TensorKind::kOutput));
   EXPECT_FALSE(c->quantization.Quantizes(TensorKind::kAttnQ));
   EXPECT_FALSE(c->quantization.Quantizes(TensorKind::kTokenEmbedding));
+  // The lm_head at its own bits (8 beside 4-bit experts), as listed in the expected tensors.
+  with_head["quantization_config"]["lm_head_bits"] = 8;
+  c = ParseModelConfig(with_head.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.BitsOf(TensorKind::kOutput), 8);
+  EXPECT_EQ(c->quantization.BitsOf(TensorKind::kExpertUp), 4);
+  specs.clear();
+  for (const TensorSpec& spec : ExpectedTensors(*c)) specs[spec.name] = spec;
+  EXPECT_EQ(specs.at("lm_head.weight").storage, TensorStorage::kInt8);
+  EXPECT_EQ(specs.at("lm_head.weight").shape, (std::vector<int64_t>{64, 64}));  // a level a byte
+  EXPECT_EQ(specs.at("model.layers.1.block_sparse_moe.experts.3.w2.weight").storage,
+            TensorStorage::kInt4);
 
   Json eight = QuantizableMixtral();
   eight["quantization_config"]["bits"] = 8;
@@ -868,6 +880,10 @@ TEST(QuantizationConfigTest, RefusedNamingTheKey) {
   ExpectInvalid(with("symmetric", false), {"quantization_config.symmetric"});
   ExpectInvalid(with("modules", Json::array()), {"quantization_config.modules"});
   ExpectInvalid(with("modules", {"experts", "router"}), {"unknown module", "router"});
+  ExpectInvalid(with("lm_head_bits", 8), {"quantization_config.lm_head_bits", "lm_head"});
+  Json head_bits = with("modules", {"experts", "lm_head"});
+  head_bits["quantization_config"]["lm_head_bits"] = 6;
+  ExpectInvalid(head_bits, {"quantization_config.lm_head_bits", "8 or 4"});
   Json tied = with("modules", {"experts", "lm_head"});
   tied["tie_word_embeddings"] = true;
   ExpectInvalid(tied, {"quantization_config.modules", "lm_head", "tie_word_embeddings"});
