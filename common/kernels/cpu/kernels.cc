@@ -33,6 +33,19 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 19;
 // Smallest share of a product handed to one thread.
 constexpr int64_t kMinChunkWork = int64_t{1} << 17;
 
+void QuantizeRowsWith(QuantizeRowFn row, const float* x, int b, const PackedMatrix& w,
+                      ActivationScratch& s) {
+  if (w.format == WeightFormat::kBf16) return;
+  const int groups = w.cols / w.group;
+  s.q.resize(static_cast<size_t>(b) * w.cols);
+  s.scales.resize(static_cast<size_t>(b) * groups);
+  s.sums.resize(s.scales.size());
+  for (int m = 0; m < b; ++m) {
+    row(x + int64_t{m} * w.cols, w.cols, w.group, s.q.data() + int64_t{m} * w.cols,
+        s.scales.data() + int64_t{m} * groups, s.sums.data() + int64_t{m} * groups);
+  }
+}
+
 // A product's share of a group: its prepared activations and its blocks of `align` panels,
 // each `block_work` multiply-adds (the last may hold fewer), placed from `start` on the group's
 // axis of work.

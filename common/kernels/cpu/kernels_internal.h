@@ -123,6 +123,14 @@ struct ActivationScratch {
   std::vector<int32_t> sums;
 };
 
+// One activation row quantized per group, exactly as QuantizeActivations does (a level's
+// vector form of it); and each of x's b rows so, into s: levels (b, w.cols), scales and sums
+// (b, w.cols / w.group). Nothing for bf16 weights.
+using QuantizeRowFn = void (*)(const float* x, int cols, int group, int8_t* q, float* scales,
+                               int32_t* sums);
+void QuantizeRowsWith(QuantizeRowFn row, const float* x, int b, const PackedMatrix& w,
+                      ActivationScratch& s);
+
 // A level's matrix product in its two halves, so that several products can share one pass over
 // the threads (Backend::linear_group; RunLinearGroup below):
 //   prepare       rounds or quantizes x (b, w.cols) as the panels read it, into s; null when the

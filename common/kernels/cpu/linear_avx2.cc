@@ -349,8 +349,7 @@ void QuantizedTiles(const TileArgs& a, int b, int begin, int end) {
 
 // One activation row quantized per group of `group` columns (a multiple of 8), exactly as
 // QuantizeActivations does: q (cols,), scales and sums (cols / group,).
-TANDEM_INLINE void QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales,
-                               int32_t* sums) {
+void QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales, int32_t* sums) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int g = 0; g < cols / group; ++g) {
     const float* v = x + int64_t{g} * group;
@@ -384,15 +383,7 @@ TANDEM_INLINE void QuantizeRow(const float* x, int cols, int group, int8_t* q, f
 
 // int8 / int4 weights: each activation row quantized per group; bf16 weights read float32.
 void QuantizeRows(const float* x, int b, const PackedMatrix& w, ActivationScratch& s) {
-  if (w.format == WeightFormat::kBf16) return;
-  const int groups = w.cols / w.group;
-  s.q.resize(static_cast<size_t>(b) * w.cols);
-  s.scales.resize(static_cast<size_t>(b) * groups);
-  s.sums.resize(s.scales.size());
-  for (int m = 0; m < b; ++m) {
-    QuantizeRow(x + int64_t{m} * w.cols, w.cols, w.group, s.q.data() + int64_t{m} * w.cols,
-                s.scales.data() + int64_t{m} * groups, s.sums.data() + int64_t{m} * groups);
-  }
+  QuantizeRowsWith(QuantizeRow, x, b, w, s);
 }
 
 void QuantizedPanelRange(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {

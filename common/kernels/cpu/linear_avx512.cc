@@ -288,8 +288,7 @@ void F32Panels(const LinearProduct& p, const ActivationScratch&, int begin, int 
 
 // Activations quantized per group of `group` columns, exactly as QuantizeActivations does:
 // q (cols,), scales and sums (cols / group,).
-TANDEM_INLINE void QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales,
-                               int32_t* sums) {
+void QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales, int32_t* sums) {
   const __m512 sign_off = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int g = 0; g < cols / group; ++g) {
     const float* v = x + int64_t{g} * group;
@@ -422,15 +421,7 @@ using Int4VnniTile = VnniTileImpl<M, Q, true>;
 
 // int8 / int4 weights: activation rows quantized per group (bf16 weights: nothing here).
 void QuantizeRows(const float* x, int b, const PackedMatrix& w, ActivationScratch& s) {
-  if (w.format == WeightFormat::kBf16) return;
-  const int groups = w.cols / w.group;
-  s.q.resize(static_cast<size_t>(b) * w.cols);
-  s.scales.resize(static_cast<size_t>(b) * groups);
-  s.sums.resize(s.scales.size());
-  for (int m = 0; m < b; ++m) {
-    QuantizeRow(x + int64_t{m} * w.cols, w.cols, w.group, s.q.data() + int64_t{m} * w.cols,
-                s.scales.data() + int64_t{m} * groups, s.sums.data() + int64_t{m} * groups);
-  }
+  QuantizeRowsWith(QuantizeRow, x, b, w, s);
 }
 
 // int8 / int4 panels [begin, end) against the quantized rows.
