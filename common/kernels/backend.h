@@ -8,10 +8,10 @@
 //   linear            Y (b, w.rows) = X (b, w.cols) @ W^T, W packed in any format
 //   linear_f32        the same with X kept float32 (routers: their outputs pick experts)
 //   linear_group      n products (LinearProduct) as linear runs each, in one pass over the
-//                     threads: products that read the same X (pointer, rows and columns) round
-//                     or quantize it once, and a thread moves on from one product's panels to
-//                     the next without waiting for the others (an expert's gate and up, every
-//                     routed expert of a layer); each result equals linear's bit for bit
+//                     threads: consecutive products that read the same X (pointer, rows and
+//                     columns) round or quantize it once, and a thread moves on from one product's
+//                     panels to the next without waiting for the others (an expert's gate and up,
+//                     every routed expert of a layer); each result equals linear's bit for bit
 //   rms_norm          out (b, n) = x (b, n) / rms(x row) * weight (n,)
 //   rope              x (rows, heads, head_dim) rotated in place, row r at positions[r]: the
 //                     first rotary_dim of each head (rotate_half convention, frequencies

@@ -47,16 +47,17 @@ const LayerWeights& StepContext::AlwaysOn(const RowRun& run, int l) const {
 void StepContext::Linear(const float* in, int rows, const kernels::PackedMatrix& m, float* out,
                          bool exact) {
   (exact ? ops->linear_f32 : ops->linear)(in, rows, m, out);
-  stats.weight_bytes += m.bytes_read();
-  stats.matmul_flops += int64_t{2} * rows * m.rows * m.cols;
+  Count(rows, m);
 }
 
 void StepContext::LinearGroup(absl::Span<const kernels::LinearProduct> products) {
   ops->linear_group(products.data(), static_cast<int>(products.size()));
-  for (const kernels::LinearProduct& p : products) {
-    stats.weight_bytes += p.w.bytes_read();
-    stats.matmul_flops += int64_t{2} * p.b * p.w.rows * p.w.cols;
-  }
+  for (const kernels::LinearProduct& p : products) Count(p.b, p.w);
+}
+
+void StepContext::Count(int rows, const kernels::PackedMatrix& m) {
+  stats.weight_bytes += m.bytes_read();
+  stats.matmul_flops += int64_t{2} * rows * m.rows * m.cols;
 }
 
 void StepContext::SwiGlu(const ExpertWeights& m, int row0, int rows, float* out) {

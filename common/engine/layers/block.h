@@ -92,6 +92,9 @@ class StepContext {
   ExpertProvider* provider = nullptr;
 
  private:
+  // A product's weight bytes and multiply-adds into stats.
+  void Count(int rows, const kernels::PackedMatrix& m);
+
   std::vector<float> gate_, up_, act_;
 };
 

@@ -194,15 +194,9 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
       // one run): every run's gate and up as one group of products, the activations at once,
       // every run's down as another group, then their weighted sums in run order.
       size_t last = first + 1;
-      while (last < runs_.size() && runs_[last].offset +
-                                            int64_t{runs_[last].m} * runs_[last].width -
-                                            runs_[first].offset <=
-                                        kWaveValues) {
-        ++last;
-      }
       const int64_t base = runs_[first].offset;
-      const int64_t wave_values =
-          runs_[last - 1].offset + int64_t{runs_[last - 1].m} * runs_[last - 1].width - base;
+      while (last < runs_.size() && runs_[last].end() - base <= kWaveValues) ++last;
+      const int64_t wave_values = runs_[last - 1].end() - base;
       Resize(gate_, wave_values, 1);
       Resize(up_, wave_values, 1);
       Resize(act_, wave_values, 1);

@@ -59,6 +59,7 @@ class MoeBlock : public Block {
     int m;
     int64_t row;
     int64_t offset;
+    int64_t end() const { return offset + int64_t{m} * width; }  // past its values
   };
   std::vector<ExpertRun> runs_;
   std::vector<kernels::LinearProduct> products_;

@@ -75,17 +75,16 @@ void RunLinearGroup(const LinearProduct* products, int n, const LinearKernel& ke
     GroupPart& part = parts[i];
     part.scratch = &prepared[i];
     if (kernel.prepare != nullptr) {
-      // An input already prepared the same way is shared.
+      // The input of the product before, prepared the same way, is shared (q, k, v; gate, up).
+      const LinearProduct* o = i > 0 ? &products[i - 1] : nullptr;
       const bool bf16 = p.w.format == WeightFormat::kBf16;
-      for (int j = 0; j < i; ++j) {
-        const LinearProduct& o = products[j];
-        if (parts[j].scratch != nullptr && o.x == p.x && o.b == p.b && o.w.cols == p.w.cols &&
-            (o.w.format == WeightFormat::kBf16) == bf16 && (bf16 || o.w.group == p.w.group)) {
-          part.scratch = parts[j].scratch;
-          break;
-        }
+      if (o != nullptr && parts[i - 1].scratch != nullptr && o->x == p.x && o->b == p.b &&
+          o->w.cols == p.w.cols && (o->w.format == WeightFormat::kBf16) == bf16 &&
+          (bf16 || o->w.group == p.w.group)) {
+        part.scratch = parts[i - 1].scratch;
+      } else {
+        kernel.prepare(p.x, p.b, p.w, prepared[i]);
       }
-      if (part.scratch == &prepared[i]) kernel.prepare(p.x, p.b, p.w, prepared[i]);
     }
     part.panels = (p.w.rows + kPanelRows - 1) / kPanelRows;
     part.align = kernel.panel_align(p.b, p.w);

@@ -145,9 +145,10 @@ struct LinearKernel {
   int (*panel_align)(int b, const PackedMatrix& w);
 };
 
-// Runs the products: prepares each distinct input once, then every product's panels, in one
-// inline call each when the group is small, else as blocks of panels handed out across
-// DefaultThreadPool() (a thread takes the next block, of whichever product, when it is done).
+// Runs the products: prepares each input once (consecutive products reading the same x share it),
+// then every product's panels, in one inline call each when the group is small, else as blocks of
+// panels handed out across DefaultThreadPool() (a thread takes the next block, of whichever
+// product, when it is done).
 void RunLinearGroup(const LinearProduct* products, int n, const LinearKernel& kernel);
 
 template <const LinearKernel& K>
