@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine/layers/attention.h"
 #include "common/engine/layers/delta_net.h"
+#include "common/engine/layers/latent_attention.h"
 #include "common/engine/layers/mlp.h"
 #include "common/engine/layers/moe.h"
 #include "common/engine/overlay.h"
@@ -32,7 +33,7 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
   int attention_layers = 0;
   int64_t state_bytes = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.Mixer(l) == model::MixerKind::kAttention) {
+    if (c.Mixer(l) != model::MixerKind::kGatedDeltaNet) {
       kv_layers[l] = attention_layers++;
     } else {
       state_offsets[l] = state_bytes;
@@ -57,6 +58,12 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
         }
         layer.mixer = forward->attention_.get();
         break;
+      case model::MixerKind::kLatentAttention:
+        if (forward->latent_attention_ == nullptr) {
+          forward->latent_attention_ = std::make_unique<LatentAttentionBlock>(c, pool, kv_layers);
+        }
+        layer.mixer = forward->latent_attention_.get();
+        break;
       case model::MixerKind::kGatedDeltaNet:
         if (forward->delta_net_ == nullptr) {
           forward->delta_net_ = std::make_unique<GatedDeltaNetBlock>(c, pool, state_offsets);
@@ -72,13 +79,17 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
       layer.ffn = forward->dense_.get();
     }
   }
-  // The pool holds what the attention block keeps: paged K/V of its geometry.
-  if (forward->attention_ != nullptr) {
-    const CacheSpec cache = forward->attention_->cache();
-    if (cache.kv_heads != kv.num_kv_heads || cache.head_dim != kv.head_dim) {
+  // The pool holds what the attention blocks keep: paged K/V of their geometry.
+  for (const Block* block : {static_cast<const Block*>(forward->attention_.get()),
+                             static_cast<const Block*>(forward->latent_attention_.get())}) {
+    if (block == nullptr) continue;
+    const CacheSpec cache = block->cache();
+    if (cache.kv_heads != kv.num_kv_heads || cache.head_dim != kv.head_dim ||
+        cache.keys_only != kv.keys_only) {
       return absl::InvalidArgumentError(absl::StrCat(
           "KV pool geometry (kv heads ", kv.num_kv_heads, ", head dim ", kv.head_dim,
-          ") does not match the model's attention (", cache.kv_heads, ", ", cache.head_dim, ")"));
+          kv.keys_only ? ", keys only" : "", ") does not match the model's attention (",
+          cache.kv_heads, ", ", cache.head_dim, cache.keys_only ? ", keys only" : "", ")"));
     }
   }
   return forward;
@@ -87,9 +98,11 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
 KvCacheConfig KvCacheConfigFor(const model::ModelConfig& c, int block_size, int num_blocks,
                                kernels::KvDtype dtype, int max_sequences) {
   KvCacheConfig kv;
-  kv.num_layers = c.NumLayers(model::MixerKind::kAttention);
-  kv.num_kv_heads = static_cast<int>(c.num_key_value_heads);
-  kv.head_dim = static_cast<int>(c.head_dim);
+  const model::ModelConfig::KvShape shape = c.kv_shape();
+  kv.num_layers = c.NumKvLayers();
+  kv.num_kv_heads = shape.heads;
+  kv.head_dim = shape.head_dim;
+  kv.keys_only = shape.keys_only;
   kv.block_size = block_size;
   kv.num_blocks = num_blocks;
   kv.dtype = dtype;

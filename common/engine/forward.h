@@ -84,7 +84,7 @@ class ForwardPass {
   ExpertProvider* provider_ = nullptr;
 
   // One block of each kind the model has; layers_ point into them.
-  std::unique_ptr<Block> attention_, delta_net_, moe_, dense_;
+  std::unique_ptr<Block> attention_, latent_attention_, delta_net_, moe_, dense_;
   std::vector<Layer> layers_;
   StepContext ctx_;
   // Buffers reused across steps (sized by the largest step so far): the residual stream, a

@@ -70,7 +70,9 @@ absl::StatusOr<size_t> KvBlockPool::BytesFor(const KvCacheConfig& config) {
                                       config.num_blocks, &pool) ||
                          pool > SIZE_MAX - kAlignment ||
                          MulOverflows((pool + kAlignment - 1) / kAlignment * kAlignment,
-                                      2 * static_cast<size_t>(config.num_layers), &total) ||
+                                      static_cast<size_t>(config.pools_per_layer()) *
+                                          static_cast<size_t>(config.num_layers),
+                                      &total) ||
                          total > static_cast<size_t>(PTRDIFF_MAX);
   size_t states = 0;
   const bool states_overflow =
@@ -88,10 +90,11 @@ absl::StatusOr<size_t> KvBlockPool::BytesFor(const KvCacheConfig& config) {
   }
   total += states;
   if (overflows) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV cache size overflows: ", config.num_layers, " layers x 2 x ", config.num_blocks,
-        " blocks x ", config.block_size, " tokens x ", config.num_kv_heads, " heads x ",
-        config.head_dim, " ", kernels::KvDtypeName(config.dtype), " values"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache size overflows: ", config.num_layers, " layers x ",
+                     config.pools_per_layer(), " x ", config.num_blocks, " blocks x ",
+                     config.block_size, " tokens x ", config.num_kv_heads, " heads x ",
+                     config.head_dim, " ", kernels::KvDtypeName(config.dtype), " values"));
   }
   return total;
 }
@@ -144,7 +147,8 @@ KvBlockPool::KvBlockPool(const KvCacheConfig& config,
       state_used_(config.num_state_slots, false),
       state_stride_bytes_((static_cast<size_t>(config.state_bytes) + kAlignment - 1) / kAlignment *
                           kAlignment),
-      state_base_(2 * static_cast<size_t>(config.num_layers) * pool_stride_bytes_),
+      state_base_(static_cast<size_t>(config.pools_per_layer()) *
+                  static_cast<size_t>(config.num_layers) * pool_stride_bytes_),
       seed_([] {
         std::random_device device;
         return (uint64_t{device()} << 32) ^ device();
@@ -206,7 +210,9 @@ size_t KvBlockPool::PoolStrideBytes(const KvCacheConfig& config) {
 const std::byte* KvBlockPool::PoolBase(int layer, int kv) const {
   TANDEM_CHECK(layer >= 0 && layer < config_.num_layers)
       << "layer " << layer << " outside [0, " << config_.num_layers << ")";
-  return data_.get() + (2 * static_cast<size_t>(layer) + kv) * pool_stride_bytes_;
+  const size_t pools = static_cast<size_t>(config_.pools_per_layer());
+  return data_.get() +
+         (pools * static_cast<size_t>(layer) + (config_.keys_only ? 0 : kv)) * pool_stride_bytes_;
 }
 
 std::byte* KvBlockPool::PoolBase(int layer, int kv) {

@@ -3,7 +3,9 @@
 //
 // Memory layout, one contiguous 64-byte-aligned allocation, zero-filled at creation:
 //   for each layer l:  K pool (num_blocks blocks of block_bytes())
-//                      V pool (num_blocks blocks of block_bytes())
+//                      V pool (num_blocks blocks of block_bytes()); none where the layers keep
+//                      keys only (latent attention: its values are its keys' first values,
+//                      and the V view is the K pool)
 //   state slots:       num_state_slots slots of state_bytes, each padded to 64 bytes, then
 //                      num_state_snapshots more for the prefix cache's state snapshots
 // (layers here are the model's attention layers; a recurrent layer keeps a fixed-size state
@@ -37,6 +39,9 @@ struct KvCacheConfig {
   int block_size = 0;  // tokens per block
   int num_blocks = 0;
   kernels::KvDtype dtype = kernels::KvDtype::kF32;  // how keys and values are stored
+  // A layer keeps keys only, and its values are the keys' first values (multi-head latent
+  // attention: one "head" of the latent and the rotary key): one pool a layer, not two.
+  bool keys_only = false;
   // Per-sequence state of the model's recurrent layers (Gated DeltaNet: convolution tails and
   // recurrent states), one slot of state_bytes per sequence; 0 and 0 when it has none.
   int64_t state_bytes = 0;
@@ -50,6 +55,8 @@ struct KvCacheConfig {
   // INVALID_ARGUMENT naming the first field that is not positive (state: both or neither;
   // snapshots only with state).
   absl::Status Validate() const;
+  // Pools a layer has: K and V, or K alone (keys_only).
+  int pools_per_layer() const { return keys_only ? 1 : 2; }
 };
 
 // Owns the KV memory and hands out blocks. Blocks are reference counted so that sequences can
@@ -117,8 +124,9 @@ class KvBlockPool {
   size_t slot_values() const { return slot_values_; }
   size_t block_values() const { return block_values_; }
   size_t block_bytes() const { return block_bytes_; }
-  // Bytes from one layer's K pool to its V pool (and V to the next layer's K) in a pool of
-  // `config`'s geometry: what a peer needs to address another instance's pool.
+  // Bytes from one layer's K pool to its V pool (and V to the next layer's K; K to the next K
+  // with keys only) in a pool of `config`'s geometry: what a peer needs to address another
+  // instance's pool.
   static size_t PoolStrideBytes(const KvCacheConfig& config);
 
   // The whole region, for registering with a transport.

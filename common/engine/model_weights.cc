@@ -132,12 +132,61 @@ absl::StatusOr<AttentionWeights> LoadAttention(const model::SafetensorsModel& ch
   return a;
 }
 
+// W_uk^T and W_uv of each head from kv_b_proj (heads*(nope + v), kv_lora_rank), row-major
+// float32: head h's rows are its nope key rows then its value rows.
+void SplitLatentUp(const model::ModelConfig& config, const std::vector<float>& kv_b,
+                   LatentAttentionWeights* a) {
+  const model::LatentAttentionConfig& m = config.mla;
+  const int heads = static_cast<int>(config.num_attention_heads);
+  const int nope = static_cast<int>(m.qk_nope_head_dim);
+  const int v = static_cast<int>(m.v_head_dim);
+  const int lora = static_cast<int>(m.kv_lora_rank);
+  std::vector<uint16_t> t(static_cast<size_t>(lora) * nope);
+  a->q_absorb.clear();
+  a->v_up.clear();
+  for (int h = 0; h < heads; ++h) {
+    const float* head = kv_b.data() + static_cast<size_t>(h) * (nope + v) * lora;
+    for (int r = 0; r < nope; ++r) {
+      for (int c = 0; c < lora; ++c)
+        t[static_cast<size_t>(c) * nope + r] = F32ToBf16(head[r * lora + c]);
+    }
+    a->q_absorb.push_back(PackBf16Matrix(t.data(), lora, nope));
+    std::vector<uint16_t> up(static_cast<size_t>(v) * lora);
+    for (size_t i = 0; i < up.size(); ++i)
+      up[i] = F32ToBf16(head[static_cast<size_t>(nope) * lora + i]);
+    a->v_up.push_back(PackBf16Matrix(up.data(), v, lora));
+  }
+}
+
+// A latent attention layer's tensors.
+absl::StatusOr<LatentAttentionWeights> LoadLatentAttention(
+    const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, int l) {
+  LatentAttentionWeights a;
+  if (config.mla.q_lora_rank > 0) {
+    ASSIGN_OR_RETURN(a.q_a, LoadWeight(checkpoint, config, TensorKind::kAttnQA, l));
+    ASSIGN_OR_RETURN(a.q_a_norm, LoadNorm(checkpoint, config, TensorKind::kAttnQANorm, l));
+    ASSIGN_OR_RETURN(a.q_b, LoadWeight(checkpoint, config, TensorKind::kAttnQB, l));
+  } else {
+    ASSIGN_OR_RETURN(a.q, LoadWeight(checkpoint, config, TensorKind::kAttnQ, l));
+  }
+  ASSIGN_OR_RETURN(a.kv_a, LoadWeight(checkpoint, config, TensorKind::kAttnKvA, l));
+  ASSIGN_OR_RETURN(a.kv_a_norm, LoadNorm(checkpoint, config, TensorKind::kAttnKvANorm, l));
+  ASSIGN_OR_RETURN(model::TensorView kv_b,
+                   model::GetTensor(checkpoint, config, TensorKind::kAttnKvB, l));
+  SplitLatentUp(config, VectorFromTensor(kv_b), &a);
+  ASSIGN_OR_RETURN(a.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
+  return a;
+}
+
 // A sparse layer's router, shared expert and the routed experts `weights` keeps.
 absl::StatusOr<MoeWeights> LoadMoe(const model::SafetensorsModel& checkpoint,
                                    const model::ModelConfig& config, int l,
                                    const ModelWeights& weights, model::ExpertLayout layout) {
   MoeWeights m;
   ASSIGN_OR_RETURN(m.router, LoadWeight(checkpoint, config, TensorKind::kRouter, l));
+  if (config.router.selection_bias) {
+    ASSIGN_OR_RETURN(m.router_bias, LoadVector(checkpoint, config, TensorKind::kRouterBias, l));
+  }
   if (config.HasSharedExpert()) {
     ASSIGN_OR_RETURN(m.shared, LoadMlp(checkpoint, config, TensorKind::kSharedGate,
                                        TensorKind::kSharedUp, TensorKind::kSharedDown, l));
@@ -351,6 +400,12 @@ std::vector<float> NormFromTensor(const model::TensorView& view, const model::Mo
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     const model::ModelConfig& config, const model::SafetensorsModel& checkpoint,
     const ExpertMask& only) {
+  if (!config.quantization.unsupported_method.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json's quantization_config is \"", config.quantization.unsupported_method,
+        "\": Tandem does not load such weights (convert the checkpoint to bf16, or quantize that "
+        "with tandem quantize)"));
+  }
   RETURN_IF_ERROR(model::ValidateAgainstConfig(checkpoint, config));
   RETURN_IF_ERROR(ValidateOnly(only, config));
   const std::vector<std::string> names = checkpoint.Names();
@@ -375,6 +430,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     ASSIGN_OR_RETURN(layer.attn_norm, LoadNorm(checkpoint, config, TensorKind::kAttnNorm, l));
     if (config.Mixer(l) == model::MixerKind::kGatedDeltaNet) {
       ASSIGN_OR_RETURN(layer.linear, LoadDeltaNet(checkpoint, config, l));
+    } else if (config.Mixer(l) == model::MixerKind::kLatentAttention) {
+      ASSIGN_OR_RETURN(layer.latent, LoadLatentAttention(checkpoint, config, l));
     } else {
       ASSIGN_OR_RETURN(layer.attention, LoadAttention(checkpoint, config, l));
     }
@@ -444,6 +501,27 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
       dn.a_log.assign(heads, 0.0f);
       dn.dt_bias.assign(heads, 0.0f);
       dn.norm.assign(d.value_head_dim, 1.0f);
+    } else if (config.Mixer(l) == model::MixerKind::kLatentAttention) {
+      const model::LatentAttentionConfig& ml = config.mla;
+      LatentAttentionWeights& a = layer.latent;
+      const int heads = static_cast<int>(config.num_attention_heads);
+      const int q_rows = heads * static_cast<int>(ml.qk_head_dim());
+      const int lora = static_cast<int>(ml.kv_lora_rank);
+      if (ml.q_lora_rank > 0) {
+        a.q_a = fill.Weight(static_cast<int>(ml.q_lora_rank), h, qc, TensorKind::kAttnQA);
+        a.q_a_norm.assign(ml.q_lora_rank, 1.0f);
+        a.q_b = fill.Weight(q_rows, static_cast<int>(ml.q_lora_rank), qc, TensorKind::kAttnQB);
+      } else {
+        a.q = fill.Weight(q_rows, h, qc, TensorKind::kAttnQ);
+      }
+      a.kv_a = fill.Weight(static_cast<int>(ml.cache_dim()), h, qc, TensorKind::kAttnKvA);
+      a.kv_a_norm.assign(lora, 1.0f);
+      const Bf16Matrix kv_b =
+          fill.Matrix(heads * static_cast<int>(ml.qk_nope_head_dim + ml.v_head_dim), lora);
+      std::vector<float> up(kv_b.data.size());
+      for (size_t i = 0; i < up.size(); ++i) up[i] = Bf16ToF32(kv_b.data[i]);
+      SplitLatentUp(config, up, &a);
+      a.o = fill.Weight(h, heads * static_cast<int>(ml.v_head_dim), qc, TensorKind::kAttnOut);
     } else {
       AttentionWeights& a = layer.attention;
       const int q_rows = config.attention_output_gate ? 2 * q_dim : q_dim;
@@ -471,6 +549,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     }
     MoeWeights& m = layer.moe;
     m.router = fill.Weight(static_cast<int>(config.num_local_experts), h, qc, TensorKind::kRouter);
+    if (config.router.selection_bias) m.router_bias.assign(config.num_local_experts, 0.0f);
     if (config.HasSharedExpert()) {
       m.shared = mlp(static_cast<int>(config.shared_expert_intermediate_size),
                      TensorKind::kSharedGate, TensorKind::kSharedUp, TensorKind::kSharedDown);
@@ -516,6 +595,14 @@ int64_t ModelWeights::bytes() const {
           &l.ffn_norm, &d.conv, &d.a_log, &d.dt_bias, &d.norm}) {
       total += floats(*v);
     }
+    const LatentAttentionWeights& la = l.latent;
+    for (const WeightMatrix* m : {&la.q, &la.q_a, &la.q_b, &la.kv_a, &la.o}) {
+      total += static_cast<int64_t>(m->data.size());
+    }
+    for (const auto* heads : {&la.q_absorb, &la.v_up}) {
+      for (const WeightMatrix& m : *heads) total += static_cast<int64_t>(m.data.size());
+    }
+    total += floats(la.q_a_norm) + floats(la.kv_a_norm) + floats(l.moe.router_bias);
     for (const ExpertWeights& e : l.moe.experts) total += expert(e);
     total += expert(l.moe.shared) + expert(l.dense);
   }

@@ -92,10 +92,30 @@ struct AttentionWeights {
   std::vector<float> q_norm, k_norm;                  // (head_dim,): per-head RMSNorm weights
 };
 
+// Multi-head latent attention's (LatentAttentionBlock, DeepSeek-V2/V3), with the latent's
+// up-projection (kv_b_proj) split per head at load for the absorbed form: a head's query meets
+// the cached latent through W_uk^T and its output leaves the latent through W_uv, so no head's
+// keys or values are ever made.
+struct LatentAttentionWeights {
+  WeightMatrix q;                      // (heads*qk_head_dim, hidden): q_proj; empty with q_lora
+  WeightMatrix q_a;                    // (q_lora_rank, hidden): q_a_proj
+  std::vector<float> q_a_norm;         // (q_lora_rank,)
+  WeightMatrix q_b;                    // (heads*qk_head_dim, q_lora_rank): q_b_proj
+  WeightMatrix kv_a;                   // (kv_lora_rank + qk_rope_head_dim, hidden)
+  std::vector<float> kv_a_norm;        // (kv_lora_rank,)
+  std::vector<WeightMatrix> q_absorb;  // per head (kv_lora_rank, qk_nope_head_dim): W_uk^T, bf16
+  std::vector<WeightMatrix> v_up;      // per head (v_head_dim, kv_lora_rank): W_uv, bf16
+  WeightMatrix o;                      // (hidden, heads*v_head_dim)
+};
+
 // A sparse layer's (MoeBlock): the router, its routed experts and, where the model has one, the
 // always-on shared expert and its scalar gate (1, hidden; empty when it has none).
 struct MoeWeights {
-  WeightMatrix router;                 // (experts, hidden), bf16
+  WeightMatrix router;  // (experts, hidden), bf16
+  // (experts,): added to the router's scores for choosing experts only (DeepSeek-V3's
+  // e_score_correction_bias); empty where the router has none. The model's is used whatever
+  // overlay a sequence runs.
+  std::vector<float> router_bias;
   std::vector<ExpertWeights> experts;  // (experts,); empty matrices for experts not loaded
   ExpertWeights shared;                // (shared_intermediate) wide; empty when none
   WeightMatrix shared_gate;            // (1, hidden), bf16
@@ -108,6 +128,7 @@ struct LayerWeights {
   std::vector<float> attn_norm;  // (hidden,): the token mixer's norm
   AttentionWeights attention;
   DeltaNetWeights linear;
+  LatentAttentionWeights latent;
   std::vector<float> ffn_norm;  // (hidden,)
   MoeWeights moe;
   ExpertWeights dense;

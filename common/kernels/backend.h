@@ -14,8 +14,9 @@
 //                     every routed expert of a layer); each result equals linear's bit for bit
 //   rms_norm          out (b, n) = x (b, n) / rms(x row) * weight (n,)
 //   rope              x (rows, heads, head_dim) rotated in place, row r at positions[r]: the
-//                     first rotary_dim of each head (rotate_half convention, frequencies
-//                     theta^(-2i/rotary_dim)); the rest of each head passes through
+//                     first rotary_dim of each head, pair i by positions[r] * inv_freq[i]
+//                     (RopeSpec: rotate_half's pairs or interleaved ones); the rest of each head
+//                     passes through
 //   softmax           x (n,) <- softmax(x)
 //   log_sum_exp       log(sum(exp(x (n,))))
 //   top_k             out (k,) = indices of the k largest of x (n,), largest first
@@ -58,20 +59,25 @@
 //                     <- x * scale / sqrt(sum(x^2) + 1e-6) (a DeltaNet's q and k)
 //   delta_gates       a DeltaNet's gates, a and b (rows, heads) in place: b <- sigmoid(b),
 //                     a <- -exp(a_log[h]) * softplus(a + dt_bias[h]) (the log of the decay)
-//   route             a router's logits (rows, n) <- softmax(logits + bias) (bias (n,), null
-//                     for none, -inf masking experts out); experts (rows, k) the top k of each
-//                     row (Backend::top_k's order) and weights (rows, k) their probabilities,
-//                     divided by their sum when `renormalize`
+//   route             a router's logits (rows, n) <- its scores (RouteSpec: softmax or sigmoid of
+//                     logits + mask, the mask -inf for experts a plan drops); experts (rows, k)
+//                     the k best of each row by score + selection bias, within the best groups
+//                     where experts are grouped (Backend::top_k's order), and weights (rows, k)
+//                     their scores, divided by their sum when `renormalize`, times `scaling`
 //   merge_attention   out (n,) = attention over the union of `parts` disjoint ranges of a
 //                     context, from each part's out (n,) and log-sum-exp (paged_attention's
 //                     with lse)
 //   kv_store          k and v (rows, num_kv_heads * head_dim) written at positions[r] of the
-//                     sequence whose blocks `kv` maps, in its dtype
+//                     sequence whose blocks `kv` maps, in its dtype; k alone where the cache
+//                     keeps keys only (kv.v == kv.k: latent attention, whose values are its
+//                     keys' first values)
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "common/kernels/kv_format.h"
 #include "common/kernels/packed_matrix.h"
@@ -105,6 +111,44 @@ struct GatedDeltaHead {
   int out_stride;
 };
 
+// How Backend::rope turns a head: the first rotary_dim values in rotary_dim / 2 pairs, pair i by
+// position * inv_freq[i] (float32 angles, as Hugging Face computes them). The pairs are (i, i +
+// rotary_dim / 2) (rotate_half, Llama's convention) or, interleaved, (2i, 2i + 1) (DeepSeek's
+// complex form); both give a query and a key rotated alike the same dot product.
+struct RopeSpec {
+  const float* inv_freq = nullptr;  // (rotary_dim / 2,)
+  int rotary_dim = 0;
+  bool interleaved = false;
+};
+
+// RoPE's default frequencies: theta^(-2i/rotary_dim) for i < rotary_dim / 2, in float32.
+inline std::vector<float> DefaultRopeFrequencies(float theta, int rotary_dim) {
+  std::vector<float> inv_freq(static_cast<size_t>(rotary_dim / 2));
+  for (int i = 0; i < rotary_dim / 2; ++i) {
+    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / rotary_dim);
+  }
+  return inv_freq;
+}
+
+// A router's options for Backend::route (Hugging Face's Mixtral / Qwen routers: softmax, top-k,
+// renormalised or not; DeepSeek-V2's group-limited greedy; DeepSeek-V3's sigmoid scores chosen
+// by score + e_score_correction_bias within the best groups, scaled).
+struct RouteSpec {
+  int k = 0;
+  bool renormalize = false;
+  const float* mask = nullptr;  // (n,): 0, or -inf for an expert never chosen; null: none
+  bool sigmoid = false;         // scores: sigmoid(logits) rather than softmax(logits)
+  // (n,) added to the scores for choosing experts only; null: none.
+  const float* selection_bias = nullptr;
+  // Experts in `groups` equal groups, each scored by its best choice value (or, with
+  // group_top_two, the sum of its best two); experts of all but the best top_groups groups
+  // choose at 0, as Hugging Face masks them.
+  int groups = 1;
+  int top_groups = 1;
+  bool group_top_two = false;
+  float scaling = 1.0f;  // the weights' factor (routed_scaling_factor)
+};
+
 // One product of Backend::linear_group: y (b, w.rows) = x (b, w.cols) @ W^T.
 struct LinearProduct {
   const float* x;
@@ -120,8 +164,8 @@ struct Backend {
   void (*linear_group)(const LinearProduct* products, int n);
   void (*linear_f32)(const float* x, int b, const PackedMatrix& w, float* y);
   void (*rms_norm)(const float* x, int b, int n, const float* weight, float eps, float* out);
-  void (*rope)(float* x, int rows, int heads, int head_dim, int rotary_dim,
-               const int32_t* positions, float theta);
+  void (*rope)(float* x, int rows, int heads, int head_dim, const RopeSpec& rope,
+               const int32_t* positions);
   void (*softmax)(float* x, int n);
   double (*log_sum_exp)(const float* x, int n);
   void (*top_k)(const float* x, int n, int k, int32_t* out);
@@ -148,8 +192,8 @@ struct Backend {
   void (*l2_norm)(float* x, int rows, int heads, int n, int stride, float scale) = nullptr;
   void (*delta_gates)(float* a, float* b, int rows, int heads, const float* a_log,
                       const float* dt_bias) = nullptr;
-  void (*route)(float* logits, int rows, int n, const float* bias, int k, bool renormalize,
-                int32_t* experts, float* weights) = nullptr;
+  void (*route)(float* logits, int rows, int n, const RouteSpec& spec, int32_t* experts,
+                float* weights) = nullptr;
   void (*merge_attention)(const float* const* parts_out, const float* parts_lse, int parts, int n,
                           float* out) = nullptr;
   void (*kv_store)(const PagedKvOut& kv, int rows, const int32_t* positions, const float* k,

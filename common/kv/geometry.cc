@@ -19,10 +19,12 @@ tandem::v1::KvDtype KvDtypeToProto(kernels::KvDtype dtype) {
 tandem::v1::KvGeometry MakeKvGeometry(const model::ModelConfig& config, int block_size,
                                       kernels::KvDtype dtype) {
   tandem::v1::KvGeometry geometry;
-  geometry.set_num_layers(config.NumLayers(model::MixerKind::kAttention));
+  const model::ModelConfig::KvShape shape = config.kv_shape();
+  geometry.set_num_layers(config.NumKvLayers());
   geometry.set_state_bytes(config.RecurrentStateBytes());
-  geometry.set_num_kv_heads(static_cast<int32_t>(config.num_key_value_heads));
-  geometry.set_head_dim(static_cast<int32_t>(config.head_dim));
+  geometry.set_num_kv_heads(shape.heads);
+  geometry.set_head_dim(shape.head_dim);
+  geometry.set_keys_only(shape.keys_only);
   geometry.set_dtype(KvDtypeToProto(dtype));
   geometry.set_block_size(block_size);
   geometry.set_rope_theta(config.rope_theta);
@@ -44,6 +46,9 @@ absl::Status CheckCompatible(const tandem::v1::KvGeometry& ours,
   }
   if (ours.head_dim() != theirs.head_dim()) {
     return mismatch("head_dim", ours.head_dim(), theirs.head_dim());
+  }
+  if (ours.keys_only() != theirs.keys_only()) {
+    return mismatch("keys_only", ours.keys_only(), theirs.keys_only());
   }
   if (ours.dtype() != theirs.dtype()) {
     return mismatch("dtype", tandem::v1::KvDtype_Name(ours.dtype()),

@@ -29,7 +29,8 @@ absl::StatusOr<KvStream> KvStream::Of(engine::KvBlockPool* pool, std::vector<int
 uint64_t KvStream::BytesFor(const engine::KvCacheConfig& config, int blocks) {
   const uint64_t piece =
       kernels::KvBlockBytes(config.dtype, config.block_size, config.num_kv_heads, config.head_dim);
-  return piece * 2 * static_cast<uint64_t>(config.num_layers) * static_cast<uint64_t>(blocks) +
+  return piece * static_cast<uint64_t>(config.pools_per_layer()) *
+             static_cast<uint64_t>(config.num_layers) * static_cast<uint64_t>(blocks) +
          static_cast<uint64_t>(config.state_bytes);
 }
 
@@ -38,8 +39,8 @@ KvStream::KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks, int32
       blocks_(std::move(blocks)),
       state_slot_(state_slot),
       piece_bytes_(pool->block_bytes()),
-      blocks_bytes_(piece_bytes_ * 2 * static_cast<uint64_t>(pool->config().num_layers) *
-                    blocks_.size()),
+      blocks_bytes_(piece_bytes_ * static_cast<uint64_t>(pool->config().pools_per_layer()) *
+                    static_cast<uint64_t>(pool->config().num_layers) * blocks_.size()),
       size_(BytesFor(pool->config(), static_cast<int>(blocks_.size()))) {}
 
 char* KvStream::Piece(uint64_t offset, uint64_t* within, uint64_t* piece_bytes) const {
@@ -52,8 +53,9 @@ char* KvStream::Piece(uint64_t offset, uint64_t* within, uint64_t* piece_bytes) 
   const uint64_t piece = offset / piece_bytes_;
   *within = offset % piece_bytes_;
   const uint64_t n = blocks_.size();
-  const int layer = static_cast<int>(piece / (2 * n));
-  const bool value = (piece / n) % 2 == 1;
+  const uint64_t pools = static_cast<uint64_t>(pool_->config().pools_per_layer());
+  const int layer = static_cast<int>(piece / (pools * n));
+  const bool value = pools == 2 && (piece / n) % 2 == 1;
   const int32_t block = blocks_[piece % n];
   return reinterpret_cast<char*>(value ? pool_->v_block(layer, block)
                                        : pool_->k_block(layer, block));

@@ -1,6 +1,7 @@
 // A sequence's KV cache as one byte stream, laid out the same on both sides of a transfer
-// whatever blocks and state slot each side holds it in: for each (attention) layer, K then V,
-// for each of the sequence's blocks in order, that block's (block_size, num_kv_heads, head_dim)
+// whatever blocks and state slot each side holds it in: for each (attention) layer, K then V
+// (K alone where the layers keep keys only: latent attention), for each of the sequence's blocks
+// in order, that block's (block_size, num_kv_heads, head_dim)
 // values; then, where the pool keeps recurrent state (a hybrid model's Gated DeltaNet layers),
 // the sequence's state slot (state_bytes). Prefill reads its blocks and slot into the stream;
 // decode writes the stream into the blocks and slot it reserved.

@@ -1,6 +1,7 @@
 #include "common/model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <utility>
@@ -31,6 +32,11 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
   if (!v.is_object()) return FieldError("quantization_config", "must be an object");
   const ConfigReader json(v);
   const Json* method = json.Find("quant_method");
+  if (method != nullptr && *method == "fp8") {
+    QuantizationConfig q;
+    q.unsupported_method = "fp8";
+    return q;
+  }
   if (method == nullptr || !method->is_string() || *method != "tandem") {
     return FieldError("quantization_config.quant_method",
                       absl::StrCat(method == nullptr ? "is missing" : "is " + method->dump(),
@@ -100,8 +106,14 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
   };
   RETURN_IF_ERROR(divisible(true, "hidden size", c.hidden_size));
   RETURN_IF_ERROR(divisible(q.experts, "expert width", c.intermediate_size));
-  RETURN_IF_ERROR(divisible(q.attention, "attention width (heads x head_dim)",
-                            c.num_attention_heads * c.head_dim));
+  if (c.NumLayers(MixerKind::kLatentAttention) > 0) {
+    RETURN_IF_ERROR(divisible(q.attention, "attention width (heads x v_head_dim)",
+                              c.num_attention_heads * c.mla.v_head_dim));
+    RETURN_IF_ERROR(divisible(q.attention, "q_lora_rank", c.mla.q_lora_rank));
+  } else {
+    RETURN_IF_ERROR(divisible(q.attention, "attention width (heads x head_dim)",
+                              c.num_attention_heads * c.head_dim));
+  }
   RETURN_IF_ERROR(
       divisible(q.shared_expert, "shared expert width", c.shared_expert_intermediate_size));
   RETURN_IF_ERROR(divisible(q.dense_mlp && c.dense_intermediate_size > 0, "dense MLP width",
@@ -109,7 +121,120 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
   return q;
 }
 
+// config.json's "rope_scaling": YaRN (Hugging Face's "yarn" rope type, "type" in older
+// configs). Its attention factor scales cos and sin; Tandem implements it only where it is 1
+// (mscale equal to mscale_all_dim, as DeepSeek's checkpoints set them, or an explicit
+// attention_factor of 1).
+absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& v, const ModelConfig& c) {
+  if (!v.is_object()) return FieldError("rope_scaling", "must be an object or null");
+  const ConfigReader json(v);
+  const std::string_view type_key = json.Has("rope_type") ? "rope_type" : "type";
+  ASSIGN_OR_RETURN(const std::string type, json.OptionalString(type_key, "default"));
+  if (type == "default") return RopeScaling{};
+  if (type != "yarn") {
+    return FieldError("rope_scaling.rope_type",
+                      absl::StrCat("\"", type, "\" is not supported (supported: yarn, default)"));
+  }
+  RopeScaling r;
+  r.kind = RopeScaling::Kind::kYarn;
+  ASSIGN_OR_RETURN(r.factor, json.OptionalDouble("factor", 0));
+  if (!(r.factor >= 1) || !std::isfinite(r.factor)) {
+    return FieldError("rope_scaling.factor", "must be a number of at least 1");
+  }
+  ASSIGN_OR_RETURN(r.original_max_position_embeddings,
+                   json.OptionalInt("original_max_position_embeddings", c.max_position_embeddings));
+  if (r.original_max_position_embeddings <= 0) {
+    return FieldError("rope_scaling.original_max_position_embeddings", "must be positive");
+  }
+  ASSIGN_OR_RETURN(r.beta_fast, json.OptionalDouble("beta_fast", 32));
+  ASSIGN_OR_RETURN(r.beta_slow, json.OptionalDouble("beta_slow", 1));
+  if (!(r.beta_fast > 0) || !(r.beta_slow > 0) || !std::isfinite(r.beta_fast) ||
+      !std::isfinite(r.beta_slow)) {
+    return FieldError("rope_scaling.beta_fast", "and beta_slow must be positive numbers");
+  }
+  ASSIGN_OR_RETURN(r.truncate, json.OptionalBool("truncate", true));
+  ASSIGN_OR_RETURN(double mscale, json.OptionalDouble("mscale", 0));
+  ASSIGN_OR_RETURN(double mscale_all_dim, json.OptionalDouble("mscale_all_dim", 0));
+  ASSIGN_OR_RETURN(double attention_factor, json.OptionalDouble("attention_factor", 0));
+  auto get_mscale = [&](double m) {
+    return r.factor <= 1 ? 1.0 : 0.1 * m * std::log(r.factor) + 1;
+  };
+  double factor = attention_factor;
+  if (factor == 0) {
+    factor = mscale != 0 && mscale_all_dim != 0 ? get_mscale(mscale) / get_mscale(mscale_all_dim)
+                                                : get_mscale(1.0);
+  }
+  if (std::abs(factor - 1.0) > 1e-12) {
+    return FieldError("rope_scaling.attention_factor",
+                      absl::StrCat("(YaRN's scale of cos and sin, here ", factor,
+                                   ") other than 1 is not supported: give mscale equal to "
+                                   "mscale_all_dim, or attention_factor 1"));
+  }
+  r.mscale_all_dim = mscale_all_dim;
+  return r;
+}
+
 }  // namespace
+
+ModelConfig::KvShape ModelConfig::kv_shape() const {
+  if (NumLayers(MixerKind::kLatentAttention) > 0) {
+    return {1, static_cast<int>(mla.cache_dim()), true};
+  }
+  return {static_cast<int>(num_key_value_heads), static_cast<int>(head_dim), false};
+}
+
+std::vector<float> ModelConfig::RopeFrequencies() const {
+  const int dim = static_cast<int>(rotary_dim);
+  const int half = dim / 2;
+  const float theta = static_cast<float>(rope_theta);
+  // Float32 throughout, as Hugging Face computes them.
+  std::vector<float> base(half);
+  for (int i = 0; i < half; ++i) {
+    base[i] = std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(dim));
+  }
+  std::vector<float> inv_freq(half);
+  if (rope_scaling.kind == RopeScaling::Kind::kDefault) {
+    for (int i = 0; i < half; ++i) inv_freq[i] = 1.0f / base[i];
+    return inv_freq;
+  }
+  const RopeScaling& r = rope_scaling;
+  // The dimension that turns `rotations` times over the original context.
+  auto correction_dim = [&](double rotations) {
+    return dim *
+           std::log(static_cast<double>(r.original_max_position_embeddings) /
+                    (rotations * 2 * M_PI)) /
+           (2 * std::log(rope_theta));
+  };
+  double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+  if (r.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  const float factor = static_cast<float>(r.factor);
+  for (int i = 0; i < half; ++i) {
+    const float ramp = std::clamp(
+        (static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f,
+        1.0f);
+    const float extrapolation = 1.0f - ramp;  // 1: the dimension keeps its frequency
+    const float extrapolated = 1.0f / base[i];
+    const float interpolated = 1.0f / (factor * base[i]);
+    inv_freq[i] = interpolated * (1.0f - extrapolation) + extrapolated * extrapolation;
+  }
+  return inv_freq;
+}
+
+double ModelConfig::LatentAttentionScale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const RopeScaling& r = rope_scaling;
+  if (r.kind == RopeScaling::Kind::kYarn && r.mscale_all_dim != 0 && r.factor > 1) {
+    const double mscale = 0.1 * r.mscale_all_dim * std::log(r.factor) + 1;
+    scale *= mscale * mscale;
+  }
+  return scale;
+}
 
 bool QuantizationConfig::Quantizes(TensorKind kind) const {
   if (bits == 0) return false;
@@ -122,6 +247,9 @@ bool QuantizationConfig::Quantizes(TensorKind kind) const {
     case TensorKind::kAttnK:
     case TensorKind::kAttnV:
     case TensorKind::kAttnOut:
+    case TensorKind::kAttnQA:
+    case TensorKind::kAttnQB:
+    case TensorKind::kAttnKvA:
       return attention;
     case TensorKind::kSharedGate:
     case TensorKind::kSharedUp:
@@ -278,10 +406,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     }
   }
 
-  // Features Tandem does not implement are refused rather than silently ignored.
   if (const Json* v = text.Find("rope_scaling"); v != nullptr) {
-    return FieldError("rope_scaling", "is not supported (must be null or absent)");
+    ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(*v, c));
   }
+  // Features Tandem does not implement are refused rather than silently ignored.
   if (const Json* v = text.Find("hidden_act"); v != nullptr && *v != "silu") {
     return FieldError("hidden_act", "other than \"silu\" is not supported");
   }
@@ -348,6 +476,7 @@ std::string TensorName(const ArchitectureSpec& arch, TensorKind kind, int layer,
 }
 
 std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
+  const bool mla = c.NumLayers(MixerKind::kLatentAttention) > 0;
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
   switch (kind) {
@@ -364,7 +493,22 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
     case TensorKind::kAttnV:
       return {kv_dim, c.hidden_size};
     case TensorKind::kAttnOut:
-      return {c.hidden_size, q_dim};
+      return {c.hidden_size, mla ? c.num_attention_heads * c.mla.v_head_dim : q_dim};
+    case TensorKind::kAttnQA:
+      return {c.mla.q_lora_rank, c.hidden_size};
+    case TensorKind::kAttnQANorm:
+      return {c.mla.q_lora_rank};
+    case TensorKind::kAttnQB:
+      return {q_dim, c.mla.q_lora_rank};
+    case TensorKind::kAttnKvA:
+      return {c.mla.cache_dim(), c.hidden_size};
+    case TensorKind::kAttnKvANorm:
+      return {c.mla.kv_lora_rank};
+    case TensorKind::kAttnKvB:
+      return {c.num_attention_heads * (c.mla.qk_nope_head_dim + c.mla.v_head_dim),
+              c.mla.kv_lora_rank};
+    case TensorKind::kRouterBias:
+      return {c.num_local_experts};
     case TensorKind::kAttnQNorm:
     case TensorKind::kAttnKNorm:
       return {c.head_dim};
@@ -456,6 +600,19 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layou
             TensorKind::kLinearDtBias, TensorKind::kLinearNorm, TensorKind::kLinearOut}) {
         add(kind, layer, -1);
       }
+    } else if (c.Mixer(layer) == MixerKind::kLatentAttention) {
+      if (c.mla.q_lora_rank > 0) {
+        for (TensorKind kind :
+             {TensorKind::kAttnQA, TensorKind::kAttnQANorm, TensorKind::kAttnQB}) {
+          add(kind, layer, -1);
+        }
+      } else {
+        add(TensorKind::kAttnQ, layer, -1);
+      }
+      for (TensorKind kind : {TensorKind::kAttnKvA, TensorKind::kAttnKvANorm, TensorKind::kAttnKvB,
+                              TensorKind::kAttnOut}) {
+        add(kind, layer, -1);
+      }
     } else {
       for (TensorKind kind :
            {TensorKind::kAttnQ, TensorKind::kAttnK, TensorKind::kAttnV, TensorKind::kAttnOut,
@@ -481,6 +638,7 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layou
       continue;
     }
     add(TensorKind::kRouter, layer, -1);
+    if (c.router.selection_bias) add(TensorKind::kRouterBias, layer, -1);
     if (layout == ExpertLayout::kStacked) {
       add(TensorKind::kExpertsGateUp, layer, -1);
       add(TensorKind::kExpertsDown, layer, -1);

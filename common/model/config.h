@@ -60,8 +60,17 @@ enum class TensorKind {
   kLinearDtBias,  // (value heads)
   kLinearNorm,    // (value head dim): RMSNorm of each head's output (plain, not zero-centred)
   kLinearOut,     // (hidden, value_dim)
+  // Multi-head latent attention (DeepSeek-V2/V3; LatentAttentionConfig's shape). kAttnQ is
+  // q_proj (heads*qk_head_dim, hidden) where the queries have no low-rank step.
+  kAttnQA,       // (q_lora_rank, hidden): q_a_proj
+  kAttnQANorm,   // (q_lora_rank): q_a_layernorm
+  kAttnQB,       // (heads*qk_head_dim, q_lora_rank): q_b_proj
+  kAttnKvA,      // (kv_lora_rank + qk_rope_head_dim, hidden): kv_a_proj_with_mqa
+  kAttnKvANorm,  // (kv_lora_rank): kv_a_layernorm
+  kAttnKvB,      // (heads*(qk_nope_head_dim + v_head_dim), kv_lora_rank): kv_b_proj
+  kRouterBias,   // (experts): e_score_correction_bias, added to scores for choosing only
 };
-inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kLinearOut) + 1;
+inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kRouterBias) + 1;
 
 class ConfigReader;  // common/model/config_reader.h
 struct ModelConfig;
@@ -115,6 +124,10 @@ struct QuantizationConfig {
   // The lm_head's own bits (8 or 4; 0: `bits`), as llama.cpp keeps a 4-bit model's output
   // matrix at 6 bits: "lm_head_bits" in quantization_config.
   int lm_head_bits = 0;
+  // A checkpoint quantized by another method Tandem parses but cannot load (DeepSeek-V3 as
+  // published: "fp8", e4m3 in 128 x 128 blocks); empty otherwise. Its dims serve (a dummy of its
+  // shape runs); ModelWeights::Load refuses its weights, naming the method.
+  std::string unsupported_method = "";
 
   bool Quantizes(TensorKind kind) const;
   // The bits of a quantized tensor of `kind`.
@@ -126,8 +139,9 @@ struct QuantizationConfig {
 // What one layer is made of: the blocks the forward pass composes (common/engine/layers), each
 // after its RMSNorm with a residual add: a token mixer, then a feed-forward block.
 enum class MixerKind {
-  kAttention,      // grouped-query attention over the paged KV cache
-  kGatedDeltaNet,  // linear attention with a fixed-size recurrent state per sequence
+  kAttention,        // grouped-query attention over the paged KV cache
+  kGatedDeltaNet,    // linear attention with a fixed-size recurrent state per sequence
+  kLatentAttention,  // multi-head latent attention: a latent and one rotary key cached a token
 };
 enum class FfnKind {
   kMoe,       // router, routed experts, and the shared expert where the model has one
@@ -154,6 +168,47 @@ struct DeltaNetConfig {
   int64_t state_bytes() const {
     return 4 * (conv_dim() * (conv_kernel - 1) + num_value_heads * key_head_dim * value_head_dim);
   }
+};
+
+// Multi-head latent attention's shape (DeepSeek-V2/V3's keys). Keys and values of every head
+// come from one latent per token (kv_lora_rank values, RMS-normed) and one rotary key shared by
+// the heads: what the cache holds (cache_dim() values a token and layer).
+struct LatentAttentionConfig {
+  int64_t q_lora_rank = 0;  // 0: q_proj reads the hidden state (no q_a_proj / q_b_proj)
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int64_t cache_dim() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+// RoPE's frequencies (config.json "rope_scaling"): the default theta^(-2i/d), or YaRN's blend of
+// those (extrapolated, the fast ones) and those divided by `factor` (interpolated, the slow
+// ones), ramped between the dimensions that turn beta_fast and beta_slow times over
+// original_max_position_embeddings (Hugging Face's _compute_yarn_parameters).
+struct RopeScaling {
+  enum class Kind { kDefault, kYarn };
+  Kind kind = Kind::kDefault;
+  double factor = 1;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32;
+  double beta_slow = 1;
+  // DeepSeek's attention scale factor: softmax scale * (0.1 * mscale_all_dim * ln(factor) + 1)^2;
+  // 0: none.
+  double mscale_all_dim = 0;
+  bool truncate = true;  // correction range rounded to whole dimensions
+};
+
+// How a router turns its logits into experts and weights (kernels::RouteSpec).
+struct RouterConfig {
+  bool sigmoid = false;         // scores: sigmoid (DeepSeek-V3's scoring_func) or softmax
+  bool selection_bias = false;  // e_score_correction_bias (kRouterBias), for choosing only
+  int64_t groups = 1;           // n_group: experts chosen within the best topk_group groups
+  int64_t top_groups = 1;
+  bool group_top_two = false;  // a group's score: its best two (noaux_tc) or its best
+  double scaling = 1;          // routed_scaling_factor
 };
 
 // How a checkpoint stores routed experts: a tensor per expert and projection, or stacked per
@@ -194,7 +249,13 @@ struct ModelConfig {
   bool attention_output_gate = false;
   // RMSNorm weights are stored centred on zero: the engine scales by 1 + w (Qwen3.5).
   bool zero_centred_norms = false;
-  DeltaNetConfig linear;  // Gated DeltaNet layers' shape; zero without such layers
+  DeltaNetConfig linear;      // Gated DeltaNet layers' shape; zero without such layers
+  LatentAttentionConfig mla;  // latent attention layers' shape; zero without such layers
+  RopeScaling rope_scaling;
+  // RoPE pairs a head's dimensions (2i, 2i + 1) rather than (i, i + rotary_dim / 2) (DeepSeek's
+  // rotary keys and queries).
+  bool rope_interleaved = false;
+  RouterConfig router;
   int64_t num_local_experts = 0;
   int64_t num_experts_per_tok = 0;
   int64_t max_position_embeddings = 0;
@@ -231,6 +292,24 @@ struct ModelConfig {
   int64_t RecurrentStateBytes() const {
     return NumLayers(MixerKind::kGatedDeltaNet) * linear.state_bytes();
   }
+  // Layers whose mixer keeps paged K/V (attention, latent attention).
+  int NumKvLayers() const {
+    return NumLayers(MixerKind::kAttention) + NumLayers(MixerKind::kLatentAttention);
+  }
+  // What a KV layer caches per token: num_kv_heads heads of head_dim; or, with latent
+  // attention, one "head" of the latent and the rotary key whose values are its first
+  // kv_lora_rank values (keys_only: no value pool).
+  struct KvShape {
+    int heads = 0;
+    int head_dim = 0;
+    bool keys_only = false;
+  };
+  KvShape kv_shape() const;
+  // RoPE's frequencies, rotary_dim / 2 of them (rope_theta and rope_scaling).
+  std::vector<float> RopeFrequencies() const;
+  // Latent attention's softmax scale (DeepSeek's): 1 / sqrt(query-key head dim), times YaRN's
+  // (0.1 * mscale_all_dim * ln(factor) + 1)^2 where rope_scaling gives mscale_all_dim.
+  double LatentAttentionScale() const;
 };
 
 // Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that

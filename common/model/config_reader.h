@@ -35,6 +35,9 @@ class ConfigReader {
   // The value, or null when the key is absent or null.
   const nlohmann::json* Find(std::string_view key) const;
   bool Has(std::string_view key) const { return Find(key) != nullptr; }
+  // Whether the key is there at all, null or not (where Hugging Face's default differs from
+  // null's meaning).
+  bool Contains(std::string_view key) const { return root_.contains(key); }
 
   absl::StatusOr<int64_t> RequiredInt(std::string_view key) const;
   absl::StatusOr<int64_t> OptionalInt(std::string_view key, int64_t fallback) const;

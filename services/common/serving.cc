@@ -88,7 +88,8 @@ void ReportKvCache(const engine::KvBlockPool& pool, metrics::Registry* registry)
   }
   TANDEM_LOG(INFO) << "KV cache: " << c.num_blocks << " blocks of " << c.block_size << " tokens, "
                    << kernels::KvDtypeName(c.dtype) << ", " << pool.size_bytes() << " bytes ("
-                   << 2 * c.num_layers * pool.block_bytes() << " bytes a block over all layers)";
+                   << c.pools_per_layer() * c.num_layers * pool.block_bytes()
+                   << " bytes a block over all layers)";
 }
 
 engine::EngineLoop::StepObserver EngineStepObserver(DecodeMetrics* metrics, int total_blocks) {

@@ -3,15 +3,18 @@
 // checkpoint. Refused unless asked for in full; a dummy cluster (full prefill, pruned decode)
 // answers, every instance running the same model from the same --seed, exactly as colocated
 // tandem-serve does; and with --memory_bytes the pruned decoder turns the expert memory it does
-// not hold into KV blocks.
+// not hold into KV blocks. The hybrid and latent-attention layouts run here too, at small shapes
+// with the tiny model's tokenizer: their handoffs carry recurrent state, or only the latent.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "tandem/client.h"
 #include "tests/testing/cluster_client.h"
 #include "tests/testing/hybrid_model.h"
@@ -128,6 +131,48 @@ TEST_F(DummyClusterTest, AHybridModelsStateTravelsWithItsKv) {
   auto serve = colocated_set.Start("tandem-serve", Dummy({}));
   ASSERT_TRUE(serve.ok()) << serve.status();
   testing::ExpectSameContinuations(disaggregated, Generate(*serve), kTokens);
+}
+
+// DeepSeek-V3's layout at a small shape (latent attention with the query's low-rank step and
+// YaRN, sigmoid routing within groups, a dense first layer and a shared expert): the KV blocks
+// the handoff carries are the latent and the rotary key alone (one pool a layer), and a full
+// cluster, and a full prefill feeding a pruned decoder, each answer as colocated serving does.
+TEST_F(DummyClusterTest, ALatentAttentionModelsHandoffIsItsLatent) {
+  testing::TempDir latent;
+  const fs::path tiny = testing::SourceDir() + "/models/tiny-moe";
+  for (const char* file : {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
+    fs::create_symlink(tiny / file, fs::path(latent.path()) / file);
+  }
+  std::ofstream(fs::path(latent.path()) / "config.json") << R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "vocab_size": 8192, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+    "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+    "v_head_dim": 16, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2,
+    "rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 128,
+                     "mscale": 1.0, "mscale_all_dim": 1.0}})";
+  nlohmann::json plan = {{"model", "latent"}, {"numLayers", 3}, {"numExperts", 8}};
+  for (int l = 0; l < 3; ++l) {
+    plan["layers"].push_back({{"layer", l}, {"retainedExperts", {0, 2, 3, 5}}});
+  }
+  const std::string plan_path = latent.path() + "/keep4.json";
+  std::ofstream(plan_path) << plan.dump();
+  for (const std::vector<std::string>& decode : {Dummy({}), Dummy({"--plan=" + plan_path})}) {
+    const bool pruned = decode.size() > Dummy({}).size();
+    SCOPED_TRACE(pruned ? "pruned decoder" : "full decoder");
+    testing::ServiceSet set(latent.path());
+    auto cluster = set.StartCluster(Dummy({}), decode);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    const std::vector<std::vector<int32_t>> disaggregated = Generate(cluster->gateway);
+    ASSERT_FALSE(disaggregated.empty());
+    testing::ServiceSet colocated_set(latent.path());
+    auto serve =
+        colocated_set.Start("tandem-serve", pruned ? Dummy({"--plan=" + plan_path}) : Dummy({}));
+    ASSERT_TRUE(serve.ok()) << serve.status();
+    testing::ExpectSameContinuations(disaggregated, Generate(*serve), kTokens);
+  }
 }
 
 }  // namespace

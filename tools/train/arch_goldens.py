@@ -11,13 +11,15 @@ layers, the smallest router gap) and, as .npy (little-endian f4 / i4):
   weights.npy  (sparse layers, tokens, top_k): their weights (renormalised or not, as the
                config says)
 Deterministic: the weights come from a seeded generator, so the files reproduce exactly.
-Run from the repository root: /usr/bin/python3 tools/train/arch_goldens.py
+Run from the repository root: /usr/bin/python3 tools/train/arch_goldens.py [NAME ...] (the
+named cases only; all of them without names).
 """
 import os
 import openblas_core  # noqa: F401  (before numpy and torch load OpenBLAS)
 
 import json
 import shutil
+import sys
 
 import numpy as np
 import torch
@@ -84,6 +86,31 @@ CASES = {
         "Qwen3.5-MoE text-only layout (model.*) with experts stored one tensor each: full "
         "attention first, with bias, then two DeltaNet layers with as many value heads as key "
         "heads, half of head_dim rotary, tied embeddings"),
+    "deepseek_v2_latent_yarn": (
+        dict(model_type="deepseek_v2", num_hidden_layers=3, num_key_value_heads=4,
+             kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+             n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=False,
+             topk_method="group_limited_greedy", n_group=4, topk_group=2,
+             routed_scaling_factor=1.5, max_position_embeddings=256,
+             rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                           "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                           "mscale_all_dim": 0.707}),
+        "DeepSeek-V2 (V2-Lite's form): multi-head latent attention without a query low-rank "
+        "step (q_proj), latent 32, nope 16, rotary 8 (interleaved pairs), values 12; YaRN "
+        "(factor 4 over 64 positions, mscale_all_dim in the softmax scale); a dense first "
+        "layer; an ungated shared expert; softmax routing limited to the best 2 of 4 groups, "
+        "weights times routed_scaling_factor 1.5"),
+    "deepseek_v3_sigmoid_groups": (
+        dict(model_type="deepseek_v3", num_hidden_layers=3, num_key_value_heads=4,
+             intermediate_size=64, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+             v_head_dim=16, n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True,
+             topk_method="noaux_tc", n_group=4, topk_group=2, routed_scaling_factor=2.5,
+             tokens=40),
+        "DeepSeek-V3: latent attention with the query low-rank step (q_a_proj, its norm, "
+        "q_b_proj), default RoPE; sigmoid routing chosen by score + e_score_correction_bias "
+        "within the best 2 of 4 groups (each scored by its best two), renormalised and scaled "
+        "by 2.5; a dense first layer and a shared expert; 40 tokens; every matrix's width a "
+        "multiple of 32, so that tandem quantize covers it"),
 }
 TOKENS = 24
 SEED = 20261201
@@ -113,7 +140,9 @@ def randomise(model, gen):
 def main():
     torch.set_num_threads(2)
     root = os.path.join("tests", "golden", "arch")
-    for name, (overrides, covers) in CASES.items():
+    names = sys.argv[1:] or list(CASES)
+    for name in names:
+        overrides, covers = CASES[name]
         overrides = dict(overrides)
         tokens = overrides.pop("tokens", TOKENS)
         cfg = Config(**{**BASE, **overrides})

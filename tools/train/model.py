@@ -32,6 +32,19 @@ What the Qwen layouts add to Mixtral (Hugging Face's modeling_qwen2_moe.py / mod
              i >= first_k_dense_replace and i % moe_layer_freq == 0, else a dense MLP of width
              intermediate_size; softmax top-k, renormalised by norm_topk_prob (default false);
              attention_bias on q, k, v and o (default false).
+  deepseek_v2 / deepseek_v3 (Hugging Face's DeepseekV2ForCausalLM / DeepseekV3ForCausalLM):
+             DeepSeek's MoE layout with multi-head latent attention: q from q_proj, or
+             q_b_proj(RMSNorm(q_a_proj(x))) where q_lora_rank is set, each head [q_nope | q_pe]
+             (qk_nope_head_dim, qk_rope_head_dim); kv_a_proj_with_mqa(x) = [c | k_pe], the latent
+             c RMS-normed and expanded by kv_b_proj to each head's [k_nope | v]; k_pe one rotary
+             key for every head; RoPE on q_pe and k_pe with pairs interleaved (2i, 2i + 1), its
+             frequencies YaRN's where rope_scaling says; the softmax scale 1/sqrt(qk_head_dim)
+             times YaRN's mscale(factor, mscale_all_dim)^2. Routers: deepseek_v2 softmax, top-k
+             greedy or group-limited (groups scored by their best), weights times
+             routed_scaling_factor; deepseek_v3 sigmoid, chosen by score + e_score_correction_bias
+             within the best topk_group groups (each scored by its best two), weights the chosen
+             scores renormalised (norm_topk_prob) and scaled. Layer i sparse iff
+             i >= first_k_dense_replace (and i % moe_layer_freq == 0).
 """
 import math
 from dataclasses import dataclass, asdict, field
@@ -43,7 +56,10 @@ import torch.nn.functional as F
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek": "DeepseekForCausalLM",
                  "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
-                 "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
+                 "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+                 "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+DEEPSEEK = ("deepseek", "deepseek_v2", "deepseek_v3")
+LATENT = ("deepseek_v2", "deepseek_v3")
 HYBRID = ("qwen3_5_moe", "qwen3_5_moe_text")
 
 
@@ -87,11 +103,29 @@ class Config:
     n_shared_experts: int = 0
     first_k_dense_replace: int = 0
     moe_layer_freq: int = 1
+    # deepseek_v2 / deepseek_v3: latent attention's shape (q_lora_rank 0: q_proj), YaRN, routing
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_scaling: dict = None
+    topk_method: str = "greedy"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
     dropout: float = 0.0  # training-only residual dropout; not part of the exported architecture
 
     @property
     def head_dim(self):
+        if self.latent:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.head_dim_override or self.hidden_size // self.num_attention_heads
+
+    @property
+    def latent(self):
+        """Multi-head latent attention (deepseek_v2, deepseek_v3)."""
+        return self.model_type in LATENT
 
     @property
     def qwen(self):
@@ -103,6 +137,8 @@ class Config:
 
     @property
     def rotary_dim(self):
+        if self.latent:
+            return self.qk_rope_head_dim
         return int(self.head_dim * self.partial_rotary_factor)
 
     def is_linear(self, layer):
@@ -122,7 +158,7 @@ class Config:
     @property
     def shared_size(self):
         """The always-on shared expert's width (0: none)."""
-        if self.model_type == "deepseek":
+        if self.model_type in DEEPSEEK:
             return self.n_shared_experts * self.moe_intermediate_size
         return self.shared_expert_intermediate_size
 
@@ -136,7 +172,7 @@ class Config:
         return False, False
 
     def is_sparse(self, layer):
-        if self.model_type == "deepseek":
+        if self.model_type in DEEPSEEK:
             return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
         if not self.qwen:
             return True  # Mixtral, qwen3_5_moe
@@ -174,6 +210,26 @@ class Config:
                       "norm_topk_prob": self.norm_topk_prob, "scoring_func": "softmax",
                       "attention_bias": self.attention_bias, "aux_loss_alpha": 0.001,
                       "seq_aux": True, "pretraining_tp": 1, "rope_scaling": None})
+            del d["router_aux_loss_coef"], d["sliding_window"], d["head_dim"]
+        elif self.latent:
+            d.update({"n_routed_experts": self.num_local_experts,
+                      "n_shared_experts": self.n_shared_experts,
+                      "moe_intermediate_size": self.moe_intermediate_size,
+                      "first_k_dense_replace": self.first_k_dense_replace,
+                      "moe_layer_freq": self.moe_layer_freq,
+                      "norm_topk_prob": self.norm_topk_prob,
+                      "q_lora_rank": self.q_lora_rank or None,
+                      "kv_lora_rank": self.kv_lora_rank,
+                      "qk_nope_head_dim": self.qk_nope_head_dim,
+                      "qk_rope_head_dim": self.qk_rope_head_dim,
+                      "v_head_dim": self.v_head_dim, "rope_scaling": self.rope_scaling,
+                      "topk_method": self.topk_method, "n_group": self.n_group,
+                      "topk_group": self.topk_group,
+                      "routed_scaling_factor": self.routed_scaling_factor,
+                      "scoring_func": "sigmoid" if self.model_type == "deepseek_v3" else "softmax",
+                      "attention_bias": False, "aux_loss_alpha": 0.001})
+            if self.model_type == "deepseek_v3":
+                d["rope_interleave"] = True
             del d["router_aux_loss_coef"], d["sliding_window"], d["head_dim"]
         else:
             d.update({"num_experts": self.num_local_experts,
@@ -276,6 +332,30 @@ class Config:
             raise ValueError(f"unsupported model_type {mt}")
         qwen = mt in ("qwen2_moe", "qwen3_moe")
         heads = d["num_attention_heads"]
+        if mt in LATENT:
+            return Config(
+                model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+                intermediate_size=d["intermediate_size"],
+                num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
+                num_key_value_heads=d.get("num_key_value_heads") or heads,
+                num_local_experts=d["n_routed_experts"],
+                num_experts_per_tok=d["num_experts_per_tok"],
+                max_position_embeddings=d.get("max_position_embeddings", 2048),
+                rope_theta=d.get("rope_theta", 10000.0), rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+                bos_token_id=d.get("bos_token_id", 100000),
+                eos_token_id=d.get("eos_token_id", 100001),
+                moe_intermediate_size=d["moe_intermediate_size"],
+                n_shared_experts=d.get("n_shared_experts") or 0,
+                first_k_dense_replace=d.get("first_k_dense_replace", 0),
+                moe_layer_freq=d.get("moe_layer_freq", 1),
+                norm_topk_prob=d.get("norm_topk_prob", mt == "deepseek_v3"),
+                tie_word_embeddings=d.get("tie_word_embeddings", False),
+                q_lora_rank=d.get("q_lora_rank") or 0, kv_lora_rank=d["kv_lora_rank"],
+                qk_nope_head_dim=d["qk_nope_head_dim"], qk_rope_head_dim=d["qk_rope_head_dim"],
+                v_head_dim=d["v_head_dim"], rope_scaling=d.get("rope_scaling"),
+                topk_method=d.get("topk_method", "greedy"), n_group=d.get("n_group") or 1,
+                topk_group=d.get("topk_group") or 1,
+                routed_scaling_factor=d.get("routed_scaling_factor", 1.0))
         if mt == "deepseek":
             return Config(
                 model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
@@ -350,11 +430,40 @@ def make_norm(cfg, dim):
     return (ZeroCenteredRMSNorm if cfg.hybrid else RMSNorm)(dim, cfg.rms_norm_eps)
 
 
+def rope_inv_freq(cfg, dim):
+    """RoPE's frequencies over `dim` rotary dimensions: theta^(-2i/dim), or YaRN's blend of those
+    and those divided by its factor (Hugging Face's _compute_yarn_parameters)."""
+    pos_freqs = cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0 / pos_freqs
+    factor = scaling["factor"]
+    original = scaling.get("original_max_position_embeddings") or cfg.max_position_embeddings
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(cfg.rope_theta))
+
+    low, high = correction_dim(scaling.get("beta_fast") or 32), correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def yarn_mscale(scale, mscale):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
 def rope_cos_sin(cfg, positions, dtype):
     """cos, sin (t, rotary_dim): RoPE over the first rotary_dim of a head (all of it but in
-    qwen3_5_moe, whose partial_rotary_factor rotates a quarter)."""
-    dim = cfg.rotary_dim if cfg.hybrid else cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    qwen3_5_moe, whose partial_rotary_factor rotates a quarter, and in latent attention, whose
+    rotary part is qk_rope_head_dim)."""
+    dim = cfg.rotary_dim if (cfg.hybrid or cfg.latent) else cfg.head_dim
+    inv_freq = rope_inv_freq(cfg, dim)
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -405,6 +514,66 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         return self.o_proj(causal_attention(c, q, k, v))
+
+
+def rope_interleaved(x, cos, sin):
+    """RoPE with pairs (2i, 2i + 1) (DeepSeek's complex form; Hugging Face's
+    apply_rotary_pos_emb_interleave, whose output is the same values de-interleaved)."""
+    b, h, t, d = x.shape
+    x = x.view(b, h, t, d // 2, 2).transpose(4, 3).reshape(b, h, t, d)
+    y = x * cos + rotate_half(x) * sin
+    return y.view(b, h, t, 2, d // 2).transpose(4, 3).reshape(b, h, t, d)
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention as Hugging Face's DeepseekV2Attention / DeepseekV3Attention
+    compute it (each head's keys and values made from the latent), with the softmax scale of
+    DeepSeek's own code (times YaRN's mscale_all_dim factor squared)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.num_attention_heads, cfg.hidden_size
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(d, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * qk, bias=False)
+        else:
+            self.q_proj = nn.Linear(d, h * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+                                   bias=False)
+        self.o_proj = nn.Linear(h * cfg.v_head_dim, d, bias=False)
+        self.scale = qk ** -0.5
+        scaling = cfg.rope_scaling or {}
+        if scaling.get("mscale_all_dim"):
+            self.scale *= yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        c = self.cfg
+        h, nope, rope, vd = (c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
+                             c.v_head_dim)
+        if c.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        else:
+            q = self.q_proj(x)
+        q = q.view(b, t, h, nope + rope).transpose(1, 2)
+        q_nope, q_pe = q.split([nope, rope], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, h, nope + vd).transpose(1, 2)
+        k_nope, v = kv.split([nope, vd], dim=-1)
+        k_pe = k_pe.view(b, 1, t, rope)
+        q_pe, k_pe = rope_interleaved(q_pe, cos, sin), rope_interleaved(k_pe, cos, sin)
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(b, h, t, rope)], dim=-1)
+        scores = (q @ k.transpose(-2, -1)) * self.scale
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+        y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, h * vd))
 
 
 class GatedAttention(nn.Module):
@@ -575,7 +744,9 @@ class SparseMoe(nn.Module):
         make = Mlp if cfg.mlp_layout else Expert
         self.experts = nn.ModuleList([make(cfg.hidden_size, cfg.expert_size)
                                       for _ in range(cfg.num_local_experts)])
-        if cfg.model_type == "deepseek" and cfg.shared_size:
+        if cfg.model_type == "deepseek_v3":
+            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.num_local_experts))
+        if cfg.model_type in DEEPSEEK and cfg.shared_size:
             self.shared_experts = Mlp(cfg.hidden_size, cfg.shared_size)  # no gate
         elif cfg.shared_size:
             self.shared_expert = Mlp(cfg.hidden_size, cfg.shared_size)
@@ -589,10 +760,13 @@ class SparseMoe(nn.Module):
         logits = self.gate(flat)
         if retained is not None:
             logits = logits.masked_fill(~retained, float("-inf"))
-        probs = F.softmax(logits, dim=-1, dtype=torch.float)
-        weights, chosen = torch.topk(probs, self.cfg.num_experts_per_tok, dim=-1)
-        if self.cfg.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.cfg.latent:
+            probs, weights, chosen = self._deepseek_route(logits, retained)
+        else:
+            probs = F.softmax(logits, dim=-1, dtype=torch.float)
+            weights, chosen = torch.topk(probs, self.cfg.num_experts_per_tok, dim=-1)
+            if self.cfg.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
         if trace is not None:
             trace.append((chosen.detach(), weights.detach().float(), probs.detach()))
@@ -618,6 +792,32 @@ class SparseMoe(nn.Module):
         return out.view(b, t, d), logits
 
 
+    def _deepseek_route(self, logits, retained):
+        """DeepSeek-V2's router (softmax; greedy or group_limited_greedy, groups scored by their
+        best) and DeepSeek-V3's (sigmoid; chosen by score + e_score_correction_bias within the
+        best groups, each scored by its best two), as Hugging Face's DeepseekV2Moe and
+        DeepseekV3TopkRouter compute them; experts ordered by their choice value."""
+        c = self.cfg
+        n, e = logits.shape
+        v3 = c.model_type == "deepseek_v3"
+        probs = logits.sigmoid() if v3 else F.softmax(logits, dim=-1, dtype=torch.float)
+        choice = probs + self.gate.e_score_correction_bias if v3 else probs
+        if v3 or c.topk_method == "group_limited_greedy":
+            grouped = choice.view(n, c.n_group, e // c.n_group)
+            group_scores = grouped.topk(2, dim=-1)[0].sum(-1) if v3 else grouped.max(-1).values
+            group_idx = torch.topk(group_scores, k=c.topk_group, dim=-1)[1]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(n, c.n_group, e // c.n_group).reshape(n, e)
+            choice = choice.masked_fill(~score_mask.bool(), 0.0)
+        if retained is not None:
+            choice = choice.masked_fill(~retained, float("-inf"))
+        chosen = torch.topk(choice, c.num_experts_per_tok, dim=-1)[1]
+        weights = probs.gather(1, chosen)
+        if v3 and c.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return probs, weights * c.routed_scaling_factor, chosen
+
+
 class Block(nn.Module):
     def __init__(self, cfg, layer):
         super().__init__()
@@ -626,6 +826,8 @@ class Block(nn.Module):
             self.linear_attn = GatedDeltaNet(cfg)
         elif cfg.hybrid:
             self.self_attn = GatedAttention(cfg)
+        elif cfg.latent:
+            self.self_attn = LatentAttention(cfg)
         else:
             self.self_attn = Attention(cfg)
         self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
@@ -773,6 +975,12 @@ def param_counts(cfg):
     attn += (q_rows + 2 * kv if qkv_bias else 0) + (d if o_bias else 0)
     if cfg.model_type == "qwen3_moe" or cfg.hybrid:
         attn += 2 * hd  # q and k norms
+    if cfg.latent:  # q (or q_a, its norm, q_b), kv_a, its norm, kv_b, o
+        h, lora = cfg.num_attention_heads, cfg.kv_lora_rank
+        q_params = (d * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * h * hd
+                    if cfg.q_lora_rank else d * h * hd)
+        attn = (q_params + d * (lora + cfg.qk_rope_head_dim) + lora
+                + lora * h * (cfg.qk_nope_head_dim + cfg.v_head_dim) + h * cfg.v_head_dim * d)
     nv, kd = cfg.linear_num_value_heads, cfg.linear_num_key_heads * cfg.linear_key_head_dim
     vd = nv * cfg.linear_value_head_dim
     conv_dim = 2 * kd + vd
@@ -790,7 +998,9 @@ def param_counts(cfg):
             continue
         base += d * cfg.num_local_experts
         if cfg.shared_size:
-            base += 3 * d * cfg.shared_size + (0 if cfg.model_type == "deepseek" else d)
+            base += 3 * d * cfg.shared_size + (0 if cfg.model_type in DEEPSEEK else d)
+        if cfg.model_type == "deepseek_v3":
+            base += cfg.num_local_experts  # e_score_correction_bias
         total += base + cfg.num_local_experts * expert
         active += base + cfg.num_experts_per_tok * expert
     return total, active

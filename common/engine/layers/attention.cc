@@ -28,79 +28,18 @@ void AddBias(const kernels::Backend& ops, const std::vector<float>& bias, int ro
 
 }  // namespace
 
-AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool,
-                               std::vector<int> kv_layers)
-    : pool_(pool),
-      cache_{CacheSpec::Kind::kPagedKv, static_cast<int>(config.num_key_value_heads),
-             static_cast<int>(config.head_dim)},
-      kv_layers_(std::move(kv_layers)) {}
-
-absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
-  const model::ModelConfig& c = ctx.w.config;
-  const AttentionWeights& L = ctx.w.layers[l].attention;
-  const int T = ctx.tokens();
-  const int heads = static_cast<int>(c.num_attention_heads);
-  const int kv_heads = static_cast<int>(c.num_key_value_heads);
-  const int head_dim = static_cast<int>(c.head_dim);
+void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_layer,
+                          const float* q_all, int heads, float scale, float* attn) {
+  const KvCacheConfig& kv_config = pool.config();
+  const int kv_heads = kv_config.num_kv_heads;
+  const int head_dim = kv_config.head_dim;
   const int q_dim = heads * head_dim;
-  const int kv_dim = kv_heads * head_dim;
-  const float theta = static_cast<float>(c.rope_theta);
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const bool gated = c.attention_output_gate;
-  const int q_rows = gated ? 2 * q_dim : q_dim;  // [q | gate] per head when gated
-  const int rotary_dim = static_cast<int>(c.rotary_dim);
-  const int kv_layer = kv_layers_[l];
-  Resize(q_raw_, T, q_rows);
-  Resize(q_, T, q_dim);
-  Resize(k_, T, kv_dim);
-  Resize(v_, T, kv_dim);
-  Resize(attn_, T, q_dim);
-
-  float* const q_out = gated ? q_raw_.data() : q_.data();
-  // q, k and v in one pass over the threads, the input rounded once.
-  const kernels::LinearProduct qkv[] = {
-      {.x = ctx.h.data(), .b = T, .w = L.q.view(), .y = q_out},
-      {.x = ctx.h.data(), .b = T, .w = L.k.view(), .y = k_.data()},
-      {.x = ctx.h.data(), .b = T, .w = L.v.view(), .y = v_.data()}};
-  ctx.LinearGroup(qkv);
-  AddBias(*ctx.ops, L.q_bias, T, q_out);
-  AddBias(*ctx.ops, L.k_bias, T, k_.data());
-  AddBias(*ctx.ops, L.v_bias, T, v_.data());
-  if (gated) {  // each head's q, then its gate
-    Resize(gate_, T, q_dim);
-    ctx.ops->gather_rows(q_raw_.data(), 2 * head_dim, nullptr, T * heads, head_dim, q_.data(),
-                         head_dim);
-    ctx.ops->gather_rows(q_raw_.data() + head_dim, 2 * head_dim, nullptr, T * heads, head_dim,
-                         gate_.data(), head_dim);
-  }
-  if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
-    ctx.ops->rms_norm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
-    ctx.ops->rms_norm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
-  }
-  ctx.ops->rope(q_.data(), T, heads, head_dim, rotary_dim, ctx.positions.data(), theta);
-  ctx.ops->rope(k_.data(), T, kv_heads, head_dim, rotary_dim, ctx.positions.data(), theta);
-  // Each sequence's keys and values into its blocks.
-  for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
-    const int first = ctx.row_begin[seq];
-    ctx.ops->kv_store(pool_->Writer(kv_layer, ctx.batch[seq].block_table->blocks().data()),
-                      ctx.row_begin[seq + 1] - first, ctx.positions.data() + first,
-                      Row(k_, first, kv_dim), Row(v_, first, kv_dim));
-  }
-  // Every token's K/V is in the cache before any query reads it (causal within a chunk). The
-  // queries form units: a run of consecutive tokens of one sequence (a prompt's chunk) in blocks
-  // of kQueryBlock, which causal_attention computes reading each key and value once per block,
-  // and every other token alone. Work items are (unit, part of its context), every KV head at
-  // once so that each slot is read in order: a context splits into parts only when there are
-  // fewer units than twice the threads, each part at least kMinAttentionPart positions, so that
-  // a long context at a small batch still spreads over every thread (flash-decoding); parts
-  // merge by their log-sum-exps. Items spread over the kernel threads in shares of at least
-  // kMinAttentionWork multiply-adds.
+  const int T = ctx.tokens();
   const auto attention_start = std::chrono::steady_clock::now();
   const int threads = k::DefaultThreadPool().num_threads();
   // Bytes one position of one KV head occupies in K (or V): values, and int8's scale.
   const int64_t kv_position_bytes =
-      static_cast<int64_t>(kernels::KvBlockBytes(pool_->dtype(), 1, 1, head_dim));
+      static_cast<int64_t>(kernels::KvBlockBytes(pool.dtype(), 1, 1, head_dim));
   units_.clear();
   for (int t = 0; t < T;) {
     int m = 1;
@@ -130,7 +69,8 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
       part_rows += int64_t{parts} * unit.count;
     }
     attention_work += int64_t{2} * context * q_dim * unit.count;
-    ctx.stats.kv_bytes += int64_t{2} * context * kv_heads * kv_position_bytes;
+    ctx.stats.kv_bytes +=
+        int64_t{kv_config.pools_per_layer()} * context * kv_heads * kv_position_bytes;
   }
   const int64_t items = attention_parts_[U];
   part_out_.resize(static_cast<size_t>(part_rows) * q_dim);
@@ -147,11 +87,12 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
       const int first_position = ctx.positions[unit.first];
       const int context = first_position + unit.count;
       const kernels::PagedKv kv =
-          pool_->View(kv_layer, ctx.batch[ctx.seqs[unit.first]].block_table->blocks().data());
-      const float* q = Row(q_, unit.first, q_dim);
-      // The whole context into attn_, or this part's outputs and log-sum-exps into its rows.
+          pool.View(kv_layer, ctx.batch[ctx.seqs[unit.first]].block_table->blocks().data());
+      const float* q = q_all + static_cast<int64_t>(unit.first) * q_dim;
+      // The whole context into attn, or this part's outputs and log-sum-exps into its rows.
       const int64_t row = unit.part_row + int64_t{part} * unit.count;
-      float* out = parts == 1 ? Row(attn_, unit.first, q_dim) : Row(part_out_, row, q_dim);
+      float* out =
+          parts == 1 ? attn + static_cast<int64_t>(unit.first) * q_dim : Row(part_out_, row, q_dim);
       float* lse = parts == 1 ? nullptr : Row(part_lse_, row, heads);
       const int begin = static_cast<int>(int64_t{context} * part / parts);
       const int end = static_cast<int>(int64_t{context} * (part + 1) / parts);
@@ -176,13 +117,78 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
           merge_out_[p] = Row(part_out_, row, q_dim) + h * head_dim;
           merge_lse_[p] = part_lse_[row * heads + h];
         }
-        ctx.ops->merge_attention(merge_out_.data(), merge_lse_.data(), parts, head_dim,
-                                 Row(attn_, unit.first + i, q_dim) + h * head_dim);
+        ctx.ops->merge_attention(
+            merge_out_.data(), merge_lse_.data(), parts, head_dim,
+            attn + static_cast<int64_t>(unit.first + i) * q_dim + h * head_dim);
       }
     }
   }
   ctx.stats.attention_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
+}
+
+AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool,
+                               std::vector<int> kv_layers)
+    : pool_(pool),
+      cache_{CacheSpec::Kind::kPagedKv, static_cast<int>(config.num_key_value_heads),
+             static_cast<int>(config.head_dim)},
+      kv_layers_(std::move(kv_layers)),
+      rope_freq_(config.RopeFrequencies()) {}
+
+absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
+  const model::ModelConfig& c = ctx.w.config;
+  const AttentionWeights& L = ctx.w.layers[l].attention;
+  const int T = ctx.tokens();
+  const int heads = static_cast<int>(c.num_attention_heads);
+  const int kv_heads = static_cast<int>(c.num_key_value_heads);
+  const int head_dim = static_cast<int>(c.head_dim);
+  const int q_dim = heads * head_dim;
+  const int kv_dim = kv_heads * head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const bool gated = c.attention_output_gate;
+  const int q_rows = gated ? 2 * q_dim : q_dim;  // [q | gate] per head when gated
+  const kernels::RopeSpec rope{rope_freq_.data(), static_cast<int>(c.rotary_dim),
+                               c.rope_interleaved};
+  const int kv_layer = kv_layers_[l];
+  Resize(q_raw_, T, q_rows);
+  Resize(q_, T, q_dim);
+  Resize(k_, T, kv_dim);
+  Resize(v_, T, kv_dim);
+  Resize(attn_, T, q_dim);
+
+  float* const q_out = gated ? q_raw_.data() : q_.data();
+  // q, k and v in one pass over the threads, the input rounded once.
+  const kernels::LinearProduct qkv[] = {
+      {.x = ctx.h.data(), .b = T, .w = L.q.view(), .y = q_out},
+      {.x = ctx.h.data(), .b = T, .w = L.k.view(), .y = k_.data()},
+      {.x = ctx.h.data(), .b = T, .w = L.v.view(), .y = v_.data()}};
+  ctx.LinearGroup(qkv);
+  AddBias(*ctx.ops, L.q_bias, T, q_out);
+  AddBias(*ctx.ops, L.k_bias, T, k_.data());
+  AddBias(*ctx.ops, L.v_bias, T, v_.data());
+  if (gated) {  // each head's q, then its gate
+    Resize(gate_, T, q_dim);
+    ctx.ops->gather_rows(q_raw_.data(), 2 * head_dim, nullptr, T * heads, head_dim, q_.data(),
+                         head_dim);
+    ctx.ops->gather_rows(q_raw_.data() + head_dim, 2 * head_dim, nullptr, T * heads, head_dim,
+                         gate_.data(), head_dim);
+  }
+  if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
+    ctx.ops->rms_norm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
+    ctx.ops->rms_norm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
+  }
+  ctx.ops->rope(q_.data(), T, heads, head_dim, rope, ctx.positions.data());
+  ctx.ops->rope(k_.data(), T, kv_heads, head_dim, rope, ctx.positions.data());
+  // Each sequence's keys and values into its blocks.
+  for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
+    const int first = ctx.row_begin[seq];
+    ctx.ops->kv_store(pool_->Writer(kv_layer, ctx.batch[seq].block_table->blocks().data()),
+                      ctx.row_begin[seq + 1] - first, ctx.positions.data() + first,
+                      Row(k_, first, kv_dim), Row(v_, first, kv_dim));
+  }
+  // Every token's K/V is in the cache before any query reads it (causal within a chunk).
+  attend_.Run(ctx, *pool_, kv_layer, q_.data(), heads, scale, attn_.data());
   if (gated) {
     ctx.ops->sigmoid(gate_.data(), T * q_dim);
     ctx.ops->mul(gate_.data(), T * q_dim, attn_.data());

@@ -2,10 +2,10 @@
 // set from the config: q/k/v and output biases, per-head q/k RMSNorm before RoPE (Qwen3-MoE),
 // RoPE over the first rotary_dim of each head, and an output gate (Qwen3.5: q_proj emits
 // [q | gate] per head; the attention output is scaled by sigmoid(gate) before o_proj).
-// A step's tokens project to q, k and v (one stacked product where the rows fill panels), get
-// RoPE at their positions, store K and V into their sequences' blocks, then attend over the
-// cache: a prompt's chunk in blocks of queries (causal_attention), other tokens alone
-// (paged_attention), long contexts split over threads and merged by their log-sum-exps.
+// A step's tokens project to q, k and v (one group of products), get RoPE at their positions,
+// store K and V into their sequences' blocks, then attend over the cache (CachedAttention: a
+// prompt's chunk in blocks of queries, other tokens alone, long contexts split over threads and
+// merged by their log-sum-exps).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,40 @@
 #include "common/engine/layers/block.h"
 
 namespace tandem::engine {
+
+// Attention of a step's queries over their sequences' cached keys and values, scheduled over
+// the threads: the part AttentionBlock and LatentAttentionBlock share. The queries form units:
+// a run of consecutive tokens of one sequence (a prompt's chunk) in blocks of up to 16, which
+// causal_attention computes reading each key and value once per block, and every other token
+// alone (paged_attention). Work items are (unit, part of its context), every KV head at once so
+// that each slot is read in order: a context splits into parts only when there are fewer units
+// than twice the threads, each part at least 512 positions, so that a long context at a small
+// batch still spreads over every thread (flash-decoding); parts merge by their log-sum-exps.
+class CachedAttention {
+ public:
+  // out (tokens, heads, head_dim) = attention of q (tokens, heads, head_dim) over layer
+  // `kv_layer` of `pool` (kv_heads heads of head_dim), every token's keys and values already
+  // stored; counts its time and KV bytes in ctx.stats.
+  void Run(StepContext& ctx, const KvBlockPool& pool, int kv_layer, const float* q, int heads,
+           float scale, float* out);
+
+ private:
+  // A unit of attention work: `count` consecutive tokens of one sequence from row `first`, and
+  // where its parts' rows start in part_out_ when its context is split.
+  struct AttentionUnit {
+    int first;
+    int count;
+    int64_t part_row;
+  };
+
+  std::vector<AttentionUnit> units_;
+  // (units + 1) prefix sums of each unit's parts; the parts' outputs (row, heads, head_dim) and
+  // log-sum-exps (row, heads).
+  std::vector<int64_t> attention_parts_;
+  std::vector<float> part_out_, part_lse_;
+  std::vector<const float*> merge_out_;
+  std::vector<float> merge_lse_;
+};
 
 class AttentionBlock : public Block {
  public:
@@ -26,27 +60,14 @@ class AttentionBlock : public Block {
   CacheSpec cache() const override { return cache_; }
 
  private:
-  // A unit of attention work: `count` consecutive tokens of one sequence from row `first`, and
-  // where its parts' rows start in part_out_ when its context is split.
-  struct AttentionUnit {
-    int first;
-    int count;
-    int64_t part_row;
-  };
-
   KvBlockPool* const pool_;
   const CacheSpec cache_;
   const std::vector<int> kv_layers_;
+  const std::vector<float> rope_freq_;  // (rotary_dim / 2,)
   // Buffers reused across steps (sized by the largest step so far); q_raw_ holds q_proj's
   // [q | gate] rows where the attention has an output gate.
   std::vector<float> q_raw_, q_, gate_, k_, v_, attn_;
-  std::vector<AttentionUnit> units_;
-  // (units + 1) prefix sums of each unit's parts; the parts' outputs (row, heads, head_dim) and
-  // log-sum-exps (row, heads).
-  std::vector<int64_t> attention_parts_;
-  std::vector<float> part_out_, part_lse_;
-  std::vector<const float*> merge_out_;
-  std::vector<float> merge_lse_;
+  CachedAttention attend_;
 };
 
 }  // namespace tandem::engine

@@ -36,6 +36,7 @@ struct CacheSpec {
   int kv_heads = 0;         // kPagedKv
   int head_dim = 0;         // kPagedKv
   int64_t state_bytes = 0;  // kState: the layer's share of its sequence's state slot
+  bool keys_only = false;   // kPagedKv: values are the keys' first values (latent attention)
 };
 
 class StepContext {

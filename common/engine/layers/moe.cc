@@ -70,8 +70,16 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
         mask_bias_[e] = mask->retained[l][e] ? 0.0f : -std::numeric_limits<float>::infinity();
       }
     }
-    ctx.ops->route(Row(router_logits_, first, num_experts), n, num_experts,
-                   masked ? mask_bias_.data() : nullptr, top_k, c.norm_topk_prob,
+    kernels::RouteSpec spec{.k = top_k, .renormalize = c.norm_topk_prob};
+    spec.mask = masked ? mask_bias_.data() : nullptr;
+    spec.sigmoid = c.router.sigmoid;
+    spec.selection_bias =
+        c.router.selection_bias ? ctx.w.layers[l].moe.router_bias.data() : nullptr;
+    spec.groups = static_cast<int>(c.router.groups);
+    spec.top_groups = static_cast<int>(c.router.top_groups);
+    spec.group_top_two = c.router.group_top_two;
+    spec.scaling = static_cast<float>(c.router.scaling);
+    ctx.ops->route(Row(router_logits_, first, num_experts), n, num_experts, spec,
                    &chosen_[static_cast<size_t>(first) * top_k],
                    &chosen_w_[static_cast<size_t>(first) * top_k]);
     s = end;

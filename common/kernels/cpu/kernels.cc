@@ -125,19 +125,20 @@ void RunLinearGroup(const LinearProduct* products, int n, const LinearKernel& ke
       });
 }
 
-void RopeSharedAngles(float* x, int heads, int head_dim, int pos, float theta) {
-  const int half = head_dim / 2;
+void RopeSharedAngles(float* x, int heads, int head_dim, int pos, const RopeSpec& rope) {
+  const int half = rope.rotary_dim / 2;
   for (int i = 0; i < half; ++i) {
-    const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / head_dim);
-    const float angle = static_cast<float>(pos) * inv_freq;
+    const float angle = static_cast<float>(pos) * rope.inv_freq[i];
     const float c = std::cos(angle);
     const float s = std::sin(angle);
+    const int a = rope.interleaved ? 2 * i : i;
+    const int b = rope.interleaved ? 2 * i + 1 : i + half;
     for (int64_t h = 0; h < heads; ++h) {
       float* head = x + h * head_dim;
-      const float x1 = head[i];
-      const float x2 = head[i + half];
-      head[i] = x1 * c - x2 * s;
-      head[i + half] = x2 * c + x1 * s;
+      const float x1 = head[a];
+      const float x2 = head[b];
+      head[a] = x1 * c - x2 * s;
+      head[b] = x2 * c + x1 * s;
     }
   }
 }
@@ -353,7 +354,8 @@ void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float
 }
 
 void Rope(float* x, int heads, int head_dim, int pos, float theta) {
-  internal::Kernels().rope(x, 1, heads, head_dim, head_dim, &pos, theta);
+  const std::vector<float> inv_freq = DefaultRopeFrequencies(theta, head_dim);
+  internal::Kernels().rope(x, 1, heads, head_dim, {inv_freq.data(), head_dim}, &pos);
 }
 
 void Softmax(float* x, int n) { internal::Kernels().softmax(x, n); }

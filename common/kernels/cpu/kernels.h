@@ -113,7 +113,8 @@ namespace reference {
 // The product over W's dequantized elements (PackedElement), summed in double.
 void Linear(const float* x, int b, const PackedMatrix& w, float* y);
 void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out);
-void Rope(float* x, int heads, int head_dim, int pos, float theta);
+// The first rope.rotary_dim of each of x's `heads` heads (head_dim apart) rotated at `pos`.
+void Rope(float* x, int heads, int head_dim, int pos, const RopeSpec& rope);
 void Softmax(float* x, int n);
 double LogSumExp(const float* x, int n);
 void TopK(const float* x, int n, int k, int32_t* out);

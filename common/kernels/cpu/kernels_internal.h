@@ -2,9 +2,12 @@
 // and helpers they share.
 #pragma once
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "common/kernels/backend.h"
@@ -47,16 +50,10 @@ void KvStore(const PagedKvOut& kv, int rows, const int32_t* positions, const flo
 
 // Backend::rope over a level's rotation of one token (x (heads, head_dim) at `pos`).
 template <auto RopeToken>
-void RopeRows(float* x, int rows, int heads, int head_dim, int rotary_dim, const int32_t* positions,
-              float theta) {
+void RopeRows(float* x, int rows, int heads, int head_dim, const RopeSpec& rope,
+              const int32_t* positions) {
   for (int r = 0; r < rows; ++r) {
-    float* row = x + static_cast<int64_t>(r) * heads * head_dim;
-    if (rotary_dim == head_dim) {
-      RopeToken(row, heads, head_dim, positions[r], theta);
-      continue;
-    }
-    for (int h = 0; h < heads; ++h)
-      RopeToken(row + h * head_dim, 1, rotary_dim, positions[r], theta);
+    RopeToken(x + static_cast<int64_t>(r) * heads * head_dim, heads, head_dim, positions[r], rope);
   }
 }
 
@@ -76,23 +73,69 @@ void AddRows(const float* x, int rows, int n, const float* scales, const int32_t
 
 // Backend::route over a level's softmax and top_k.
 template <auto SoftmaxFn, auto TopKFn>
-void Route(float* logits, int rows, int n, const float* bias, int k, bool renormalize,
-           int32_t* experts, float* weights) {
+void Route(float* logits, int rows, int n, const RouteSpec& spec, int32_t* experts,
+           float* weights) {
+  const int k = spec.k;
+  const bool grouped = spec.groups > 1;
+  const bool choose_apart = spec.selection_bias != nullptr || grouped;
+  thread_local std::vector<float> choice, group_score;
+  thread_local std::vector<int32_t> best_groups;
+  if (choose_apart) choice.resize(n);
   for (int r = 0; r < rows; ++r) {
     float* p = logits + static_cast<int64_t>(r) * n;
-    if (bias != nullptr) {
-      for (int e = 0; e < n; ++e) p[e] += bias[e];
+    if (spec.mask != nullptr) {
+      for (int e = 0; e < n; ++e) p[e] += spec.mask[e];
     }
-    SoftmaxFn(p, n);
+    if (spec.sigmoid) {
+      Sigmoid(p, n);
+    } else {
+      SoftmaxFn(p, n);
+    }
     int32_t* chosen = experts + static_cast<int64_t>(r) * k;
     float* w = weights + static_cast<int64_t>(r) * k;
-    TopKFn(p, n, k, chosen);
+    if (!choose_apart) {
+      TopKFn(p, n, k, chosen);
+    } else {
+      for (int e = 0; e < n; ++e) {
+        choice[e] = p[e] + (spec.selection_bias != nullptr ? spec.selection_bias[e] : 0.0f);
+      }
+      if (grouped) {
+        const int per_group = n / spec.groups;
+        group_score.resize(spec.groups);
+        best_groups.resize(spec.top_groups);
+        for (int g = 0; g < spec.groups; ++g) {
+          const float* c = choice.data() + static_cast<int64_t>(g) * per_group;
+          float first = -std::numeric_limits<float>::infinity(), second = first;
+          for (int e = 0; e < per_group; ++e) {
+            if (c[e] > first) {
+              second = first;
+              first = c[e];
+            } else if (c[e] > second) {
+              second = c[e];
+            }
+          }
+          group_score[g] = spec.group_top_two ? first + second : first;
+        }
+        TopKFn(group_score.data(), spec.groups, spec.top_groups, best_groups.data());
+        for (int g = 0; g < spec.groups; ++g) {
+          if (std::find(best_groups.begin(), best_groups.end(), g) != best_groups.end()) continue;
+          std::fill_n(choice.data() + static_cast<int64_t>(g) * per_group, per_group, 0.0f);
+        }
+      }
+      if (spec.mask != nullptr) {  // an expert the plan drops is never chosen
+        for (int e = 0; e < n; ++e) {
+          if (std::isinf(spec.mask[e])) choice[e] = -std::numeric_limits<float>::infinity();
+        }
+      }
+      TopKFn(choice.data(), n, k, chosen);
+    }
     float mass = 1.0f;
-    if (renormalize) {
+    if (spec.renormalize) {
       mass = 0;
       for (int j = 0; j < k; ++j) mass += p[chosen[j]];
+      if (!(mass > 0)) mass = 1.0f;
     }
-    for (int j = 0; j < k; ++j) w[j] = p[chosen[j]] / mass;
+    for (int j = 0; j < k; ++j) w[j] = p[chosen[j]] / mass * spec.scaling;
   }
 }
 
@@ -177,7 +220,7 @@ extern const LinearKernel kAmxEmulatedLinear;
 
 // Rope for the fast paths: the reference's arithmetic, with each angle's sine and cosine
 // computed once for all heads rather than once per head. Results equal the reference's.
-void RopeSharedAngles(float* x, int heads, int head_dim, int pos, float theta);
+void RopeSharedAngles(float* x, int heads, int head_dim, int pos, const RopeSpec& rope);
 
 // TopK's bookkeeping, shared by every ISA: `best` (k,) holds indices of x, largest first and
 // the lower index first among equal values; index t (after every index in best) enters when

@@ -41,21 +41,21 @@ void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float
   }
 }
 
-// x (heads, head_dim) rotated in place; pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim).
-// Angles are computed in float32, as Hugging Face does.
-void Rope(float* x, int heads, int head_dim, int pos, float theta) {
-  const int half = head_dim / 2;
+// The first rope.rotary_dim of each of x's heads (head_dim apart) rotated in place at `pos`.
+void Rope(float* x, int heads, int head_dim, int pos, const RopeSpec& rope) {
+  const int half = rope.rotary_dim / 2;
   for (int h = 0; h < heads; ++h) {
-    float* head = x + h * head_dim;
+    float* head = x + static_cast<int64_t>(h) * head_dim;
     for (int i = 0; i < half; ++i) {
-      const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / head_dim);
-      const float angle = static_cast<float>(pos) * inv_freq;
+      const float angle = static_cast<float>(pos) * rope.inv_freq[i];
       const float c = std::cos(angle);
       const float s = std::sin(angle);
-      const float x1 = head[i];
-      const float x2 = head[i + half];
-      head[i] = x1 * c - x2 * s;
-      head[i + half] = x2 * c + x1 * s;
+      const int a = rope.interleaved ? 2 * i : i;
+      const int b = rope.interleaved ? 2 * i + 1 : i + half;
+      const float x1 = head[a];
+      const float x2 = head[b];
+      head[a] = x1 * c - x2 * s;
+      head[b] = x2 * c + x1 * s;
     }
   }
 }

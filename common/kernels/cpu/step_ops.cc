@@ -75,6 +75,7 @@ void KvStore(const PagedKvOut& kv, int rows, const int32_t* positions, const flo
     const int offset = position % kv.block_size;
     StoreKvToken(k + r * row, kv.dtype, kv.block_size, kv.num_kv_heads, kv.head_dim, offset,
                  kv.k + block * kv.block_bytes);
+    if (kv.v == kv.k) continue;  // keys only: the values are the keys' first values
     StoreKvToken(v + r * row, kv.dtype, kv.block_size, kv.num_kv_heads, kv.head_dim, offset,
                  kv.v + block * kv.block_bytes);
   }

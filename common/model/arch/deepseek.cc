@@ -5,8 +5,6 @@
 // moe_intermediate_size (mlp.shared_experts) and added without a gate; layer l is MoE iff
 // l >= first_k_dense_replace and l % moe_layer_freq == 0, else a dense MLP of
 // intermediate_size; plain attention with attention_bias on q, k, v and o (default false).
-#include <vector>
-
 #include "absl/strings/str_cat.h"
 #include "common/model/arch/recipes.h"
 #include "common/util/status.h"
@@ -23,23 +21,7 @@ absl::Status Recipe(const ConfigReader& json, ModelConfig* c) {
   RETURN_IF_ERROR(arch::NormTopkProb(json, /*fallback=*/false, c));
   RETURN_IF_ERROR(arch::AttentionBias(json, "attention_bias", /*fallback=*/false,
                                       /*covers_output=*/true, c));
-  ASSIGN_OR_RETURN(int64_t shared, json.OptionalInt("n_shared_experts", 0));
-  if (shared < 0) return FieldError("n_shared_experts", "must not be negative");
-  if (shared > 0) {
-    ASSIGN_OR_RETURN(c->shared_expert_intermediate_size,
-                     ConfigReader::CheckSize("n_shared_experts", shared * c->intermediate_size));
-  }
-  c->shared_expert_gated = false;
-  ASSIGN_OR_RETURN(int64_t first_dense, json.OptionalInt("first_k_dense_replace", 0));
-  if (first_dense < 0) return FieldError("first_k_dense_replace", "must not be negative");
-  ASSIGN_OR_RETURN(int64_t frequency, json.OptionalInt("moe_layer_freq", 1));
-  if (frequency < 1) return FieldError("moe_layer_freq", "must be at least 1");
-  arch::SparseLayers layers{std::vector<bool>(c->num_hidden_layers),
-                            first_dense > 0 ? "first_k_dense_replace" : "moe_layer_freq"};
-  for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
-    layers.sparse[l] = l >= first_dense && l % frequency == 0;
-  }
-  return arch::SetDenseLayers(json, layers, "intermediate_size", c);
+  return arch::DeepseekLayers(json, c);
 }
 
 constexpr ArchitectureSpec kDeepseek{
@@ -50,12 +32,9 @@ constexpr ArchitectureSpec kDeepseek{
     .default_rms_norm_eps = 1e-6,
     .default_use_sliding_window = false,
     .tensor_names = arch::TensorNames(
-        {arch::kDecoderNames, arch::kQkvBiasNames, arch::kMlpNames},
+        {arch::kDecoderNames, arch::kQkvBiasNames, arch::kMlpNames, arch::kDeepseekSharedNames},
         {
             {TensorKind::kAttnOutBias, "model.layers.{layer}.self_attn.o_proj.bias"},
-            {TensorKind::kSharedGate, "model.layers.{layer}.mlp.shared_experts.gate_proj.weight"},
-            {TensorKind::kSharedUp, "model.layers.{layer}.mlp.shared_experts.up_proj.weight"},
-            {TensorKind::kSharedDown, "model.layers.{layer}.mlp.shared_experts.down_proj.weight"},
         }),
     .recipe = Recipe,
 };

@@ -1,6 +1,7 @@
 #include "common/model/arch/recipes.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,83 @@ absl::Status NoDenseLayers(const ConfigReader& json, ModelConfig* c) {
   ASSIGN_OR_RETURN(SparseLayers layers, QwenSparseLayers(json, *c));
   // Without a dense width SetDenseLayers changes nothing: it accepts all-sparse or refuses.
   return SetDenseLayers(json, layers, /*dense_width_key=*/"", c);
+}
+
+absl::Status DeepseekLayers(const ConfigReader& json, ModelConfig* c) {
+  ASSIGN_OR_RETURN(int64_t shared, json.OptionalInt("n_shared_experts", 0));
+  if (shared < 0) return FieldError("n_shared_experts", "must not be negative");
+  if (shared > 0) {
+    ASSIGN_OR_RETURN(c->shared_expert_intermediate_size,
+                     ConfigReader::CheckSize("n_shared_experts", shared * c->intermediate_size));
+  }
+  c->shared_expert_gated = false;
+  ASSIGN_OR_RETURN(int64_t first_dense, json.OptionalInt("first_k_dense_replace", 0));
+  if (first_dense < 0) return FieldError("first_k_dense_replace", "must not be negative");
+  ASSIGN_OR_RETURN(int64_t frequency, json.OptionalInt("moe_layer_freq", 1));
+  if (frequency < 1) return FieldError("moe_layer_freq", "must be at least 1");
+  SparseLayers layers{std::vector<bool>(c->num_hidden_layers),
+                      first_dense > 0 ? "first_k_dense_replace" : "moe_layer_freq"};
+  for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+    layers.sparse[l] = l >= first_dense && l % frequency == 0;
+  }
+  return SetDenseLayers(json, layers, "intermediate_size", c);
+}
+
+absl::Status LatentAttention(const ConfigReader& json, ModelConfig* c) {
+  LatentAttentionConfig& m = c->mla;
+  // Hugging Face's DeepseekV2Config / DeepseekV3Config defaults.
+  m.q_lora_rank = 1536;
+  if (json.Contains("q_lora_rank")) {
+    ASSIGN_OR_RETURN(m.q_lora_rank, json.OptionalInt("q_lora_rank", 0));  // null: none
+    if (m.q_lora_rank < 0) return FieldError("q_lora_rank", "must not be negative");
+  }
+  auto size = [&](std::string_view key, int64_t fallback) -> absl::StatusOr<int64_t> {
+    ASSIGN_OR_RETURN(int64_t v, json.OptionalInt(key, fallback));
+    return ConfigReader::CheckSize(key, v, int64_t{1} << 16);
+  };
+  ASSIGN_OR_RETURN(m.kv_lora_rank, size("kv_lora_rank", 512));
+  ASSIGN_OR_RETURN(m.qk_nope_head_dim, size("qk_nope_head_dim", 128));
+  ASSIGN_OR_RETURN(m.qk_rope_head_dim, size("qk_rope_head_dim", 64));
+  ASSIGN_OR_RETURN(m.v_head_dim, size("v_head_dim", 128));
+  if (m.q_lora_rank > (int64_t{1} << 16)) return FieldError("q_lora_rank", "is too large");
+  if (m.qk_rope_head_dim % 2 != 0) return FieldError("qk_rope_head_dim", "must be even");
+  ASSIGN_OR_RETURN(bool bias, json.OptionalBool("attention_bias", false));
+  if (bias) {
+    return FieldError("attention_bias", absl::StrCat("is not supported for ", Sv(c->model_type()),
+                                                     " (must be false)"));
+  }
+  // Hugging Face sets num_key_value_heads to the heads: every head reads the same latent.
+  c->head_dim = m.qk_head_dim();
+  c->rotary_dim = m.qk_rope_head_dim;
+  c->rope_interleaved = true;
+  if (c->num_attention_heads * std::max(c->head_dim, m.v_head_dim) > kMaxDim) {
+    return FieldError("num_attention_heads", "times the head dims is too large");
+  }
+  if (c->layer_specs.empty()) c->layer_specs.assign(c->num_hidden_layers, LayerSpec{});
+  for (LayerSpec& spec : c->layer_specs) spec.mixer = MixerKind::kLatentAttention;
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekGroups(const ConfigReader& json, ModelConfig* c) {
+  ASSIGN_OR_RETURN(c->router.scaling, json.OptionalDouble("routed_scaling_factor", 1.0));
+  if (!(c->router.scaling > 0) || !std::isfinite(c->router.scaling)) {
+    return FieldError("routed_scaling_factor", "must be a positive number");
+  }
+  ASSIGN_OR_RETURN(c->router.groups, json.OptionalInt("n_group", 1));
+  ASSIGN_OR_RETURN(c->router.top_groups, json.OptionalInt("topk_group", 1));
+  const RouterConfig& r = c->router;
+  if (r.groups < 1 || c->num_local_experts % r.groups != 0) {
+    return FieldError("n_group", absl::StrCat("(", r.groups, ") must divide the ",
+                                              c->num_local_experts, " routed experts"));
+  }
+  if (r.top_groups < 1 || r.top_groups > r.groups) {
+    return FieldError("topk_group",
+                      absl::StrCat("(", r.top_groups, ") must lie in [1, n_group=", r.groups, "]"));
+  }
+  if (r.top_groups * (c->num_local_experts / r.groups) < c->num_experts_per_tok) {
+    return FieldError("topk_group", "leaves fewer experts than num_experts_per_tok to choose from");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::model::arch

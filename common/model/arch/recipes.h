@@ -67,6 +67,22 @@ inline constexpr NamedTensor kMlpNames[] = {
     {TensorKind::kDenseDown, "model.layers.{layer}.mlp.down_proj.weight"},
 };
 
+// Multi-head latent attention's tensors (DeepSeek-V2/V3).
+inline constexpr NamedTensor kLatentAttentionNames[] = {
+    {TensorKind::kAttnQA, "model.layers.{layer}.self_attn.q_a_proj.weight"},
+    {TensorKind::kAttnQANorm, "model.layers.{layer}.self_attn.q_a_layernorm.weight"},
+    {TensorKind::kAttnQB, "model.layers.{layer}.self_attn.q_b_proj.weight"},
+    {TensorKind::kAttnKvA, "model.layers.{layer}.self_attn.kv_a_proj_with_mqa.weight"},
+    {TensorKind::kAttnKvANorm, "model.layers.{layer}.self_attn.kv_a_layernorm.weight"},
+    {TensorKind::kAttnKvB, "model.layers.{layer}.self_attn.kv_b_proj.weight"},
+};
+// DeepSeek's shared experts, one MLP (mlp.shared_experts).
+inline constexpr NamedTensor kDeepseekSharedNames[] = {
+    {TensorKind::kSharedGate, "model.layers.{layer}.mlp.shared_experts.gate_proj.weight"},
+    {TensorKind::kSharedUp, "model.layers.{layer}.mlp.shared_experts.up_proj.weight"},
+    {TensorKind::kSharedDown, "model.layers.{layer}.mlp.shared_experts.down_proj.weight"},
+};
+
 // norm_topk_prob from `key`, `fallback` when absent.
 absl::Status NormTopkProb(const ConfigReader& json, bool fallback, ModelConfig* c);
 
@@ -98,6 +114,22 @@ absl::StatusOr<SparseLayers> QwenSparseLayers(const ConfigReader& json, const Mo
 // MoE) or if the architecture has no dense layers (`dense_width_key` empty).
 absl::Status SetDenseLayers(const ConfigReader& json, const SparseLayers& layers,
                             std::string_view dense_width_key, ModelConfig* c);
+
+// DeepSeek's MoE layout (deepseek, deepseek_v2, deepseek_v3): n_shared_experts always-on
+// experts stored as one MLP of n_shared_experts * the expert width, added without a gate; layer
+// l an MoE iff l >= first_k_dense_replace and l % moe_layer_freq == 0, else a dense MLP of
+// intermediate_size.
+absl::Status DeepseekLayers(const ConfigReader& json, ModelConfig* c);
+
+// Multi-head latent attention in every layer (DeepSeek-V2/V3), Hugging Face's defaults where a
+// key is absent: q_lora_rank (null: q_proj reads the hidden state), kv_lora_rank,
+// qk_nope_head_dim, qk_rope_head_dim (the rotary share, pairs interleaved), v_head_dim;
+// rope_scaling's mscale_all_dim in the softmax scale. attention_bias is refused.
+absl::Status LatentAttention(const ConfigReader& json, ModelConfig* c);
+
+// DeepSeek's routed_scaling_factor (default 1) and, for group-limited choice, n_group and
+// topk_group (both 1 when absent), which must split the experts evenly.
+absl::Status DeepseekGroups(const ConfigReader& json, ModelConfig* c);
 
 // Refuses decoder_sparse_step / mlp_only_layers that would make a dense layer (every layer an
 // MoE).

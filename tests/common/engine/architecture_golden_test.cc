@@ -6,7 +6,10 @@
 // shared experts, first_k_dense_replace / moe_layer_freq dense layers and attention bias, and
 // Qwen3.5-MoE's hybrid of Gated DeltaNet and gated attention (partial rotary, zero-centred
 // norms, stacked experts, the published layout and the text-only one), whose chunked prefill
-// and token-by-token decode carry the DeltaNet's state from step to step. Logits of
+// and token-by-token decode carry the DeltaNet's state from step to step, and DeepSeek-V2/V3's
+// multi-head latent attention (absorbed, over a cache of the latent and the rotary key; YaRN;
+// with and without the query's low-rank step) and routers (group-limited softmax, scaled;
+// sigmoid chosen with a selection bias within groups, renormalised and scaled). Logits of
 // the whole sequence, then of a chunked prefill and token-by-token decode through the paged KV
 // cache, and the router's choices and weights.
 #include <gtest/gtest.h>
@@ -204,7 +207,9 @@ INSTANTIATE_TEST_SUITE_P(RandomCheckpoints, ArchitectureGoldenTest,
                          ::testing::Values("qwen3_moe_norm_dense_tied", "qwen3_moe_step2_bias",
                                            "qwen2_moe_shared", "qwen2_moe_norm_tied", "mixtral",
                                            "deepseek_dense_shared", "deepseek_freq2_bias_tied",
-                                           "qwen3_5_moe_hybrid", "qwen3_5_moe_text_tied"));
+                                           "qwen3_5_moe_hybrid", "qwen3_5_moe_text_tied",
+                                           "deepseek_v2_latent_yarn",
+                                           "deepseek_v3_sigmoid_groups"));
 
 }  // namespace
 }  // namespace tandem::engine

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -199,6 +201,146 @@ TEST(ModelConfigTest, ParsesPublishedDeepseekMoe16B) {
   j = Json::parse(kDeepseekMoe16B);
   j.erase("n_routed_experts");  // a dense model
   ExpectInvalid(j, {"n_routed_experts", "missing"});
+}
+
+// deepseek-ai/DeepSeek-V2-Lite's config.json as published, less its auto_map.
+constexpr char kDeepseekV2Lite[] = R"({
+  "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": false,
+  "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 100000,
+  "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944,
+  "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+  "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+  "n_shared_experts": 2, "norm_topk_prob": false, "num_attention_heads": 16,
+  "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+  "pretraining_tp": 1, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                   "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                   "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+  "seq_aux": true, "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy",
+  "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": true,
+  "v_head_dim": 128, "vocab_size": 102400})";
+
+// deepseek-ai/DeepSeek-V3's config.json as published, less its auto_map: FP8 weights.
+constexpr char kDeepseekV3[] = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false,
+  "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1,
+  "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+  "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+  "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+  "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+  "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128,
+  "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+  "num_nextn_predict_layers": 1, "pretraining_tp": 1, "q_lora_rank": 1536,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                          "quant_method": "fp8", "weight_block_size": [128, 128]},
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                   "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+  "seq_aux": true, "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+  "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": true,
+  "v_head_dim": 128, "vocab_size": 129280})";
+
+TEST(ModelConfigTest, ParsesPublishedDeepseekV2LiteAndV3) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kDeepseekV2Lite);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "deepseek_v2");
+  EXPECT_EQ(c->mla.q_lora_rank, 0);  // null: q_proj
+  EXPECT_EQ(c->mla.kv_lora_rank, 512);
+  EXPECT_EQ(c->mla.cache_dim(), 576);  // what a token's cache holds a layer
+  EXPECT_EQ(c->head_dim, 192);
+  EXPECT_EQ(c->rotary_dim, 64);
+  EXPECT_TRUE(c->rope_interleaved);
+  EXPECT_EQ(c->NumLayers(MixerKind::kLatentAttention), 27);
+  EXPECT_EQ(c->NumKvLayers(), 27);
+  const ModelConfig::KvShape kv = c->kv_shape();
+  EXPECT_EQ(kv.heads, 1);
+  EXPECT_EQ(kv.head_dim, 576);
+  EXPECT_TRUE(kv.keys_only);
+  EXPECT_FALSE(c->IsSparseLayer(0));
+  EXPECT_TRUE(c->IsSparseLayer(26));
+  EXPECT_EQ(c->shared_expert_intermediate_size, 2 * 1408);
+  EXPECT_FALSE(c->router.sigmoid);
+  EXPECT_EQ(c->router.groups, 1);
+  EXPECT_EQ(c->router.scaling, 1.0);
+  EXPECT_EQ(c->rope_scaling.kind, RopeScaling::Kind::kYarn);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 4096);
+  // YaRN: the fastest pairs keep theta^(-2i/64), the slowest are divided by the factor, and
+  // the softmax scale is 1/sqrt(192) * (0.1 * 0.707 * ln 40 + 1)^2.
+  const std::vector<float> inv_freq = c->RopeFrequencies();
+  ASSERT_EQ(inv_freq.size(), 32u);
+  EXPECT_FLOAT_EQ(inv_freq[0], 1.0f);
+  EXPECT_NEAR(inv_freq[31], std::pow(10000.0f, -62.0f / 64) / 40, 1e-12);
+  const double mscale = 0.1 * 0.707 * std::log(40.0) + 1;
+  EXPECT_NEAR(c->LatentAttentionScale(), mscale * mscale / std::sqrt(192.0), 1e-12);
+  // embed + dense layer 0 (2 norms + q, kv_a, its norm, kv_b, o + 3 MLP) + 26 x (2 norms + 5
+  // attention + router + 64 x 3 + shared 3) + norm + lm_head
+  const std::vector<TensorSpec> tensors = ExpectedTensors(*c);
+  EXPECT_EQ(tensors.size(), 1u + 10 + 26 * (2 + 5 + 1 + 64 * 3 + 3) + 2u);
+  EXPECT_TRUE(std::any_of(tensors.begin(), tensors.end(), [](const TensorSpec& t) {
+    return t.name == "model.layers.3.self_attn.kv_b_proj.weight" &&
+           t.shape == std::vector<int64_t>{16 * (128 + 128), 512};
+  }));
+
+  c = ParseModelConfig(kDeepseekV3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "deepseek_v3");
+  EXPECT_EQ(c->mla.q_lora_rank, 1536);
+  EXPECT_EQ(c->mla.cache_dim(), 576);
+  EXPECT_TRUE(c->router.sigmoid);
+  EXPECT_TRUE(c->router.selection_bias);
+  EXPECT_TRUE(c->router.group_top_two);
+  EXPECT_EQ(c->router.groups, 8);
+  EXPECT_EQ(c->router.top_groups, 4);
+  EXPECT_EQ(c->router.scaling, 2.5);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->quantization.bits, 0);
+  EXPECT_EQ(c->quantization.unsupported_method, "fp8");
+  for (int l = 0; l < 61; ++l) EXPECT_EQ(c->IsSparseLayer(l), l >= 3) << l;
+  const std::vector<TensorSpec> v3 = ExpectedTensors(*c);
+  EXPECT_TRUE(std::any_of(v3.begin(), v3.end(), [](const TensorSpec& t) {
+    return t.name == "model.layers.3.mlp.gate.e_score_correction_bias" &&
+           t.shape == std::vector<int64_t>{256};
+  }));
+  EXPECT_TRUE(std::any_of(v3.begin(), v3.end(), [](const TensorSpec& t) {
+    return t.name == "model.layers.0.self_attn.q_b_proj.weight" &&
+           t.shape == std::vector<int64_t>{128 * 192, 1536};
+  }));
+
+  // What the engine does not run is refused, naming the key.
+  Json j = Json::parse(kDeepseekV2Lite);
+  j["norm_topk_prob"] = true;  // Hugging Face's DeepseekV2Moe ignores it
+  ExpectInvalid(j, {"norm_topk_prob"});
+  j = Json::parse(kDeepseekV2Lite);
+  j["topk_method"] = "noaux_tc";
+  ExpectInvalid(j, {"topk_method", "noaux_tc"});
+  j = Json::parse(kDeepseekV2Lite);
+  j["topk_method"] = "group_limited_greedy";
+  j["n_group"] = 3;  // 64 experts in 3 groups
+  ExpectInvalid(j, {"n_group", "divide"});
+  j = Json::parse(kDeepseekV2Lite);
+  j["rope_scaling"]["mscale"] = 1.0;  // cos and sin scaled by mscale / mscale_all_dim
+  ExpectInvalid(j, {"rope_scaling.attention_factor"});
+  j = Json::parse(kDeepseekV2Lite);
+  j["attention_bias"] = true;
+  ExpectInvalid(j, {"attention_bias"});
+  j = Json::parse(kDeepseekV2Lite);
+  j["qk_rope_head_dim"] = 63;
+  ExpectInvalid(j, {"qk_rope_head_dim", "even"});
+  j = Json::parse(kDeepseekV3);
+  j["scoring_func"] = "softmax";
+  ExpectInvalid(j, {"scoring_func"});
+  j = Json::parse(kDeepseekV3);
+  j["topk_group"] = 9;
+  ExpectInvalid(j, {"topk_group"});
+  j = Json::parse(kDeepseekV3);
+  j["rope_interleave"] = false;
+  ExpectInvalid(j, {"rope_interleave"});
 }
 
 // Qwen/Qwen3.6-35B-A3B's config.json as published (the phase-decoupled method's backbone),

@@ -233,7 +233,8 @@ TEST_P(IsaTest, RopeMatchesReference) {
     const std::vector<float> x = RandomFloats(6 * head_dim, rng_);
     std::vector<float> got = x, want = x;
     Rope(got.data(), 6, head_dim, 1234, 1e6f);
-    reference::Rope(want.data(), 6, head_dim, 1234, 1e6f);
+    const std::vector<float> inv_freq = DefaultRopeFrequencies(1e6f, head_dim);
+    reference::Rope(want.data(), 6, head_dim, 1234, {inv_freq.data(), head_dim});
     EXPECT_LT(NormalisedError(got, want), 1e-6) << "head_dim=" << head_dim;
   }
 }

@@ -159,8 +159,9 @@ TEST_P(StepOpsTest, RouteIsSoftmaxTopKAndWeightsMaskedAndRenormalised) {
       std::vector<float> p = logits0;
       std::vector<int32_t> experts(rows * k);
       std::vector<float> weights(rows * k);
-      ops_->route(p.data(), rows, n, masked ? bias.data() : nullptr, k, renormalize, experts.data(),
-                  weights.data());
+      RouteSpec spec{.k = k, .renormalize = renormalize};
+      spec.mask = masked ? bias.data() : nullptr;
+      ops_->route(p.data(), rows, n, spec, experts.data(), weights.data());
       for (int r = 0; r < rows; ++r) {
         std::vector<double> want(n);
         double max = -INFINITY, sum = 0;
@@ -189,6 +190,80 @@ TEST_P(StepOpsTest, RouteIsSoftmaxTopKAndWeightsMaskedAndRenormalised) {
   }
 }
 
+// DeepSeek-V3's router: sigmoid scores, chosen by score + selection bias among the experts of
+// the best groups (a group scored by its best two), weights the chosen scores renormalised and
+// scaled; DeepSeek-V2's group-limited greedy: softmax, groups by their best. By definition, in
+// double, with a plan's mask that drops an expert of the best group.
+TEST_P(StepOpsTest, GroupedRoutingChoosesWithinTheBestGroupsByScorePlusBias) {
+  const int rows = 6, n = 32, k = 3, groups = 4, top_groups = 2, per = n / groups;
+  const std::vector<float> logits0 = RandomFloats(rows * n, rng_, 2.0f);
+  const std::vector<float> bias = RandomFloats(n, rng_, 0.5f);
+  std::vector<float> mask(n, 0.0f);
+  mask[9] = -std::numeric_limits<float>::infinity();
+  for (const bool sigmoid : {true, false}) {
+    for (const bool masked : {false, true}) {
+      std::vector<float> p = logits0;
+      std::vector<int32_t> experts(rows * k);
+      std::vector<float> weights(rows * k);
+      RouteSpec spec{.k = k, .renormalize = sigmoid};
+      spec.mask = masked ? mask.data() : nullptr;
+      spec.sigmoid = sigmoid;
+      spec.selection_bias = sigmoid ? bias.data() : nullptr;
+      spec.groups = groups;
+      spec.top_groups = top_groups;
+      spec.group_top_two = sigmoid;
+      spec.scaling = sigmoid ? 2.5f : 1.0f;
+      ops_->route(p.data(), rows, n, spec, experts.data(), weights.data());
+      for (int r = 0; r < rows; ++r) {
+        std::vector<double> score(n), choice(n);
+        double max = -INFINITY, sum = 0;
+        for (int e = 0; e < n; ++e) {
+          score[e] = double{logits0[r * n + e]} + (masked ? mask[e] : 0.0f);
+          max = std::max(max, score[e]);
+        }
+        for (double& v : score) {
+          if (sigmoid) {
+            v = 1.0 / (1.0 + std::exp(-v));
+          } else {
+            sum += (v = std::exp(v - max));
+          }
+        }
+        if (!sigmoid) {
+          for (double& v : score) v /= sum;
+        }
+        for (int e = 0; e < n; ++e) choice[e] = score[e] + (sigmoid ? bias[e] : 0.0f);
+        std::vector<std::pair<double, int>> group(groups);
+        for (int g = 0; g < groups; ++g) {
+          std::vector<double> c(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+          std::sort(c.rbegin(), c.rend());
+          group[g] = {sigmoid ? c[0] + c[1] : c[0], g};
+        }
+        std::stable_sort(group.begin(), group.end(),
+                         [](const auto& a, const auto& b) { return a.first > b.first; });
+        for (int g = top_groups; g < groups; ++g) {
+          std::fill_n(choice.begin() + group[g].second * per, per, 0.0);
+        }
+        if (masked) choice[9] = -INFINITY;
+        std::vector<int32_t> order(n);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
+        double mass = 0;
+        for (int j = 0; j < k; ++j) mass += score[order[j]];
+        for (int e = 0; e < n; ++e) EXPECT_NEAR(p[r * n + e], score[e], 1e-6) << r << "," << e;
+        for (int j = 0; j < k; ++j) {
+          EXPECT_EQ(experts[r * k + j], order[j]) << "row " << r << " rank " << j;
+          EXPECT_NEAR(weights[r * k + j],
+                      score[order[j]] / (sigmoid ? mass : 1.0) * (sigmoid ? 2.5 : 1.0), 1e-5);
+          if (masked) {
+            EXPECT_NE(order[j], 9);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(StepOpsTest, RopeOverPositionsIsEachTokensRotationAndPartialRotaryPassesTheRest) {
   const int rows = 4, heads = 3;
   const int32_t positions[] = {0, 7, 1234, 5};
@@ -196,11 +271,13 @@ TEST_P(StepOpsTest, RopeOverPositionsIsEachTokensRotationAndPartialRotaryPassesT
     for (const int rotary_dim : {head_dim, head_dim / 4}) {
       const std::vector<float> x = RandomFloats(rows * heads * head_dim, rng_);
       std::vector<float> got = x, want = x;
-      ops_->rope(got.data(), rows, heads, head_dim, rotary_dim, positions, 1e4f);
+      const std::vector<float> inv_freq = DefaultRopeFrequencies(1e4f, rotary_dim);
+      const RopeSpec rope{inv_freq.data(), rotary_dim};
+      ops_->rope(got.data(), rows, heads, head_dim, rope, positions);
       for (int r = 0; r < rows; ++r) {
         for (int h = 0; h < heads; ++h) {
           reference::Rope(want.data() + (r * heads + h) * head_dim, 1, rotary_dim, positions[r],
-                          1e4f);
+                          rope);
         }
       }
       for (size_t i = 0; i < x.size(); ++i) {
@@ -209,6 +286,41 @@ TEST_P(StepOpsTest, RopeOverPositionsIsEachTokensRotationAndPartialRotaryPassesT
           ASSERT_EQ(got[i], x[i]);
         }
       }
+    }
+  }
+}
+
+// DeepSeek's interleaved pairs (2i, 2i + 1) are rotate_half's pairs (i, i + d/2) on the head's
+// values de-interleaved (Hugging Face's apply_rotary_pos_emb_interleave), here with frequencies
+// of no closed form (YaRN's blend), a rotary part before the head's pass-through rest.
+TEST_P(StepOpsTest, InterleavedRopeIsRotateHalfOverDeinterleavedValues) {
+  const int rows = 3, heads = 2, head_dim = 24, rotary_dim = 16, half = rotary_dim / 2;
+  const int32_t positions[] = {0, 9, 3000};
+  std::vector<float> inv_freq(half);
+  for (int i = 0; i < half; ++i) inv_freq[i] = 1.0f / (1.0f + 3.0f * static_cast<float>(i * i));
+  const std::vector<float> x = RandomFloats(rows * heads * head_dim, rng_);
+  std::vector<float> got = x;
+  ops_->rope(got.data(), rows, heads, head_dim, {inv_freq.data(), rotary_dim, true}, positions);
+  std::vector<float> want = x;
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      float* head = want.data() + (r * heads + h) * head_dim;
+      std::vector<float> split(rotary_dim);
+      for (int i = 0; i < half; ++i) {
+        split[i] = head[2 * i];
+        split[i + half] = head[2 * i + 1];
+      }
+      reference::Rope(split.data(), 1, rotary_dim, positions[r], {inv_freq.data(), rotary_dim});
+      for (int i = 0; i < half; ++i) {
+        head[2 * i] = split[i];
+        head[2 * i + 1] = split[i + half];
+      }
+    }
+  }
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 2e-6) << i;
+    if (static_cast<int>(i % head_dim) >= rotary_dim) {
+      ASSERT_EQ(got[i], x[i]);
     }
   }
 }
