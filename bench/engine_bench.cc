@@ -382,7 +382,8 @@ int Run() {
         return 1;
       }
     } else {  // random keys and values in [-2, 2) at every context position; logits all 0
-      const int kv_dim = static_cast<int>(c.num_key_value_heads * c.head_dim);
+      // The pool's row (a latent attention model's: the latent and the rotary key, keys only).
+      const int kv_dim = (*pool)->config().num_kv_heads * (*pool)->config().head_dim;
       std::vector<float> k_row(kv_dim), v_row(kv_dim);
       auto random_value = [&] {
         rng ^= rng << 13;

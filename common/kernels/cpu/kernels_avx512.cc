@@ -593,6 +593,14 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   }
 }
 
+// The cache row of DeepSeek's latent attention (kv_lora_rank 512 + qk_rope_head_dim 64): one
+// KV head read by every query head, which the query-block kernel below takes as its rows.
+constexpr int kLatentRow = 576;
+template <int C, KvDtype D>
+void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv,
+                         int first_position, int context_begin, int context_end, float scale,
+                         float* out, float* lse);
+
 void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context_begin,
                            int context_end, float scale, int kv_head_begin, int kv_head_end,
                            float* out, float* lse) {
@@ -609,6 +617,17 @@ void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int
         return run(int8 ? AttendBf16Dot<2, KvDtype::kInt8> : AttendBf16Dot<2, KvDtype::kBf16>);
       case 128:
         return run(int8 ? AttendBf16Dot<4, KvDtype::kInt8> : AttendBf16Dot<4, KvDtype::kBf16>);
+      case kLatentRow:
+        // Latent attention's cache (one KV head of the latent and the rotary key, every query
+        // head reading it): the heads are the rows of the query-block kernel, 16 to a vector,
+        // one query at the context's last position.
+        if (kv.num_kv_heads == 1 && kv_head_begin == 0 && kv_head_end == 1) {
+          const auto latent = int8 ? AttendCausalBf16Dot<kLatentRow / 32, KvDtype::kInt8>
+                                   : AttendCausalBf16Dot<kLatentRow / 32, KvDtype::kBf16>;
+          return latent(q, 1, num_heads, kv, context_end - 1, context_begin, context_end, scale,
+                        out, lse);
+        }
+        break;
       default:
         break;
     }
@@ -857,6 +876,9 @@ void CausalAttentionBf16Dot(const float* q, int m, int num_heads, const PagedKv&
       case 128:
         return run(int8 ? AttendCausalBf16Dot<4, KvDtype::kInt8>
                         : AttendCausalBf16Dot<4, KvDtype::kBf16>);
+      case kLatentRow:
+        return run(int8 ? AttendCausalBf16Dot<kLatentRow / 32, KvDtype::kInt8>
+                        : AttendCausalBf16Dot<kLatentRow / 32, KvDtype::kBf16>);
       default:
         break;
     }

@@ -282,6 +282,53 @@ TEST_P(AttentionTest, MapsQueryHeadsToKvHeads) {
   }
 }
 
+// Latent attention's cache (DeepSeek-V2/V3): one KV head of 576 values whose values are its
+// keys (the pool keeps keys only: v aliases k), read by 16 query heads, for decode
+// (paged_attention, whole and in parts with their log-sum-exps) and a prompt's query blocks,
+// against the reference.
+TEST_P(AttentionTest, LatentCacheRowsMatchTheReference) {
+  const Backend& backend = ActiveBackend();
+  const int num_heads = 16, head_dim = 576, block_size = 16;
+  for (KvDtype dtype : kDtypes) {
+    for (int context_len : {1, 33, 300}) {
+      ScatteredKv kv(dtype, 1, head_dim, block_size, context_len, rng_);
+      PagedKv keys_only = kv.view;
+      keys_only.v = keys_only.k;
+      const std::vector<float> q = RandomFloats(num_heads * head_dim, rng_, 2.0f);
+      const float scale = 0.1f;
+      const std::string where =
+          std::string(KvDtypeName(dtype)) + " context_len=" + std::to_string(context_len);
+      for (int begin : {0, context_len / 3}) {
+        std::vector<float> got(q.size(), NAN), want(q.size(), NAN);
+        std::vector<float> got_lse(num_heads, NAN), want_lse(num_heads, NAN);
+        backend.paged_attention(q.data(), num_heads, keys_only, begin, context_len, scale, 0, 1,
+                                got.data(), got_lse.data());
+        reference::PagedAttentionRange(q.data(), num_heads, keys_only, begin, context_len, scale, 0,
+                                       1, want.data(), want_lse.data());
+        EXPECT_LT(NormalisedError(got, want), Tolerance(dtype, 1e-5)) << where << " from " << begin;
+        for (int h = 0; h < num_heads; ++h) {
+          EXPECT_NEAR(got_lse[h], want_lse[h],
+                      Tolerance(dtype, 1e-4) * (std::fabs(want_lse[h]) + 1))
+              << where << " head " << h;
+        }
+      }
+      const int m = std::min(context_len, 16);  // the last m positions as a query block
+      const std::vector<float> block = RandomFloats(m * num_heads * head_dim, rng_, 2.0f);
+      std::vector<float> got(block.size(), NAN);
+      backend.causal_attention(block.data(), m, num_heads, keys_only, context_len - m, 0,
+                               context_len, scale, got.data(), nullptr);
+      for (int i = 0; i < m; ++i) {
+        const size_t q_dim = size_t{num_heads} * head_dim;
+        std::vector<float> want(q_dim, NAN);
+        reference::PagedAttentionRange(block.data() + i * q_dim, num_heads, keys_only, 0,
+                                       context_len - m + i + 1, scale, 0, 1, want.data(), nullptr);
+        const std::vector<float> row(got.begin() + i * q_dim, got.begin() + (i + 1) * q_dim);
+        EXPECT_LT(NormalisedError(row, want), Tolerance(dtype, 1e-5)) << where << " query " << i;
+      }
+    }
+  }
+}
+
 // Blocks of consecutive queries (causal_attention, the prefill path): every query of the block
 // against the reference over its own causal range, for block sizes around the 16-lane row
 // vectors, group sizes 1 to 8, block starts inside and at the edges of tiles and blocks, and
