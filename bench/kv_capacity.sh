@@ -46,6 +46,13 @@ config=$model/config.json
 layers=$(jq -r .num_hidden_layers "$config")
 kv_heads=$(jq -r '.num_key_value_heads // .num_attention_heads' "$config")
 head_dim=$(jq -r '.head_dim // (.hidden_size / .num_attention_heads | floor)' "$config")
+pools=2  # K and V a layer
+if [[ $(jq -r '.kv_lora_rank // empty' "$config") ]]; then
+  # Latent attention (DeepSeek-V2/V3): one keys-only row of the latent and the rotary key.
+  kv_heads=1
+  head_dim=$(jq -r '.kv_lora_rank + (.qk_rope_head_dim // 64)' "$config")
+  pools=1
+fi
 block_size=16
 per_sequence=$(((input_len + output_len + block_size - 1) / block_size))  # blocks a request holds
 block_bytes() {  # one layer's K (or V) block in dtype $1 (common/kernels/kv_format.h)
@@ -60,7 +67,7 @@ block_bytes() {  # one layer's K (or V) block in dtype $1 (common/kernels/kv_for
 
 rows=()
 for dtype in ${dtypes//,/ }; do
-  blocks=$((budget_mib * 1024 * 1024 / (2 * layers * $(block_bytes "$dtype"))))
+  blocks=$((budget_mib * 1024 * 1024 / (pools * layers * $(block_bytes "$dtype"))))
   start tandem-serve --kv_dtype="$dtype" --kv_blocks="$blocks" --kv_block_size="$block_size" \
     --max_running="$max_concurrency"
   pool_bytes=$(metric tandem-serve tandem_kv_cache_bytes)

@@ -97,6 +97,8 @@ def main():
         "scoring_func": "softmax", "attention_bias": False}, indent=1))
     copy("config", "tiny-fg-moe.json", "tools/train/configs/tiny-fg-moe.json")
     copy("config", "qwen3-5-moe.json", "tests/golden/arch/qwen3_5_moe_hybrid/config.json")
+    copy("config", "deepseek-v2.json", "tests/golden/arch/deepseek_v2_latent_yarn/config.json")
+    copy("config", "deepseek-v3.json", "tests/golden/arch/deepseek_v3_sigmoid_groups/config.json")
     write("config", "minimal-mixtral.json",
           '{"model_type":"mixtral","vocab_size":8,"hidden_size":4,"intermediate_size":2,'
           '"num_hidden_layers":1,"num_attention_heads":1,"num_local_experts":2,'

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 import data
 import safetensors_io
 from export import load_shipped as load_model  # the shipped bf16 weights, in float32
-from model import MoeForCausalLM
+from model import DEEPSEEK, MoeForCausalLM
 
 OVERLAY_FORMAT = "tandem-decoder-overlay"
 OVERLAY_VERSION = "1"
@@ -67,7 +67,7 @@ def always_on_names(cfg):
             names += [p + f"mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")]
             continue
         names.append(router_name(cfg, l))
-        if cfg.model_type == "deepseek" and cfg.shared_size:  # ungated
+        if cfg.model_type in DEEPSEEK and cfg.shared_size:  # ungated
             names += [p + f"mlp.shared_experts.{m}.weight"
                       for m in ("gate_proj", "up_proj", "down_proj")]
         elif cfg.shared_size:

@@ -138,7 +138,7 @@ absl::Status LatentAttention(const ConfigReader& json, ModelConfig* c) {
   c->head_dim = m.qk_head_dim();
   c->rotary_dim = m.qk_rope_head_dim;
   c->rope_interleaved = true;
-  if (c->num_attention_heads * std::max(c->head_dim, m.v_head_dim) > kMaxDim) {
+  if (c->num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim + m.qk_rope_head_dim) > kMaxDim) {
     return FieldError("num_attention_heads", "times the head dims is too large");
   }
   if (c->layer_specs.empty()) c->layer_specs.assign(c->num_hidden_layers, LayerSpec{});
