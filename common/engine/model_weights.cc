@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
+#include "common/model/config_reader.h"
 #include "common/util/hash.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
@@ -417,6 +418,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     std::string prefixes;
     for (std::string_view prefix : config.arch->ignored_prefixes) {
       if (!prefix.empty()) prefixes += (prefixes.empty() ? "" : ", ") + std::string(prefix) + "*";
+    }
+    if (!config.arch->extra_layers_prefix.empty()) {
+      prefixes +=
+          absl::StrCat(prefixes.empty() ? "" : ", ", model::Sv(config.arch->extra_layers_prefix),
+                       "{>= ", config.num_hidden_layers, "}.*");
     }
     TANDEM_LOG(INFO) << "skipping " << ignored << " checkpoint tensors the engine does not run ("
                      << prefixes << ")";

@@ -459,6 +459,19 @@ bool IsIgnoredTensor(const ModelConfig& config, std::string_view name) {
   for (std::string_view prefix : config.arch->ignored_prefixes) {
     if (!prefix.empty() && name.substr(0, prefix.size()) == prefix) return true;
   }
+  if (const std::string_view prefix = config.arch->extra_layers_prefix;
+      !prefix.empty() && name.substr(0, prefix.size()) == prefix) {
+    const std::string_view rest = name.substr(prefix.size());
+    int64_t layer = 0;
+    size_t digits = 0;
+    while (digits < rest.size() && digits < 9 && rest[digits] >= '0' && rest[digits] <= '9') {
+      layer = layer * 10 + (rest[digits++] - '0');
+    }
+    if (digits > 0 && digits < rest.size() && rest[digits] == '.' &&
+        layer >= config.num_hidden_layers) {
+      return true;
+    }
+  }
   return false;
 }
 

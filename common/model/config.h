@@ -94,6 +94,9 @@ struct ArchitectureSpec {
   // Checkpoint tensors the engine does not use, by name prefix (a multimodal checkpoint's
   // vision tower, multi-token-prediction heads): skipped by the loader, which says so.
   std::array<std::string_view, 2> ignored_prefixes = {};
+  // Layers past num_hidden_layers under this prefix are skipped too (DeepSeek-V3's
+  // multi-token-prediction layers, model.layers.{num_hidden_layers}.*); empty: none.
+  std::string_view extra_layers_prefix = "";
   // Reads the architecture's own keys into `config`, whose common fields (sizes, heads,
   // experts, RoPE, norms, token ids) are already parsed: routing (norm_topk_prob), attention
   // bias, shared experts, and layer_specs (which layers are dense); refuses, naming the key,

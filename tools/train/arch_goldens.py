@@ -110,7 +110,8 @@ CASES = {
         "q_b_proj), default RoPE; sigmoid routing chosen by score + e_score_correction_bias "
         "within the best 2 of 4 groups (each scored by its best two), renormalised and scaled "
         "by 2.5; a dense first layer and a shared expert; 40 tokens; every matrix's width a "
-        "multiple of 32, so that tandem quantize covers it"),
+        "multiple of 32, so that tandem quantize covers it; a multi-token-prediction layer's "
+        "tensors (model.layers.3.*) the engine skips"),
 }
 TOKENS = 24
 SEED = 20261201
@@ -162,6 +163,11 @@ def main():
             # which the engine skips.
             tensors["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3, dtype=torch.bfloat16)
             tensors["mtp.fc.weight"] = torch.zeros(4, 8, dtype=torch.bfloat16)
+        if name == "deepseek_v3_sigmoid_groups":
+            # As published: a multi-token-prediction layer after the last, which the engine skips.
+            mtp = f"model.layers.{cfg.num_hidden_layers}."
+            tensors[mtp + "eh_proj.weight"] = torch.zeros(4, 8, dtype=torch.bfloat16)
+            tensors[mtp + "shared_head.norm.weight"] = torch.zeros(4, dtype=torch.bfloat16)
         if name == "qwen3_5_moe_text_tied":  # experts stored one tensor each, not stacked
             for l in range(cfg.num_hidden_layers):
                 p = f"model.layers.{l}.mlp.experts."

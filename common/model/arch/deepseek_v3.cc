@@ -4,8 +4,9 @@
 // e_score_correction_bias (mlp.gate.e_score_correction_bias) within the best topk_group of
 // n_group groups, each group scored by its best two ("noaux_tc"); weights the chosen scores,
 // renormalised where norm_topk_prob says (default true), times routed_scaling_factor.
-// rope_interleave (default true) must stay true. The multi-token-prediction layer
-// (num_nextn_predict_layers) is not run.
+// rope_interleave (default true) must stay true. The multi-token-prediction layers
+// (num_nextn_predict_layers, stored as model.layers.{num_hidden_layers}.*) are not run: their
+// tensors are skipped.
 #include "absl/strings/str_cat.h"
 #include "common/model/arch/recipes.h"
 #include "common/util/status.h"
@@ -56,6 +57,7 @@ constexpr ArchitectureSpec kDeepseekV3{
         {
             {TensorKind::kRouterBias, "model.layers.{layer}.mlp.gate.e_score_correction_bias"},
         }),
+    .extra_layers_prefix = "model.layers.",
     .recipe = Recipe,
 };
 

@@ -302,6 +302,13 @@ TEST(ModelConfigTest, ParsesPublishedDeepseekV2LiteAndV3) {
   EXPECT_EQ(c->quantization.bits, 0);
   EXPECT_EQ(c->quantization.unsupported_method, "fp8");
   for (int l = 0; l < 61; ++l) EXPECT_EQ(c->IsSparseLayer(l), l >= 3) << l;
+  // The multi-token-prediction layer, stored after the last, is skipped; the layers are not.
+  EXPECT_TRUE(IsIgnoredTensor(*c, "model.layers.61.eh_proj.weight"));
+  EXPECT_TRUE(IsIgnoredTensor(*c, "model.layers.61.mlp.experts.3.up_proj.weight"));
+  EXPECT_FALSE(IsIgnoredTensor(*c, "model.layers.60.mlp.experts.3.up_proj.weight"));
+  EXPECT_FALSE(IsIgnoredTensor(*c, "model.layers.61"));
+  EXPECT_FALSE(IsIgnoredTensor(*c, "model.layers.x.eh_proj.weight"));
+  EXPECT_FALSE(IsIgnoredTensor(*c, "model.norm.weight"));
   const std::vector<TensorSpec> v3 = ExpectedTensors(*c);
   EXPECT_TRUE(std::any_of(v3.begin(), v3.end(), [](const TensorSpec& t) {
     return t.name == "model.layers.3.mlp.gate.e_score_correction_bias" &&
