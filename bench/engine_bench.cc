@@ -137,10 +137,11 @@ Bandwidth MeasureBandwidth(size_t mib) {
 // kernel.
 const kernels::Backend* g_per_query_base = nullptr;
 void CausalOneQueryAtATime(const float* q, int m, int num_heads, const kernels::PagedKv& kv,
-                           int first_position, int context_begin, int context_end, float scale,
-                           float* out, float* lse) {
+                           int first_position, int context_begin, int context_end, int window,
+                           float scale, float* out, float* lse) {
   kernels::CausalAttentionByQuery(g_per_query_base->paged_attention, q, m, num_heads, kv,
-                                  first_position, context_begin, context_end, scale, out, lse);
+                                  first_position, context_begin, context_end, window, scale, out,
+                                  lse);
 }
 
 // Backend::gated_delta over a prompt as one token at a time: the recurrence decode runs,

@@ -252,8 +252,8 @@ void BM_Attention(benchmark::State& state, KvDtype dtype, bool blocked) {
                      .block_bytes = block_bytes,
                      .block_table = tables.data() + (call++ % sequences) * seq_blocks};
     if (blocked) {
-      backend.causal_attention(q.data(), queries, kHeads, kv, context - queries, 0, context, 0.125f,
-                               out.data(), nullptr);
+      backend.causal_attention(q.data(), queries, kHeads, kv, context - queries, 0, context,
+                               /*window=*/0, 0.125f, out.data(), nullptr);
     } else {
       backend.paged_attention(q.data(), kHeads, kv, 0, context, 0.125f, 0, kKvHeads, out.data(),
                               nullptr);

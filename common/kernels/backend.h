@@ -30,9 +30,11 @@
 //   causal_attention  out (m, heads, head_dim) for m consecutive query tokens of one sequence at
 //                     positions first_position .. first_position + m - 1, every KV head: query i
 //                     attends to positions [context_begin, min(context_end, first_position + i
-//                     + 1)), and its log-sum-exps go to lse (m, heads) when not null (-inf for an
-//                     empty range, with out 0). A prompt's queries run in blocks so that each
-//                     key and value is read once per block rather than once per query.
+//                     + 1)), and with a sliding window (window > 0) to its last `window`
+//                     positions only (CausalQueryBegin), and its log-sum-exps go to lse (m,
+//                     heads) when not null (-inf for an empty range, with out 0). A prompt's
+//                     queries run in blocks so that each key and value is read once per block
+//                     rather than once per query.
 //   causal_conv       x (m rows at `stride`, channels) <- silu(depthwise causal convolution), in
 //                     place: weight (channels, kernel), each channel's `kernel - 1` inputs
 //                     before x's first row in tail (channels, kernel - 1), oldest first, which
@@ -175,8 +177,8 @@ struct Backend {
                           int context_end, float scale, int kv_head_begin, int kv_head_end,
                           float* out, float* lse);
   void (*causal_attention)(const float* q, int m, int num_heads, const PagedKv& kv,
-                           int first_position, int context_begin, int context_end, float scale,
-                           float* out, float* lse);
+                           int first_position, int context_begin, int context_end, int window,
+                           float scale, float* out, float* lse);
   void (*causal_conv)(float* x, int m, int channels, int stride, const float* weight, int kernel,
                       float* tail);
   void (*gated_delta)(const GatedDeltaHead& head);
@@ -206,17 +208,25 @@ inline int CausalQueryEnd(int first_position, int i, int context_begin, int cont
   return std::max(context_begin, std::min(context_end, first_position + i + 1));
 }
 
+// Where query i of a causal_attention block starts attending: context_begin, or with a sliding
+// window (window > 0) its position + 1 - window where that is later. A range whose begin is at
+// or past its end is empty.
+inline int CausalQueryBegin(int first_position, int i, int context_begin, int window) {
+  return window > 0 ? std::max(context_begin, first_position + i + 1 - window) : context_begin;
+}
+
 // Backend::causal_attention by its definition: one `attend` (a table's paged_attention) per
 // query, each over its own range. Levels without a kernel for blocks run this.
 inline void CausalAttentionByQuery(decltype(Backend::paged_attention) attend, const float* q, int m,
                                    int num_heads, const PagedKv& kv, int first_position,
-                                   int context_begin, int context_end, float scale, float* out,
-                                   float* lse) {
+                                   int context_begin, int context_end, int window, float scale,
+                                   float* out, float* lse) {
   const size_t q_dim = static_cast<size_t>(num_heads) * kv.head_dim;
   for (int i = 0; i < m; ++i) {
-    attend(q + i * q_dim, num_heads, kv, context_begin,
-           CausalQueryEnd(first_position, i, context_begin, context_end), scale, 0, kv.num_kv_heads,
-           out + i * q_dim, lse != nullptr ? lse + static_cast<size_t>(i) * num_heads : nullptr);
+    const int end = CausalQueryEnd(first_position, i, context_begin, context_end);
+    const int begin = std::min(end, CausalQueryBegin(first_position, i, context_begin, window));
+    attend(q + i * q_dim, num_heads, kv, begin, end, scale, 0, kv.num_kv_heads, out + i * q_dim,
+           lse != nullptr ? lse + static_cast<size_t>(i) * num_heads : nullptr);
   }
 }
 

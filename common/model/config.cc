@@ -366,14 +366,6 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
   ASSIGN_OR_RETURN(int64_t window, text.OptionalInt("sliding_window", 0));
   if (window < 0) return FieldError("sliding_window", "must not be negative");
   c.sliding_window = use_sliding_window ? window : 0;
-  // The engine attends over the whole context; a window shorter than the context would change
-  // what the model computes.
-  if (c.sliding_window > 0 && c.sliding_window < c.max_position_embeddings) {
-    return FieldError("sliding_window",
-                      absl::StrCat("(", c.sliding_window, ", shorter than the context of ",
-                                   c.max_position_embeddings,
-                                   ") is not supported: Tandem attends over the whole context"));
-  }
 
   if (const Json* v = text.Find("bos_token_id"); v != nullptr) {
     ASSIGN_OR_RETURN(int64_t id, ConfigReader::ToInt(*v, "bos_token_id"));
@@ -420,6 +412,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     return absl::InternalError(absl::StrCat(Sv(arch.model_type), "'s recipe composed ",
                                             c.layer_specs.size(), " layers of ",
                                             c.num_hidden_layers));
+  }
+  // A window the recipe placed on no layer is a window the engine would ignore.
+  if (c.sliding_window > 0 && std::none_of(c.layer_specs.begin(), c.layer_specs.end(),
+                                           [](const LayerSpec& spec) { return spec.window > 0; })) {
+    return FieldError("sliding_window",
+                      absl::StrCat("(", c.sliding_window, ") is not supported for ",
+                                   Sv(arch.model_type), ", which has no sliding-window layers"));
   }
   // Last: it checks the widths of the matrices it covers.
   if (const Json* v = json.Find("quantization_config"); v != nullptr) {

@@ -153,6 +153,9 @@ enum class FfnKind {
 struct LayerSpec {
   MixerKind mixer = MixerKind::kAttention;
   FfnKind ffn = FfnKind::kMoe;
+  // Attention over the last `window` positions only (a sliding window, each query's own
+  // included); 0: the whole context.
+  int64_t window = 0;
 };
 
 // A Gated DeltaNet's shape (Qwen3.5's linear_* keys).
@@ -262,7 +265,9 @@ struct ModelConfig {
   int64_t num_local_experts = 0;
   int64_t num_experts_per_tok = 0;
   int64_t max_position_embeddings = 0;
-  int64_t sliding_window = 0;  // 0: full attention (config value null or absent)
+  // The sliding window config.json gives (0: none, null or absent); which layers it applies to
+  // is the recipe's (LayerSpec::window).
+  int64_t sliding_window = 0;
   double rope_theta = 1e6;
   double rms_norm_eps = 1e-5;
   int32_t bos_token_id = -1;           // -1 when config.json has none
@@ -288,6 +293,10 @@ struct ModelConfig {
   MixerKind Mixer(int layer) const {
     return layer_specs.empty() ? MixerKind::kAttention
                                : layer_specs[static_cast<size_t>(layer)].mixer;
+  }
+  // Layer `layer`'s sliding window (0: it attends over the whole context).
+  int64_t LayerWindow(int layer) const {
+    return layer_specs.empty() ? 0 : layer_specs[static_cast<size_t>(layer)].window;
   }
   // Layers of each mixer kind.
   int NumLayers(MixerKind kind) const;

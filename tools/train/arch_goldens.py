@@ -86,6 +86,15 @@ CASES = {
         "Qwen3.5-MoE text-only layout (model.*) with experts stored one tensor each: full "
         "attention first, with bias, then two DeltaNet layers with as many value heads as key "
         "heads, half of head_dim rotary, tied embeddings"),
+    "qwen3_moe_sliding_window": (
+        dict(model_type="qwen3_moe", norm_topk_prob=True, sliding_window=6, max_window_layers=1,
+             tokens=30),
+        "Qwen3-MoE with use_sliding_window: layers 1 and 2 (from max_window_layers 1) attend to "
+        "their last 6 positions, layer 0 to the whole context; 30 tokens, so prompt chunks' "
+        "queries each start their window elsewhere"),
+    "mixtral_sliding_window": (
+        dict(model_type="mixtral", intermediate_size=32, sliding_window=11),
+        "Mixtral with sliding_window 11 in every layer, shorter than the 24 tokens"),
     "deepseek_v2_latent_yarn": (
         dict(model_type="deepseek_v2", num_hidden_layers=3, num_key_value_heads=4,
              kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,

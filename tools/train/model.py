@@ -90,6 +90,10 @@ class Config:
     qkv_bias: bool = True  # qwen2_moe
     attention_bias: bool = False  # qwen3_moe (q, k, v and o)
     head_dim_override: int = 0  # qwen3_moe's explicit head_dim; 0: hidden / heads
+    # A sliding window (0: none): every layer's in Mixtral; in the Qwen layouts the layers from
+    # max_window_layers on (Hugging Face's use_sliding_window)
+    sliding_window: int = 0
+    max_window_layers: int = 0
     # qwen3_5_moe only: which layers are Gated DeltaNet ("linear_attention") and which full
     # attention; the DeltaNet's shape; the rotary share of head_dim
     layer_types: list = field(default_factory=list)
@@ -140,6 +144,16 @@ class Config:
         if self.latent:
             return self.qk_rope_head_dim
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def window(self, layer):
+        """Layer `layer`'s sliding window: it attends to its last `window` positions (0: all)."""
+        if not self.sliding_window:
+            return 0
+        if self.model_type == "mixtral":
+            return self.sliding_window
+        if self.qwen and layer >= self.max_window_layers:
+            return self.sliding_window
+        return 0
 
     def is_linear(self, layer):
         """Whether layer `layer` is a Gated DeltaNet (qwen3_5_moe's linear_attention)."""
@@ -201,6 +215,8 @@ class Config:
             return self._hybrid_hf_dict(d)
         if self.model_type == "mixtral":
             d["num_local_experts"] = self.num_local_experts
+            if self.sliding_window:
+                d["sliding_window"] = self.sliding_window
         elif self.model_type == "deepseek":
             d.update({"n_routed_experts": self.num_local_experts,
                       "n_shared_experts": self.n_shared_experts,
@@ -236,8 +252,12 @@ class Config:
                       "moe_intermediate_size": self.moe_intermediate_size,
                       "decoder_sparse_step": self.decoder_sparse_step,
                       "mlp_only_layers": list(self.mlp_only_layers),
-                      "norm_topk_prob": self.norm_topk_prob, "use_sliding_window": False,
-                      "max_window_layers": self.num_hidden_layers})
+                      "norm_topk_prob": self.norm_topk_prob,
+                      "use_sliding_window": bool(self.sliding_window),
+                      "max_window_layers": (self.max_window_layers if self.sliding_window
+                                            else self.num_hidden_layers)})
+            if self.sliding_window:
+                d["sliding_window"] = self.sliding_window
         if self.model_type == "qwen2_moe":
             d["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
             d["qkv_bias"] = self.qkv_bias
@@ -332,32 +352,8 @@ class Config:
             raise ValueError(f"unsupported model_type {mt}")
         qwen = mt in ("qwen2_moe", "qwen3_moe")
         heads = d["num_attention_heads"]
-        if mt in LATENT:
-            return Config(
-                model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
-                intermediate_size=d["intermediate_size"],
-                num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
-                num_key_value_heads=d.get("num_key_value_heads") or heads,
-                num_local_experts=d["n_routed_experts"],
-                num_experts_per_tok=d["num_experts_per_tok"],
-                max_position_embeddings=d.get("max_position_embeddings", 2048),
-                rope_theta=d.get("rope_theta", 10000.0), rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-                bos_token_id=d.get("bos_token_id", 100000),
-                eos_token_id=d.get("eos_token_id", 100001),
-                moe_intermediate_size=d["moe_intermediate_size"],
-                n_shared_experts=d.get("n_shared_experts") or 0,
-                first_k_dense_replace=d.get("first_k_dense_replace", 0),
-                moe_layer_freq=d.get("moe_layer_freq", 1),
-                norm_topk_prob=d.get("norm_topk_prob", mt == "deepseek_v3"),
-                tie_word_embeddings=d.get("tie_word_embeddings", False),
-                q_lora_rank=d.get("q_lora_rank") or 0, kv_lora_rank=d["kv_lora_rank"],
-                qk_nope_head_dim=d["qk_nope_head_dim"], qk_rope_head_dim=d["qk_rope_head_dim"],
-                v_head_dim=d["v_head_dim"], rope_scaling=d.get("rope_scaling"),
-                topk_method=d.get("topk_method", "greedy"), n_group=d.get("n_group") or 1,
-                topk_group=d.get("topk_group") or 1,
-                routed_scaling_factor=d.get("routed_scaling_factor", 1.0))
-        if mt == "deepseek":
-            return Config(
+        if mt in DEEPSEEK:
+            common = dict(
                 model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
                 intermediate_size=d["intermediate_size"],
                 num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
@@ -373,9 +369,17 @@ class Config:
                 n_shared_experts=d.get("n_shared_experts") or 0,
                 first_k_dense_replace=d.get("first_k_dense_replace", 0),
                 moe_layer_freq=d.get("moe_layer_freq", 1),
-                norm_topk_prob=d.get("norm_topk_prob", False),
-                tie_word_embeddings=d.get("tie_word_embeddings", False),
-                attention_bias=d.get("attention_bias", False))
+                norm_topk_prob=d.get("norm_topk_prob", mt == "deepseek_v3"),
+                tie_word_embeddings=d.get("tie_word_embeddings", False))
+            if mt == "deepseek":
+                return Config(**common, attention_bias=d.get("attention_bias", False))
+            return Config(
+                **common, q_lora_rank=d.get("q_lora_rank") or 0, kv_lora_rank=d["kv_lora_rank"],
+                qk_nope_head_dim=d["qk_nope_head_dim"], qk_rope_head_dim=d["qk_rope_head_dim"],
+                v_head_dim=d["v_head_dim"], rope_scaling=d.get("rope_scaling"),
+                topk_method=d.get("topk_method", "greedy"), n_group=d.get("n_group") or 1,
+                topk_group=d.get("topk_group") or 1,
+                routed_scaling_factor=d.get("routed_scaling_factor", 1.0))
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
         return Config(
             model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
@@ -397,7 +401,10 @@ class Config:
             norm_topk_prob=d.get("norm_topk_prob", False) if qwen else True,
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             qkv_bias=d.get("qkv_bias", True), attention_bias=d.get("attention_bias", False),
-            head_dim_override=head_dim if head_dim != d["hidden_size"] // heads else 0)
+            head_dim_override=head_dim if head_dim != d["hidden_size"] // heads else 0,
+            sliding_window=((d.get("sliding_window") or 0)
+                            if d.get("use_sliding_window", not qwen) else 0),
+            max_window_layers=d.get("max_window_layers", 28) if qwen else 0)
 
 
 class RMSNorm(nn.Module):
@@ -474,24 +481,28 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def causal_attention(cfg, q, k, v):
+def causal_attention(cfg, q, k, v, window=0):
     """q (b, heads, t, head_dim), k and v (b, kv heads, t, head_dim) after RoPE -> the causal
-    attention output (b, t, heads * head_dim), KV heads shared by heads / kv heads queries."""
+    attention output (b, t, heads * head_dim), KV heads shared by heads / kv heads queries; with
+    a sliding window each query attends to its last `window` positions (its own included)."""
     b, _, t, _ = q.shape
     rep = cfg.num_attention_heads // cfg.num_key_value_heads
     k = k.repeat_interleave(rep, dim=1)
     v = v.repeat_interleave(rep, dim=1)
     scores = (q * (1.0 / math.sqrt(cfg.head_dim))) @ k.transpose(-2, -1).contiguous()
     causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+    if window:
+        causal = causal | torch.ones(t, t, dtype=torch.bool).tril(-window)
     scores = scores.masked_fill(causal, float("-inf"))
     y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
     return y.transpose(1, 2).reshape(b, t, -1)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         self.cfg = cfg
+        self.window = cfg.window(layer)
         hd = cfg.head_dim
         qkv_bias, o_bias = cfg.attention_biases
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * hd, bias=qkv_bias)
@@ -513,7 +524,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        return self.o_proj(causal_attention(c, q, k, v))
+        return self.o_proj(causal_attention(c, q, k, v, self.window))
 
 
 def rope_interleaved(x, cos, sin):
@@ -829,7 +840,7 @@ class Block(nn.Module):
         elif cfg.latent:
             self.self_attn = LatentAttention(cfg)
         else:
-            self.self_attn = Attention(cfg)
+            self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
         self.sparse = cfg.is_sparse(layer)
         if not cfg.mlp_layout:

@@ -21,6 +21,12 @@ constexpr int64_t kMinAttentionPart = 512;
 // Queries of one sequence attended together (Backend::causal_attention).
 constexpr int kQueryBlock = 16;
 
+// The first position a query at `position` reads: 0, or with a sliding window its last
+// `window` positions.
+int WindowBegin(int position, int window) {
+  return window > 0 ? std::max(0, position + 1 - window) : 0;
+}
+
 // x (rows, n) += bias (n,) on every row; nothing for an empty bias.
 void AddBias(const kernels::Backend& ops, const std::vector<float>& bias, int rows, float* x) {
   if (!bias.empty()) ops.add_bias(bias.data(), rows, static_cast<int>(bias.size()), x);
@@ -29,7 +35,7 @@ void AddBias(const kernels::Backend& ops, const std::vector<float>& bias, int ro
 }  // namespace
 
 void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_layer,
-                          const float* q_all, int heads, float scale, float* attn) {
+                          const float* q_all, int heads, int window, float scale, float* attn) {
   const KvCacheConfig& kv_config = pool.config();
   const int kv_heads = kv_config.num_kv_heads;
   const int head_dim = kv_config.head_dim;
@@ -57,7 +63,9 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
   int64_t part_rows = 0;       // rows of part outputs, when contexts split
   for (int u = 0; u < U; ++u) {
     AttentionUnit& unit = units_[u];
-    const int context = ctx.positions[unit.first + unit.count - 1] + 1;  // the last query's
+    // The positions the unit's queries read: to the last one's, from the first one's window.
+    const int context = ctx.positions[unit.first + unit.count - 1] + 1 -
+                        WindowBegin(ctx.positions[unit.first], window);
     int parts = 1;
     if (U < 2 * threads) {
       parts = static_cast<int>(std::min<int64_t>(
@@ -85,7 +93,8 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
       const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
       const int part = static_cast<int>(item - attention_parts_[u]);
       const int first_position = ctx.positions[unit.first];
-      const int context = first_position + unit.count;
+      const int window_begin = WindowBegin(first_position, window);
+      const int context = first_position + unit.count - window_begin;
       const kernels::PagedKv kv =
           pool.View(kv_layer, ctx.batch[ctx.seqs[unit.first]].block_table->blocks().data());
       const float* q = q_all + static_cast<int64_t>(unit.first) * q_dim;
@@ -94,13 +103,13 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
       float* out =
           parts == 1 ? attn + static_cast<int64_t>(unit.first) * q_dim : Row(part_out_, row, q_dim);
       float* lse = parts == 1 ? nullptr : Row(part_lse_, row, heads);
-      const int begin = static_cast<int>(int64_t{context} * part / parts);
-      const int end = static_cast<int>(int64_t{context} * (part + 1) / parts);
+      const int begin = window_begin + static_cast<int>(int64_t{context} * part / parts);
+      const int end = window_begin + static_cast<int>(int64_t{context} * (part + 1) / parts);
       if (unit.count == 1) {
         ctx.ops->paged_attention(q, heads, kv, begin, end, scale, 0, kv_heads, out, lse);
       } else {
-        ctx.ops->causal_attention(q, unit.count, heads, kv, first_position, begin, end, scale, out,
-                                  lse);
+        ctx.ops->causal_attention(q, unit.count, heads, kv, first_position, begin, end, window,
+                                  scale, out, lse);
       }
     }
   });
@@ -188,7 +197,8 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
                       Row(k_, first, kv_dim), Row(v_, first, kv_dim));
   }
   // Every token's K/V is in the cache before any query reads it (causal within a chunk).
-  attend_.Run(ctx, *pool_, kv_layer, q_.data(), heads, scale, attn_.data());
+  attend_.Run(ctx, *pool_, kv_layer, q_.data(), heads, static_cast<int>(c.LayerWindow(l)), scale,
+              attn_.data());
   if (gated) {
     ctx.ops->sigmoid(gate_.data(), T * q_dim);
     ctx.ops->mul(gate_.data(), T * q_dim, attn_.data());

@@ -28,9 +28,10 @@ class CachedAttention {
  public:
   // out (tokens, heads, head_dim) = attention of q (tokens, heads, head_dim) over layer
   // `kv_layer` of `pool` (kv_heads heads of head_dim), every token's keys and values already
-  // stored; counts its time and KV bytes in ctx.stats.
+  // stored, each query over its whole context or, with a sliding window (window > 0), its last
+  // `window` positions; counts its time and KV bytes in ctx.stats.
   void Run(StepContext& ctx, const KvBlockPool& pool, int kv_layer, const float* q, int heads,
-           float scale, float* out);
+           int window, float scale, float* out);
 
  private:
   // A unit of attention work: `count` consecutive tokens of one sequence from row `first`, and

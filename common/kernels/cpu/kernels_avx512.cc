@@ -598,8 +598,8 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
 constexpr int kLatentRow = 576;
 template <int C, KvDtype D>
 void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv,
-                         int first_position, int context_begin, int context_end, float scale,
-                         float* out, float* lse);
+                         int first_position, int context_begin, int context_end, int window,
+                         float scale, float* out, float* lse);
 
 void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context_begin,
                            int context_end, float scale, int kv_head_begin, int kv_head_end,
@@ -624,8 +624,8 @@ void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int
         if (kv.num_kv_heads == 1 && kv_head_begin == 0 && kv_head_end == 1) {
           const auto latent = int8 ? AttendCausalBf16Dot<kLatentRow / 32, KvDtype::kInt8>
                                    : AttendCausalBf16Dot<kLatentRow / 32, KvDtype::kBf16>;
-          return latent(q, 1, num_heads, kv, context_end - 1, context_begin, context_end, scale,
-                        out, lse);
+          return latent(q, 1, num_heads, kv, context_end - 1, context_begin, context_end,
+                        /*window=*/0, scale, out, lse);
         }
         break;
       default:
@@ -646,13 +646,16 @@ void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int
 // not depend on the other rows of its block.
 template <int C, KvDtype D>
 void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv,
-                         int first_position, int context_begin, int context_end, float scale,
-                         float* out, float* lse) {
+                         int first_position, int context_begin, int context_end, int window,
+                         float scale, float* out, float* lse) {
   static_assert(D == KvDtype::kBf16 || D == KvDtype::kInt8);
   constexpr int hd = 32 * C;
   constexpr int kPairs = hd / 2;  // dimension pairs of a row
   constexpr size_t kValueBytes = D == KvDtype::kBf16 ? 2 : 1;
   constexpr int kRowBlock = 8 / C > 0 ? 8 / C : 1;  // rows whose 2C accumulators fit at once
+  // A row's accumulators a pass: all 2C, or 12 where they are more than 16 (2C a multiple).
+  constexpr int kPass = 2 * C <= 16 ? 2 * C : 12;
+  static_assert((2 * C) % kPass == 0);
   constexpr int kTile = kAttentionTile;
   const int group = num_heads / kv.num_kv_heads;
   const int rows = m * group;  // row r = (query r / group, head r % group of the KV head)
@@ -665,13 +668,14 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
   const int walk_end = std::min(context_end, first_position + m);  // the last query's end
 
   // qt (vecs, kPairs, 16) bf16 pairs | acc (padded, hd) | s (tile, padded) | w (tile / 2,
-  // padded) pairs | vt (tile / 2, 2C, 16) pairs | max, sum, alpha (padded) | ends (padded) |
-  // k and v scales (tile) | int8: the tile's keys and values as bf16 (tile, hd) | a zero row
+  // padded) pairs | vt (tile / 2, 2C, 16) pairs | max, sum, alpha (padded) | ends, begins
+  // (padded) | k and v scales (tile) | int8: the tile's keys and values as bf16 (tile, hd) | a
+  // zero row
   thread_local std::vector<float> scratch;
   const size_t need =
       static_cast<size_t>(vecs) * kPairs * 16 + static_cast<size_t>(padded) * hd +
       static_cast<size_t>(kTile) * padded + static_cast<size_t>(kTile) / 2 * padded +
-      static_cast<size_t>(kTile) / 2 * 2 * C * 16 + 4 * static_cast<size_t>(padded) + 2 * kTile +
+      static_cast<size_t>(kTile) / 2 * 2 * C * 16 + 5 * static_cast<size_t>(padded) + 2 * kTile +
       static_cast<size_t>(kTile) * hd + hd / 2 + 16;
   if (scratch.size() < need) scratch.resize(need);
   auto* qt = reinterpret_cast<uint32_t*>(scratch.data());
@@ -683,7 +687,8 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
   float* running_sum = running_max + padded;
   float* alphas = running_sum + padded;
   auto* ends = reinterpret_cast<int32_t*>(alphas + padded);
-  float* k_scales = reinterpret_cast<float*>(ends + padded);
+  int32_t* begins = ends + padded;
+  float* k_scales = reinterpret_cast<float*>(begins + padded);
   float* v_scales = k_scales + kTile;
   auto* k_tile = reinterpret_cast<uint16_t*>(v_scales + kTile);  // int8 only
   uint16_t* v_tile = k_tile + static_cast<size_t>(kTile) * hd;
@@ -705,6 +710,7 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
       }
       ends[r] =
           real ? CausalQueryEnd(first_position, i, context_begin, context_end) : context_begin;
+      begins[r] = real ? CausalQueryBegin(first_position, i, context_begin, window) : context_begin;
     }
     for (int r = 0; r < padded; ++r) {
       running_max[r] = -INFINITY;
@@ -714,11 +720,19 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
     std::fill(acc, acc + static_cast<size_t>(padded) * hd, 0.0f);
     // Rows past the last real one: weights 0 for every tile (never written below).
     std::fill(w, w + static_cast<size_t>(kTile) / 2 * padded, 0u);
-    int min_end = walk_end;
-    for (int r = 0; r < rows; ++r) min_end = std::min(min_end, ends[r]);
+    int min_end = walk_end, min_begin = walk_end, max_begin = context_begin;
+    for (int r = 0; r < rows; ++r) {
+      min_end = std::min(min_end, ends[r]);
+      min_begin = std::min(min_begin, begins[r]);  // a sliding window's first position
+      max_begin = std::max(max_begin, begins[r]);
+    }
+    // Tiles on the grid from context_begin, whatever the block: a row's sums do not depend on
+    // the rows beside it (the tiles before its window are all -inf for it).
+    const int walk_begin =
+        context_begin + (std::max(min_begin, context_begin) - context_begin) / kTile * kTile;
     const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
-    TileSlots slots(kv, row_bytes, context_begin);
-    for (int t0 = context_begin; t0 < walk_end; t0 += kTile) {
+    TileSlots slots(kv, row_bytes, walk_begin);
+    for (int t0 = walk_begin; t0 < walk_end; t0 += kTile) {
       const int n = std::min(kTile, walk_end - t0);
       const int n_next = std::clamp(walk_end - t0 - kTile, 0, kTile);
       slots.Advance(n, n_next);
@@ -749,16 +763,19 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
           }
         }
       }
-      // Positions at or past a row's end (and past the tile) score -inf.
-      const bool masked = t0 + kTile > min_end;
+      // Positions at or past a row's end (and past the tile), and before its window, score -inf.
+      const bool masked = t0 + kTile > min_end || t0 < max_begin;
       for (int v = 0; v < vecs; ++v) {
         const __m512i row_ends = _mm512_loadu_si512(ends + 16 * v);
+        const __m512i row_begins = _mm512_loadu_si512(begins + 16 * v);
         __m512 tile_max = _mm512_set1_ps(-INFINITY);
         for (int j = 0; j < kTile; ++j) {
           float* sj = s + static_cast<size_t>(j) * padded + 16 * v;
           __m512 x = _mm512_loadu_ps(sj);
           if (masked) {
-            const __mmask16 live = _mm512_cmpgt_epi32_mask(row_ends, _mm512_set1_epi32(t0 + j));
+            const __m512i t = _mm512_set1_epi32(t0 + j);
+            const __mmask16 live =
+                _mm512_cmpgt_epi32_mask(row_ends, t) & _mm512_cmple_epi32_mask(row_begins, t);
             x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, x);
             _mm512_storeu_ps(sj, x);
           }
@@ -809,29 +826,32 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
           _mm512_storeu_si512(vt + (j / 2) * 2 * C + 2 * c + 1, _mm512_unpackhi_epi16(x, y));
         }
       }
-      // acc = acc * alpha + p @ V, kRowBlock rows at a time.
+      // acc = acc * alpha + p @ V, kRowBlock rows at a time, in passes of kPass of a row's 2C
+      // accumulators so that they stay in registers (a latent row's 36 would not).
       for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
-        __m512 a[kRowBlock][2 * C];
-        for (int k = 0; k < kRowBlock; ++k) {
-          const __m512 alpha = _mm512_set1_ps(alphas[r0 + k]);
-          for (int c = 0; c < 2 * C; ++c) {
-            a[k][c] = _mm512_mul_ps(
-                _mm512_loadu_ps(acc + static_cast<size_t>(r0 + k) * hd + 16 * c), alpha);
-          }
-        }
-        for (int jp = 0; jp < (n + 1) / 2; ++jp) {
-          const uint32_t* wj = w + static_cast<size_t>(jp) * padded + r0;
-          for (int c = 0; c < 2 * C; ++c) {
-            const __m512bh values = (__m512bh)_mm512_loadu_si512(vt + jp * 2 * C + c);
-            for (int k = 0; k < kRowBlock; ++k) {
-              a[k][c] = _mm512_dpbf16_ps(a[k][c], values,
-                                         (__m512bh)_mm512_set1_epi32(static_cast<int>(wj[k])));
+        for (int c0 = 0; c0 < 2 * C; c0 += kPass) {
+          __m512 a[kRowBlock][kPass];
+          for (int k = 0; k < kRowBlock; ++k) {
+            const __m512 alpha = _mm512_set1_ps(alphas[r0 + k]);
+            for (int c = 0; c < kPass; ++c) {
+              a[k][c] = _mm512_mul_ps(
+                  _mm512_loadu_ps(acc + static_cast<size_t>(r0 + k) * hd + 16 * (c0 + c)), alpha);
             }
           }
-        }
-        for (int k = 0; k < kRowBlock; ++k) {
-          for (int c = 0; c < 2 * C; ++c)
-            _mm512_storeu_ps(acc + static_cast<size_t>(r0 + k) * hd + 16 * c, a[k][c]);
+          for (int jp = 0; jp < (n + 1) / 2; ++jp) {
+            const uint32_t* wj = w + static_cast<size_t>(jp) * padded + r0;
+            for (int c = 0; c < kPass; ++c) {
+              const __m512bh values = (__m512bh)_mm512_loadu_si512(vt + jp * 2 * C + c0 + c);
+              for (int k = 0; k < kRowBlock; ++k) {
+                a[k][c] = _mm512_dpbf16_ps(a[k][c], values,
+                                           (__m512bh)_mm512_set1_epi32(static_cast<int>(wj[k])));
+              }
+            }
+          }
+          for (int k = 0; k < kRowBlock; ++k) {
+            for (int c = 0; c < kPass; ++c)
+              _mm512_storeu_ps(acc + static_cast<size_t>(r0 + k) * hd + 16 * (c0 + c), a[k][c]);
+          }
         }
       }
     }
@@ -859,10 +879,11 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
 }
 
 void CausalAttentionBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv,
-                            int first_position, int context_begin, int context_end, float scale,
-                            float* out, float* lse) {
+                            int first_position, int context_begin, int context_end, int window,
+                            float scale, float* out, float* lse) {
   const auto run = [&](auto attend) {
-    attend(q, m, num_heads, kv, first_position, context_begin, context_end, scale, out, lse);
+    attend(q, m, num_heads, kv, first_position, context_begin, context_end, window, scale, out,
+           lse);
   };
   if (kv.dtype == KvDtype::kBf16 || kv.dtype == KvDtype::kInt8) {
     const bool int8 = kv.dtype == KvDtype::kInt8;
@@ -884,7 +905,7 @@ void CausalAttentionBf16Dot(const float* q, int m, int num_heads, const PagedKv&
     }
   }
   CausalByQuery<PagedAttentionBf16Dot>(q, m, num_heads, kv, first_position, context_begin,
-                                       context_end, scale, out, lse);
+                                       context_end, window, scale, out, lse);
 }
 
 using DeltaSimd = Simd512;

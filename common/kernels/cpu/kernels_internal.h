@@ -31,9 +31,10 @@ extern const CausalAttentionFn kAvx512Bf16CausalAttention;
 // kernel for blocks of queries.
 template <auto Attend>
 void CausalByQuery(const float* q, int m, int num_heads, const PagedKv& kv, int first_position,
-                   int context_begin, int context_end, float scale, float* out, float* lse) {
+                   int context_begin, int context_end, int window, float scale, float* out,
+                   float* lse) {
   CausalAttentionByQuery(Attend, q, m, num_heads, kv, first_position, context_begin, context_end,
-                         scale, out, lse);
+                         window, scale, out, lse);
 }
 // The step's ops that every level shares (Backend::embed .. kv_store; step_ops.cc): plain loops
 // the compiler vectorises, memory-bound.

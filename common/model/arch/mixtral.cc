@@ -1,5 +1,6 @@
-// Mixtral (Hugging Face's MixtralForCausalLM): grouped-query attention without bias, every
-// layer an MoE whose top-k weights are renormalised (a softmax over the chosen logits).
+// Mixtral (Hugging Face's MixtralForCausalLM): grouped-query attention without bias, over a
+// sliding window in every layer where sliding_window is set, every layer an MoE whose top-k
+// weights are renormalised (a softmax over the chosen logits).
 #include "common/model/arch/recipes.h"
 #include "common/util/status.h"
 
@@ -10,7 +11,8 @@ absl::Status Recipe(const ConfigReader& json, ModelConfig* c) {
   c->norm_topk_prob = true;
   RETURN_IF_ERROR(arch::NoAttentionBias(json, c));
   RETURN_IF_ERROR(arch::NoSharedExperts(json, c));
-  return arch::NoDenseLayers(json, c);
+  RETURN_IF_ERROR(arch::NoDenseLayers(json, c));
+  return arch::SlidingWindowEveryLayer(c);
 }
 
 constexpr ArchitectureSpec kMixtral{

@@ -1,7 +1,8 @@
 // Qwen2-MoE (Qwen1.5-MoE; Hugging Face's Qwen2MoeForCausalLM): q/k/v bias (qkv_bias, default
 // true), an always-on shared expert scaled by sigmoid(shared_expert_gate . x), top-k
 // renormalisation by norm_topk_prob (default false), dense MLP layers by decoder_sparse_step /
-// mlp_only_layers.
+// mlp_only_layers, a sliding window (use_sliding_window) on the layers layer_types or
+// max_window_layers (default 28) say.
 #include "common/model/arch/recipes.h"
 #include "common/util/status.h"
 
@@ -14,7 +15,8 @@ absl::Status Recipe(const ConfigReader& json, ModelConfig* c) {
       arch::AttentionBias(json, "qkv_bias", /*fallback=*/true, /*covers_output=*/false, c));
   RETURN_IF_ERROR(arch::SharedExpert(json, "shared_expert_intermediate_size", /*gated=*/true, c));
   ASSIGN_OR_RETURN(arch::SparseLayers layers, arch::QwenSparseLayers(json, *c));
-  return arch::SetDenseLayers(json, layers, "intermediate_size", c);
+  RETURN_IF_ERROR(arch::SetDenseLayers(json, layers, "intermediate_size", c));
+  return arch::QwenSlidingWindows(json, /*max_window_layers=*/28, c);
 }
 
 constexpr ArchitectureSpec kQwen2Moe{

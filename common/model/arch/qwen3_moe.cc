@@ -1,6 +1,7 @@
 // Qwen3-MoE (Hugging Face's Qwen3MoeForCausalLM): per-head q/k RMSNorm, explicit head_dim,
 // attention_bias on q, k, v and o (default false), top-k renormalisation by norm_topk_prob
-// (default false), dense MLP layers by decoder_sparse_step / mlp_only_layers.
+// (default false), dense MLP layers by decoder_sparse_step / mlp_only_layers, a sliding window
+// (use_sliding_window) on the layers layer_types or max_window_layers (default 28) say.
 #include "common/model/arch/recipes.h"
 #include "common/util/status.h"
 
@@ -13,7 +14,8 @@ absl::Status Recipe(const ConfigReader& json, ModelConfig* c) {
                                       /*covers_output=*/true, c));
   RETURN_IF_ERROR(arch::NoSharedExperts(json, c));
   ASSIGN_OR_RETURN(arch::SparseLayers layers, arch::QwenSparseLayers(json, *c));
-  return arch::SetDenseLayers(json, layers, "intermediate_size", c);
+  RETURN_IF_ERROR(arch::SetDenseLayers(json, layers, "intermediate_size", c));
+  return arch::QwenSlidingWindows(json, /*max_window_layers=*/28, c);
 }
 
 constexpr ArchitectureSpec kQwen3Moe{

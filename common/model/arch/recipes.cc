@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +90,44 @@ absl::Status NoDenseLayers(const ConfigReader& json, ModelConfig* c) {
   ASSIGN_OR_RETURN(SparseLayers layers, QwenSparseLayers(json, *c));
   // Without a dense width SetDenseLayers changes nothing: it accepts all-sparse or refuses.
   return SetDenseLayers(json, layers, /*dense_width_key=*/"", c);
+}
+
+absl::Status SlidingWindowEveryLayer(ModelConfig* c) {
+  if (c->sliding_window <= 0) return absl::OkStatus();
+  if (c->layer_specs.empty()) c->layer_specs.assign(c->num_hidden_layers, LayerSpec{});
+  for (LayerSpec& spec : c->layer_specs) spec.window = c->sliding_window;
+  return absl::OkStatus();
+}
+
+absl::Status QwenSlidingWindows(const ConfigReader& json, int64_t max_window_layers,
+                                ModelConfig* c) {
+  if (c->sliding_window <= 0) return absl::OkStatus();
+  std::vector<bool> sliding(c->num_hidden_layers);
+  if (const nlohmann::json* types = json.Find("layer_types"); types != nullptr) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c->num_hidden_layers) {
+      return FieldError("layer_types", absl::StrCat("must list the ", c->num_hidden_layers,
+                                                    " layers' attention types"));
+    }
+    for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+      const nlohmann::json& t = (*types)[l];
+      const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+      if (type != "sliding_attention" && type != "full_attention") {
+        return FieldError(
+            "layer_types",
+            absl::StrCat("has ", type, " (supported: \"sliding_attention\", \"full_attention\")"));
+      }
+      sliding[l] = type == "sliding_attention";
+    }
+  } else {
+    ASSIGN_OR_RETURN(int64_t from, json.OptionalInt("max_window_layers", max_window_layers));
+    if (from < 0) return FieldError("max_window_layers", "must not be negative");
+    for (int64_t l = 0; l < c->num_hidden_layers; ++l) sliding[l] = l >= from;
+  }
+  if (c->layer_specs.empty()) c->layer_specs.assign(c->num_hidden_layers, LayerSpec{});
+  for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+    if (sliding[l]) c->layer_specs[l].window = c->sliding_window;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DeepseekLayers(const ConfigReader& json, ModelConfig* c) {

@@ -115,6 +115,14 @@ absl::StatusOr<SparseLayers> QwenSparseLayers(const ConfigReader& json, const Mo
 absl::Status SetDenseLayers(const ConfigReader& json, const SparseLayers& layers,
                             std::string_view dense_width_key, ModelConfig* c);
 
+// The sliding window (ModelConfig::sliding_window, where use_sliding_window lets it) on the
+// layers Hugging Face's code puts it on: every layer (Mixtral), or, as Qwen's configs say, the
+// layers layer_types calls "sliding_attention", else those from max_window_layers on (default
+// `max_window_layers`).
+absl::Status SlidingWindowEveryLayer(ModelConfig* c);
+absl::Status QwenSlidingWindows(const ConfigReader& json, int64_t max_window_layers,
+                                ModelConfig* c);
+
 // DeepSeek's MoE layout (deepseek, deepseek_v2, deepseek_v3): n_shared_experts always-on
 // experts stored as one MLP of n_shared_experts * the expert width, added without a gate; layer
 // l an MoE iff l >= first_k_dense_replace and l % moe_layer_freq == 0, else a dense MLP of

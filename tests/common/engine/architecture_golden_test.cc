@@ -9,7 +9,8 @@
 // and token-by-token decode carry the DeltaNet's state from step to step, and DeepSeek-V2/V3's
 // multi-head latent attention (absorbed, over a cache of the latent and the rotary key; YaRN;
 // with and without the query's low-rank step) and routers (group-limited softmax, scaled;
-// sigmoid chosen with a selection bias within groups, renormalised and scaled). Logits of
+// sigmoid chosen with a selection bias within groups, renormalised and scaled), and sliding
+// windows (Mixtral's on every layer, Qwen3-MoE's from max_window_layers on). Logits of
 // the whole sequence, then of a chunked prefill and token-by-token decode through the paged KV
 // cache, and the router's choices and weights.
 #include <gtest/gtest.h>
@@ -208,8 +209,8 @@ INSTANTIATE_TEST_SUITE_P(RandomCheckpoints, ArchitectureGoldenTest,
                                            "qwen2_moe_shared", "qwen2_moe_norm_tied", "mixtral",
                                            "deepseek_dense_shared", "deepseek_freq2_bias_tied",
                                            "qwen3_5_moe_hybrid", "qwen3_5_moe_text_tied",
-                                           "deepseek_v2_latent_yarn",
-                                           "deepseek_v3_sigmoid_groups"));
+                                           "deepseek_v2_latent_yarn", "deepseek_v3_sigmoid_groups",
+                                           "qwen3_moe_sliding_window", "mixtral_sliding_window"));
 
 }  // namespace
 }  // namespace tandem::engine

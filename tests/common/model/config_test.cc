@@ -624,20 +624,49 @@ TEST(ModelConfigTest, RejectsMalformedJson) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("must be an object"));
 }
 
-TEST(ModelConfigTest, SlidingWindowShorterThanTheContextIsRefused) {
+// Sliding windows on the layers Hugging Face's code puts them on: every Mixtral layer; Qwen's
+// from max_window_layers on, or as layer_types says, only where use_sliding_window lets them;
+// none in a layout without them.
+TEST(ModelConfigTest, SlidingWindowsAreOnTheLayersHuggingFacePutsThem) {
   Json j = TinyMixtral();
   j["max_position_embeddings"] = 8192;
-  j["sliding_window"] = 4096;  // the engine attends over the whole context: refused
-  ExpectInvalid(j, {"sliding_window", "not supported"});
-  j["sliding_window"] = j["max_position_embeddings"];  // a window as long as the context
+  j["sliding_window"] = 4096;
   absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->sliding_window, 8192);
-  j["sliding_window"] = 4096;
+  EXPECT_EQ(c->sliding_window, 4096);
+  for (int l = 0; l < c->num_hidden_layers; ++l) EXPECT_EQ(c->LayerWindow(l), 4096) << l;
   j["use_sliding_window"] = false;  // Qwen-style switch
   c = ParseModelConfig(j.dump());
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->LayerWindow(0), 0);
+
+  Json q = Json::parse(kQwen3_30B_A3B);
+  q["num_hidden_layers"] = 4;
+  q["use_sliding_window"] = true;
+  q["sliding_window"] = 64;
+  q["max_window_layers"] = 2;
+  c = ParseModelConfig(q.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(std::vector<int64_t>(
+                {c->LayerWindow(0), c->LayerWindow(1), c->LayerWindow(2), c->LayerWindow(3)}),
+            std::vector<int64_t>({0, 0, 64, 64}));
+  q["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+  c = ParseModelConfig(q.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(std::vector<int64_t>(
+                {c->LayerWindow(0), c->LayerWindow(1), c->LayerWindow(2), c->LayerWindow(3)}),
+            std::vector<int64_t>({64, 0, 64, 0}));
+  q["layer_types"] = {"sliding_attention", "chunked_attention", "sliding_attention",
+                      "full_attention"};
+  ExpectInvalid(q, {"layer_types", "chunked_attention"});
+  q["layer_types"] = {"sliding_attention"};
+  ExpectInvalid(q, {"layer_types", "4 layers"});
+
+  Json d = Json::parse(kDeepseekMoe16B);
+  d["sliding_window"] = 4096;
+  d["use_sliding_window"] = true;
+  ExpectInvalid(d, {"sliding_window", "no sliding-window layers"});
 }
 
 TEST(ModelConfigTest, MixtralRefusesWhatItsLayoutLacks) {

@@ -316,7 +316,7 @@ TEST_P(AttentionTest, LatentCacheRowsMatchTheReference) {
       const std::vector<float> block = RandomFloats(m * num_heads * head_dim, rng_, 2.0f);
       std::vector<float> got(block.size(), NAN);
       backend.causal_attention(block.data(), m, num_heads, keys_only, context_len - m, 0,
-                               context_len, scale, got.data(), nullptr);
+                               context_len, /*window=*/0, scale, got.data(), nullptr);
       for (int i = 0; i < m; ++i) {
         const size_t q_dim = size_t{num_heads} * head_dim;
         std::vector<float> want(q_dim, NAN);
@@ -333,7 +333,8 @@ TEST_P(AttentionTest, LatentCacheRowsMatchTheReference) {
 // against the reference over its own causal range, for block sizes around the 16-lane row
 // vectors, group sizes 1 to 8, block starts inside and at the edges of tiles and blocks, and
 // context ranges that cut the block (parts of a split context, one of them empty for some
-// queries), with the log-sum-exps.
+// queries), without a window and with sliding windows shorter and longer than a tile (each
+// query its own first position), with the log-sum-exps.
 TEST_P(AttentionTest, QueryBlocksMatchTheReferencePerQuery) {
   const Backend& backend = ActiveBackend();
   const int num_kv_heads = 2, block_size = 16;
@@ -342,33 +343,38 @@ TEST_P(AttentionTest, QueryBlocksMatchTheReferencePerQuery) {
       for (int group : {1, 4, 8}) {
         const int num_heads = num_kv_heads * group;
         const size_t q_dim = static_cast<size_t>(num_heads) * head_dim;
-        for (auto [m, first_position, context_begin, context_end] :
-             {std::array{1, 0, 0, 1}, std::array{2, 0, 0, 2}, std::array{5, 30, 0, 35},
-              std::array{16, 0, 0, 16}, std::array{16, 47, 0, 63}, std::array{7, 100, 0, 107},
-              std::array{16, 200, 0, 216}, std::array{16, 200, 0, 150},
-              std::array{16, 200, 150, 210}, std::array{9, 60, 64, 69},
-              std::array{3, 10, 20, 40}}) {
+        for (auto [m, first_position, context_begin, context_end, window] :
+             {std::array{1, 0, 0, 1, 0}, std::array{2, 0, 0, 2, 0}, std::array{5, 30, 0, 35, 0},
+              std::array{16, 0, 0, 16, 0}, std::array{16, 47, 0, 63, 0},
+              std::array{7, 100, 0, 107, 0}, std::array{16, 200, 0, 216, 0},
+              std::array{16, 200, 0, 150, 0}, std::array{16, 200, 150, 210, 0},
+              std::array{9, 60, 64, 69, 0}, std::array{3, 10, 20, 40, 0},
+              std::array{16, 0, 0, 16, 5}, std::array{16, 47, 0, 63, 7},
+              std::array{16, 200, 0, 216, 40}, std::array{16, 200, 150, 210, 20},
+              std::array{16, 200, 0, 190, 9}, std::array{9, 60, 64, 69, 3}}) {
           const int stored = first_position + m;
           ScatteredKv kv(dtype, num_kv_heads, head_dim, block_size, stored, rng_);
           const std::vector<float> q = RandomFloats(m * q_dim, rng_, 2.0f);
           const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
           std::vector<float> got(m * q_dim, NAN), got_lse(m * num_heads, NAN);
           backend.causal_attention(q.data(), m, num_heads, kv.view, first_position, context_begin,
-                                   context_end, scale, got.data(), got_lse.data());
+                                   context_end, window, scale, got.data(), got_lse.data());
           for (int i = 0; i < m; ++i) {
             const int end = std::max(context_begin, std::min(context_end, first_position + i + 1));
+            const int begin =
+                window > 0 ? std::min(end, std::max(context_begin, first_position + i + 1 - window))
+                           : context_begin;
             std::vector<float> want(q_dim, NAN), want_lse(num_heads, NAN);
-            reference::PagedAttentionRange(q.data() + i * q_dim, num_heads, kv.view, context_begin,
-                                           end, scale, 0, num_kv_heads, want.data(),
-                                           want_lse.data());
+            reference::PagedAttentionRange(q.data() + i * q_dim, num_heads, kv.view, begin, end,
+                                           scale, 0, num_kv_heads, want.data(), want_lse.data());
             const std::vector<float> row(got.begin() + i * q_dim, got.begin() + (i + 1) * q_dim);
             const std::string where =
                 std::string(KvDtypeName(dtype)) + " head_dim=" + std::to_string(head_dim) +
                 " group=" + std::to_string(group) + " m=" + std::to_string(m) +
                 " first=" + std::to_string(first_position) + " range=[" +
-                std::to_string(context_begin) + ", " + std::to_string(context_end) + ") query " +
-                std::to_string(i);
-            if (end == context_begin) {  // nothing to attend: zeros and -inf
+                std::to_string(context_begin) + ", " + std::to_string(context_end) + ") window " +
+                std::to_string(window) + " query " + std::to_string(i);
+            if (end == begin) {  // nothing to attend: zeros and -inf
               for (float x : row) ASSERT_EQ(x, 0.0f) << where;
               for (int h = 0; h < num_heads; ++h) ASSERT_EQ(got_lse[i * num_heads + h], -INFINITY);
               continue;
@@ -387,28 +393,31 @@ TEST_P(AttentionTest, QueryBlocksMatchTheReferencePerQuery) {
 }
 
 // A query's result does not depend on the block it was computed in: the same query in a block
-// of 16, a block of 3 and alone (where its lane in the row vectors differs) is bitwise equal.
+// of 16, a block of 3 and alone (where its lane in the row vectors differs) is bitwise equal,
+// with and without a sliding window (whose queries each start elsewhere).
 TEST_P(AttentionTest, QueryBlockRowsAreIndependentOfTheBlock) {
   const Backend& backend = ActiveBackend();
   const int num_heads = 8, num_kv_heads = 2, head_dim = 64, block_size = 16, first = 90;
   const size_t q_dim = static_cast<size_t>(num_heads) * head_dim;
   for (KvDtype dtype : kDtypes) {
-    ScatteredKv kv(dtype, num_kv_heads, head_dim, block_size, first + 16, rng_);
-    const std::vector<float> q = RandomFloats(16 * q_dim, rng_, 2.0f);
-    std::vector<float> block(16 * q_dim, NAN);
-    backend.causal_attention(q.data(), 16, num_heads, kv.view, first, 0, first + 16, 0.125f,
-                             block.data(), nullptr);
-    std::vector<float> three(3 * q_dim, NAN);
-    backend.causal_attention(q.data() + 5 * q_dim, 3, num_heads, kv.view, first + 5, 0, first + 8,
-                             0.125f, three.data(), nullptr);
-    std::vector<float> alone(q_dim, NAN);
-    backend.causal_attention(q.data() + 7 * q_dim, 1, num_heads, kv.view, first + 7, 0, first + 8,
-                             0.125f, alone.data(), nullptr);
-    for (size_t x = 0; x < 3 * q_dim; ++x) {
-      ASSERT_EQ(three[x], block[5 * q_dim + x]) << KvDtypeName(dtype) << " " << x;
-    }
-    for (size_t x = 0; x < q_dim; ++x) {
-      ASSERT_EQ(alone[x], block[7 * q_dim + x]) << KvDtypeName(dtype) << " " << x;
+    for (int window : {0, 50}) {
+      ScatteredKv kv(dtype, num_kv_heads, head_dim, block_size, first + 16, rng_);
+      const std::vector<float> q = RandomFloats(16 * q_dim, rng_, 2.0f);
+      std::vector<float> block(16 * q_dim, NAN);
+      backend.causal_attention(q.data(), 16, num_heads, kv.view, first, 0, first + 16, window,
+                               0.125f, block.data(), nullptr);
+      std::vector<float> three(3 * q_dim, NAN);
+      backend.causal_attention(q.data() + 5 * q_dim, 3, num_heads, kv.view, first + 5, 0, first + 8,
+                               window, 0.125f, three.data(), nullptr);
+      std::vector<float> alone(q_dim, NAN);
+      backend.causal_attention(q.data() + 7 * q_dim, 1, num_heads, kv.view, first + 7, 0, first + 8,
+                               window, 0.125f, alone.data(), nullptr);
+      for (size_t x = 0; x < 3 * q_dim; ++x) {
+        ASSERT_EQ(three[x], block[5 * q_dim + x]) << KvDtypeName(dtype) << " " << x;
+      }
+      for (size_t x = 0; x < q_dim; ++x) {
+        ASSERT_EQ(alone[x], block[7 * q_dim + x]) << KvDtypeName(dtype) << " " << x;
+      }
     }
   }
 }
