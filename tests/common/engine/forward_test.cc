@@ -611,5 +611,76 @@ TEST(ForwardLongContextTest, SplitPromptBlocksAgreeWithTokenByToken) {
   token_table.ReleaseAll(pool->get());
 }
 
+// Sliding windows over long contexts split over threads read nothing before their window: with
+// every layer's keys and values before the first query's window overwritten with NaN, a decode
+// token (its window split into parts) gives the logits of the untouched cache, and a 3-token
+// prompt chunk (a query block, each query its own window) agrees with the tokens decoded one at
+// a time, all finite.
+TEST(ForwardLongContextTest, SlidingWindowsReadNothingBeforeTheirWindow) {
+  testing::TempDir dir;
+  std::ifstream in(testing::SourceDir() + "/models/tiny-moe/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["max_position_embeddings"] = 2048;
+  config["sliding_window"] = 700;  // Mixtral: every layer
+  std::ofstream(dir.path() + "/config.json") << config.dump();
+  auto weights =
+      LoadModelWeights(*testing::OpenModelDir(dir.path()), LoadFormat::kDummy, /*seed=*/3);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const auto& c = (*weights)->config;
+  ASSERT_EQ(c.LayerWindow(0), 700);
+  const int vocab = static_cast<int>(c.vocab_size);
+  auto pool = KvBlockPool::Create(KvCacheConfigFor(c, 16, 300, kernels::KvDtype::kBf16, 4));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto forward =
+      ForwardPass::Create(weights->get(), pool->get(), kernels::cpu::FindBackend("auto"));
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  std::vector<int32_t> ids(1100);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
+  const int head = 1097;
+  std::vector<std::vector<float>> logits;
+  BlockTable clean, poisoned, poisoned_token, tokens;
+  for (BlockTable* table : {&clean, &poisoned, &poisoned_token, &tokens}) {
+    ASSERT_TRUE(table->Reserve(pool->get(), static_cast<int>(ids.size())).ok());
+    for (int start = 0; start < head; start += 256) {
+      StepInput chunk{absl::MakeConstSpan(ids).subspan(start, std::min(256, head - start)), start,
+                      table};
+      ASSERT_TRUE((*forward)->Step({&chunk, 1}, {}, &logits).ok());
+    }
+  }
+  const int kv_dim = static_cast<int>(c.num_key_value_heads * c.head_dim);
+  const std::vector<float> nan_row(kv_dim, NAN);
+  for (BlockTable* table : {&poisoned, &poisoned_token}) {
+    for (int layer = 0; layer < (*pool)->config().num_layers; ++layer) {
+      const kernels::PagedKvOut out = (*pool)->Writer(layer, table->blocks().data());
+      for (int32_t pos = 0; pos < head + 1 - 700; ++pos) {
+        kernels::cpu::ActiveBackend().kv_store(out, 1, &pos, nan_row.data(), nan_row.data());
+      }
+    }
+  }
+  std::vector<std::vector<float>> want, got;
+  StepInput clean_token{absl::MakeConstSpan(ids).subspan(head, 1), head, &clean};
+  ASSERT_TRUE((*forward)->Step({&clean_token, 1}, {}, &want).ok());
+  StepInput poisoned_block{absl::MakeConstSpan(ids).subspan(head), head, &poisoned,
+                           LogitRows::kAll};
+  ASSERT_TRUE((*forward)->Step({&poisoned_block, 1}, {}, &got).ok());
+  for (int i = 0; i < 3; ++i) {
+    StepInput token{absl::MakeConstSpan(ids).subspan(head + i, 1), head + i, &tokens};
+    ASSERT_TRUE((*forward)->Step({&token, 1}, {}, &logits).ok());
+    for (int v = 0; v < vocab; ++v) ASSERT_TRUE(std::isfinite(got[0][i * vocab + v])) << i;
+    EXPECT_LT(testing::NormalisedRowError(&got[0][i * vocab], logits[0].data(), vocab), 2e-2)
+        << "token " << head + i;
+    if (i == 0) {
+      EXPECT_LT(testing::NormalisedRowError(logits[0].data(), want[0].data(), vocab), 1e-6);
+    }
+  }
+  // The decode token itself, its window's positions in parts over the threads.
+  StepInput decode{absl::MakeConstSpan(ids).subspan(head, 1), head, &poisoned_token};
+  ASSERT_TRUE((*forward)->Step({&decode, 1}, {}, &got).ok());
+  EXPECT_EQ(got[0], want[0]);
+  for (BlockTable* table : {&clean, &poisoned, &poisoned_token, &tokens}) {
+    table->ReleaseAll(pool->get());
+  }
+}
+
 }  // namespace
 }  // namespace tandem::engine
