@@ -136,7 +136,8 @@ TEST_F(DummyClusterTest, AHybridModelsStateTravelsWithItsKv) {
 // DeepSeek-V3's layout at a small shape (latent attention with the query's low-rank step and
 // YaRN, sigmoid routing within groups, a dense first layer and a shared expert): the KV blocks
 // the handoff carries are the latent and the rotary key alone (one pool a layer), and a full
-// cluster, and a full prefill feeding a pruned decoder, each answer as colocated serving does.
+// cluster, and a full prefill feeding a pruned decoder, each answer as colocated serving does,
+// again when prefill resumes the prompts from its prefix cache.
 TEST_F(DummyClusterTest, ALatentAttentionModelsHandoffIsItsLatent) {
   testing::TempDir latent;
   const fs::path tiny = testing::SourceDir() + "/models/tiny-moe";
@@ -167,6 +168,11 @@ TEST_F(DummyClusterTest, ALatentAttentionModelsHandoffIsItsLatent) {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     const std::vector<std::vector<int32_t>> disaggregated = Generate(cluster->gateway);
     ASSERT_FALSE(disaggregated.empty());
+    // The prompts again: prefill resumes them from its prefix cache's latent blocks.
+    EXPECT_EQ(Generate(cluster->gateway), disaggregated);
+    EXPECT_GT(
+        testing::MetricValue(cluster->prefill.http_port, "tandem_prefix_cache_hit_tokens_total"),
+        0);
     testing::ServiceSet colocated_set(latent.path());
     auto serve =
         colocated_set.Start("tandem-serve", pruned ? Dummy({"--plan=" + plan_path}) : Dummy({}));
