@@ -562,53 +562,86 @@ TEST_F(ForwardGoldenTest, BadInputIsRejected) {
   table.ReleaseAll(pool_.get());
 }
 
+// The tiny model's shape at random weights (seed 3) over a 2,048-position context, with a
+// sliding window in every layer where `window` > 0; a bf16 pool of `blocks` blocks of 16; 1,100
+// token ids. Tests of long contexts split over threads.
+class LongContextModel {
+ public:
+  void Open(int blocks, int window) {
+    std::ifstream in(testing::SourceDir() + "/models/tiny-moe/config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["max_position_embeddings"] = 2048;
+    if (window > 0) config["sliding_window"] = window;  // Mixtral: every layer
+    std::ofstream(dir_.path() + "/config.json") << config.dump();
+    auto weights =
+        LoadModelWeights(*testing::OpenModelDir(dir_.path()), LoadFormat::kDummy, /*seed=*/3);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = *std::move(weights);
+    auto pool = KvBlockPool::Create(KvCacheConfigFor(c(), 16, blocks, kernels::KvDtype::kBf16, 4));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+    auto forward =
+        ForwardPass::Create(weights_.get(), pool_.get(), kernels::cpu::FindBackend("auto"));
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    forward_ = *std::move(forward);
+    ids_.resize(1100);
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      ids_[i] = static_cast<int32_t>((i * 7919 + 13) % c().vocab_size);
+    }
+  }
+  // Reserves `table` for every id and prefills ids [0, head) in chunks of 256.
+  void Prefill(BlockTable* table, int head) {
+    ASSERT_TRUE(table->Reserve(pool_.get(), static_cast<int>(ids_.size())).ok());
+    std::vector<std::vector<float>> logits;
+    for (int start = 0; start < head; start += 256) {
+      StepInput chunk{ids(start, std::min(256, head - start)), start, table};
+      ASSERT_TRUE(forward_->Step({&chunk, 1}, {}, &logits).ok());
+    }
+  }
+  // The logits of `n` ids from `start` run as one step on `table` (every row's).
+  std::vector<float> Step(BlockTable* table, int start, int n) {
+    std::vector<std::vector<float>> logits;
+    StepInput in{ids(start, n), start, table, LogitRows::kAll};
+    EXPECT_TRUE(forward_->Step({&in, 1}, {}, &logits).ok());
+    return logits.empty() ? std::vector<float>() : logits[0];
+  }
+  absl::Span<const int32_t> ids(int start, int n) const {
+    return absl::MakeConstSpan(ids_).subspan(start, n);
+  }
+  const model::ModelConfig& c() const { return weights_->config; }
+  int vocab() const { return static_cast<int>(c().vocab_size); }
+  KvBlockPool* pool() { return pool_.get(); }
+
+ private:
+  testing::TempDir dir_;
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<ForwardPass> forward_;
+  std::vector<int32_t> ids_;
+};
+
 // A block of prompt queries whose context splits over threads: a 3-token chunk after 1,097
 // prompt tokens is one unit, so its context runs in parts merged by their log-sum-exps. On
 // random weights with a 2,048-position context and a bf16 cache, the chunk's logits agree with
 // the same tokens decoded one at a time (each split the same way, one query per part).
 TEST(ForwardLongContextTest, SplitPromptBlocksAgreeWithTokenByToken) {
-  testing::TempDir dir;
-  std::ifstream in(testing::SourceDir() + "/models/tiny-moe/config.json");
-  nlohmann::json config = nlohmann::json::parse(in);
-  config["max_position_embeddings"] = 2048;
-  std::ofstream(dir.path() + "/config.json") << config.dump();
-  auto weights =
-      LoadModelWeights(*testing::OpenModelDir(dir.path()), LoadFormat::kDummy, /*seed=*/3);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  const auto& c = (*weights)->config;
-  const int vocab = static_cast<int>(c.vocab_size);
-  auto pool = KvBlockPool::Create({static_cast<int>(c.num_hidden_layers),
-                                   static_cast<int>(c.num_key_value_heads),
-                                   static_cast<int>(c.head_dim), 16, 160, kernels::KvDtype::kBf16});
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  auto forward =
-      ForwardPass::Create(weights->get(), pool->get(), kernels::cpu::FindBackend("auto"));
-  ASSERT_TRUE(forward.ok()) << forward.status();
-  std::vector<int32_t> ids(1100);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
-  const int head = 1097;
-  std::vector<std::vector<float>> logits;
+  LongContextModel m;
+  ASSERT_NO_FATAL_FAILURE(m.Open(/*blocks=*/160, /*window=*/0));
+  const int head = 1097, vocab = m.vocab();
   // Both tables hold the same first 1,097 tokens, prefilled in chunks of 256.
   BlockTable block_table, token_table;
-  for (BlockTable* table : {&block_table, &token_table}) {
-    ASSERT_TRUE(table->Reserve(pool->get(), static_cast<int>(ids.size())).ok());
-    for (int start = 0; start < head; start += 256) {
-      StepInput chunk{absl::MakeConstSpan(ids).subspan(start, std::min(256, head - start)), start,
-                      table};
-      ASSERT_TRUE((*forward)->Step({&chunk, 1}, {}, &logits).ok());
-    }
-  }
-  std::vector<std::vector<float>> block;
-  StepInput tail{absl::MakeConstSpan(ids).subspan(head), head, &block_table, LogitRows::kAll};
-  ASSERT_TRUE((*forward)->Step({&tail, 1}, {}, &block).ok());
+  ASSERT_NO_FATAL_FAILURE(m.Prefill(&block_table, head));
+  ASSERT_NO_FATAL_FAILURE(m.Prefill(&token_table, head));
+  const std::vector<float> block = m.Step(&block_table, head, 3);
+  ASSERT_EQ(block.size(), 3u * vocab);
   for (int i = 0; i < 3; ++i) {
-    StepInput token{absl::MakeConstSpan(ids).subspan(head + i, 1), head + i, &token_table};
-    ASSERT_TRUE((*forward)->Step({&token, 1}, {}, &logits).ok());
-    EXPECT_LT(testing::NormalisedRowError(&block[0][i * vocab], logits[0].data(), vocab), 2e-2)
+    const std::vector<float> token = m.Step(&token_table, head + i, 1);
+    ASSERT_EQ(token.size(), static_cast<size_t>(vocab));
+    EXPECT_LT(testing::NormalisedRowError(&block[i * vocab], token.data(), vocab), 2e-2)
         << "token " << head + i;
   }
-  block_table.ReleaseAll(pool->get());
-  token_table.ReleaseAll(pool->get());
+  block_table.ReleaseAll(m.pool());
+  token_table.ReleaseAll(m.pool());
 }
 
 // Sliding windows over long contexts split over threads read nothing before their window: with
@@ -617,68 +650,41 @@ TEST(ForwardLongContextTest, SplitPromptBlocksAgreeWithTokenByToken) {
 // prompt chunk (a query block, each query its own window) agrees with the tokens decoded one at
 // a time, all finite.
 TEST(ForwardLongContextTest, SlidingWindowsReadNothingBeforeTheirWindow) {
-  testing::TempDir dir;
-  std::ifstream in(testing::SourceDir() + "/models/tiny-moe/config.json");
-  nlohmann::json config = nlohmann::json::parse(in);
-  config["max_position_embeddings"] = 2048;
-  config["sliding_window"] = 700;  // Mixtral: every layer
-  std::ofstream(dir.path() + "/config.json") << config.dump();
-  auto weights =
-      LoadModelWeights(*testing::OpenModelDir(dir.path()), LoadFormat::kDummy, /*seed=*/3);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  const auto& c = (*weights)->config;
-  ASSERT_EQ(c.LayerWindow(0), 700);
-  const int vocab = static_cast<int>(c.vocab_size);
-  auto pool = KvBlockPool::Create(KvCacheConfigFor(c, 16, 300, kernels::KvDtype::kBf16, 4));
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  auto forward =
-      ForwardPass::Create(weights->get(), pool->get(), kernels::cpu::FindBackend("auto"));
-  ASSERT_TRUE(forward.ok()) << forward.status();
-  std::vector<int32_t> ids(1100);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
-  const int head = 1097;
-  std::vector<std::vector<float>> logits;
+  LongContextModel m;
+  ASSERT_NO_FATAL_FAILURE(m.Open(/*blocks=*/300, /*window=*/700));
+  ASSERT_EQ(m.c().LayerWindow(0), 700);
+  const int head = 1097, vocab = m.vocab();
   BlockTable clean, poisoned, poisoned_token, tokens;
   for (BlockTable* table : {&clean, &poisoned, &poisoned_token, &tokens}) {
-    ASSERT_TRUE(table->Reserve(pool->get(), static_cast<int>(ids.size())).ok());
-    for (int start = 0; start < head; start += 256) {
-      StepInput chunk{absl::MakeConstSpan(ids).subspan(start, std::min(256, head - start)), start,
-                      table};
-      ASSERT_TRUE((*forward)->Step({&chunk, 1}, {}, &logits).ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(m.Prefill(table, head));
   }
-  const int kv_dim = static_cast<int>(c.num_key_value_heads * c.head_dim);
+  const int kv_dim = static_cast<int>(m.c().num_key_value_heads * m.c().head_dim);
   const std::vector<float> nan_row(kv_dim, NAN);
   for (BlockTable* table : {&poisoned, &poisoned_token}) {
-    for (int layer = 0; layer < (*pool)->config().num_layers; ++layer) {
-      const kernels::PagedKvOut out = (*pool)->Writer(layer, table->blocks().data());
+    for (int layer = 0; layer < m.pool()->config().num_layers; ++layer) {
+      const kernels::PagedKvOut out = m.pool()->Writer(layer, table->blocks().data());
       for (int32_t pos = 0; pos < head + 1 - 700; ++pos) {
         kernels::cpu::ActiveBackend().kv_store(out, 1, &pos, nan_row.data(), nan_row.data());
       }
     }
   }
-  std::vector<std::vector<float>> want, got;
-  StepInput clean_token{absl::MakeConstSpan(ids).subspan(head, 1), head, &clean};
-  ASSERT_TRUE((*forward)->Step({&clean_token, 1}, {}, &want).ok());
-  StepInput poisoned_block{absl::MakeConstSpan(ids).subspan(head), head, &poisoned,
-                           LogitRows::kAll};
-  ASSERT_TRUE((*forward)->Step({&poisoned_block, 1}, {}, &got).ok());
+  const std::vector<float> want = m.Step(&clean, head, 1);
+  const std::vector<float> block = m.Step(&poisoned, head, 3);
+  ASSERT_EQ(block.size(), 3u * vocab);
   for (int i = 0; i < 3; ++i) {
-    StepInput token{absl::MakeConstSpan(ids).subspan(head + i, 1), head + i, &tokens};
-    ASSERT_TRUE((*forward)->Step({&token, 1}, {}, &logits).ok());
-    for (int v = 0; v < vocab; ++v) ASSERT_TRUE(std::isfinite(got[0][i * vocab + v])) << i;
-    EXPECT_LT(testing::NormalisedRowError(&got[0][i * vocab], logits[0].data(), vocab), 2e-2)
+    const std::vector<float> token = m.Step(&tokens, head + i, 1);
+    ASSERT_EQ(token.size(), static_cast<size_t>(vocab));
+    for (int v = 0; v < vocab; ++v) ASSERT_TRUE(std::isfinite(block[i * vocab + v])) << i;
+    EXPECT_LT(testing::NormalisedRowError(&block[i * vocab], token.data(), vocab), 2e-2)
         << "token " << head + i;
     if (i == 0) {
-      EXPECT_LT(testing::NormalisedRowError(logits[0].data(), want[0].data(), vocab), 1e-6);
+      EXPECT_LT(testing::NormalisedRowError(token.data(), want.data(), vocab), 1e-6);
     }
   }
   // The decode token itself, its window's positions in parts over the threads.
-  StepInput decode{absl::MakeConstSpan(ids).subspan(head, 1), head, &poisoned_token};
-  ASSERT_TRUE((*forward)->Step({&decode, 1}, {}, &got).ok());
-  EXPECT_EQ(got[0], want[0]);
+  EXPECT_EQ(m.Step(&poisoned_token, head, 1), want);
   for (BlockTable* table : {&clean, &poisoned, &poisoned_token, &tokens}) {
-    table->ReleaseAll(pool->get());
+    table->ReleaseAll(m.pool());
   }
 }
 
