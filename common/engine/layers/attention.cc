@@ -21,12 +21,6 @@ constexpr int64_t kMinAttentionPart = 512;
 // Queries of one sequence attended together (Backend::causal_attention).
 constexpr int kQueryBlock = 16;
 
-// The first position a query at `position` reads: 0, or with a sliding window its last
-// `window` positions.
-int WindowBegin(int position, int window) {
-  return window > 0 ? std::max(0, position + 1 - window) : 0;
-}
-
 // x (rows, n) += bias (n,) on every row; nothing for an empty bias.
 void AddBias(const kernels::Backend& ops, const std::vector<float>& bias, int rows, float* x) {
   if (!bias.empty()) ops.add_bias(bias.data(), rows, static_cast<int>(bias.size()), x);
@@ -65,7 +59,7 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
     AttentionUnit& unit = units_[u];
     // The positions the unit's queries read: to the last one's, from the first one's window.
     const int context = ctx.positions[unit.first + unit.count - 1] + 1 -
-                        WindowBegin(ctx.positions[unit.first], window);
+                        kernels::CausalQueryBegin(ctx.positions[unit.first], 0, 0, window);
     int parts = 1;
     if (U < 2 * threads) {
       parts = static_cast<int>(std::min<int64_t>(
@@ -93,7 +87,7 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
       const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
       const int part = static_cast<int>(item - attention_parts_[u]);
       const int first_position = ctx.positions[unit.first];
-      const int window_begin = WindowBegin(first_position, window);
+      const int window_begin = kernels::CausalQueryBegin(first_position, 0, 0, window);
       const int context = first_position + unit.count - window_begin;
       const kernels::PagedKv kv =
           pool.View(kv_layer, ctx.batch[ctx.seqs[unit.first]].block_table->blocks().data());

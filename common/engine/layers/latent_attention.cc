@@ -14,6 +14,28 @@ LatentAttentionBlock::LatentAttentionBlock(const model::ModelConfig& config, KvB
       kv_layers_(std::move(kv_layers)),
       rope_freq_(config.RopeFrequencies()) {}
 
+void LatentAttentionBlock::PerHead(StepContext& ctx, const float* in, int in_head,
+                                   const std::vector<WeightMatrix>& w, float* out, int out_head) {
+  const int T = ctx.tokens();
+  const int heads = static_cast<int>(w.size());
+  const int cols = w[0].cols(), rows = w[0].rows();
+  Resize(head_in_, heads, static_cast<int64_t>(T) * cols);
+  Resize(head_out_, heads, static_cast<int64_t>(T) * rows);
+  products_.clear();
+  for (int h = 0; h < heads; ++h) {
+    float* x = Row(head_in_, h, static_cast<int64_t>(T) * cols);
+    ctx.ops->gather_rows(in + static_cast<int64_t>(h) * in_head, heads * in_head, nullptr, T, cols,
+                         x, cols);
+    products_.push_back(
+        {.x = x, .b = T, .w = w[h].view(), .y = Row(head_out_, h, static_cast<int64_t>(T) * rows)});
+  }
+  ctx.LinearGroup(products_);
+  for (int h = 0; h < heads; ++h) {
+    ctx.ops->gather_rows(Row(head_out_, h, static_cast<int64_t>(T) * rows), rows, nullptr, T, rows,
+                         out + static_cast<int64_t>(h) * out_head, heads * out_head);
+  }
+}
+
 absl::Status LatentAttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const model::ModelConfig& c = ctx.w.config;
   const model::LatentAttentionConfig& m = c.mla;
@@ -61,51 +83,18 @@ absl::Status LatentAttentionBlock::Forward(int l, StepContext& ctx, float* out) 
                  Row(latent_, first, D), Row(latent_, first, D));
   }
 
-  // Each head's q_nope through W_uk^T (one group over the heads): its query against the cache is
-  // [W_uk^T q_nope | q_pe].
-  Resize(q_nope_, heads, static_cast<int64_t>(T) * nope);
-  Resize(q_latent_, heads, static_cast<int64_t>(T) * lora);
+  // Each head's q_nope through W_uk^T: its query against the cache is [W_uk^T q_nope | q_pe].
   Resize(q_cache_, T, static_cast<int64_t>(heads) * D);
-  products_.clear();
-  for (int h = 0; h < heads; ++h) {
-    float* x = Row(q_nope_, h, static_cast<int64_t>(T) * nope);
-    ops.gather_rows(q_.data() + static_cast<int64_t>(h) * qk, heads * qk, nullptr, T, nope, x,
-                    nope);
-    products_.push_back({.x = x,
-                         .b = T,
-                         .w = L.q_absorb[h].view(),
-                         .y = Row(q_latent_, h, static_cast<int64_t>(T) * lora)});
-  }
-  ctx.LinearGroup(products_);
-  for (int h = 0; h < heads; ++h) {
-    ops.gather_rows(Row(q_latent_, h, static_cast<int64_t>(T) * lora), lora, nullptr, T, lora,
-                    q_cache_.data() + static_cast<int64_t>(h) * D, heads * D);
-  }
+  PerHead(ctx, q_.data(), qk, L.q_absorb, q_cache_.data(), D);
   ops.gather_rows(q_.data() + nope, qk, nullptr, T * heads, rope_dim, q_cache_.data() + lora, D);
 
   Resize(attn_, T, static_cast<int64_t>(heads) * D);
   attend_.Run(ctx, *pool_, kv_layers_[l], q_cache_.data(), heads, /*window=*/0,
               static_cast<float>(c.LatentAttentionScale()), attn_.data());
 
-  // Each head's output leaves the latent through W_uv (one group), then o_proj.
-  Resize(o_latent_, heads, static_cast<int64_t>(T) * lora);
-  Resize(o_value_, heads, static_cast<int64_t>(T) * v_dim);
+  // Each head's output leaves the latent through W_uv, then o_proj.
   Resize(o_in_, T, static_cast<int64_t>(heads) * v_dim);
-  products_.clear();
-  for (int h = 0; h < heads; ++h) {
-    float* x = Row(o_latent_, h, static_cast<int64_t>(T) * lora);
-    ops.gather_rows(attn_.data() + static_cast<int64_t>(h) * D, heads * D, nullptr, T, lora, x,
-                    lora);
-    products_.push_back({.x = x,
-                         .b = T,
-                         .w = L.v_up[h].view(),
-                         .y = Row(o_value_, h, static_cast<int64_t>(T) * v_dim)});
-  }
-  ctx.LinearGroup(products_);
-  for (int h = 0; h < heads; ++h) {
-    ops.gather_rows(Row(o_value_, h, static_cast<int64_t>(T) * v_dim), v_dim, nullptr, T, v_dim,
-                    o_in_.data() + static_cast<int64_t>(h) * v_dim, heads * v_dim);
-  }
+  PerHead(ctx, attn_.data(), D, L.v_up, o_in_.data(), v_dim);
   ctx.Linear(o_in_.data(), T, L.o.view(), out);
   return absl::OkStatus();
 }

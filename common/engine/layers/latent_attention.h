@@ -29,17 +29,20 @@ class LatentAttentionBlock : public Block {
   CacheSpec cache() const override { return cache_; }
 
  private:
+  // out (tokens, heads, out_head) gets each head's product w[h] (rows, cols) of its slice of in
+  // (tokens, heads, in_head), the first cols values of each head: one group over the heads.
+  void PerHead(StepContext& ctx, const float* in, int in_head, const std::vector<WeightMatrix>& w,
+               float* out, int out_head);
+
   KvBlockPool* const pool_;
   const CacheSpec cache_;
   const std::vector<int> kv_layers_;
   const std::vector<float> rope_freq_;  // (qk_rope_head_dim / 2,)
   // Buffers reused across steps: q (tokens, heads, qk_head_dim), q_a (tokens, q_lora_rank),
-  // latent (tokens, cache dim), per head q_nope (heads, tokens, nope) and its absorbed form
-  // (heads, tokens, kv_lora_rank), the queries against the cache (tokens, heads, cache dim), the
-  // attention output (tokens, heads, cache dim), per head its latent part and value (heads,
-  // tokens, v_head_dim), and o_proj's input (tokens, heads * v_head_dim).
-  std::vector<float> q_, q_a_, latent_, q_nope_, q_latent_, q_cache_, attn_, o_latent_, o_value_,
-      o_in_;
+  // latent (tokens, cache dim), the queries against the cache (tokens, heads, cache dim), the
+  // attention output (tokens, heads, cache dim), o_proj's input (tokens, heads * v_head_dim), and
+  // PerHead's inputs and outputs head by head (heads, tokens, cols | rows).
+  std::vector<float> q_, q_a_, latent_, q_cache_, attn_, o_in_, head_in_, head_out_;
   std::vector<kernels::LinearProduct> products_;
   CachedAttention attend_;
 };

@@ -57,6 +57,14 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
   }
   // Softmax, top-k and their weights on the backend, over runs of sequences that share a mask.
   const int sequences = static_cast<int>(ctx.batch.size());
+  // The router's options; only the mask changes between runs of sequences.
+  kernels::RouteSpec spec{.k = top_k, .renormalize = c.norm_topk_prob};
+  spec.sigmoid = c.router.sigmoid;
+  spec.selection_bias = c.router.selection_bias ? ctx.w.layers[l].moe.router_bias.data() : nullptr;
+  spec.groups = static_cast<int>(c.router.groups);
+  spec.top_groups = static_cast<int>(c.router.top_groups);
+  spec.group_top_two = c.router.group_top_two;
+  spec.scaling = static_cast<float>(c.router.scaling);
   for (int s = 0; s < sequences;) {
     const ExpertMask* mask = ctx.Options(s).mask;
     int end = s + 1;
@@ -70,15 +78,7 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
         mask_bias_[e] = mask->retained[l][e] ? 0.0f : -std::numeric_limits<float>::infinity();
       }
     }
-    kernels::RouteSpec spec{.k = top_k, .renormalize = c.norm_topk_prob};
     spec.mask = masked ? mask_bias_.data() : nullptr;
-    spec.sigmoid = c.router.sigmoid;
-    spec.selection_bias =
-        c.router.selection_bias ? ctx.w.layers[l].moe.router_bias.data() : nullptr;
-    spec.groups = static_cast<int>(c.router.groups);
-    spec.top_groups = static_cast<int>(c.router.top_groups);
-    spec.group_top_two = c.router.group_top_two;
-    spec.scaling = static_cast<float>(c.router.scaling);
     ctx.ops->route(Row(router_logits_, first, num_experts), n, num_experts, spec,
                    &chosen_[static_cast<size_t>(first) * top_k],
                    &chosen_w_[static_cast<size_t>(first) * top_k]);
