@@ -52,11 +52,14 @@ float ElementAsF32(const model::TensorView& view, int64_t i) {
 absl::StatusOr<WeightMatrix> LoadWeight(
     const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, TensorKind kind,
     int layer = -1, int expert = -1, model::ExpertLayout layout = model::ExpertLayout::kPerExpert) {
-  ASSIGN_OR_RETURN(model::TensorView view,
-                   model::GetTensor(checkpoint, config, kind, layer, expert, layout));
-  if (!config.quantization.Quantizes(kind)) return WeightFromTensor(view);
-  ASSIGN_OR_RETURN(model::TensorView scales, checkpoint.Get(model::ScaleTensorName(view.name)));
-  return WeightFromQuantized(view, scales, config.quantization.BitsOf(kind),
+  if (!config.quantization.Quantizes(kind)) {
+    ASSIGN_OR_RETURN(model::TensorView view,
+                     model::GetTensor(checkpoint, config, kind, layer, expert, layout));
+    return WeightFromTensor(view);
+  }
+  ASSIGN_OR_RETURN(model::QuantizedTensor q,
+                   model::GetQuantizedTensor(checkpoint, config, kind, layer, expert, layout));
+  return WeightFromQuantized(q.levels, q.scales, config.quantization.BitsOf(kind),
                              config.quantization.group_size);
 }
 
@@ -68,10 +71,11 @@ absl::StatusOr<Bf16Matrix> LoadMatrix(const model::SafetensorsModel& checkpoint,
   return MatrixFromTensor(view);
 }
 
-absl::StatusOr<std::vector<float>> LoadVector(const model::SafetensorsModel& checkpoint,
-                                              const model::ModelConfig& config, TensorKind kind,
-                                              int layer = -1) {
-  ASSIGN_OR_RETURN(model::TensorView view, model::GetTensor(checkpoint, config, kind, layer));
+absl::StatusOr<std::vector<float>> LoadVector(
+    const model::SafetensorsModel& checkpoint, const model::ModelConfig& config, TensorKind kind,
+    int layer = -1, int expert = -1, model::ExpertLayout layout = model::ExpertLayout::kPerExpert) {
+  ASSIGN_OR_RETURN(model::TensorView view,
+                   model::GetTensor(checkpoint, config, kind, layer, expert, layout));
   return VectorFromTensor(view);
 }
 
@@ -130,6 +134,9 @@ absl::StatusOr<AttentionWeights> LoadAttention(const model::SafetensorsModel& ch
   if (config.attention_out_bias) {
     ASSIGN_OR_RETURN(a.o_bias, LoadVector(checkpoint, config, TensorKind::kAttnOutBias, l));
   }
+  if (config.attention_sinks) {
+    ASSIGN_OR_RETURN(a.sinks, LoadVector(checkpoint, config, TensorKind::kAttnSinks, l));
+  }
   return a;
 }
 
@@ -185,7 +192,7 @@ absl::StatusOr<MoeWeights> LoadMoe(const model::SafetensorsModel& checkpoint,
                                    const ModelWeights& weights, model::ExpertLayout layout) {
   MoeWeights m;
   ASSIGN_OR_RETURN(m.router, LoadWeight(checkpoint, config, TensorKind::kRouter, l));
-  if (config.router.selection_bias) {
+  if (config.router.selection_bias || config.router.logit_bias) {
     ASSIGN_OR_RETURN(m.router_bias, LoadVector(checkpoint, config, TensorKind::kRouterBias, l));
   }
   if (config.HasSharedExpert()) {
@@ -198,10 +205,19 @@ absl::StatusOr<MoeWeights> LoadMoe(const model::SafetensorsModel& checkpoint,
   }
   m.experts.resize(config.num_local_experts);
   for (int e = 0; e < config.num_local_experts; ++e) {
-    if (!weights.HasExpert(l, e)) continue;
-    ASSIGN_OR_RETURN(m.experts[e],
-                     LoadMlp(checkpoint, config, TensorKind::kExpertGate, TensorKind::kExpertUp,
-                             TensorKind::kExpertDown, l, e, layout));
+    if (weights.HasExpert(l, e)) {
+      ASSIGN_OR_RETURN(m.experts[e],
+                       LoadMlp(checkpoint, config, TensorKind::kExpertGate, TensorKind::kExpertUp,
+                               TensorKind::kExpertDown, l, e, layout));
+    }
+    if (!config.expert_bias) continue;  // biases of every expert: streamed ones' too
+    ExpertWeights& x = m.experts[e];
+    ASSIGN_OR_RETURN(x.gate_bias,
+                     LoadVector(checkpoint, config, TensorKind::kExpertGateBias, l, e, layout));
+    ASSIGN_OR_RETURN(x.up_bias,
+                     LoadVector(checkpoint, config, TensorKind::kExpertUpBias, l, e, layout));
+    ASSIGN_OR_RETURN(x.down_bias,
+                     LoadVector(checkpoint, config, TensorKind::kExpertDownBias, l, e, layout));
   }
   return m;
 }
@@ -485,8 +501,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
   const model::QuantizationConfig& qc = config.quantization;
   // A SwiGLU MLP `width` wide, its matrices of `kinds` (gate, up, down).
   auto mlp = [&](int width, TensorKind gate, TensorKind up, TensorKind down) {
-    return ExpertWeights{fill.Weight(width, h, qc, gate), fill.Weight(width, h, qc, up),
-                         fill.Weight(h, width, qc, down)};
+    ExpertWeights m;
+    m.gate = fill.Weight(width, h, qc, gate);
+    m.up = fill.Weight(width, h, qc, up);
+    m.down = fill.Weight(h, width, qc, down);
+    return m;
   };
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     LayerWeights layer;
@@ -545,6 +564,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
         a.v_bias.assign(kv_dim, 0.0f);
       }
       if (config.attention_out_bias) a.o_bias.assign(h, 0.0f);
+      if (config.attention_sinks) a.sinks.assign(config.num_attention_heads, 0.0f);
     }
     layer.ffn_norm.assign(h, 1.0f);
     if (!config.IsSparseLayer(l)) {
@@ -555,7 +575,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     }
     MoeWeights& m = layer.moe;
     m.router = fill.Weight(static_cast<int>(config.num_local_experts), h, qc, TensorKind::kRouter);
-    if (config.router.selection_bias) m.router_bias.assign(config.num_local_experts, 0.0f);
+    if (config.router.selection_bias || config.router.logit_bias) {
+      m.router_bias.assign(config.num_local_experts, 0.0f);
+    }
     if (config.HasSharedExpert()) {
       m.shared = mlp(static_cast<int>(config.shared_expert_intermediate_size),
                      TensorKind::kSharedGate, TensorKind::kSharedUp, TensorKind::kSharedDown);
@@ -567,10 +589,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
     for (int e = 0; e < config.num_local_experts; ++e) {
       if (!w->HasExpert(l, e)) {
         for (int matrix = 0; matrix < 3; ++matrix) fill.Skip();
-        continue;
+      } else {
+        m.experts[e] =
+            mlp(inter, TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown);
       }
-      m.experts[e] =
-          mlp(inter, TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown);
+      if (config.expert_bias) {  // zero, as a freshly initialised model's
+        m.experts[e].gate_bias.assign(inter, 0.0f);
+        m.experts[e].up_bias.assign(inter, 0.0f);
+        m.experts[e].down_bias.assign(h, 0.0f);
+      }
     }
     w->layers.push_back(std::move(layer));
   }
@@ -609,7 +636,10 @@ int64_t ModelWeights::bytes() const {
       for (const WeightMatrix& m : *heads) total += static_cast<int64_t>(m.data.size());
     }
     total += floats(la.q_a_norm) + floats(la.kv_a_norm) + floats(l.moe.router_bias);
-    for (const ExpertWeights& e : l.moe.experts) total += expert(e);
+    for (const ExpertWeights& e : l.moe.experts) {
+      total += expert(e) + floats(e.gate_bias) + floats(e.up_bias) + floats(e.down_bias);
+    }
+    total += floats(a.sinks);
     total += expert(l.moe.shared) + expert(l.dense);
   }
   return total;

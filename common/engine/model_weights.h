@@ -65,6 +65,11 @@ struct ExpertWeights {
   WeightMatrix gate;  // w1 (intermediate, hidden)
   WeightMatrix up;    // w3 (intermediate, hidden)
   WeightMatrix down;  // w2 (hidden, intermediate)
+  // A routed expert's biases where the model has them (config.expert_bias: gpt-oss), else
+  // empty: (intermediate,), (intermediate,), (hidden,). Loaded with the expert's matrices,
+  // and for every expert of a layer whose experts stream (the matrices then come from the
+  // stream; these are small).
+  std::vector<float> gate_bias, up_bias, down_bias;
 };
 
 // A Gated DeltaNet layer (model::MixerKind::kGatedDeltaNet), in the config's DeltaNetConfig
@@ -90,6 +95,7 @@ struct AttentionWeights {
   // Empty where the architecture or config has none.
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // (q_dim,), (kv_dim,) x2, (hidden,)
   std::vector<float> q_norm, k_norm;                  // (head_dim,): per-head RMSNorm weights
+  std::vector<float> sinks;  // (heads,): each head's sink logit (config.attention_sinks)
 };
 
 // Multi-head latent attention's (LatentAttentionBlock, DeepSeek-V2/V3), with the latent's
@@ -113,8 +119,8 @@ struct LatentAttentionWeights {
 struct MoeWeights {
   WeightMatrix router;  // (experts, hidden), bf16
   // (experts,): added to the router's scores for choosing experts only (DeepSeek-V3's
-  // e_score_correction_bias); empty where the router has none. The model's is used whatever
-  // overlay a sequence runs.
+  // e_score_correction_bias), or to its logits (gpt-oss's router bias); empty where the router
+  // has none. The model's is used whatever overlay a sequence runs.
   std::vector<float> router_bias;
   std::vector<ExpertWeights> experts;  // (experts,); empty matrices for experts not loaded
   ExpertWeights shared;                // (shared_intermediate) wide; empty when none

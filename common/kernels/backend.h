@@ -55,6 +55,10 @@
 //   add_rows          y row to[r] (row r when to is null) += scales[r] (1 when null) * x row r,
 //                     rows (rows, n): residual adds and the experts' weighted outputs
 //   add_bias          x (rows, n) += bias (n,) on every row
+//   clamped_swiglu    out (n,) = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g =
+//                     min(gate, limit): gpt-oss's expert activation
+//   attention_sinks   out (rows, heads, head_dim) *= 1 / (1 + exp(sinks[h] - lse (rows, heads))):
+//                     each head's softmax given one more logit, its sink, whose share is dropped
 //   sigmoid           x (n,) <- 1 / (1 + exp(-x))
 //   mul               y (n,) *= x (n,)
 //   l2_norm           each of the `heads` (n,) vectors of each of `rows` rows (at `stride`) of x
@@ -189,6 +193,10 @@ struct Backend {
   void (*add_rows)(const float* x, int rows, int n, const float* scales, const int32_t* to,
                    float* y) = nullptr;
   void (*add_bias)(const float* bias, int rows, int n, float* x) = nullptr;
+  void (*clamped_swiglu)(const float* gate, const float* up, int n, float alpha, float limit,
+                         float* out) = nullptr;
+  void (*attention_sinks)(float* out, const float* lse, const float* sinks, int rows, int heads,
+                          int head_dim) = nullptr;
   void (*sigmoid)(float* x, int n) = nullptr;
   void (*mul)(const float* x, int n, float* y) = nullptr;
   void (*l2_norm)(float* x, int rows, int heads, int n, int stride, float scale) = nullptr;

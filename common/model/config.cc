@@ -37,10 +37,30 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
     q.unsupported_method = "fp8";
     return q;
   }
+  if (method != nullptr && *method == "mxfp4") {
+    // gpt-oss as published: the routed experts in MXFP4 (modules_to_not_convert names the
+    // rest), loaded as int8 groups of 32.
+    if (!c.arch->stacked_interleaved) {
+      return FieldError("quantization_config.quant_method",
+                        absl::StrCat("\"mxfp4\" is supported for gpt_oss's experts, not for ",
+                                     Sv(c.model_type())));
+    }
+    if (c.hidden_size % 32 != 0 || c.intermediate_size % 32 != 0) {
+      return FieldError("quantization_config.quant_method",
+                        "\"mxfp4\" needs hidden_size and intermediate_size multiples of 32");
+    }
+    QuantizationConfig q;
+    q.mxfp4 = true;
+    q.bits = 8;
+    q.group_size = 32;
+    q.experts = true;
+    return q;
+  }
   if (method == nullptr || !method->is_string() || *method != "tandem") {
     return FieldError("quantization_config.quant_method",
                       absl::StrCat(method == nullptr ? "is missing" : "is " + method->dump(),
-                                   ": only \"tandem\" (written by tandem quantize) is supported"));
+                                   ": supported: \"tandem\" (written by tandem quantize), "
+                                   "\"mxfp4\" (gpt-oss's experts)"));
   }
   QuantizationConfig q;
   const Json* bits = json.Find("bits");
@@ -122,9 +142,8 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
 }
 
 // config.json's "rope_scaling": YaRN (Hugging Face's "yarn" rope type, "type" in older
-// configs). Its attention factor scales cos and sin; Tandem implements it only where it is 1
-// (mscale equal to mscale_all_dim, as DeepSeek's checkpoints set them, or an explicit
-// attention_factor of 1).
+// configs). Its attention factor scales cos and sin: ParseModelConfig takes it where RoPE turns
+// whole heads (its square then scales the softmax) and refuses it elsewhere.
 absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& v, const ModelConfig& c) {
   if (!v.is_object()) return FieldError("rope_scaling", "must be an object or null");
   const ConfigReader json(v);
@@ -164,12 +183,10 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& v, const ModelConfig& c
     factor = mscale != 0 && mscale_all_dim != 0 ? get_mscale(mscale) / get_mscale(mscale_all_dim)
                                                 : get_mscale(1.0);
   }
-  if (std::abs(factor - 1.0) > 1e-12) {
-    return FieldError("rope_scaling.attention_factor",
-                      absl::StrCat("(YaRN's scale of cos and sin, here ", factor,
-                                   ") other than 1 is not supported: give mscale equal to "
-                                   "mscale_all_dim, or attention_factor 1"));
+  if (!(factor > 0) || !std::isfinite(factor)) {
+    return FieldError("rope_scaling.attention_factor", "must be a positive number");
   }
+  r.attention_factor = std::abs(factor - 1.0) > 1e-12 ? factor : 1.0;
   r.mscale_all_dim = mscale_all_dim;
   return r;
 }
@@ -224,6 +241,11 @@ std::vector<float> ModelConfig::RopeFrequencies() const {
     inv_freq[i] = interpolated * (1.0f - extrapolation) + extrapolated * extrapolation;
   }
   return inv_freq;
+}
+
+float ModelConfig::AttentionScale() const {
+  const double a = rope_scaling.attention_factor;
+  return 1.0f / std::sqrt(static_cast<float>(head_dim)) * static_cast<float>(a * a);
 }
 
 double ModelConfig::LatentAttentionScale() const {
@@ -413,6 +435,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
                                             c.layer_specs.size(), " layers of ",
                                             c.num_hidden_layers));
   }
+  // YaRN's attention factor scales cos and sin, so only the rotated part of each query and key:
+  // the softmax scale takes its square only where that part is the whole head.
+  if (c.rope_scaling.attention_factor != 1 &&
+      (c.rotary_dim != c.head_dim || c.NumLayers(MixerKind::kAttention) != c.num_hidden_layers)) {
+    return FieldError(
+        "rope_scaling.attention_factor",
+        absl::StrCat("(YaRN's scale of cos and sin, here ", c.rope_scaling.attention_factor,
+                     ") other than 1 is supported only where RoPE turns whole heads "
+                     "of grouped-query attention: give mscale equal to "
+                     "mscale_all_dim, or attention_factor 1"));
+  }
   // A window the recipe placed on no layer is a window the engine would ignore.
   if (c.sliding_window > 0 && std::none_of(c.layer_specs.begin(), c.layer_specs.end(),
                                            [](const LayerSpec& spec) { return spec.window > 0; })) {
@@ -444,8 +477,9 @@ ExpertLayout DetectExpertLayout(const ModelConfig& config,
                                 const std::vector<std::string>& checkpoint_names) {
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     if (!config.IsSparseLayer(l)) continue;
-    const std::string stacked = TensorName(*config.arch, TensorKind::kExpertsGateUp, l);
+    std::string stacked = TensorName(*config.arch, TensorKind::kExpertsGateUp, l);
     if (stacked.empty()) return ExpertLayout::kPerExpert;
+    if (config.quantization.mxfp4) stacked += "_blocks";
     return std::find(checkpoint_names.begin(), checkpoint_names.end(), stacked) !=
                    checkpoint_names.end()
                ? ExpertLayout::kStacked
@@ -521,6 +555,17 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
               c.mla.kv_lora_rank};
     case TensorKind::kRouterBias:
       return {c.num_local_experts};
+    case TensorKind::kAttnSinks:
+      return {c.num_attention_heads};
+    case TensorKind::kExpertGateBias:
+    case TensorKind::kExpertUpBias:
+      return {c.intermediate_size};
+    case TensorKind::kExpertDownBias:
+      return {c.hidden_size};
+    case TensorKind::kExpertsGateUpBias:
+      return {c.num_local_experts, 2 * c.intermediate_size};
+    case TensorKind::kExpertsDownBias:
+      return {c.num_local_experts, c.hidden_size};
     case TensorKind::kAttnQNorm:
     case TensorKind::kAttnKNorm:
       return {c.head_dim};
@@ -551,8 +596,14 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
     case TensorKind::kExpertDown:
       return {c.hidden_size, c.intermediate_size};
     case TensorKind::kExpertsGateUp:
+      if (c.arch->stacked_interleaved) {
+        return {c.num_local_experts, c.hidden_size, 2 * c.intermediate_size};
+      }
       return {c.num_local_experts, 2 * c.intermediate_size, c.hidden_size};
     case TensorKind::kExpertsDown:
+      if (c.arch->stacked_interleaved) {
+        return {c.num_local_experts, c.intermediate_size, c.hidden_size};
+      }
       return {c.num_local_experts, c.hidden_size, c.intermediate_size};
     case TensorKind::kLinearQkv:
       return {c.linear.conv_dim(), c.hidden_size};
@@ -641,6 +692,9 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layou
     if (c.attention_out_bias && c.Mixer(layer) == MixerKind::kAttention) {
       add(TensorKind::kAttnOutBias, layer, -1);
     }
+    if (c.attention_sinks && c.Mixer(layer) == MixerKind::kAttention) {
+      add(TensorKind::kAttnSinks, layer, -1);
+    }
     add(TensorKind::kFfnNorm, layer, -1);
     if (!c.IsSparseLayer(layer)) {
       for (TensorKind kind :
@@ -650,14 +704,45 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layou
       continue;
     }
     add(TensorKind::kRouter, layer, -1);
-    if (c.router.selection_bias) add(TensorKind::kRouterBias, layer, -1);
-    if (layout == ExpertLayout::kStacked) {
+    if (c.router.selection_bias || c.router.logit_bias) add(TensorKind::kRouterBias, layer, -1);
+    if (layout == ExpertLayout::kStacked && q.mxfp4) {
+      // Blocks and scales a row per output: gate_up (2 * intermediate, hidden), down (hidden,
+      // intermediate).
+      for (TensorKind kind : {TensorKind::kExpertsGateUp, TensorKind::kExpertsDown}) {
+        const std::string name = TensorName(arch, kind, layer);
+        const bool gate_up = kind == TensorKind::kExpertsGateUp;
+        const int64_t rows = gate_up ? 2 * c.intermediate_size : c.hidden_size;
+        const int64_t groups = (gate_up ? c.hidden_size : c.intermediate_size) / 32;
+        out.push_back(TensorSpec{name + "_blocks",
+                                 {c.num_local_experts, rows, groups, 16},
+                                 kind,
+                                 layer,
+                                 -1,
+                                 TensorStorage::kMxfp4Blocks});
+        out.push_back(TensorSpec{name + "_scales",
+                                 {c.num_local_experts, rows, groups},
+                                 kind,
+                                 layer,
+                                 -1,
+                                 TensorStorage::kMxfp4Scales});
+      }
+    } else if (layout == ExpertLayout::kStacked) {
       add(TensorKind::kExpertsGateUp, layer, -1);
       add(TensorKind::kExpertsDown, layer, -1);
-    } else {
+    }
+    if (layout == ExpertLayout::kStacked && c.expert_bias) {
+      add(TensorKind::kExpertsGateUpBias, layer, -1);
+      add(TensorKind::kExpertsDownBias, layer, -1);
+    }
+    if (layout == ExpertLayout::kPerExpert) {
       for (int expert = 0; expert < c.num_local_experts; ++expert) {
         for (TensorKind kind :
              {TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown}) {
+          add(kind, layer, expert);
+        }
+        if (!c.expert_bias) continue;
+        for (TensorKind kind : {TensorKind::kExpertGateBias, TensorKind::kExpertUpBias,
+                                TensorKind::kExpertDownBias}) {
           add(kind, layer, expert);
         }
       }

@@ -68,9 +68,18 @@ enum class TensorKind {
   kAttnKvA,      // (kv_lora_rank + qk_rope_head_dim, hidden): kv_a_proj_with_mqa
   kAttnKvANorm,  // (kv_lora_rank): kv_a_layernorm
   kAttnKvB,      // (heads*(qk_nope_head_dim + v_head_dim), kv_lora_rank): kv_b_proj
-  kRouterBias,   // (experts): e_score_correction_bias, added to scores for choosing only
+  kRouterBias,   // (experts): e_score_correction_bias (RouterConfig::selection_bias), or the
+                 // router's own bias on its logits (RouterConfig::logit_bias: gpt-oss)
+  // gpt-oss: a learned logit per head in every softmax (attention sinks), and biases on the
+  // experts' projections (ModelConfig::expert_bias), per expert or stacked like the experts.
+  kAttnSinks,          // (heads)
+  kExpertGateBias,     // (intermediate)
+  kExpertUpBias,       // (intermediate)
+  kExpertDownBias,     // (hidden)
+  kExpertsGateUpBias,  // (experts, 2 * intermediate), laid out as kExpertsGateUp's columns
+  kExpertsDownBias,    // (experts, hidden)
 };
-inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kRouterBias) + 1;
+inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kExpertsDownBias) + 1;
 
 class ConfigReader;  // common/model/config_reader.h
 struct ModelConfig;
@@ -97,6 +106,12 @@ struct ArchitectureSpec {
   // Layers past num_hidden_layers under this prefix are skipped too (DeepSeek-V3's
   // multi-token-prediction layers, model.layers.{num_hidden_layers}.*); empty: none.
   std::string_view extra_layers_prefix = "";
+  // How stacked experts are stored: kExpertsGateUp (experts, 2 * intermediate, hidden), an
+  // expert's gate rows then its up rows, and kExpertsDown (experts, hidden, intermediate)
+  // (Qwen3.5); or, interleaved, as x @ W: kExpertsGateUp (experts, hidden, 2 * intermediate)
+  // with gate and up in alternate columns (gate first) and kExpertsDown (experts, intermediate,
+  // hidden) (gpt-oss, whose MXFP4 blocks hold the same matrices a row per output).
+  bool stacked_interleaved = false;
   // Reads the architecture's own keys into `config`, whose common fields (sizes, heads,
   // experts, RoPE, norms, token ids) are already parsed: routing (norm_topk_prob), attention
   // bias, shared experts, and layer_specs (which layers are dense); refuses, naming the key,
@@ -131,6 +146,12 @@ struct QuantizationConfig {
   // published: "fp8", e4m3 in 128 x 128 blocks); empty otherwise. Its dims serve (a dummy of its
   // shape runs); ModelWeights::Load refuses its weights, naming the method.
   std::string unsupported_method = "";
+  // The routed experts are stored as MXFP4 (gpt-oss as published, quant_method "mxfp4": E2M1
+  // values, two a byte low nibble first, and an E8M0 exponent per 32, as <stacked name>_blocks
+  // (experts, rows, cols / 32, 16) and _scales (experts, rows, cols / 32)); they load as int8
+  // groups of 32 (bits 8, group_size 32, experts), which hold every MXFP4 value exactly: twice
+  // an E2M1 value is an integer in [-12, 12], its scale 2^(exponent - 128).
+  bool mxfp4 = false;
 
   bool Quantizes(TensorKind kind) const;
   // The bits of a quantized tensor of `kind`.
@@ -204,6 +225,10 @@ struct RopeScaling {
   // DeepSeek's attention scale factor: softmax scale * (0.1 * mscale_all_dim * ln(factor) + 1)^2;
   // 0: none.
   double mscale_all_dim = 0;
+  // YaRN's scale of cos and sin (Hugging Face's attention_factor; gpt-oss's 1 + 0.1 ln(factor)):
+  // with RoPE over the whole head it scales every query and key, so the engine applies its
+  // square to the softmax scale (ModelConfig::AttentionScale).
+  double attention_factor = 1;
   bool truncate = true;  // correction range rounded to whole dimensions
 };
 
@@ -215,6 +240,7 @@ struct RouterConfig {
   int64_t top_groups = 1;
   bool group_top_two = false;  // a group's score: its best two (noaux_tc) or its best
   double scaling = 1;          // routed_scaling_factor
+  bool logit_bias = false;     // the router's bias (kRouterBias) added to its logits (gpt-oss)
 };
 
 // How a checkpoint stores routed experts: a tensor per expert and projection, or stacked per
@@ -223,10 +249,12 @@ enum class ExpertLayout { kPerExpert, kStacked };
 
 // How a checkpoint stores a tensor.
 enum class TensorStorage {
-  kFloat,  // BF16, F16 or F32, the shape as given
-  kInt8,   // I8 levels, the weight's shape (rows, cols)
-  kInt4,   // U8, two levels a byte (low nibble first, each + 8): (rows, cols / 2)
-  kScale,  // F16 scales of a quantized weight: (rows, cols / group_size)
+  kFloat,        // BF16, F16 or F32, the shape as given
+  kInt8,         // I8 levels, the weight's shape (rows, cols)
+  kInt4,         // U8, two levels a byte (low nibble first, each + 8): (rows, cols / 2)
+  kScale,        // F16 scales of a quantized weight: (rows, cols / group_size)
+  kMxfp4Blocks,  // U8 E2M1 pairs (experts, rows, cols / 32, 16)
+  kMxfp4Scales,  // U8 E8M0 exponents (experts, rows, cols / 32)
 };
 
 // A parsed config.json. Sizes are validated by ParseModelConfig: all positive,
@@ -277,6 +305,14 @@ struct ModelConfig {
   bool norm_topk_prob = true;
   bool attention_qkv_bias = false;  // q, k and v projections have bias
   bool attention_out_bias = false;  // o_proj has bias
+  // Each head's softmax has one more logit, a learned sink (kAttnSinks), whose share of the
+  // mass is dropped (gpt-oss).
+  bool attention_sinks = false;
+  // The experts' projections have biases (kExpertGateBias, ...), and their activation is
+  // gpt-oss's clamped SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(1.702 g) with
+  // g = min(gate, limit), where swiglu_limit > 0 (0: silu(gate) * up).
+  bool expert_bias = false;
+  double swiglu_limit = 0;
   // Per layer, as the architecture's recipe composes it; empty: every layer is attention then
   // MoE.
   std::vector<LayerSpec> layer_specs;
@@ -322,6 +358,8 @@ struct ModelConfig {
   // Latent attention's softmax scale (DeepSeek's): 1 / sqrt(query-key head dim), times YaRN's
   // (0.1 * mscale_all_dim * ln(factor) + 1)^2 where rope_scaling gives mscale_all_dim.
   double LatentAttentionScale() const;
+  // Attention's softmax scale: 1 / sqrt(head_dim), times YaRN's attention factor squared.
+  float AttentionScale() const;
 };
 
 // Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that

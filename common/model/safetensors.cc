@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -470,15 +471,33 @@ absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelCon
     }
     const bool float_dtype =
         t->dtype == DType::kBF16 || t->dtype == DType::kF16 || t->dtype == DType::kF32;
-    const bool dtype_ok = spec.storage == TensorStorage::kFloat  ? float_dtype
-                          : spec.storage == TensorStorage::kInt8 ? t->dtype == DType::kI8
-                          : spec.storage == TensorStorage::kInt4 ? t->dtype == DType::kU8
-                                                                 : t->dtype == DType::kF16;
+    DType dtype = DType::kF16;
+    const char* wanted = "F16 (scales)";
+    switch (spec.storage) {
+      case TensorStorage::kFloat:
+        wanted = "BF16, F16 or F32";
+        break;
+      case TensorStorage::kInt8:
+        dtype = DType::kI8;
+        wanted = "I8 (int8 levels)";
+        break;
+      case TensorStorage::kInt4:
+        dtype = DType::kU8;
+        wanted = "U8 (int4 levels, two a byte)";
+        break;
+      case TensorStorage::kMxfp4Blocks:
+        dtype = DType::kU8;
+        wanted = "U8 (MXFP4 blocks)";
+        break;
+      case TensorStorage::kMxfp4Scales:
+        dtype = DType::kU8;
+        wanted = "U8 (MXFP4 exponents)";
+        break;
+      case TensorStorage::kScale:
+        break;
+    }
+    const bool dtype_ok = spec.storage == TensorStorage::kFloat ? float_dtype : t->dtype == dtype;
     if (!dtype_ok) {
-      const char* wanted = spec.storage == TensorStorage::kFloat  ? "BF16, F16 or F32"
-                           : spec.storage == TensorStorage::kInt8 ? "I8 (int8 levels)"
-                           : spec.storage == TensorStorage::kInt4 ? "U8 (int4 levels, two a byte)"
-                                                                  : "F16 (scales)";
       problems.push_back(absl::StrCat("tensor '", spec.name, "' has dtype ",
                                       Sv(DTypeName(t->dtype)), ", expected ", wanted));
     }
@@ -556,26 +575,157 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
   return absl::OkStatus();
 }
 
+namespace {
+
+// A tensor made here rather than mapped, owning its bytes.
+TensorView OwnedTensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                       std::vector<std::byte> bytes) {
+  auto owner = std::make_shared<const std::vector<std::byte>>(std::move(bytes));
+  TensorView view{std::move(name), dtype, std::move(shape), owner->data(), owner->size()};
+  view.owner = std::move(owner);
+  return view;
+}
+
+bool IsExpertKind(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kExpertGate:
+    case TensorKind::kExpertUp:
+    case TensorKind::kExpertDown:
+    case TensorKind::kExpertGateBias:
+    case TensorKind::kExpertUpBias:
+    case TensorKind::kExpertDownBias:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// float16's bits of 2^k; 0 below its smallest subnormal (2^-24). k <= 15.
+uint16_t F16PowerOfTwo(int k) {
+  if (k >= -14) return static_cast<uint16_t>((k + 15) << 10);
+  if (k >= -24) return static_cast<uint16_t>(1u << (k + 24));
+  return 0;
+}
+
+}  // namespace
+
 absl::StatusOr<TensorView> GetTensor(const SafetensorsModel& checkpoint, const ModelConfig& config,
                                      TensorKind kind, int layer, int expert, ExpertLayout layout) {
-  const bool stacked_expert = layout == ExpertLayout::kStacked &&
-                              (kind == TensorKind::kExpertGate || kind == TensorKind::kExpertUp ||
-                               kind == TensorKind::kExpertDown);
-  if (!stacked_expert) return checkpoint.Get(TensorName(*config.arch, kind, layer, expert));
-  const TensorKind stacked_kind =
-      kind == TensorKind::kExpertDown ? TensorKind::kExpertsDown : TensorKind::kExpertsGateUp;
-  absl::StatusOr<TensorView> all = checkpoint.Get(TensorName(*config.arch, stacked_kind, layer));
-  if (!all.ok()) return all.status();
+  if (layout != ExpertLayout::kStacked || !IsExpertKind(kind)) {
+    return checkpoint.Get(TensorName(*config.arch, kind, layer, expert));
+  }
   if (expert < 0 || expert >= config.num_local_experts) {
     return absl::InvalidArgumentError(absl::StrCat("no expert ", expert));
   }
-  // Shapes were validated against the config: (experts, rows, cols).
-  const size_t per_expert = all->size_bytes / static_cast<size_t>(config.num_local_experts);
-  const size_t bytes = per_expert / (stacked_kind == TensorKind::kExpertsGateUp ? 2 : 1);
-  size_t offset = static_cast<size_t>(expert) * per_expert;
-  if (kind == TensorKind::kExpertUp) offset += bytes;  // the expert's up rows follow its gate rows
-  return TensorView{TensorName(*config.arch, kind, layer, expert), all->dtype,
-                    TensorShape(config, kind), all->data + offset, bytes};
+  const bool bias = kind == TensorKind::kExpertGateBias || kind == TensorKind::kExpertUpBias ||
+                    kind == TensorKind::kExpertDownBias;
+  const bool down = kind == TensorKind::kExpertDown || kind == TensorKind::kExpertDownBias;
+  const bool up = kind == TensorKind::kExpertUp || kind == TensorKind::kExpertUpBias;
+  const TensorKind stacked_kind =
+      bias ? (down ? TensorKind::kExpertsDownBias : TensorKind::kExpertsGateUpBias)
+           : (down ? TensorKind::kExpertsDown : TensorKind::kExpertsGateUp);
+  const std::string stacked_name = TensorName(*config.arch, stacked_kind, layer);
+  if (stacked_name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(Sv(config.model_type()), " stores no stacked ",
+                                                   bias ? "bias" : "matrix", " for ",
+                                                   TensorName(*config.arch, kind, layer, expert)));
+  }
+  ASSIGN_OR_RETURN(TensorView all, checkpoint.Get(stacked_name));
+  std::string name = TensorName(*config.arch, kind, layer, expert);
+  std::vector<int64_t> shape = TensorShape(config, kind);
+  // Shapes were validated against the config: (experts, ...).
+  const size_t per_expert = all.size_bytes / static_cast<size_t>(config.num_local_experts);
+  const std::byte* base = all.data + static_cast<size_t>(expert) * per_expert;
+  if (down && bias)
+    return TensorView{std::move(name), all.dtype, std::move(shape), base, per_expert};
+  if (!config.arch->stacked_interleaved) {
+    // (experts, 2 * intermediate, hidden): the expert's gate rows, then its up rows.
+    const size_t bytes = per_expert / (down ? 1 : 2);
+    return TensorView{std::move(name), all.dtype, std::move(shape), base + (up ? bytes : 0), bytes};
+  }
+  // Interleaved, as x @ W: gather the expert's matrix a row per output.
+  const size_t element = DTypeSize(all.dtype);
+  const size_t inter = static_cast<size_t>(config.intermediate_size);
+  const size_t hidden = static_cast<size_t>(config.hidden_size);
+  std::vector<std::byte> bytes(per_expert / (down ? 1 : 2));
+  auto copy = [&](size_t to, size_t from) {
+    std::memcpy(bytes.data() + to * element, base + from * element, element);
+  };
+  if (bias) {  // (2 * intermediate,): gate, up alternate
+    for (size_t i = 0; i < inter; ++i) copy(i, 2 * i + (up ? 1 : 0));
+  } else if (!down) {  // (hidden, 2 * intermediate) -> (intermediate, hidden)
+    for (size_t i = 0; i < inter; ++i) {
+      for (size_t h = 0; h < hidden; ++h)
+        copy(i * hidden + h, h * 2 * inter + 2 * i + (up ? 1 : 0));
+    }
+  } else {  // (intermediate, hidden) -> (hidden, intermediate)
+    for (size_t h = 0; h < hidden; ++h) {
+      for (size_t i = 0; i < inter; ++i) copy(h * inter + i, i * hidden + h);
+    }
+  }
+  return OwnedTensor(std::move(name), all.dtype, std::move(shape), std::move(bytes));
+}
+
+absl::StatusOr<QuantizedTensor> GetQuantizedTensor(const SafetensorsModel& checkpoint,
+                                                   const ModelConfig& config, TensorKind kind,
+                                                   int layer, int expert, ExpertLayout layout) {
+  const QuantizationConfig& q = config.quantization;
+  if (!q.mxfp4) {
+    ASSIGN_OR_RETURN(TensorView levels, GetTensor(checkpoint, config, kind, layer, expert, layout));
+    ASSIGN_OR_RETURN(TensorView scales, checkpoint.Get(ScaleTensorName(levels.name)));
+    return QuantizedTensor{std::move(levels), std::move(scales)};
+  }
+  const bool down = kind == TensorKind::kExpertDown;
+  if (layout != ExpertLayout::kStacked ||
+      (kind != TensorKind::kExpertGate && kind != TensorKind::kExpertUp && !down)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MXFP4 weights are stacked experts' matrices, not ",
+                     TensorName(*config.arch, kind, layer, expert)));
+  }
+  if (expert < 0 || expert >= config.num_local_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("no expert ", expert));
+  }
+  const std::string stacked =
+      TensorName(*config.arch, down ? TensorKind::kExpertsDown : TensorKind::kExpertsGateUp, layer);
+  ASSIGN_OR_RETURN(TensorView blocks, checkpoint.Get(stacked + "_blocks"));
+  ASSIGN_OR_RETURN(TensorView exponents, checkpoint.Get(stacked + "_scales"));
+  // Rows a stacked expert has and those of this matrix: gate_up's 2 * intermediate alternate.
+  const int64_t inter = config.intermediate_size, hidden = config.hidden_size;
+  const int64_t stacked_rows = down ? hidden : 2 * inter;
+  const int64_t rows = down ? hidden : inter;
+  const int64_t cols = down ? inter : hidden;
+  const int64_t groups = cols / 32;
+  // E2M1 codes times two: the int8 levels.
+  static constexpr int8_t kTwiceE2m1[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
+  std::vector<std::byte> levels(static_cast<size_t>(rows * cols));
+  std::vector<std::byte> scales(static_cast<size_t>(rows * groups) * 2);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t from = int64_t{expert} * stacked_rows +
+                         (down ? r : 2 * r + (kind == TensorKind::kExpertUp ? 1 : 0));
+    const auto* code = reinterpret_cast<const uint8_t*>(blocks.data) + from * cols / 2;
+    auto* level = reinterpret_cast<int8_t*>(levels.data()) + r * cols;
+    for (int64_t c = 0; c < cols / 2; ++c) {
+      level[2 * c] = kTwiceE2m1[code[c] & 15];
+      level[2 * c + 1] = kTwiceE2m1[code[c] >> 4];
+    }
+    const auto* exponent = reinterpret_cast<const uint8_t*>(exponents.data) + from * groups;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int k = static_cast<int>(exponent[g]) - 128;  // 2^(e - 127) / 2: levels are doubled
+      if (k > 15) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            stacked, "_scales holds exponent ", static_cast<int>(exponent[g]), " (a scale of 2^",
+            exponent[g] - 127, "), past what Tandem's float16 scales hold"));
+      }
+      const uint16_t bits = F16PowerOfTwo(k);
+      std::memcpy(scales.data() + (r * groups + g) * 2, &bits, 2);
+    }
+  }
+  std::string name = TensorName(*config.arch, kind, layer, expert);
+  std::string scale_name = ScaleTensorName(name);
+  return QuantizedTensor{
+      OwnedTensor(std::move(name), DType::kI8, {rows, cols}, std::move(levels)),
+      OwnedTensor(std::move(scale_name), DType::kF16, {rows, groups}, std::move(scales))};
 }
 
 }  // namespace tandem::model

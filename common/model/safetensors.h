@@ -37,6 +37,9 @@ struct TensorView {
   std::vector<int64_t> shape;  // row-major
   const std::byte* data;       // size_bytes bytes
   size_t size_bytes;           // product(shape) * DTypeSize(dtype)
+  // The bytes `data` points into where the view was made rather than mapped (an expert gathered
+  // out of an interleaved stack, MXFP4 converted); null for a view into a file.
+  std::shared_ptr<const std::vector<std::byte>> owner = nullptr;
 
   int64_t num_elements() const;
 };
@@ -114,12 +117,29 @@ absl::Status ValidateAgainstConfig(const SafetensorsModel& model, const ModelCon
 
 // The checkpoint's tensor of `kind` (of `layer`, `expert` where the kind has them). Where the
 // checkpoint stores the experts stacked (`layout`, DetectExpertLayout), an expert's gate, up or
-// down matrix is a view into its layer's stacked tensor (each a contiguous run of it), named
-// and shaped as the per-expert tensor would be, so a tool reading experts one at a time
-// reads either layout and writes the per-expert one.
+// down matrix (or bias) is named and shaped as the per-expert tensor would be, so a tool
+// reading experts one at a time reads either layout and writes the per-expert one: a view into
+// its layer's stacked tensor where it is a contiguous run of it (gate rows then up rows), else
+// a copy gathered out of it (ArchitectureSpec::stacked_interleaved: gate and up in alternate
+// columns, stored as x @ W).
 absl::StatusOr<TensorView> GetTensor(const SafetensorsModel& checkpoint, const ModelConfig& config,
                                      TensorKind kind, int layer = -1, int expert = -1,
                                      ExpertLayout layout = ExpertLayout::kPerExpert);
+
+// A quantized weight of `kind` (config.quantization.Quantizes(kind)) as levels (I8, or U8 with
+// two int4 levels a byte) and float16 scales (rows, cols / group_size): as tandem quantize
+// writes them (the weight and its ScaleTensorName), or converted from stacked MXFP4 experts
+// (QuantizationConfig::mxfp4) to int8 levels, twice the E2M1 values, with scales 2^(exponent -
+// 128), which hold every value exactly; an exponent past float16's range is refused (above) or
+// its group flushed to zero (below 2^-24, every value under 6 * 2^-24).
+struct QuantizedTensor {
+  TensorView levels;
+  TensorView scales;
+};
+absl::StatusOr<QuantizedTensor> GetQuantizedTensor(const SafetensorsModel& checkpoint,
+                                                   const ModelConfig& config, TensorKind kind,
+                                                   int layer = -1, int expert = -1,
+                                                   ExpertLayout layout = ExpertLayout::kPerExpert);
 
 // Writes `tensors` (in the given order, contiguous) and `metadata` as a safetensors file,
 // with the header padded to a multiple of 8 bytes. Used by tools that write checkpoints and by

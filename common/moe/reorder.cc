@@ -73,20 +73,29 @@ absl::Status ReorderCheckpoint(const model::ModelDir& dir, const CalibrationStat
     if (layout == model::ExpertLayout::kStacked) {
       bool stacked = false;
       for (int l = 0; l < layers && !stacked; ++l) {
-        stacked = name == model::TensorName(*config.arch, TensorKind::kExpertsGateUp, l) ||
-                  name == model::TensorName(*config.arch, TensorKind::kExpertsDown, l);
+        for (TensorKind kind : {TensorKind::kExpertsGateUp, TensorKind::kExpertsDown,
+                                TensorKind::kExpertsGateUpBias, TensorKind::kExpertsDownBias}) {
+          const std::string stacked_name = model::TensorName(*config.arch, kind, l);
+          stacked = stacked || (!stacked_name.empty() && name == stacked_name);
+        }
       }
       if (stacked) continue;
     }
     ASSIGN_OR_RETURN(model::TensorView view, checkpoint->Get(name));
     out.push_back(view);
   }
+  // An expert's tensors: its matrices, and its biases where the model has them (gpt-oss).
+  std::vector<TensorKind> expert_kinds = {TensorKind::kExpertGate, TensorKind::kExpertUp,
+                                          TensorKind::kExpertDown};
+  if (config.expert_bias) {
+    expert_kinds.insert(expert_kinds.end(), {TensorKind::kExpertGateBias, TensorKind::kExpertUpBias,
+                                             TensorKind::kExpertDownBias});
+  }
   if (layout == model::ExpertLayout::kStacked) {
     for (int l = 0; l < layers; ++l) {
       if (!config.IsSparseLayer(l)) continue;
       for (int e = 0; e < experts; ++e) {
-        for (TensorKind kind :
-             {TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown}) {
+        for (TensorKind kind : expert_kinds) {
           ASSIGN_OR_RETURN(model::TensorView view,
                            model::GetTensor(*checkpoint, config, kind, l, e, layout));
           out.push_back(view);
@@ -94,13 +103,13 @@ absl::Status ReorderCheckpoint(const model::ModelDir& dir, const CalibrationStat
       }
     }
   }
-  owned.reserve(static_cast<size_t>(layers) * experts * 3);
+  owned.reserve(static_cast<size_t>(layers) * experts * expert_kinds.size());
   for (int l = 0; l < layers; ++l) {
     if (!config.IsSparseLayer(l)) continue;  // a dense MLP layer has no experts to reorder
     for (int e = 0; e < experts; ++e) {
       const std::vector<int> order = NeuronOrder(stats.layers[l].neuron_importance[e]);
-      for (TensorKind kind :
-           {TensorKind::kExpertGate, TensorKind::kExpertUp, TensorKind::kExpertDown}) {
+      for (TensorKind kind : expert_kinds) {
+        if (kind == TensorKind::kExpertDownBias) continue;  // (hidden,): no neuron's own
         const std::string name = model::TensorName(*config.arch, kind, l, e);
         auto it = std::find_if(out.begin(), out.end(),
                                [&](const model::TensorView& v) { return v.name == name; });
@@ -115,8 +124,10 @@ absl::Status ReorderCheckpoint(const model::ModelDir& dir, const CalibrationStat
                           element);
             }
           }
-        } else {  // (inter, hidden): permute the rows
-          const size_t row = static_cast<size_t>(hidden) * element;
+        } else {  // (inter, hidden) or a bias (inter,): permute the rows
+          const bool bias =
+              kind == TensorKind::kExpertGateBias || kind == TensorKind::kExpertUpBias;
+          const size_t row = static_cast<size_t>(bias ? 1 : hidden) * element;
           for (int i = 0; i < inter; ++i) {
             std::memcpy(data.data() + i * row, it->data + order[i] * row, row);
           }

@@ -31,7 +31,7 @@ constexpr int64_t kMemoryBytes = int64_t{64} << 20;  // the tiny model's weights
 
 // The tiny model's directory without its checkpoint: config, tokenizer, generation defaults.
 class DummyClusterTest : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     const fs::path tiny = testing::SourceDir() + "/models/tiny-moe";
     for (const char* file :
@@ -133,18 +133,50 @@ TEST_F(DummyClusterTest, AHybridModelsStateTravelsWithItsKv) {
   testing::ExpectSameContinuations(disaggregated, Generate(*serve), kTokens);
 }
 
-// DeepSeek-V3's layout at a small shape (latent attention with the query's low-rank step and
-// YaRN, sigmoid routing within groups, a dense first layer and a shared expert): the KV blocks
-// the handoff carries are the latent and the rotary key alone (one pool a layer), and a full
-// cluster, and a full prefill feeding a pruned decoder, each answer as colocated serving does,
-// again when prefill resumes the prompts from its prefix cache.
-TEST_F(DummyClusterTest, ALatentAttentionModelsHandoffIsItsLatent) {
-  testing::TempDir latent;
+// A model of `config_json` (8 experts, 3 sparse-capable layers, the tiny model's vocabulary)
+// with the tiny model's tokenizer: a full cluster, and a full prefill feeding a decoder that keeps
+// half the experts, each answer as colocated serving does, again when prefill resumes the
+// prompts from its prefix cache.
+void ExpectClustersAnswerAsColocatedServing(const std::string& config_json) {
+  testing::TempDir model;
   const fs::path tiny = testing::SourceDir() + "/models/tiny-moe";
   for (const char* file : {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
-    fs::create_symlink(tiny / file, fs::path(latent.path()) / file);
+    fs::create_symlink(tiny / file, fs::path(model.path()) / file);
   }
-  std::ofstream(fs::path(latent.path()) / "config.json") << R"({
+  std::ofstream(fs::path(model.path()) / "config.json") << config_json;
+  nlohmann::json plan = {{"model", "dummy"}, {"numLayers", 3}, {"numExperts", 8}};
+  for (int l = 0; l < 3; ++l) {
+    plan["layers"].push_back({{"layer", l}, {"retainedExperts", {0, 2, 3, 5}}});
+  }
+  const std::string plan_path = model.path() + "/keep4.json";
+  std::ofstream(plan_path) << plan.dump();
+  for (const bool pruned : {false, true}) {
+    SCOPED_TRACE(pruned ? "pruned decoder" : "full decoder");
+    const std::vector<std::string> decode = DummyClusterTest::Dummy(
+        pruned ? std::vector<std::string>{"--plan=" + plan_path} : std::vector<std::string>{});
+    testing::ServiceSet set(model.path());
+    auto cluster = set.StartCluster(DummyClusterTest::Dummy({}), decode);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    const std::vector<std::vector<int32_t>> disaggregated =
+        DummyClusterTest::Generate(cluster->gateway);
+    ASSERT_FALSE(disaggregated.empty());
+    // The prompts again: prefill resumes them from its prefix cache's blocks.
+    EXPECT_EQ(DummyClusterTest::Generate(cluster->gateway), disaggregated);
+    EXPECT_GT(
+        testing::MetricValue(cluster->prefill.http_port, "tandem_prefix_cache_hit_tokens_total"),
+        0);
+    testing::ServiceSet colocated_set(model.path());
+    auto serve = colocated_set.Start("tandem-serve", decode);
+    ASSERT_TRUE(serve.ok()) << serve.status();
+    testing::ExpectSameContinuations(disaggregated, DummyClusterTest::Generate(*serve), kTokens);
+  }
+}
+
+// DeepSeek-V3's layout at a small shape (latent attention with the query's low-rank step and
+// YaRN, sigmoid routing within groups, a dense first layer and a shared expert): the KV blocks
+// the handoff carries are the latent and the rotary key alone (one pool a layer).
+TEST_F(DummyClusterTest, ALatentAttentionModelsHandoffIsItsLatent) {
+  ExpectClustersAnswerAsColocatedServing(R"({
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
     "vocab_size": 8192, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
     "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8,
@@ -153,31 +185,23 @@ TEST_F(DummyClusterTest, ALatentAttentionModelsHandoffIsItsLatent) {
     "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
     "v_head_dim": 16, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2,
     "rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 128,
-                     "mscale": 1.0, "mscale_all_dim": 1.0}})";
-  nlohmann::json plan = {{"model", "latent"}, {"numLayers", 3}, {"numExperts", 8}};
-  for (int l = 0; l < 3; ++l) {
-    plan["layers"].push_back({{"layer", l}, {"retainedExperts", {0, 2, 3, 5}}});
-  }
-  const std::string plan_path = latent.path() + "/keep4.json";
-  std::ofstream(plan_path) << plan.dump();
-  for (const bool pruned : {false, true}) {
-    SCOPED_TRACE(pruned ? "pruned decoder" : "full decoder");
-    const std::vector<std::string> decode = pruned ? Dummy({"--plan=" + plan_path}) : Dummy({});
-    testing::ServiceSet set(latent.path());
-    auto cluster = set.StartCluster(Dummy({}), decode);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    const std::vector<std::vector<int32_t>> disaggregated = Generate(cluster->gateway);
-    ASSERT_FALSE(disaggregated.empty());
-    // The prompts again: prefill resumes them from its prefix cache's latent blocks.
-    EXPECT_EQ(Generate(cluster->gateway), disaggregated);
-    EXPECT_GT(
-        testing::MetricValue(cluster->prefill.http_port, "tandem_prefix_cache_hit_tokens_total"),
-        0);
-    testing::ServiceSet colocated_set(latent.path());
-    auto serve = colocated_set.Start("tandem-serve", decode);
-    ASSERT_TRUE(serve.ok()) << serve.status();
-    testing::ExpectSameContinuations(disaggregated, Generate(*serve), kTokens);
-  }
+                     "mscale": 1.0, "mscale_all_dim": 1.0}})");
+}
+
+// gpt-oss's layout at a small shape: attention sinks, biases on q, k, v and o, a window of 8 on
+// the even layers and YaRN with its attention factor, experts with biases and the clamped SwiGLU
+// stored as MXFP4 (int8 in memory); the handoff carries every layer's K/V, windowed or not.
+TEST_F(DummyClusterTest, AGptOssModelsWindowedLayersHandOffTheirKv) {
+  ExpectClustersAnswerAsColocatedServing(R"({
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+    "vocab_size": 8192, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "num_local_experts": 8, "num_experts_per_tok": 4, "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2,
+    "quantization_config": {"quant_method": "mxfp4"},
+    "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                     "original_max_position_embeddings": 64, "truncate": false}})");
 }
 
 }  // namespace

@@ -121,8 +121,54 @@ CASES = {
         "by 2.5; a dense first layer and a shared expert; 40 tokens; every matrix's width a "
         "multiple of 32, so that tandem quantize covers it; a multi-token-prediction layer's "
         "tensors (model.layers.3.*) the engine skips"),
+    "gpt_oss_sinks_windows": (
+        dict(model_type="gpt_oss", intermediate_size=32, num_experts_per_tok=4,
+             attention_bias=True, sliding_window=7,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+             rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                           "beta_slow": 1.0, "original_max_position_embeddings": 16,
+                           "truncate": False}),
+        "gpt-oss: attention sinks (a learned logit per head in every softmax), q/k/v/o biases, "
+        "sliding windows of 7 on layers 0 and 2 and full attention on layer 1, YaRN (factor 4, "
+        "not truncated) with its attention factor 1 + 0.1 ln 4 on cos and sin; a router with "
+        "bias whose top-4 logits are softmaxed; experts stored stacked as Hugging Face's "
+        "GptOssExperts holds them (gate and up in alternate columns, transposed), with biases "
+        "and the clamped SwiGLU (gate <= 7, |up| <= 7, (up + 1) g sigmoid(1.702 g)), the gate "
+        "weights large enough that the clamp bites"),
+    "gpt_oss_mxfp4": (
+        dict(model_type="gpt_oss", intermediate_size=32, num_experts_per_tok=4,
+             attention_bias=True, sliding_window=7,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+             rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                           "beta_slow": 1.0, "original_max_position_embeddings": 16,
+                           "truncate": False}),
+        "gpt-oss as published: the experts' matrices stored as MXFP4 (E2M1 nibbles, low "
+        "first, with an E8M0 exponent per 32 values: *_blocks and *_scales, quant_method "
+        "mxfp4), the reference computing with their exact values"),
 }
 TOKENS = 24
+
+# E2M1's sixteen values, by code (Hugging Face's FP4_VALUES).
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4(w):
+    """w (..., rows, cols), cols a multiple of 32 -> (blocks (..., rows, cols/32, 16) uint8,
+    scales (..., rows, cols/32) uint8, the values they hold): each group of 32 at the power of
+    two that brings its largest magnitude within 6, every value the nearest E2M1 one."""
+    *prefix, rows, cols = w.shape
+    g = w.float().reshape(*prefix, rows, cols // 32, 32)
+    top = g.abs().amax(dim=-1, keepdim=True).clamp(min=2.0 ** -100)
+    exponent = torch.ceil(torch.log2(top / 6.0)).clamp(-127, 127)
+    lut = torch.tensor(FP4_VALUES)
+    scaled = g / torch.exp2(exponent)
+    codes = (scaled[..., None] - lut).abs().argmin(dim=-1)  # ties: the smaller code
+    values = lut[codes] * torch.exp2(exponent)
+    codes = codes.to(torch.uint8).reshape(*prefix, rows, cols // 32, 16, 2)
+    blocks = codes[..., 0] | (codes[..., 1] << 4)
+    scales = (exponent[..., 0] + 127).to(torch.uint8)
+    return blocks, scales, values.reshape(w.shape)
 SEED = 20261201
 
 
@@ -131,7 +177,11 @@ def randomise(model, gen):
     zero_centred = model.cfg.hybrid  # the weight of x * (1 + w), except the DeltaNet's norm
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") and zero_centred and "linear_attn" not in name:
+            if name.endswith("sinks"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif name.endswith("experts.gate_up_proj"):  # gate values past the clamp of 7
+                p.copy_(0.6 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("norm.weight") and zero_centred and "linear_attn" not in name:
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
@@ -159,6 +209,16 @@ def main():
         model = MoeForCausalLM(cfg)
         gen = torch.Generator().manual_seed(SEED)
         randomise(model, gen)
+        quantized = {}
+        if name == "gpt_oss_mxfp4":  # the reference computes with the values MXFP4 holds
+            for l in range(cfg.num_hidden_layers):
+                experts = model.model.layers[l].mlp.experts
+                for proj in ("gate_up_proj", "down_proj"):
+                    p = getattr(experts, proj)
+                    blocks, scales, values = mxfp4(p.data.transpose(1, 2))
+                    p.data.copy_(values.transpose(1, 2))
+                    key = f"model.layers.{l}.mlp.experts.{proj}"
+                    quantized[key] = (blocks, scales)
         model.eval()
         ids = torch.randint(0, cfg.vocab_size, (1, tokens), generator=gen)
         trace = []
@@ -167,6 +227,10 @@ def main():
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
         tensors = {k: v.to(torch.bfloat16) for k, v in model.export_state_dict().items()}
+        for key, (blocks, scales) in quantized.items():
+            del tensors[key]
+            tensors[key + "_blocks"] = blocks
+            tensors[key + "_scales"] = scales
         if name == "qwen3_5_moe_hybrid":
             # As published: the vision tower's and the multi-token-prediction head's tensors,
             # which the engine skips.
@@ -186,8 +250,14 @@ def main():
                     tensors[p + f"{e}.up_proj.weight"] = gate_up[e, cfg.moe_intermediate_size:]
                     tensors[p + f"{e}.down_proj.weight"] = down[e]
         safetensors_io.write(os.path.join(out, "model.safetensors"), tensors, {"format": "pt"})
+        hf = cfg.hf_dict()
+        if quantized:  # as gpt-oss is published
+            hf["quantization_config"] = {
+                "quant_method": "mxfp4",
+                "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                           "model.embed_tokens", "lm_head"]}
         with open(os.path.join(out, "config.json"), "w") as f:
-            json.dump(cfg.hf_dict(), f, indent=2, sort_keys=True)
+            json.dump(hf, f, indent=2, sort_keys=True)
         np.save(os.path.join(out, "logits.npy"), logits[0].float().numpy().astype("<f4"))
         experts = torch.stack([c for c, _, _ in trace]).to(torch.int32)
         weights = torch.stack([w for _, w, _ in trace]).float()

@@ -45,6 +45,14 @@ What the Qwen layouts add to Mixtral (Hugging Face's modeling_qwen2_moe.py / mod
              within the best topk_group groups (each scored by its best two), weights the chosen
              scores renormalised (norm_topk_prob) and scaled. Layer i sparse iff
              i >= first_k_dense_replace (and i % moe_layer_freq == 0).
+  gpt_oss    (Hugging Face's GptOssForCausalLM): q/k/v/o with bias (attention_bias); a learned
+             sink logit per head in every softmax (self_attn.sinks, dropped after the softmax);
+             sliding windows on the layers layer_types calls sliding_attention; YaRN whose
+             attention factor scales cos and sin; a router with bias (mlp.router) whose top-k
+             logits are softmaxed; experts stacked as x @ W (mlp.experts.gate_up_proj (E, H, 2I),
+             gate and up in alternate columns, down_proj (E, I, H), each with a bias) and the
+             clamped SwiGLU (up + 1) * g * sigmoid(1.702 g), gate <= swiglu_limit,
+             |up| <= swiglu_limit; every layer sparse.
 """
 import math
 from dataclasses import dataclass, asdict, field
@@ -57,7 +65,8 @@ ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausa
                  "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek": "DeepseekForCausalLM",
                  "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
                  "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
-                 "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+                 "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                 "gpt_oss": "GptOssForCausalLM"}
 DEEPSEEK = ("deepseek", "deepseek_v2", "deepseek_v3")
 LATENT = ("deepseek_v2", "deepseek_v3")
 HYBRID = ("qwen3_5_moe", "qwen3_5_moe_text")
@@ -118,6 +127,8 @@ class Config:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # gpt_oss only: the experts' clamp (swiglu_limit); layer_types says which layers slide
+    swiglu_limit: float = 7.0
     dropout: float = 0.0  # training-only residual dropout; not part of the exported architecture
 
     @property
@@ -151,6 +162,8 @@ class Config:
             return 0
         if self.model_type == "mixtral":
             return self.sliding_window
+        if self.model_type == "gpt_oss":
+            return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
         if self.qwen and layer >= self.max_window_layers:
             return self.sliding_window
         return 0
@@ -167,6 +180,8 @@ class Config:
 
     @property
     def expert_size(self):
+        if self.model_type == "gpt_oss":
+            return self.intermediate_size
         return self.moe_intermediate_size if self.mlp_layout else self.intermediate_size
 
     @property
@@ -181,7 +196,7 @@ class Config:
         """(q/k/v have bias, o has bias)."""
         if self.model_type == "qwen2_moe":
             return self.qkv_bias, False
-        if self.model_type in ("qwen3_moe", "deepseek") or self.hybrid:
+        if self.model_type in ("qwen3_moe", "deepseek", "gpt_oss") or self.hybrid:
             return self.attention_bias, self.attention_bias
         return False, False
 
@@ -189,7 +204,7 @@ class Config:
         if self.model_type in DEEPSEEK:
             return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
         if not self.qwen:
-            return True  # Mixtral, qwen3_5_moe
+            return True  # Mixtral, qwen3_5_moe, gpt_oss
         return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
     def hf_dict(self):
@@ -217,6 +232,14 @@ class Config:
             d["num_local_experts"] = self.num_local_experts
             if self.sliding_window:
                 d["sliding_window"] = self.sliding_window
+        elif self.model_type == "gpt_oss":
+            d.update({"num_local_experts": self.num_local_experts,
+                      "experts_per_token": self.num_experts_per_tok,
+                      "layer_types": list(self.layer_types),
+                      "sliding_window": self.sliding_window, "attention_bias": self.attention_bias,
+                      "swiglu_limit": self.swiglu_limit, "rope_scaling": self.rope_scaling,
+                      "initial_context_length": self.max_position_embeddings,
+                      "pad_token_id": self.vocab_size - 1})
         elif self.model_type == "deepseek":
             d.update({"n_routed_experts": self.num_local_experts,
                       "n_shared_experts": self.n_shared_experts,
@@ -381,6 +404,22 @@ class Config:
                 topk_group=d.get("topk_group") or 1,
                 routed_scaling_factor=d.get("routed_scaling_factor", 1.0))
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        if mt == "gpt_oss":
+            return Config(
+                model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+                intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
+                num_attention_heads=heads, num_key_value_heads=d["num_key_value_heads"],
+                num_local_experts=d["num_local_experts"],
+                num_experts_per_tok=d["num_experts_per_tok"],
+                max_position_embeddings=d.get("max_position_embeddings", 131072),
+                rope_theta=d.get("rope_theta", 150000.0), rms_norm_eps=d.get("rms_norm_eps", 1e-5),
+                router_aux_loss_coef=d.get("router_aux_loss_coef", 0.9),
+                bos_token_id=d.get("bos_token_id", 1), eos_token_id=d.get("eos_token_id", 2),
+                tie_word_embeddings=d.get("tie_word_embeddings", False),
+                attention_bias=d.get("attention_bias", True),
+                head_dim_override=head_dim if head_dim != d["hidden_size"] // heads else 0,
+                layer_types=list(d["layer_types"]), sliding_window=d.get("sliding_window") or 0,
+                swiglu_limit=d.get("swiglu_limit", 7.0), rope_scaling=d.get("rope_scaling"))
         return Config(
             model_type=mt, vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
@@ -465,6 +504,22 @@ def yarn_mscale(scale, mscale):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
+def yarn_attention_factor(cfg):
+    """YaRN's scale of cos and sin (Hugging Face's _compute_yarn_parameters): attention_factor,
+    else mscale(factor, mscale) / mscale(factor, mscale_all_dim) where both are given, else
+    mscale(factor); 1 without YaRN."""
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return scaling["attention_factor"]
+    factor, mscale, mscale_all_dim = (scaling["factor"], scaling.get("mscale"),
+                                      scaling.get("mscale_all_dim"))
+    if mscale and mscale_all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    return yarn_mscale(factor, 1)
+
+
 def rope_cos_sin(cfg, positions, dtype):
     """cos, sin (t, rotary_dim): RoPE over the first rotary_dim of a head (all of it but in
     qwen3_5_moe, whose partial_rotary_factor rotates a quarter, and in latent attention, whose
@@ -473,7 +528,8 @@ def rope_cos_sin(cfg, positions, dtype):
     inv_freq = rope_inv_freq(cfg, dim)
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    a = yarn_attention_factor(cfg)
+    return (emb.cos() * a).to(dtype), (emb.sin() * a).to(dtype)
 
 
 def rotate_half(x):
@@ -481,10 +537,12 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def causal_attention(cfg, q, k, v, window=0):
+def causal_attention(cfg, q, k, v, window=0, sinks=None):
     """q (b, heads, t, head_dim), k and v (b, kv heads, t, head_dim) after RoPE -> the causal
     attention output (b, t, heads * head_dim), KV heads shared by heads / kv heads queries; with
-    a sliding window each query attends to its last `window` positions (its own included)."""
+    a sliding window each query attends to its last `window` positions (its own included); with
+    sinks (heads,), each head's softmax has one more logit, its sink, whose share of the mass is
+    dropped (gpt-oss, as Hugging Face's eager_attention_forward)."""
     b, _, t, _ = q.shape
     rep = cfg.num_attention_heads // cfg.num_key_value_heads
     k = k.repeat_interleave(rep, dim=1)
@@ -494,7 +552,13 @@ def causal_attention(cfg, q, k, v, window=0):
     if window:
         causal = causal | torch.ones(t, t, dtype=torch.bool).tril(-window)
     scores = scores.masked_fill(causal, float("-inf"))
-    y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+    if sinks is not None:
+        sink = sinks.reshape(1, -1, 1, 1).expand(b, -1, t, 1)
+        logits = torch.cat([scores, sink.to(scores.dtype)], dim=-1)
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        y = torch.softmax(logits.float(), dim=-1)[..., :-1].to(v.dtype) @ v
+    else:
+        y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
     return y.transpose(1, 2).reshape(b, t, -1)
 
 
@@ -512,6 +576,8 @@ class Attention(nn.Module):
         if cfg.model_type == "qwen3_moe":
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        if cfg.model_type == "gpt_oss":
+            self.sinks = nn.Parameter(torch.zeros(cfg.num_attention_heads))
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
@@ -524,7 +590,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        return self.o_proj(causal_attention(c, q, k, v, self.window))
+        return self.o_proj(causal_attention(c, q, k, v, self.window,
+                                            getattr(self, "sinks", None)))
 
 
 def rope_interleaved(x, cos, sin):
@@ -747,10 +814,38 @@ class Mlp(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class GptOssExperts(nn.Module):
+    """gpt-oss's experts as Hugging Face's GptOssExperts stores and runs them: gate_up_proj
+    (experts, hidden, 2 * width) with gate and up in alternate columns, down_proj (experts,
+    width, hidden), each with a bias; the clamped SwiGLU (up + 1) * g * sigmoid(1.702 g), g the
+    gate clamped to at most swiglu_limit and up to +-swiglu_limit."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        e, d, w = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+        self.limit = cfg.swiglu_limit
+        self.gate_up_proj = nn.Parameter(torch.zeros(e, d, 2 * w))
+        self.gate_up_proj_bias = nn.Parameter(torch.zeros(e, 2 * w))
+        self.down_proj = nn.Parameter(torch.zeros(e, w, d))
+        self.down_proj_bias = nn.Parameter(torch.zeros(e, d))
+
+    def forward(self, x, e):
+        gate_up = x @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        glu = gate * torch.sigmoid(gate * 1.702)
+        return ((up + 1) * glu) @ self.down_proj[e] + self.down_proj_bias[e]
+
+
 class SparseMoe(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
+        if cfg.model_type == "gpt_oss":  # mlp.router (with bias), mlp.experts stacked
+            self.router = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=True)
+            self.experts = GptOssExperts(cfg)
+            return
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=False)
         make = Mlp if cfg.mlp_layout else Expert
         self.experts = nn.ModuleList([make(cfg.hidden_size, cfg.expert_size)
@@ -768,10 +863,15 @@ class SparseMoe(nn.Module):
         router logits are -inf before the softmax (top-k stays k), as the engine masks them."""
         b, t, d = x.shape
         flat = x.reshape(-1, d)
-        logits = self.gate(flat)
+        oss = self.cfg.model_type == "gpt_oss"
+        logits = self.router(flat) if oss else self.gate(flat)
         if retained is not None:
             logits = logits.masked_fill(~retained, float("-inf"))
-        if self.cfg.latent:
+        if oss:  # GptOssTopKRouter: the top-k logits, then a softmax over them
+            probs = F.softmax(logits, dim=-1, dtype=torch.float)
+            top, chosen = torch.topk(logits, self.cfg.num_experts_per_tok, dim=-1)
+            weights = F.softmax(top, dim=1, dtype=top.dtype)
+        elif self.cfg.latent:
             probs, weights, chosen = self._deepseek_route(logits, retained)
         else:
             probs = F.softmax(logits, dim=-1, dtype=torch.float)
@@ -794,7 +894,8 @@ class SparseMoe(nn.Module):
             idx = order[start:start + n]
             start += n
             tok = idx // k
-            y = self.experts[e](flat[tok]) * weights.reshape(-1)[idx, None]
+            y = self.experts(flat[tok], e) if oss else self.experts[e](flat[tok])
+            y = y * weights.reshape(-1)[idx, None]
             out.index_add_(0, tok, y.to(out.dtype))
         if hasattr(self, "shared_experts"):
             out = out + self.shared_experts(flat)
@@ -998,9 +1099,13 @@ def param_counts(cfg):
     # in_proj_qkv, in_proj_z, in_proj_b and _a, out_proj, conv1d, A_log, dt_bias, norm
     delta_net = (d * conv_dim + d * vd + 2 * d * nv + vd * d + conv_dim * cfg.linear_conv_kernel_dim
                  + 2 * nv + cfg.linear_value_head_dim)
+    if cfg.model_type == "gpt_oss":
+        attn += cfg.num_attention_heads  # sinks
     total = v * d * (1 if cfg.tie_word_embeddings else 2) + d
     active = total
     expert = 3 * d * cfg.expert_size
+    if cfg.model_type == "gpt_oss":
+        expert += 2 * cfg.expert_size + d  # the experts' biases
     for layer in range(cfg.num_hidden_layers):
         base = (delta_net if cfg.is_linear(layer) else attn) + 2 * d
         if not cfg.is_sparse(layer):
@@ -1010,8 +1115,8 @@ def param_counts(cfg):
         base += d * cfg.num_local_experts
         if cfg.shared_size:
             base += 3 * d * cfg.shared_size + (0 if cfg.model_type in DEEPSEEK else d)
-        if cfg.model_type == "deepseek_v3":
-            base += cfg.num_local_experts  # e_score_correction_bias
+        if cfg.model_type in ("deepseek_v3", "gpt_oss"):
+            base += cfg.num_local_experts  # e_score_correction_bias, gpt-oss's router bias
         total += base + cfg.num_local_experts * expert
         active += base + cfg.num_experts_per_tok * expert
     return total, active

@@ -5,7 +5,8 @@ import struct
 
 import torch
 
-DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.uint8: "U8",
+          torch.int8: "I8"}
 TORCH = {v: k for k, v in DTYPES.items()}
 
 

@@ -29,7 +29,8 @@ void AddBias(const kernels::Backend& ops, const std::vector<float>& bias, int ro
 }  // namespace
 
 void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_layer,
-                          const float* q_all, int heads, int window, float scale, float* attn) {
+                          const float* q_all, int heads, int window, float scale,
+                          const float* sinks, float* attn) {
   const KvCacheConfig& kv_config = pool.config();
   const int kv_heads = kv_config.num_kv_heads;
   const int head_dim = kv_config.head_dim;
@@ -77,6 +78,7 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
   const int64_t items = attention_parts_[U];
   part_out_.resize(static_cast<size_t>(part_rows) * q_dim);
   part_lse_.resize(static_cast<size_t>(part_rows) * heads);
+  if (sinks != nullptr) lse_.resize(static_cast<size_t>(T) * heads);
   const int64_t grain =
       std::max<int64_t>(1, kMinAttentionWork * items / std::max<int64_t>(1, attention_work));
   k::DefaultThreadPool().ParallelFor(items, grain, [&](int64_t begin, int64_t end) {
@@ -96,7 +98,9 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
       const int64_t row = unit.part_row + int64_t{part} * unit.count;
       float* out =
           parts == 1 ? attn + static_cast<int64_t>(unit.first) * q_dim : Row(part_out_, row, q_dim);
-      float* lse = parts == 1 ? nullptr : Row(part_lse_, row, heads);
+      float* lse = parts > 1          ? Row(part_lse_, row, heads)
+                   : sinks != nullptr ? Row(lse_, unit.first, heads)
+                                      : nullptr;
       const int begin = window_begin + static_cast<int>(int64_t{context} * part / parts);
       const int end = window_begin + static_cast<int>(int64_t{context} * (part + 1) / parts);
       if (unit.count == 1) {
@@ -123,9 +127,14 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
         ctx.ops->merge_attention(
             merge_out_.data(), merge_lse_.data(), parts, head_dim,
             attn + static_cast<int64_t>(unit.first + i) * q_dim + h * head_dim);
+        if (sinks != nullptr) {
+          lse_[static_cast<size_t>(unit.first + i) * heads + h] =
+              static_cast<float>(ctx.ops->log_sum_exp(merge_lse_.data(), parts));
+        }
       }
     }
   }
+  if (sinks != nullptr) ctx.ops->attention_sinks(attn, lse_.data(), sinks, T, heads, head_dim);
   ctx.stats.attention_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
 }
@@ -148,7 +157,7 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const int q_dim = heads * head_dim;
   const int kv_dim = kv_heads * head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const float scale = c.AttentionScale();
   const bool gated = c.attention_output_gate;
   const int q_rows = gated ? 2 * q_dim : q_dim;  // [q | gate] per head when gated
   const kernels::RopeSpec rope{rope_freq_.data(), static_cast<int>(c.rotary_dim),
@@ -192,7 +201,7 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   }
   // Every token's K/V is in the cache before any query reads it (causal within a chunk).
   attend_.Run(ctx, *pool_, kv_layer, q_.data(), heads, static_cast<int>(c.LayerWindow(l)), scale,
-              attn_.data());
+              L.sinks.empty() ? nullptr : L.sinks.data(), attn_.data());
   if (gated) {
     ctx.ops->sigmoid(gate_.data(), T * q_dim);
     ctx.ops->mul(gate_.data(), T * q_dim, attn_.data());

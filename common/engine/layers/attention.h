@@ -1,7 +1,8 @@
 // Grouped-query attention over the paged KV cache, with the options the architectures' recipes
 // set from the config: q/k/v and output biases, per-head q/k RMSNorm before RoPE (Qwen3-MoE),
-// RoPE over the first rotary_dim of each head, and an output gate (Qwen3.5: q_proj emits
-// [q | gate] per head; the attention output is scaled by sigmoid(gate) before o_proj).
+// RoPE over the first rotary_dim of each head, an output gate (Qwen3.5: q_proj emits [q | gate]
+// per head; the attention output is scaled by sigmoid(gate) before o_proj), and attention sinks
+// (gpt-oss: a learned logit per head in every softmax).
 // A step's tokens project to q, k and v (one group of products), get RoPE at their positions,
 // store K and V into their sequences' blocks, then attend over the cache (CachedAttention: a
 // prompt's chunk in blocks of queries, other tokens alone, long contexts split over threads and
@@ -29,9 +30,11 @@ class CachedAttention {
   // out (tokens, heads, head_dim) = attention of q (tokens, heads, head_dim) over layer
   // `kv_layer` of `pool` (kv_heads heads of head_dim), every token's keys and values already
   // stored, each query over its whole context or, with a sliding window (window > 0), its last
-  // `window` positions; counts its time and KV bytes in ctx.stats.
+  // `window` positions, and with `sinks` (heads,; null: none) a sink logit in each head's
+  // softmax (Backend::attention_sinks, from each query's log-sum-exp); counts its time and KV
+  // bytes in ctx.stats.
   void Run(StepContext& ctx, const KvBlockPool& pool, int kv_layer, const float* q, int heads,
-           int window, float scale, float* out);
+           int window, float scale, const float* sinks, float* out);
 
  private:
   // A unit of attention work: `count` consecutive tokens of one sequence from row `first`, and
@@ -47,6 +50,7 @@ class CachedAttention {
   // log-sum-exps (row, heads).
   std::vector<int64_t> attention_parts_;
   std::vector<float> part_out_, part_lse_;
+  std::vector<float> lse_;  // (tokens, heads): each query's log-sum-exp, where sinks need it
   std::vector<const float*> merge_out_;
   std::vector<float> merge_lse_;
 };

@@ -90,7 +90,7 @@ absl::Status LatentAttentionBlock::Forward(int l, StepContext& ctx, float* out) 
 
   Resize(attn_, T, static_cast<int64_t>(heads) * D);
   attend_.Run(ctx, *pool_, kv_layers_[l], q_cache_.data(), heads, /*window=*/0,
-              static_cast<float>(c.LatentAttentionScale()), attn_.data());
+              static_cast<float>(c.LatentAttentionScale()), /*sinks=*/nullptr, attn_.data());
 
   // Each head's output leaves the latent through W_uv, then o_proj.
   Resize(o_in_, T, static_cast<int64_t>(heads) * v_dim);

@@ -10,6 +10,12 @@
 #include "common/util/status.h"
 
 namespace tandem::engine {
+namespace {
+
+// gpt-oss's clamped SwiGLU: g * sigmoid(1.702 g).
+constexpr float kGptOssSwigluAlpha = 1.702f;
+
+}  // namespace
 
 int ExpertRunWidth(const model::ModelConfig& config, int width) {
   const model::QuantizationConfig& q = config.quantization;
@@ -48,6 +54,10 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
                  ctx.AlwaysOn(run, l).moe.router.view(),
                  Row(router_logits_, run.begin, num_experts),
                  /*exact=*/true);
+    }
+    if (c.router.logit_bias) {  // gpt-oss's router bias; the model's under any overlay
+      ctx.ops->add_bias(ctx.w.layers[l].moe.router_bias.data(), T, num_experts,
+                        router_logits_.data());
     }
   } else {
     for (int t = 0; t < T; ++t) {
@@ -220,7 +230,22 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
         products_.push_back({.x = in, .b = run.m, .w = up, .y = up_.data() + run.offset - base});
       }
       ctx.LinearGroup(products_);
-      ctx.ops->silu_mul(gate_.data(), up_.data(), static_cast<int>(wave_values), act_.data());
+      const std::vector<ExpertWeights>& resident = ctx.w.layers[l].moe.experts;
+      if (c.expert_bias) {  // an expert's first `width` gate and up biases on each of its rows
+        for (size_t i = first; i < last; ++i) {
+          const ExpertRun& run = runs_[i];
+          const ExpertWeights& W = resident[run.expert];
+          ctx.ops->add_bias(W.gate_bias.data(), run.m, run.width, gate_.data() + run.offset - base);
+          ctx.ops->add_bias(W.up_bias.data(), run.m, run.width, up_.data() + run.offset - base);
+        }
+      }
+      if (c.swiglu_limit > 0) {
+        ctx.ops->clamped_swiglu(gate_.data(), up_.data(), static_cast<int>(wave_values),
+                                kGptOssSwigluAlpha, static_cast<float>(c.swiglu_limit),
+                                act_.data());
+      } else {
+        ctx.ops->silu_mul(gate_.data(), up_.data(), static_cast<int>(wave_values), act_.data());
+      }
       products_.clear();
       for (size_t i = first; i < last; ++i) {
         const ExpertRun& run = runs_[i];
@@ -232,6 +257,13 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
                              .y = Row(expert_out_, run.row, hidden)});
       }
       ctx.LinearGroup(products_);
+      if (c.expert_bias) {
+        for (size_t i = first; i < last; ++i) {
+          const ExpertRun& run = runs_[i];
+          ctx.ops->add_bias(resident[run.expert].down_bias.data(), run.m, hidden,
+                            Row(expert_out_, run.row, hidden));
+        }
+      }
       if (ctx.observer != nullptr) {
         for (size_t i = first; i < last; ++i) {
           const ExpertRun& run = runs_[i];

@@ -1,7 +1,9 @@
-// The MoE block: router logits (or a RouterOverride's) -> the sequence's retained-expert mask
+// The MoE block: router logits (plus the router's bias where it has one: gpt-oss), or a
+// RouterOverride's -> the sequence's retained-expert mask
 // (pruned experts get -inf) -> softmax -> top-k -> weights renormalised where norm_topk_prob
 // says (Mixtral always) -> a width per (token, expert) from the sequence's width policy ->
-// tokens grouped per (expert, width) -> expert FFNs at those widths, widest expert first, from
+// tokens grouped per (expert, width) -> expert FFNs at those widths (SwiGLU, or gpt-oss's clamped
+// SwiGLU with the experts' biases), widest expert first, from
 // the model's weights or an ExpertProvider -> the weighted sum, plus the always-on shared
 // expert where the model has one (scaled by its sigmoid gate, or not: model::ModelConfig's
 // shared_expert_gated). A sequence's decoder overlay supplies its router and shared expert.

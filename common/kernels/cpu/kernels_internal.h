@@ -43,6 +43,9 @@ void GatherRows(const float* x, int x_stride, const int32_t* rows, int n, int co
                 int out_stride);
 void AddBias(const float* bias, int rows, int n, float* x);
 void Sigmoid(float* x, int n);
+void ClampedSwiglu(const float* gate, const float* up, int n, float alpha, float limit, float* out);
+void AttentionSinks(float* out, const float* lse, const float* sinks, int rows, int heads,
+                    int head_dim);
 void Mul(const float* x, int n, float* y);
 void L2Norm(float* x, int rows, int heads, int n, int stride, float scale);
 void DeltaGates(float* a, float* b, int rows, int heads, const float* a_log, const float* dt_bias);
@@ -147,6 +150,8 @@ constexpr Backend WithStepOps(Backend table) {
   table.gather_rows = GatherRows;
   table.add_rows = AddRows<AxpyFn>;
   table.add_bias = AddBias;
+  table.clamped_swiglu = ClampedSwiglu;
+  table.attention_sinks = AttentionSinks;
   table.sigmoid = Sigmoid;
   table.mul = Mul;
   table.l2_norm = L2Norm;

@@ -1,5 +1,6 @@
 // The step's ops every CPU level shares (Backend::embed .. kv_store): plain loops over a step's
 // rows, which the compiler vectorises; each is memory-bound at the sizes a step has.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -35,6 +36,26 @@ void AddBias(const float* bias, int rows, int n, float* x) {
 
 void Sigmoid(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+void ClampedSwiglu(const float* gate, const float* up, int n, float alpha, float limit,
+                   float* out) {
+  for (int i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+  }
+}
+
+void AttentionSinks(float* out, const float* lse, const float* sinks, int rows, int heads,
+                    int head_dim) {
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      const float keep = 1.0f / (1.0f + std::exp(sinks[h] - lse[r * heads + h]));
+      float* o = out + (static_cast<int64_t>(r) * heads + h) * head_dim;
+      for (int d = 0; d < head_dim; ++d) o[d] *= keep;
+    }
+  }
 }
 
 void Mul(const float* x, int n, float* y) {

@@ -31,11 +31,10 @@ constexpr ArchitectureSpec kDeepseek{
     .default_rope_theta = 10000.0,
     .default_rms_norm_eps = 1e-6,
     .default_use_sliding_window = false,
-    .tensor_names = arch::TensorNames(
-        {arch::kDecoderNames, arch::kQkvBiasNames, arch::kMlpNames, arch::kDeepseekSharedNames},
-        {
-            {TensorKind::kAttnOutBias, "model.layers.{layer}.self_attn.o_proj.bias"},
-        }),
+    .tensor_names =
+        arch::TensorNames({arch::kDecoderNames, arch::kQkvBiasNames, arch::kOutBiasNames,
+                           arch::kMlpNames, arch::kDeepseekSharedNames},
+                          {}),
     .recipe = Recipe,
 };
 

@@ -26,11 +26,10 @@ constexpr ArchitectureSpec kQwen3Moe{
     .default_rms_norm_eps = 1e-6,
     .default_use_sliding_window = false,
     .tensor_names = arch::TensorNames(
-        {arch::kDecoderNames, arch::kQkvBiasNames, arch::kMlpNames},
+        {arch::kDecoderNames, arch::kQkvBiasNames, arch::kOutBiasNames, arch::kMlpNames},
         {
             {TensorKind::kAttnQNorm, "model.layers.{layer}.self_attn.q_norm.weight"},
             {TensorKind::kAttnKNorm, "model.layers.{layer}.self_attn.k_norm.weight"},
-            {TensorKind::kAttnOutBias, "model.layers.{layer}.self_attn.o_proj.bias"},
         }),
     .recipe = Recipe,
 };

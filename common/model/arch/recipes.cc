@@ -103,6 +103,17 @@ absl::Status QwenSlidingWindows(const ConfigReader& json, int64_t max_window_lay
                                 ModelConfig* c) {
   if (c->sliding_window <= 0) return absl::OkStatus();
   std::vector<bool> sliding(c->num_hidden_layers);
+  if (!json.Contains("layer_types")) {
+    ASSIGN_OR_RETURN(int64_t from, json.OptionalInt("max_window_layers", max_window_layers));
+    if (from < 0) return FieldError("max_window_layers", "must not be negative");
+    for (int64_t l = 0; l < c->num_hidden_layers; ++l) sliding[l] = l >= from;
+  }
+  return LayerTypeWindows(json, std::move(sliding), c);
+}
+
+absl::Status LayerTypeWindows(const ConfigReader& json, std::vector<bool> sliding, ModelConfig* c) {
+  if (c->sliding_window <= 0) return absl::OkStatus();
+  sliding.resize(c->num_hidden_layers);
   if (const nlohmann::json* types = json.Find("layer_types"); types != nullptr) {
     if (!types->is_array() || static_cast<int64_t>(types->size()) != c->num_hidden_layers) {
       return FieldError("layer_types", absl::StrCat("must list the ", c->num_hidden_layers,
@@ -118,10 +129,6 @@ absl::Status QwenSlidingWindows(const ConfigReader& json, int64_t max_window_lay
       }
       sliding[l] = type == "sliding_attention";
     }
-  } else {
-    ASSIGN_OR_RETURN(int64_t from, json.OptionalInt("max_window_layers", max_window_layers));
-    if (from < 0) return FieldError("max_window_layers", "must not be negative");
-    for (int64_t l = 0; l < c->num_hidden_layers; ++l) sliding[l] = l >= from;
   }
   if (c->layer_specs.empty()) c->layer_specs.assign(c->num_hidden_layers, LayerSpec{});
   for (int64_t l = 0; l < c->num_hidden_layers; ++l) {

@@ -50,6 +50,10 @@ inline constexpr NamedTensor kDecoderNames[] = {
     {TensorKind::kAttnOut, "model.layers.{layer}.self_attn.o_proj.weight"},
     {TensorKind::kFfnNorm, "model.layers.{layer}.post_attention_layernorm.weight"},
 };
+// o_proj's bias.
+inline constexpr NamedTensor kOutBiasNames[] = {
+    {TensorKind::kAttnOutBias, "model.layers.{layer}.self_attn.o_proj.bias"},
+};
 // q, k and v projections' biases.
 inline constexpr NamedTensor kQkvBiasNames[] = {
     {TensorKind::kAttnQBias, "model.layers.{layer}.self_attn.q_proj.bias"},
@@ -122,6 +126,9 @@ absl::Status SetDenseLayers(const ConfigReader& json, const SparseLayers& layers
 absl::Status SlidingWindowEveryLayer(ModelConfig* c);
 absl::Status QwenSlidingWindows(const ConfigReader& json, int64_t max_window_layers,
                                 ModelConfig* c);
+// The sliding window on the layers layer_types calls "sliding_attention" (each must say that or
+// "full_attention"), else on those `sliding` marks.
+absl::Status LayerTypeWindows(const ConfigReader& json, std::vector<bool> sliding, ModelConfig* c);
 
 // DeepSeek's MoE layout (deepseek, deepseek_v2, deepseek_v3): n_shared_experts always-on
 // experts stored as one MLP of n_shared_experts * the expert width, added without a gate; layer

@@ -350,6 +350,127 @@ TEST(ModelConfigTest, ParsesPublishedDeepseekV2LiteAndV3) {
   ExpectInvalid(j, {"rope_interleave"});
 }
 
+// openai/gpt-oss-20b's config.json as published.
+constexpr char kGptOss20b[] = R"({
+  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+  "intermediate_size": 2880,
+  "layer_types": [
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+  "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+  "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+  "num_local_experts": 32, "output_router_logits": false, "pad_token_id": 199999,
+  "quantization_config": {
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                               "model.embed_tokens", "lm_head"],
+    "quant_method": "mxfp4"},
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                   "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                   "truncate": false},
+  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+  "swiglu_limit": 7.0, "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0",
+  "use_cache": true, "vocab_size": 201088
+})";
+
+TEST(ModelConfigTest, ParsesPublishedGptOss20b) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kGptOss20b);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "gpt_oss");
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->rotary_dim, 64);
+  EXPECT_EQ(c->num_local_experts, 32);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->intermediate_size, 2880);
+  EXPECT_TRUE(c->attention_qkv_bias);
+  EXPECT_TRUE(c->attention_out_bias);
+  EXPECT_TRUE(c->attention_sinks);
+  EXPECT_TRUE(c->router.logit_bias);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_TRUE(c->expert_bias);
+  EXPECT_EQ(c->swiglu_limit, 7.0);
+  for (int l = 0; l < 24; ++l) EXPECT_EQ(c->LayerWindow(l), l % 2 == 0 ? 128 : 0) << l;
+  // YaRN factor 32 unscaled by mscale: cos and sin times 1 + 0.1 ln 32, its square on the scale.
+  const double a = 0.1 * std::log(32.0) + 1;
+  EXPECT_NEAR(c->rope_scaling.attention_factor, a, 1e-12);
+  EXPECT_NEAR(c->AttentionScale(), a * a / 8, 1e-6);
+  EXPECT_FALSE(c->rope_scaling.truncate);
+  EXPECT_TRUE(c->quantization.mxfp4);
+  EXPECT_EQ(c->quantization.bits, 8);
+  EXPECT_EQ(c->quantization.group_size, 32);
+  EXPECT_TRUE(c->quantization.experts);
+  EXPECT_FALSE(c->quantization.attention);
+  // As published: stacked MXFP4 blocks and scales, the biases stacked too; embed + 24 x (2 norms
+  // + q, k, v, o and their 4 biases + sinks + router and its bias + 2 x (blocks, scales) + 2
+  // biases) + norm + lm_head.
+  const std::vector<TensorSpec> tensors = ExpectedTensors(*c, ExpertLayout::kStacked);
+  EXPECT_EQ(tensors.size(), 1u + 24 * (2 + 8 + 1 + 2 + 4 + 2) + 2u);
+  auto has = [&](const std::string& name, std::vector<int64_t> shape, TensorStorage storage) {
+    return std::any_of(tensors.begin(), tensors.end(), [&](const TensorSpec& t) {
+      return t.name == name && t.shape == shape && t.storage == storage;
+    });
+  };
+  EXPECT_TRUE(has("model.layers.5.mlp.experts.gate_up_proj_blocks", {32, 5760, 90, 16},
+                  TensorStorage::kMxfp4Blocks));
+  EXPECT_TRUE(has("model.layers.5.mlp.experts.down_proj_scales", {32, 2880, 90},
+                  TensorStorage::kMxfp4Scales));
+  EXPECT_TRUE(
+      has("model.layers.5.mlp.experts.gate_up_proj_bias", {32, 5760}, TensorStorage::kFloat));
+  EXPECT_TRUE(has("model.layers.5.self_attn.sinks", {64}, TensorStorage::kFloat));
+  EXPECT_TRUE(has("model.layers.5.mlp.router.bias", {32}, TensorStorage::kFloat));
+  EXPECT_TRUE(has("model.layers.5.self_attn.o_proj.bias", {2880}, TensorStorage::kFloat));
+  EXPECT_EQ(DetectExpertLayout(*c, {"model.layers.0.mlp.experts.gate_up_proj_blocks"}),
+            ExpertLayout::kStacked);
+
+  // The dequantized layout (bf16, x @ W with gate and up interleaved).
+  Json j = Json::parse(kGptOss20b);
+  j.erase("quantization_config");
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(TensorShape(*c, TensorKind::kExpertsGateUp), (std::vector<int64_t>{32, 2880, 5760}));
+  EXPECT_EQ(TensorShape(*c, TensorKind::kExpertsDown), (std::vector<int64_t>{32, 2880, 2880}));
+  EXPECT_EQ(DetectExpertLayout(*c, {"model.layers.0.mlp.experts.gate_up_proj"}),
+            ExpertLayout::kStacked);
+
+  // HF's defaults: a window of 128 on the even layers.
+  j = Json::parse(kGptOss20b);
+  j.erase("layer_types");
+  j.erase("sliding_window");
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int l = 0; l < 24; ++l) EXPECT_EQ(c->LayerWindow(l), l % 2 == 0 ? 128 : 0) << l;
+
+  j = Json::parse(kGptOss20b);
+  j["swiglu_limit"] = -1;
+  ExpectInvalid(j, {"swiglu_limit"});
+  j = Json::parse(kGptOss20b);
+  j["layer_types"][3] = "chunked_attention";
+  ExpectInvalid(j, {"layer_types", "chunked_attention"});
+  j = Json::parse(kGptOss20b);
+  j["intermediate_size"] = 2890;  // MXFP4's groups of 32
+  ExpectInvalid(j, {"mxfp4", "multiples of 32"});
+  j = Json::parse(kGptOss20b);
+  j["rope_scaling"]["attention_factor"] = -2.0;
+  ExpectInvalid(j, {"rope_scaling.attention_factor"});
+  // YaRN's attention factor on whole heads of grouped-query attention (latent attention's
+  // refusal is ParsesPublishedDeepseekV2LiteAndV3's).
+  j = Json::parse(kMixtral8x7B);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();  // whole heads: the softmax takes the square
+  EXPECT_NEAR(c->AttentionScale(), std::pow(0.1 * std::log(4.0) + 1, 2) / std::sqrt(128.0), 1e-6);
+  // MXFP4 is gpt-oss's.
+  j = Json::parse(kMixtral8x7B);
+  j["quantization_config"] = {{"quant_method", "mxfp4"}};
+  ExpectInvalid(j, {"mxfp4", "mixtral"});
+}
+
 // Qwen/Qwen3.6-35B-A3B's config.json as published (the phase-decoupled method's backbone),
 // its vision_config abridged.
 constexpr char kQwen36_35B_A3B[] = R"({

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -136,9 +137,13 @@ TEST(ReorderCheckpointTest, FunctionIdenticalAtFullWidthAndImportantNeuronsFirst
 // A checkpoint storing its experts stacked (Qwen3.5-MoE as published) is reordered an expert
 // at a time and written one tensor each (the tensors the engine skips carried over as they
 // are): the same logits at full width, each expert's neurons in its own order.
-TEST(ReorderCheckpointTest, StackedExpertsAreWrittenOneTensorEach) {
+// Qwen3.5's stacked experts (gate rows, then up rows) and gpt-oss's (x @ W, gate and up in
+// alternate columns, with biases, whose gate and up entries move with their neurons).
+class StackedReorderTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StackedReorderTest, StackedExpertsAreWrittenOneTensorEach) {
   testing::UseExactKernels();
-  const std::string dir = testing::SourceDir() + "/tests/golden/arch/qwen3_5_moe_hybrid";
+  const std::string dir = testing::SourceDir() + "/tests/golden/arch/" + GetParam();
   const std::unique_ptr<model::ModelDir> model_dir = testing::OpenModelDir(dir);
   const model::ModelConfig& config = model_dir->config();
   const int inter = static_cast<int>(config.intermediate_size);
@@ -163,7 +168,7 @@ TEST(ReorderCheckpointTest, StackedExpertsAreWrittenOneTensorEach) {
     EXPECT_EQ(name.find("gate_up_proj"), std::string::npos) << name;
     skipped_kept |= name.starts_with("mtp.");
   }
-  EXPECT_TRUE(skipped_kept);
+  EXPECT_EQ(skipped_kept, config.arch->model_type == "qwen3_5_moe");
 
   auto original =
       engine::LoadModelWeights(*testing::OpenModelDir(dir), engine::LoadFormat::kSafetensors);
@@ -171,7 +176,8 @@ TEST(ReorderCheckpointTest, StackedExpertsAreWrittenOneTensorEach) {
                                             engine::LoadFormat::kSafetensors);
   ASSERT_TRUE(original.ok() && reordered.ok()) << reordered.status();
   const int hidden = static_cast<int>(config.hidden_size);
-  for (auto [l, e] : {std::pair{0, 1}, std::pair{3, 6}}) {
+  const int last = static_cast<int>(config.num_hidden_layers) - 1;
+  for (auto [l, e] : {std::pair{0, 1}, std::pair{last, 6}}) {
     const std::vector<int> order = NeuronOrder(stats.layers[l].neuron_importance[e]);
     const engine::ExpertWeights& a = (*original)->layers[l].moe.experts[e];
     const engine::ExpertWeights& b = (*reordered)->layers[l].moe.experts[e];
@@ -181,13 +187,21 @@ TEST(ReorderCheckpointTest, StackedExpertsAreWrittenOneTensorEach) {
         ASSERT_EQ(b.up.at(i, j), a.up.at(order[i], j)) << l << "," << e << "," << i;
         ASSERT_EQ(b.down.at(j, i), a.down.at(j, order[i])) << l << "," << e << "," << i;
       }
+      if (config.expert_bias) {
+        ASSERT_EQ(b.gate_bias[i], a.gate_bias[order[i]]) << l << "," << e << "," << i;
+        ASSERT_EQ(b.up_bias[i], a.up_bias[order[i]]) << l << "," << e << "," << i;
+      }
     }
+    EXPECT_EQ(b.down_bias, a.down_bias);
   }
   std::ifstream golden(dir + "/golden.json");
   const auto ids = nlohmann::json::parse(golden)["token_ids"].get<std::vector<int32_t>>();
-  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 40);
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 40));
   EXPECT_LT(MaxError(Logits(**reordered, prompt, {}), Logits(**original, prompt, {})), 1e-5);
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, StackedReorderTest,
+                         ::testing::Values("qwen3_5_moe_hybrid", "gpt_oss_sinks_windows"));
 
 }  // namespace
 }  // namespace tandem::moe

@@ -105,6 +105,43 @@ TEST_P(StepOpsTest, BiasSigmoidAndMul) {
   for (int i = 0; i < rows * n; ++i) ASSERT_EQ(y[i], x0[i] * x[i]);
 }
 
+TEST_P(StepOpsTest, ClampedSwigluIsGptOssActivation) {
+  // Values on both sides of the clamp, and exactly on it.
+  std::vector<float> gate = RandomFloats(37, rng_, 6.0f), up = RandomFloats(37, rng_, 6.0f);
+  gate[0] = 7.0f;
+  gate[1] = 30.0f;
+  up[2] = -30.0f;
+  std::vector<float> out(37);
+  ops_->clamped_swiglu(gate.data(), up.data(), 37, 1.702f, 7.0f, out.data());
+  for (int i = 0; i < 37; ++i) {
+    const double g = std::min<double>(gate[i], 7.0);
+    const double u = std::clamp<double>(up[i], -7.0, 7.0);
+    const double want = (u + 1) * g / (1 + std::exp(-1.702 * g));
+    ASSERT_NEAR(out[i], want, 1e-5 * (1 + std::abs(want))) << i;
+  }
+}
+
+TEST_P(StepOpsTest, AttentionSinksDropEachHeadsSinkShare) {
+  // Attention over scores s with one more logit, the sink: out * sum(e^s) / (sum(e^s) + e^sink)
+  // = out / (1 + e^(sink - lse)).
+  const int rows = 3, heads = 4, head_dim = 5;
+  std::vector<float> out = RandomFloats(rows * heads * head_dim, rng_);
+  const std::vector<float> lse = RandomFloats(rows * heads, rng_, 3.0f);
+  const std::vector<float> sinks = RandomFloats(heads, rng_, 3.0f);
+  std::vector<float> got = out;
+  ops_->attention_sinks(got.data(), lse.data(), sinks.data(), rows, heads, head_dim);
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      const double mass = std::exp(double{lse[r * heads + h]});
+      const double keep = mass / (mass + std::exp(double{sinks[h]}));
+      for (int d = 0; d < head_dim; ++d) {
+        const int i = (r * heads + h) * head_dim + d;
+        ASSERT_NEAR(got[i], out[i] * keep, 1e-6) << r << "," << h << "," << d;
+      }
+    }
+  }
+}
+
 TEST_P(StepOpsTest, L2NormScalesEachHeadOfEachStridedRow) {
   const int rows = 3, heads = 2, n = 16, stride = 50;
   const std::vector<float> x0 = RandomFloats(rows * stride, rng_, 3.0f);
