@@ -410,6 +410,59 @@ TEST_P(FineGrainedStreamTest, TopKTiersStreamedEqualResident) {
   EXPECT_GT(stats.cache.widenings, 0);  // narrow copies were widened
 }
 
+// gpt-oss's experts (MXFP4 loaded as int8, with biases and the clamped SwiGLU) streamed
+// through a cache of three eighths of them (a layer's eight, and one): the biases stay resident with the router, so the slim
+// model's logits equal the resident model's, prompt and decode, bit for bit.
+TEST(GptOssStreamTest, BiasedExpertsStreamedEqualResident) {
+  const std::string dir = testing::SourceDir() + "/tests/golden/arch/gpt_oss_mxfp4";
+  auto full =
+      engine::LoadModelWeights(*testing::OpenModelDir(dir), engine::LoadFormat::kSafetensors);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const model::ModelConfig& c = (*full)->config;
+  engine::ExpertMask none;
+  none.retained.assign(c.num_hidden_layers, std::vector<bool>(c.num_local_experts, false));
+  auto slim = engine::LoadModelWeights(*testing::OpenModelDir(dir),
+                                       engine::LoadFormat::kSafetensors, 0, none);
+  ASSERT_TRUE(slim.ok()) << slim.status();
+  EXPECT_FALSE((*slim)->layers[1].moe.experts[3].down_bias.empty());
+  testing::TempDir tmp;
+  const std::string pack = tmp.path() + "/experts.pack";
+  ASSERT_EQ(WriteExpertPack(**full, pack), absl::OkStatus());
+  std::ifstream golden(dir + "/golden.json");
+  const auto ids = nlohmann::json::parse(golden)["token_ids"].get<std::vector<int32_t>>();
+  // The first 16 tokens as a prompt, then the rest one at a time.
+  auto run = [&](const engine::ModelWeights& weights, engine::ExpertProvider* provider) {
+    auto pool = engine::KvBlockPool::Create(
+        engine::KvCacheConfigFor(c, 16, 8, kernels::KvDtype::kF32, /*max_sequences=*/1));
+    EXPECT_TRUE(pool.ok());
+    auto forward = engine::ForwardPass::Create(&weights, pool->get());
+    EXPECT_TRUE(forward.ok());
+    (*forward)->SetExpertProvider(provider);
+    engine::BlockTable table;
+    EXPECT_TRUE(table.Reserve(pool->get(), static_cast<int>(ids.size())).ok());
+    std::vector<std::vector<float>> out, logits;
+    for (size_t begin = 0; begin < ids.size(); begin = begin == 0 ? 16 : begin + 1) {
+      const size_t end = begin == 0 ? 16 : begin + 1;
+      engine::StepInput in{absl::MakeConstSpan(ids).subspan(begin, end - begin),
+                           static_cast<int>(begin), &table};
+      EXPECT_EQ((*forward)->Step({&in, 1}, {}, &logits), absl::OkStatus());
+      out.push_back(logits[0]);
+    }
+    table.ReleaseAll(pool->get());
+    return out;
+  };
+  const auto resident = run(**full, nullptr);
+  auto backing = HostBacking(pack);
+  ASSERT_TRUE(backing.ok()) << backing.status();
+  const PackLayout layout = PackLayout::For(c);
+  const int64_t all = c.num_hidden_layers * c.num_local_experts * layout.bundles() *
+                      layout.bundle_bytes();
+  auto stream = ExpertStream::Create(backing->get(), all * 3 / 8, /*overlap=*/true);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_EQ(run(**slim, stream->get()), resident);
+  EXPECT_GT((*stream)->stats().cache.evictions, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, FineGrainedStreamTest, ::testing::Values(0, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return info.param == 0 ? std::string("bf16")
