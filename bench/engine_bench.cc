@@ -59,6 +59,9 @@ ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, bf16 or int8.");
 ABSL_FLAG(std::string, kv_fill, "prefill",
           "How the contexts' KV is made: prefill (one full-model step over random tokens) or "
           "random (random keys and values written straight into the cache).");
+ABSL_FLAG(bool, kv_window_rings, true,
+          "Sliding-window layers in rings of their window's positions (with whole-context "
+          "layers beside them; docs/kv-cache.md); false pages them over the whole context.");
 ABSL_FLAG(int, steps, 16, "Timed decode steps per batch size (after 2 untimed).");
 ABSL_FLAG(int, prefill_tokens, 512, "Prompt length of the prefill measurement.");
 ABSL_FLAG(int, prefill_rounds, 3, "Prefills timed per setting (the median is reported).");
@@ -221,8 +224,9 @@ int Run() {
                  "(the prefill also makes their state)\n";
     return 2;
   }
-  auto pool = KvBlockPool::Create(
-      KvCacheConfigFor(c, block_size, max_batch * seq_blocks, *kv_dtype, max_batch + 1));
+  auto pool =
+      KvBlockPool::Create(KvCacheConfigFor(c, block_size, max_batch * seq_blocks, *kv_dtype,
+                                           max_batch + 1, absl::GetFlag(FLAGS_kv_window_rings)));
   if (!pool.ok()) {
     std::cerr << "tandem_engine_bench: " << pool.status() << "\n";
     return 1;

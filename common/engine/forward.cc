@@ -26,25 +26,12 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
   std::unique_ptr<ForwardPass> forward(new ForwardPass(weights, pool, backend));
   const model::ModelConfig& c = weights->config;
   const KvCacheConfig& kv = pool->config();
-  // Where each layer keeps its cache: attention layers in consecutive layers of the pool,
-  // recurrent layers at consecutive offsets of a sequence's state slot.
-  std::vector<int> kv_layers(c.num_hidden_layers, -1);
-  std::vector<int64_t> state_offsets(c.num_hidden_layers, -1);
-  int attention_layers = 0;
-  int64_t state_bytes = 0;
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.Mixer(l) != model::MixerKind::kGatedDeltaNet) {
-      kv_layers[l] = attention_layers++;
-    } else {
-      state_offsets[l] = state_bytes;
-      state_bytes += c.linear.state_bytes();
-    }
-  }
-  if (kv.num_layers != attention_layers || kv.state_bytes != state_bytes ||
-      (state_bytes > 0 && kv.num_state_slots <= 0)) {
+  const CacheLayout layout = CacheLayoutFor(c, kv.block_size, kv.dtype, kv.window_rings);
+  if (kv.num_layers != layout.paged_layers || kv.state_bytes != layout.state_bytes ||
+      (layout.state_bytes > 0 && kv.num_state_slots <= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "KV pool geometry (", kv.num_layers, " attention layers, state slots of ", kv.state_bytes,
-        " bytes) does not match the model (", attention_layers, ", ", state_bytes, ")"));
+        "KV pool geometry (", kv.num_layers, " paged layers, state slots of ", kv.state_bytes,
+        " bytes) does not match the model (", layout.paged_layers, ", ", layout.state_bytes, ")"));
   }
   // One block of each kind, shared by the layers (their buffers are the step's); each layer
   // as its spec composes it.
@@ -54,19 +41,20 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
     switch (c.Mixer(l)) {
       case model::MixerKind::kAttention:
         if (forward->attention_ == nullptr) {
-          forward->attention_ = std::make_unique<AttentionBlock>(c, pool, kv_layers);
+          forward->attention_ = std::make_unique<AttentionBlock>(c, pool, layout);
         }
         layer.mixer = forward->attention_.get();
         break;
       case model::MixerKind::kLatentAttention:
         if (forward->latent_attention_ == nullptr) {
-          forward->latent_attention_ = std::make_unique<LatentAttentionBlock>(c, pool, kv_layers);
+          forward->latent_attention_ =
+              std::make_unique<LatentAttentionBlock>(c, pool, layout.kv_layers);
         }
         layer.mixer = forward->latent_attention_.get();
         break;
       case model::MixerKind::kGatedDeltaNet:
         if (forward->delta_net_ == nullptr) {
-          forward->delta_net_ = std::make_unique<GatedDeltaNetBlock>(c, pool, state_offsets);
+          forward->delta_net_ = std::make_unique<GatedDeltaNetBlock>(c, pool, layout.state_offsets);
         }
         layer.mixer = forward->delta_net_.get();
         break;
@@ -79,38 +67,21 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
       layer.ffn = forward->dense_.get();
     }
   }
-  // The pool holds what the attention blocks keep: paged K/V of their geometry.
-  for (const Block* block : {static_cast<const Block*>(forward->attention_.get()),
-                             static_cast<const Block*>(forward->latent_attention_.get())}) {
-    if (block == nullptr) continue;
-    const CacheSpec cache = block->cache();
+  // The pool holds what the layers' blocks keep: paged K/V (and rings) of their geometry.
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const CacheSpec cache = forward->layers_[l].mixer->cache(l);
+    if (cache.kind != CacheSpec::Kind::kPagedKv && cache.kind != CacheSpec::Kind::kWindowRing) {
+      continue;
+    }
     if (cache.kv_heads != kv.num_kv_heads || cache.head_dim != kv.head_dim ||
         cache.keys_only != kv.keys_only) {
       return absl::InvalidArgumentError(absl::StrCat(
           "KV pool geometry (kv heads ", kv.num_kv_heads, ", head dim ", kv.head_dim,
-          kv.keys_only ? ", keys only" : "", ") does not match the model's attention (",
+          kv.keys_only ? ", keys only" : "", ") does not match layer ", l, "'s attention (",
           cache.kv_heads, ", ", cache.head_dim, cache.keys_only ? ", keys only" : "", ")"));
     }
   }
   return forward;
-}
-
-KvCacheConfig KvCacheConfigFor(const model::ModelConfig& c, int block_size, int num_blocks,
-                               kernels::KvDtype dtype, int max_sequences) {
-  KvCacheConfig kv;
-  const model::ModelConfig::KvShape shape = c.kv_shape();
-  kv.num_layers = c.NumKvLayers();
-  kv.num_kv_heads = shape.heads;
-  kv.head_dim = shape.head_dim;
-  kv.keys_only = shape.keys_only;
-  kv.block_size = block_size;
-  kv.num_blocks = num_blocks;
-  kv.dtype = dtype;
-  if (c.RecurrentStateBytes() > 0) {
-    kv.state_bytes = c.RecurrentStateBytes();
-    kv.num_state_slots = max_sequences;
-  }
-  return kv;
 }
 
 absl::Status ForwardPass::ValidateMask(const ExpertMask* mask) const {

@@ -30,11 +30,6 @@
 
 namespace tandem::engine {
 
-// The KV pool a model needs: paged K/V for its attention layers and, where it has recurrent
-// layers, a state slot per sequence for `max_sequences` sequences at once.
-KvCacheConfig KvCacheConfigFor(const model::ModelConfig& config, int block_size, int num_blocks,
-                               kernels::KvDtype dtype, int max_sequences);
-
 class ForwardPass {
  public:
   // `weights` and `pool` must outlive this object; the pool's geometry must match the model.

@@ -233,6 +233,22 @@ kernels::PagedKvOut KvBlockPool::Writer(int layer, const int32_t* block_table) {
   return Paged(PoolBase(layer, 0), PoolBase(layer, 1), block_table);
 }
 
+kernels::PagedKv KvBlockPool::RingView(int32_t slot, int64_t offset, int blocks,
+                                       const int32_t* ring_table) const {
+  const size_t ring_bytes = static_cast<size_t>(blocks) * block_bytes_;
+  TANDEM_CHECK(offset >= 0 && static_cast<size_t>(offset) + 2 * ring_bytes <=
+                                  static_cast<size_t>(config_.state_bytes))
+      << "ring at " << offset << " outside a state slot of " << config_.state_bytes << " bytes";
+  const std::byte* k = state(slot) + offset;
+  return Paged(k, k + ring_bytes, ring_table);
+}
+
+kernels::PagedKvOut KvBlockPool::RingWriter(int32_t slot, int64_t offset, int blocks,
+                                            const int32_t* ring_table) {
+  const kernels::PagedKv view = std::as_const(*this).RingView(slot, offset, blocks, ring_table);
+  return Paged(const_cast<std::byte*>(view.k), const_cast<std::byte*>(view.v), ring_table);
+}
+
 float* KvBlockPool::k_pool(int layer) {
   return const_cast<float*>(std::as_const(*this).k_pool(layer));
 }
@@ -581,6 +597,63 @@ const float* BlockTable::KeySlot(const KvBlockPool& pool, int layer, int positio
 
 const float* BlockTable::ValueSlot(const KvBlockPool& pool, int layer, int position) const {
   return pool.v_pool(layer) + SlotOffset(pool, position);
+}
+
+CacheLayout CacheLayoutFor(const model::ModelConfig& c, int block_size, kernels::KvDtype dtype,
+                           bool window_rings) {
+  CacheLayout layout;
+  const int layers = static_cast<int>(c.num_hidden_layers);
+  layout.kv_layers.assign(layers, -1);
+  layout.state_offsets.assign(layers, -1);
+  layout.ring_blocks.assign(layers, 0);
+  // Rings only where some layer pages the whole context: a model whose every attention layer
+  // slides keeps them paged (its blocks are what the prefix cache and the handoff index).
+  bool whole_context = false;  // and so rings
+  for (int l = 0; l < layers; ++l) {
+    whole_context |= c.Mixer(l) != model::MixerKind::kGatedDeltaNet && c.LayerWindow(l) == 0;
+  }
+  const model::ModelConfig::KvShape shape = c.kv_shape();
+  const int64_t block_bytes =
+      static_cast<int64_t>(kernels::KvBlockBytes(dtype, block_size, shape.heads, shape.head_dim));
+  for (int l = 0; l < layers; ++l) {
+    if (c.Mixer(l) == model::MixerKind::kGatedDeltaNet) {
+      layout.state_offsets[l] = layout.state_bytes;
+      layout.state_bytes += c.linear.state_bytes();
+    } else if (c.LayerWindow(l) == 0 || !window_rings || !whole_context || block_size <= 0) {
+      layout.kv_layers[l] = layout.paged_layers++;
+    }
+  }
+  for (int l = 0; l < layers; ++l) {
+    if (layout.kv_layers[l] >= 0 || layout.state_offsets[l] >= 0) continue;
+    // The window and at least kRingRoundTokens more: a round of a prompt's tokens stores its
+    // keys and values, then attends, without overwriting a position its queries read.
+    const int64_t tokens = c.LayerWindow(l) - 1 + kRingRoundTokens;
+    layout.ring_blocks[l] = static_cast<int>((tokens + block_size - 1) / block_size);
+    layout.state_bytes = (layout.state_bytes + 63) / 64 * 64;  // rings start 64-byte aligned
+    layout.state_offsets[l] = layout.state_bytes;
+    layout.state_bytes += 2 * layout.ring_blocks[l] * block_bytes;  // K ring, then V ring
+  }
+  return layout;
+}
+
+KvCacheConfig KvCacheConfigFor(const model::ModelConfig& c, int block_size, int num_blocks,
+                               kernels::KvDtype dtype, int max_sequences, bool window_rings) {
+  KvCacheConfig kv;
+  const model::ModelConfig::KvShape shape = c.kv_shape();
+  const CacheLayout layout = CacheLayoutFor(c, block_size, dtype, window_rings);
+  kv.window_rings = layout.paged_layers < c.NumKvLayers();
+  kv.num_layers = layout.paged_layers;
+  kv.num_kv_heads = shape.heads;
+  kv.head_dim = shape.head_dim;
+  kv.keys_only = shape.keys_only;
+  kv.block_size = block_size;
+  kv.num_blocks = num_blocks;
+  kv.dtype = dtype;
+  if (layout.state_bytes > 0) {
+    kv.state_bytes = layout.state_bytes;
+    kv.num_state_slots = max_sequences;
+  }
+  return kv;
 }
 
 }  // namespace tandem::engine

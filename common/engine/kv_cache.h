@@ -8,8 +8,9 @@
 //                      and the V view is the K pool)
 //   state slots:       num_state_slots slots of state_bytes, each padded to 64 bytes, then
 //                      num_state_snapshots more for the prefix cache's state snapshots
-// (layers here are the model's attention layers; a recurrent layer keeps a fixed-size state
-// per sequence in its sequence's state slot instead).
+// (layers here are the model's paged attention layers; a recurrent layer keeps a fixed-size
+// state per sequence in its sequence's state slot instead, and so does a sliding-window layer
+// its ring of the last positions where the model also has whole-context layers: CacheLayout).
 // A block holds (block_size, num_kv_heads, head_dim) values in the config's dtype (float32, bf16,
 // or int8 followed by its per-token, per-head scales: common/kernels/kv_format.h). Each pool
 // starts on a 64-byte boundary (pools are padded up to a multiple of 64 bytes), so an attention
@@ -29,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/kernels/kv_format.h"
+#include "common/model/config.h"
 
 namespace tandem::engine {
 
@@ -55,6 +57,11 @@ struct KvCacheConfig {
   // INVALID_ARGUMENT naming the first field that is not positive (state: both or neither;
   // snapshots only with state).
   absl::Status Validate() const;
+  // The model's sliding-window layers keep their last positions in rings in the state slots
+  // (CacheSpec::kWindowRing) rather than paged blocks of every position: set by
+  // KvCacheConfigFor, read by ForwardPass::Create (CacheLayoutFor, below).
+  bool window_rings = false;
+
   // Pools a layer has: K and V, or K alone (keys_only).
   int pools_per_layer() const { return keys_only ? 1 : 2; }
 };
@@ -111,6 +118,13 @@ class KvBlockPool {
   kernels::PagedKv View(int layer, const int32_t* block_table) const;
   // The same, writable: where a step's keys and values go (Backend::kv_store).
   kernels::PagedKvOut Writer(int layer, const int32_t* block_table);
+  // A sliding-window layer's ring (CacheSpec::kWindowRing) in state slot `slot` from byte
+  // `offset`: `blocks` K blocks of this pool's geometry, then as many V blocks, read through
+  // `ring_table` (a position's block b -> b % blocks; it must outlive the view).
+  kernels::PagedKv RingView(int32_t slot, int64_t offset, int blocks,
+                            const int32_t* ring_table) const;
+  kernels::PagedKvOut RingWriter(int32_t slot, int64_t offset, int blocks,
+                                 const int32_t* ring_table);
 
   // A float32 pool's layer `layer`, (num_blocks, block_size, num_kv_heads, head_dim) floats;
   // CHECK-fails for another dtype.
@@ -324,5 +338,37 @@ class BlockTable {
   int num_tokens_ = 0;
   const KvBlockPool* pool_ = nullptr;  // the pool the blocks come from, once known
 };
+
+// A prompt's tokens a windowed layer's ring holds beyond its window: a step's run of a
+// sequence's tokens is attended in rounds of at least this many (AttentionBlock).
+inline constexpr int kRingRoundTokens = 256;
+
+// Where each layer of a model keeps its cache in a KvBlockPool of a given block size and dtype
+// (each layer's CacheSpec): attention and latent attention layers in consecutive layers of the
+// pool (paged K/V of every position); a sliding-window attention layer, where the model also
+// has layers attending to the whole context, in a ring of blocks in its sequence's state slot
+// that holds only the last positions (its window and a round's tokens: the blocks falling out
+// of the window are reused, not kept); recurrent layers (Gated DeltaNet) at consecutive offsets
+// of the state slot.
+struct CacheLayout {
+  std::vector<int> kv_layers;          // (layers): the pool layer of a paged layer, else -1
+  std::vector<int64_t> state_offsets;  // (layers): the byte offset of a layer's state or ring
+                                       // in its sequence's state slot, else -1
+  std::vector<int> ring_blocks;        // (layers): blocks of a windowed layer's ring, else 0
+  int paged_layers = 0;
+  int64_t state_bytes = 0;  // a sequence's state slot: recurrent states, then rings
+};
+
+// The cache layout of `config` in a pool of `block_size` and `dtype` (CacheLayout),
+// its windowed layers in rings where `window_rings` (and the model has a layer that pages its
+// whole context), else paged like the others.
+CacheLayout CacheLayoutFor(const model::ModelConfig& config, int block_size, kernels::KvDtype dtype,
+                           bool window_rings = true);
+
+// The KV pool a model needs: paged K/V for its attention layers and, where it has recurrent
+// layers or windowed layers kept in rings (`window_rings`), a state slot per sequence for
+// `max_sequences` sequences at once.
+KvCacheConfig KvCacheConfigFor(const model::ModelConfig& config, int block_size, int num_blocks,
+                               kernels::KvDtype dtype, int max_sequences, bool window_rings = true);
 
 }  // namespace tandem::engine

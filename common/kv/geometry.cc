@@ -1,6 +1,7 @@
 #include "common/kv/geometry.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/engine/kv_cache.h"
 
 namespace tandem::kv {
 
@@ -17,11 +18,13 @@ tandem::v1::KvDtype KvDtypeToProto(kernels::KvDtype dtype) {
 }
 
 tandem::v1::KvGeometry MakeKvGeometry(const model::ModelConfig& config, int block_size,
-                                      kernels::KvDtype dtype) {
+                                      kernels::KvDtype dtype, bool window_rings) {
   tandem::v1::KvGeometry geometry;
   const model::ModelConfig::KvShape shape = config.kv_shape();
-  geometry.set_num_layers(config.NumKvLayers());
-  geometry.set_state_bytes(config.RecurrentStateBytes());
+  const engine::KvCacheConfig kv = engine::KvCacheConfigFor(
+      config, block_size, /*num_blocks=*/1, dtype, /*max_sequences=*/1, window_rings);
+  geometry.set_num_layers(kv.num_layers);
+  geometry.set_state_bytes(kv.state_bytes);
   geometry.set_num_kv_heads(shape.heads);
   geometry.set_head_dim(shape.head_dim);
   geometry.set_keys_only(shape.keys_only);
@@ -71,7 +74,7 @@ absl::Status CheckCompatible(const tandem::v1::KvGeometry& ours,
 }
 
 absl::StatusOr<InstanceModel> LoadInstanceModel(const model::ModelDir& dir, int block_size,
-                                                kernels::KvDtype dtype) {
+                                                kernels::KvDtype dtype, bool window_rings) {
   if (block_size < 1 || block_size > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV block size ", block_size, " must be in [1, 1024]"));
@@ -79,7 +82,7 @@ absl::StatusOr<InstanceModel> LoadInstanceModel(const model::ModelDir& dir, int 
   InstanceModel out;
   out.config = dir.config();
   out.name = dir.name();
-  out.geometry = MakeKvGeometry(out.config, block_size, dtype);
+  out.geometry = MakeKvGeometry(out.config, block_size, dtype, window_rings);
   return out;
 }
 

@@ -14,8 +14,11 @@
 
 namespace tandem::kv {
 
+// The geometry of the pool engine::KvCacheConfigFor makes for `config` (its paged layers and
+// the bytes of a sequence's state slot: recurrent states and window rings where
+// `window_rings`).
 tandem::v1::KvGeometry MakeKvGeometry(const model::ModelConfig& config, int block_size,
-                                      kernels::KvDtype dtype);
+                                      kernels::KvDtype dtype, bool window_rings = true);
 // The wire name of a pool's dtype.
 tandem::v1::KvDtype KvDtypeToProto(kernels::KvDtype dtype);
 
@@ -35,6 +38,7 @@ struct InstanceModel {
 // `dir`'s name and config and the geometry of a pool storing `dtype`; INVALID_ARGUMENT for a
 // bad block size.
 absl::StatusOr<InstanceModel> LoadInstanceModel(const model::ModelDir& dir, int block_size,
-                                                kernels::KvDtype dtype = kernels::KvDtype::kF32);
+                                                kernels::KvDtype dtype = kernels::KvDtype::kF32,
+                                                bool window_rings = true);
 
 }  // namespace tandem::kv

@@ -50,7 +50,8 @@ absl::StatusOr<Decoder> LoadDecoder(const model::ModelDir& dir, int block_size, 
                                .kv_dtype = options.kv_dtype,
                                .max_sequences = options.max_sequences,
                                .load = options.load,
-                               .state_snapshots = options.state_snapshots};
+                               .state_snapshots = options.state_snapshots,
+                               .window_rings = options.window_rings};
   engine::ExpertMask& load = engine_options.load.only_experts;
   if (!options.expert_pack.empty()) {
     load.retained.assign(config.num_hidden_layers,

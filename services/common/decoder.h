@@ -35,8 +35,9 @@ struct DecoderOptions {
   engine::LoadOptions load = {};
   // > 0: the KV pool gets what the weights leave of this many bytes (EngineOptions).
   int64_t memory_bytes = 0;
-  int max_sequences = 64;   // sequences held at once (EngineOptions)
-  int state_snapshots = 0;  // the prefix cache's state snapshots (EngineOptions)
+  int max_sequences = 64;    // sequences held at once (EngineOptions)
+  int state_snapshots = 0;   // the prefix cache's state snapshots (EngineOptions)
+  bool window_rings = true;  // sliding-window layers in rings (EngineOptions)
 };
 
 struct Decoder {

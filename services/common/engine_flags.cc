@@ -20,6 +20,11 @@ ABSL_FLAG(int64_t, memory_bytes, 0,
           "weights leave (a pruned decoder, holding only its retained experts, gets more "
           "blocks), and --kv_blocks is not used. 0: the pool has --kv_blocks blocks.");
 
+ABSL_FLAG(bool, kv_window_rings, true,
+          "Sliding-window layers keep only their window's K/V, in a ring per sequence, where the "
+          "model also has whole-context layers (docs/kv-cache.md \"Sliding windows\"); false "
+          "pages them over the whole context like the others. Prefill and decode must agree.");
+
 namespace tandem::serving {
 
 absl::StatusOr<EngineFlags> ReadEngineFlags() {
@@ -39,6 +44,7 @@ absl::StatusOr<EngineFlags> ReadEngineFlags() {
     return absl::InvalidArgumentError(
         "--routing replaces the router, for random weights only: give --load_format dummy too");
   }
+  flags.window_rings = absl::GetFlag(FLAGS_kv_window_rings);
   flags.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   if (flags.memory_bytes < 0) {
     return absl::InvalidArgumentError(

@@ -20,8 +20,9 @@ absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
   ServingEngine e;
   ASSIGN_OR_RETURN(e.model, engine::LoadModelDir(dir, options.load));
   const model::ModelConfig& c = e.model.weights->config;
-  engine::KvCacheConfig kv = engine::KvCacheConfigFor(c, options.block_size, options.num_blocks,
-                                                      options.kv_dtype, options.max_sequences);
+  engine::KvCacheConfig kv =
+      engine::KvCacheConfigFor(c, options.block_size, options.num_blocks, options.kv_dtype,
+                               options.max_sequences, options.window_rings);
   if (kv.state_bytes > 0) {
     if (options.state_snapshots < 0) {
       return absl::InvalidArgumentError(

@@ -42,8 +42,11 @@ struct EngineOptions {
   int max_sequences = 64;
   // The weights (the checkpoint's or dummy ones; only some experts'), and a synthetic router.
   engine::LoadOptions load = {};
-  // With recurrent layers: the state snapshots the prefix cache keeps (KvCacheConfig).
+  // With recurrent layers or window rings: the state snapshots the prefix cache keeps
+  // (KvCacheConfig).
   int state_snapshots = 0;
+  // Sliding-window layers in rings of their window's positions (KvCacheConfigFor).
+  bool window_rings = true;
 };
 
 // Loads `dir` as `options` say and makes its KV pool; a stated routing replaces the router.

@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   if (!engine_flags.ok()) return fail("flags", engine_flags.status());
   auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
   if (!dir.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), dir.status());
-  auto model = tandem::kv::LoadInstanceModel(**dir, absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
+  auto model = tandem::kv::LoadInstanceModel(**dir, absl::GetFlag(FLAGS_kv_block_size), *kv_dtype,
+                                             engine_flags->window_rings);
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
   auto decoder = tandem::serving::LoadDecoder(
       **dir, absl::GetFlag(FLAGS_kv_block_size), absl::GetFlag(FLAGS_kv_blocks),
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
        .load = engine_flags->load,
        .memory_bytes = engine_flags->memory_bytes,
        // the sequences decoding, and the reservations waiting for their prefill
-       .max_sequences = 2 * absl::GetFlag(FLAGS_max_running)});
+       .max_sequences = 2 * absl::GetFlag(FLAGS_max_running),
+       .window_rings = engine_flags->window_rings});
   if (!decoder.ok()) return fail("loading the engine", decoder.status());
   dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::serving::ServingEngine* engine = &decoder->engine;

@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
   if (!engine_flags.ok()) return fail("flags", engine_flags.status());
   auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
   if (!dir.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), dir.status());
-  auto model = tandem::kv::LoadInstanceModel(**dir, absl::GetFlag(FLAGS_kv_block_size), *kv_dtype);
+  auto model = tandem::kv::LoadInstanceModel(**dir, absl::GetFlag(FLAGS_kv_block_size), *kv_dtype,
+                                             engine_flags->window_rings);
   if (!model.ok()) return fail("--model=" + absl::GetFlag(FLAGS_model), model.status());
   const int block_size = absl::GetFlag(FLAGS_kv_block_size);
   int blocks = absl::GetFlag(FLAGS_kv_blocks);
@@ -83,7 +84,8 @@ int main(int argc, char** argv) {
               // (and recurrent state) is being shipped
               .max_sequences = 2 * absl::GetFlag(FLAGS_max_running),
               .load = engine_flags->load,
-              .state_snapshots = absl::GetFlag(FLAGS_prefix_state_snapshots)});
+              .state_snapshots = absl::GetFlag(FLAGS_prefix_state_snapshots),
+              .window_rings = engine_flags->window_rings});
   if (!engine.ok()) return fail("loading the engine", engine.status());
   dir->reset();  // the engine holds its own copies of the weights and the tokenizer
   tandem::kv::UcxTransportOptions kv_options;

@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
        .load = engine_flags->load,
        .memory_bytes = engine_flags->memory_bytes,
        .max_sequences = absl::GetFlag(FLAGS_max_running),
-       .state_snapshots = absl::GetFlag(FLAGS_prefix_state_snapshots)});
+       .state_snapshots = absl::GetFlag(FLAGS_prefix_state_snapshots),
+       .window_rings = engine_flags->window_rings});
   if (!decoder.ok()) return fail("--model=" + model_dir, decoder.status());
   (*dir)->ReleaseCheckpoint();  // the engine holds its own copies of the weights
   tandem::serving::ServingEngine* engine = &decoder->engine;

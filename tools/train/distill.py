@@ -53,6 +53,8 @@ OVERLAY_VERSION = "1"
 
 
 def router_name(cfg, layer):
+    if cfg.model_type == "gpt_oss":  # its bias stays the checkpoint's, as the engine runs it
+        return f"model.layers.{layer}.mlp.router.weight"
     block = "mlp" if cfg.mlp_layout else "block_sparse_moe"
     return f"model.layers.{layer}.{block}.gate.weight"
 

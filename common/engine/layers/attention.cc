@@ -28,10 +28,23 @@ void AddBias(const kernels::Backend& ops, const std::vector<float>& bias, int ro
 
 }  // namespace
 
-void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_layer,
-                          const float* q_all, int heads, int window, float scale,
-                          const float* sinks, float* attn) {
-  const KvCacheConfig& kv_config = pool.config();
+kernels::PagedKv LayerKv::View(const BlockTable& table) const {
+  if (ring_blocks > 0)
+    return pool->RingView(table.state_slot(), ring_offset, ring_blocks, ring_table);
+  return pool->View(kv_layer, table.blocks().data());
+}
+
+kernels::PagedKvOut LayerKv::Writer(const BlockTable& table) const {
+  if (ring_blocks > 0) {
+    return pool->RingWriter(table.state_slot(), ring_offset, ring_blocks, ring_table);
+  }
+  return pool->Writer(kv_layer, table.blocks().data());
+}
+
+void CachedAttention::Run(StepContext& ctx, const LayerKv& layer_kv, const float* q_all, int heads,
+                          int window, float scale, const float* sinks, float* attn,
+                          const std::vector<char>* rows) {
+  const KvCacheConfig& kv_config = layer_kv.pool->config();
   const int kv_heads = kv_config.num_kv_heads;
   const int head_dim = kv_config.head_dim;
   const int q_dim = heads * head_dim;
@@ -40,11 +53,16 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
   const int threads = k::DefaultThreadPool().num_threads();
   // Bytes one position of one KV head occupies in K (or V): values, and int8's scale.
   const int64_t kv_position_bytes =
-      static_cast<int64_t>(kernels::KvBlockBytes(pool.dtype(), 1, 1, head_dim));
+      static_cast<int64_t>(kernels::KvBlockBytes(kv_config.dtype, 1, 1, head_dim));
+  auto selected = [&](int t) { return rows == nullptr || (*rows)[t] != 0; };
   units_.clear();
   for (int t = 0; t < T;) {
+    if (!selected(t)) {
+      ++t;
+      continue;
+    }
     int m = 1;
-    while (m < kQueryBlock && t + m < T && ctx.seqs[t + m] == ctx.seqs[t] &&
+    while (m < kQueryBlock && t + m < T && selected(t + m) && ctx.seqs[t + m] == ctx.seqs[t] &&
            ctx.positions[t + m] == ctx.positions[t] + m) {
       ++m;
     }
@@ -91,8 +109,7 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
       const int first_position = ctx.positions[unit.first];
       const int window_begin = kernels::CausalQueryBegin(first_position, 0, 0, window);
       const int context = first_position + unit.count - window_begin;
-      const kernels::PagedKv kv =
-          pool.View(kv_layer, ctx.batch[ctx.seqs[unit.first]].block_table->blocks().data());
+      const kernels::PagedKv kv = layer_kv.View(*ctx.batch[ctx.seqs[unit.first]].block_table);
       const float* q = q_all + static_cast<int64_t>(unit.first) * q_dim;
       // The whole context into attn, or this part's outputs and log-sum-exps into its rows.
       const int64_t row = unit.part_row + int64_t{part} * unit.count;
@@ -114,7 +131,13 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
   for (int u = 0; u < U; ++u) {
     const AttentionUnit& unit = units_[u];
     const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
-    if (parts == 1) continue;
+    if (parts == 1) {
+      if (sinks != nullptr) {
+        ctx.ops->attention_sinks(attn + static_cast<int64_t>(unit.first) * q_dim,
+                                 Row(lse_, unit.first, heads), sinks, unit.count, heads, head_dim);
+      }
+      continue;
+    }
     merge_out_.resize(parts);
     merge_lse_.resize(parts);
     for (int i = 0; i < unit.count; ++i) {
@@ -133,19 +156,41 @@ void CachedAttention::Run(StepContext& ctx, const KvBlockPool& pool, int kv_laye
         }
       }
     }
+    if (sinks != nullptr) {
+      ctx.ops->attention_sinks(attn + static_cast<int64_t>(unit.first) * q_dim,
+                               Row(lse_, unit.first, heads), sinks, unit.count, heads, head_dim);
+    }
   }
-  if (sinks != nullptr) ctx.ops->attention_sinks(attn, lse_.data(), sinks, T, heads, head_dim);
   ctx.stats.attention_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
 }
 
 AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool,
-                               std::vector<int> kv_layers)
+                               const CacheLayout& layout)
     : pool_(pool),
-      cache_{CacheSpec::Kind::kPagedKv, static_cast<int>(config.num_key_value_heads),
-             static_cast<int>(config.head_dim)},
-      kv_layers_(std::move(kv_layers)),
+      kv_heads_(static_cast<int>(config.num_key_value_heads)),
+      head_dim_(static_cast<int>(config.head_dim)),
+      layout_(layout),
+      ring_tables_(layout.ring_blocks.size()),
       rope_freq_(config.RopeFrequencies()) {}
+
+CacheSpec AttentionBlock::cache(int layer) const {
+  CacheSpec spec{.kind = CacheSpec::Kind::kPagedKv, .kv_heads = kv_heads_, .head_dim = head_dim_};
+  if (layout_.ring_blocks[layer] > 0) {
+    spec.kind = CacheSpec::Kind::kWindowRing;
+    spec.ring_blocks = layout_.ring_blocks[layer];
+    spec.state_bytes = 2 * int64_t{spec.ring_blocks} * static_cast<int64_t>(pool_->block_bytes());
+  }
+  return spec;
+}
+
+LayerKv AttentionBlock::Kv(int layer) const {
+  return {.pool = pool_,
+          .kv_layer = layout_.kv_layers[layer],
+          .ring_offset = layout_.state_offsets[layer],
+          .ring_blocks = layout_.ring_blocks[layer],
+          .ring_table = ring_tables_[layer].data()};
+}
 
 absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const model::ModelConfig& c = ctx.w.config;
@@ -162,7 +207,6 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const int q_rows = gated ? 2 * q_dim : q_dim;  // [q | gate] per head when gated
   const kernels::RopeSpec rope{rope_freq_.data(), static_cast<int>(c.rotary_dim),
                                c.rope_interleaved};
-  const int kv_layer = kv_layers_[l];
   Resize(q_raw_, T, q_rows);
   Resize(q_, T, q_dim);
   Resize(k_, T, kv_dim);
@@ -192,16 +236,53 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   }
   ctx.ops->rope(q_.data(), T, heads, head_dim, rope, ctx.positions.data());
   ctx.ops->rope(k_.data(), T, kv_heads, head_dim, rope, ctx.positions.data());
-  // Each sequence's keys and values into its blocks.
-  for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
-    const int first = ctx.row_begin[seq];
-    ctx.ops->kv_store(pool_->Writer(kv_layer, ctx.batch[seq].block_table->blocks().data()),
-                      ctx.row_begin[seq + 1] - first, ctx.positions.data() + first,
-                      Row(k_, first, kv_dim), Row(v_, first, kv_dim));
+  const int window = static_cast<int>(c.LayerWindow(l));
+  const float* sinks = L.sinks.empty() ? nullptr : L.sinks.data();
+  const int ring_blocks = layout_.ring_blocks[l];
+  if (ring_blocks == 0) {
+    // Each sequence's keys and values into its blocks.
+    for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
+      const int first = ctx.row_begin[seq];
+      ctx.ops->kv_store(
+          pool_->Writer(layout_.kv_layers[l], ctx.batch[seq].block_table->blocks().data()),
+          ctx.row_begin[seq + 1] - first, ctx.positions.data() + first, Row(k_, first, kv_dim),
+          Row(v_, first, kv_dim));
+    }
+    // Every token's K/V is in the cache before any query reads it (causal within a chunk).
+    attend_.Run(ctx, Kv(l), q_.data(), heads, window, scale, sinks, attn_.data());
+  } else {
+    // A ring holds ring_blocks * block_size positions: a round of up to that less the window
+    // (plus its own) of a sequence's tokens is stored, then attended, before the next round
+    // writes over the positions that fell out of every query's window.
+    const int block_size = pool_->config().block_size;
+    const int round = ring_blocks * block_size - window + 1;
+    std::vector<int32_t>& table = ring_tables_[l];
+    int rounds = 0, last_position = 0;
+    for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
+      const int n = ctx.row_begin[seq + 1] - ctx.row_begin[seq];
+      rounds = std::max(rounds, (n + round - 1) / round);
+      if (n > 0) last_position = std::max(last_position, ctx.positions[ctx.row_begin[seq + 1] - 1]);
+    }
+    const size_t blocks = static_cast<size_t>(last_position / block_size + 1);
+    for (size_t b = table.size(); b < blocks; ++b) {
+      table.push_back(static_cast<int32_t>(b % static_cast<size_t>(ring_blocks)));
+    }
+    const LayerKv kv = Kv(l);
+    for (int r = 0; r < rounds; ++r) {
+      if (rounds > 1) round_rows_.assign(T, 0);
+      for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
+        const int first = ctx.row_begin[seq] + r * round;
+        const int end = std::min(ctx.row_begin[seq + 1], first + round);
+        if (first >= end) continue;
+        ctx.ops->kv_store(kv.Writer(*ctx.batch[seq].block_table), end - first,
+                          ctx.positions.data() + first, Row(k_, first, kv_dim),
+                          Row(v_, first, kv_dim));
+        if (rounds > 1) std::fill(round_rows_.begin() + first, round_rows_.begin() + end, 1);
+      }
+      attend_.Run(ctx, kv, q_.data(), heads, window, scale, sinks, attn_.data(),
+                  rounds > 1 ? &round_rows_ : nullptr);
+    }
   }
-  // Every token's K/V is in the cache before any query reads it (causal within a chunk).
-  attend_.Run(ctx, *pool_, kv_layer, q_.data(), heads, static_cast<int>(c.LayerWindow(l)), scale,
-              L.sinks.empty() ? nullptr : L.sinks.data(), attn_.data());
   if (gated) {
     ctx.ops->sigmoid(gate_.data(), T * q_dim);
     ctx.ops->mul(gate_.data(), T * q_dim, attn_.data());

@@ -17,6 +17,18 @@
 
 namespace tandem::engine {
 
+// Where one layer's keys and values are for each sequence of a step: a layer of the paged pool,
+// or a sliding-window layer's ring in the sequences' state slots (CacheSpec::kWindowRing).
+struct LayerKv {
+  KvBlockPool* pool = nullptr;
+  int kv_layer = -1;                    // paged: the pool's layer
+  int64_t ring_offset = -1;             // a ring: its offset in the state slot
+  int ring_blocks = 0;                  // a ring: its blocks
+  const int32_t* ring_table = nullptr;  // a ring: block b -> b % ring_blocks
+  kernels::PagedKv View(const BlockTable& table) const;
+  kernels::PagedKvOut Writer(const BlockTable& table) const;
+};
+
 // Attention of a step's queries over their sequences' cached keys and values, scheduled over
 // the threads: the part AttentionBlock and LatentAttentionBlock share. The queries form units:
 // a run of consecutive tokens of one sequence (a prompt's chunk) in blocks of up to 16, which
@@ -27,14 +39,14 @@ namespace tandem::engine {
 // batch still spreads over every thread (flash-decoding); parts merge by their log-sum-exps.
 class CachedAttention {
  public:
-  // out (tokens, heads, head_dim) = attention of q (tokens, heads, head_dim) over layer
-  // `kv_layer` of `pool` (kv_heads heads of head_dim), every token's keys and values already
-  // stored, each query over its whole context or, with a sliding window (window > 0), its last
-  // `window` positions, and with `sinks` (heads,; null: none) a sink logit in each head's
-  // softmax (Backend::attention_sinks, from each query's log-sum-exp); counts its time and KV
-  // bytes in ctx.stats.
-  void Run(StepContext& ctx, const KvBlockPool& pool, int kv_layer, const float* q, int heads,
-           int window, float scale, const float* sinks, float* out);
+  // out (tokens, heads, head_dim) = attention of q (tokens, heads, head_dim) over `kv` (the
+  // pool's kv_heads heads of head_dim), every token's keys and values already stored, each
+  // query over its whole context or, with a sliding window (window > 0), its last `window`
+  // positions, and with `sinks` (heads,; null: none) a sink logit in each head's softmax
+  // (Backend::attention_sinks, from each query's log-sum-exp); only the rows `rows` marks where
+  // it is not null (a round of a ring's tokens). Counts its time and KV bytes in ctx.stats.
+  void Run(StepContext& ctx, const LayerKv& kv, const float* q, int heads, int window, float scale,
+           const float* sinks, float* out, const std::vector<char>* rows = nullptr);
 
  private:
   // A unit of attention work: `count` consecutive tokens of one sequence from row `first`, and
@@ -57,17 +69,24 @@ class CachedAttention {
 
 class AttentionBlock : public Block {
  public:
-  // `pool` must outlive the block; `kv_layers` (model layers) gives each attention layer's
-  // layer in the pool (-1 for layers that are not attention).
-  AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool, std::vector<int> kv_layers);
+  // `pool` must outlive the block; `layout` says where each attention layer keeps its keys and
+  // values: a layer of the pool, or a windowed layer's ring in the state slots. A ring's layer
+  // stores and attends a sequence's tokens in rounds of at most its ring's positions less its
+  // window (at least kRingRoundTokens), so no round writes over a position its queries read.
+  AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool, const CacheLayout& layout);
 
   absl::Status Forward(int layer, StepContext& ctx, float* out) override;
-  CacheSpec cache() const override { return cache_; }
+  CacheSpec cache(int layer) const override;
 
  private:
+  LayerKv Kv(int layer) const;
+
   KvBlockPool* const pool_;
-  const CacheSpec cache_;
-  const std::vector<int> kv_layers_;
+  const int kv_heads_, head_dim_;
+  const CacheLayout layout_;
+  // Per windowed layer: block b -> b % its ring's blocks, grown with the positions.
+  std::vector<std::vector<int32_t>> ring_tables_;
+  std::vector<char> round_rows_;        // the rows of a ring's round
   const std::vector<float> rope_freq_;  // (rotary_dim / 2,)
   // Buffers reused across steps (sized by the largest step so far); q_raw_ holds q_proj's
   // [q | gate] rows where the attention has an output gate.

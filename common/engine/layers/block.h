@@ -25,18 +25,23 @@ namespace tandem::engine {
 
 struct DecoderOverlay;  // common/engine/overlay.h
 
-// What a block keeps per sequence between steps.
+// What a block keeps per sequence between steps, for one layer.
 struct CacheSpec {
   enum class Kind {
     kNone,     // nothing (feed-forward blocks)
     kPagedKv,  // keys and values of every position, in the paged KV pool's blocks
     kState,    // a fixed number of bytes per sequence, whatever its length (recurrent layers)
+    // A sliding window's keys and values in a ring of ring_blocks blocks in the sequence's
+    // state slot (state_bytes): position p in ring block (p / block_size) % ring_blocks, so the
+    // blocks that fall out of the window are written over rather than kept.
+    kWindowRing,
   };
   Kind kind = Kind::kNone;
-  int kv_heads = 0;         // kPagedKv
-  int head_dim = 0;         // kPagedKv
-  int64_t state_bytes = 0;  // kState: the layer's share of its sequence's state slot
+  int kv_heads = 0;         // kPagedKv, kWindowRing
+  int head_dim = 0;         // kPagedKv, kWindowRing
+  int64_t state_bytes = 0;  // kState, kWindowRing: the layer's share of its sequence's state slot
   bool keys_only = false;   // kPagedKv: values are the keys' first values (latent attention)
+  int ring_blocks = 0;      // kWindowRing
 };
 
 class StepContext {
@@ -105,7 +110,11 @@ class Block {
   // out (tokens, hidden) = this block of layer `layer` over ctx.h. INVALID_ARGUMENT for
   // controls it cannot run (a width policy's width out of range); an expert provider's error.
   virtual absl::Status Forward(int layer, StepContext& ctx, float* out) = 0;
-  virtual CacheSpec cache() const { return {}; }
+  // What layer `layer` (one this block runs) keeps per sequence.
+  virtual CacheSpec cache(int layer) const {
+    (void)layer;
+    return {};
+  }
 };
 
 // Sizes a (rows, cols) buffer; its capacity only grows, so steady-state steps do not allocate.

@@ -30,7 +30,7 @@ class GatedDeltaNetBlock : public Block {
                      std::vector<int64_t> state_offsets);
 
   absl::Status Forward(int layer, StepContext& ctx, float* out) override;
-  CacheSpec cache() const override { return cache_; }
+  CacheSpec cache(int) const override { return cache_; }
 
  private:
   KvBlockPool* const pool_;

@@ -89,8 +89,9 @@ absl::Status LatentAttentionBlock::Forward(int l, StepContext& ctx, float* out) 
   ops.gather_rows(q_.data() + nope, qk, nullptr, T * heads, rope_dim, q_cache_.data() + lora, D);
 
   Resize(attn_, T, static_cast<int64_t>(heads) * D);
-  attend_.Run(ctx, *pool_, kv_layers_[l], q_cache_.data(), heads, /*window=*/0,
-              static_cast<float>(c.LatentAttentionScale()), /*sinks=*/nullptr, attn_.data());
+  attend_.Run(ctx, LayerKv{.pool = pool_, .kv_layer = kv_layers_[l]}, q_cache_.data(), heads,
+              /*window=*/0, static_cast<float>(c.LatentAttentionScale()), /*sinks=*/nullptr,
+              attn_.data());
 
   // Each head's output leaves the latent through W_uv, then o_proj.
   Resize(o_in_, T, static_cast<int64_t>(heads) * v_dim);

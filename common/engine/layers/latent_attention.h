@@ -26,7 +26,7 @@ class LatentAttentionBlock : public Block {
                        std::vector<int> kv_layers);
 
   absl::Status Forward(int layer, StepContext& ctx, float* out) override;
-  CacheSpec cache() const override { return cache_; }
+  CacheSpec cache(int) const override { return cache_; }
 
  private:
   // out (tokens, heads, out_head) gets each head's product w[h] (rows, cols) of its slice of in

@@ -620,6 +620,79 @@ class LongContextModel {
   std::vector<int32_t> ids_;
 };
 
+// Sliding-window layers kept in rings (the window's positions and a round's, written over as the
+// sequence moves on) compute what the same layers paged over the whole context compute: a
+// gpt-oss-shaped model (windows of 100 on the even layers, whole-context odd layers; ring of 23
+// blocks of 16) with two sequences in one step, prompts of 1,000 and 700 tokens in chunks of
+// 600 (three rounds of a ring's 269 tokens each) and 300, then decode steps, every row's logits
+// against a pool without rings, on random weights with sinks and biases.
+TEST(ForwardLongContextTest, WindowRingsComputeWhatPagedWindowsDo) {
+  testing::TempDir dir;
+  std::ofstream(dir.path() + "/config.json") << R"({
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 512,
+    "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "sliding_window": 100, "max_position_embeddings": 2048,
+    "rope_theta": 10000})";
+  auto weights = LoadModelWeights(*testing::OpenModelDir(dir.path()), LoadFormat::kDummy, 5);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const model::ModelConfig& c = (*weights)->config;
+  for (LayerWeights& layer : (*weights)->layers) {  // sinks that matter
+    for (size_t h = 0; h < layer.attention.sinks.size(); ++h) layer.attention.sinks[h] = 0.5f * h;
+  }
+  std::vector<std::vector<std::vector<float>>> runs;
+  for (const bool rings : {true, false}) {
+    const KvCacheConfig kv = KvCacheConfigFor(c, 16, 2 * 70, kernels::KvDtype::kBf16, 2, rings);
+    EXPECT_EQ(kv.window_rings, rings);
+    EXPECT_EQ(kv.num_layers, rings ? 2 : 4);
+    const CacheLayout layout = CacheLayoutFor(c, 16, kernels::KvDtype::kBf16, rings);
+    EXPECT_EQ(layout.ring_blocks[0], rings ? 23 : 0);  // (100 - 1 + 256) / 16, rounded up
+    auto pool = KvBlockPool::Create(kv);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    auto forward = ForwardPass::Create(weights->get(), pool->get());
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    std::vector<int32_t> ids(1100);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % 512);
+    BlockTable a, b;
+    ASSERT_TRUE(a.Reserve(pool->get(), 1100).ok());
+    ASSERT_TRUE(b.Reserve(pool->get(), 1100).ok());
+    std::vector<std::vector<float>> steps, logits;
+    auto step = [&](int a_start, int a_n, int b_start, int b_n) {
+      std::vector<StepInput> batch;
+      if (a_n > 0)
+        batch.push_back(
+            {absl::MakeConstSpan(ids).subspan(a_start, a_n), a_start, &a, LogitRows::kAll});
+      if (b_n > 0)
+        batch.push_back(
+            {absl::MakeConstSpan(ids).subspan(b_start, b_n), b_start, &b, LogitRows::kAll});
+      ASSERT_EQ((*forward)->Step(batch, {}, &logits), absl::OkStatus());
+      for (auto& l : logits) steps.push_back(l);
+    };
+    step(0, 600, 0, 300);
+    step(600, 400, 300, 300);
+    step(0, 0, 600, 100);
+    for (int i = 0; i < 4; ++i) step(1000 + i, 1, 700 + i, 1);
+    runs.push_back(steps);
+    a.ReleaseAll(pool->get());
+    b.ReleaseAll(pool->get());
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  const int vocab = static_cast<int>(c.vocab_size);
+  double worst = 0;
+  for (size_t s = 0; s < runs[0].size(); ++s) {
+    ASSERT_EQ(runs[0][s].size(), runs[1][s].size());
+    for (size_t row = 0; row < runs[0][s].size() / vocab; ++row) {
+      for (float x : absl::MakeConstSpan(runs[0][s]).subspan(row * vocab, vocab)) {
+        ASSERT_TRUE(std::isfinite(x));
+      }
+      worst = std::max(worst, testing::NormalisedRowError(&runs[0][s][row * vocab],
+                                                          &runs[1][s][row * vocab], vocab));
+    }
+  }
+  std::cout << "rings against paged windows: worst normalised logit error " << worst << "\n";
+  EXPECT_LT(worst, 1e-5);
+}
+
 // A block of prompt queries whose context splits over threads: a 3-token chunk after 1,097
 // prompt tokens is one unit, so its context runs in parts merged by their log-sum-exps. On
 // random weights with a 2,048-position context and a bf16 cache, the chunk's logits agree with

@@ -38,6 +38,25 @@ TEST(KvGeometryTest, RecurrentStateIsPartOfTheGeometry) {
   EXPECT_EQ(MakeKvGeometry(TinyConfig(), 16, kernels::KvDtype::kF32).state_bytes(), 0);
 }
 
+TEST(KvGeometryTest, WindowRingsArePartOfTheGeometry) {
+  // gpt-oss's windowed layers (0 and 2 of 3) keep rings in the state slot: the geometry counts
+  // the one paged layer and the rings' bytes, and a peer paging every layer does not pair.
+  auto dir =
+      testing::OpenModelDir(testing::SourceDir() + "/tests/golden/arch/gpt_oss_sinks_windows");
+  absl::StatusOr<InstanceModel> rings = LoadInstanceModel(*dir, 16, kernels::KvDtype::kBf16);
+  absl::StatusOr<InstanceModel> paged =
+      LoadInstanceModel(*dir, 16, kernels::KvDtype::kBf16, /*window_rings=*/false);
+  ASSERT_TRUE(rings.ok() && paged.ok()) << rings.status() << paged.status();
+  EXPECT_EQ(rings->geometry.num_layers(), 1);
+  // Two rings of ceil((7 - 1 + 256) / 16) = 17 blocks of 16 x 2 heads x 16 bf16, K and V.
+  EXPECT_EQ(rings->geometry.state_bytes(), 2 * 2 * 17 * 16 * 2 * 16 * 2);
+  EXPECT_EQ(paged->geometry.num_layers(), 3);
+  EXPECT_EQ(paged->geometry.state_bytes(), 0);
+  absl::Status status = CheckCompatible(rings->geometry, paged->geometry);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("num_layers"));
+}
+
 TEST(KvGeometryTest, SameConfigIsCompatible) {
   auto a = MakeKvGeometry(TinyConfig(), 16, kernels::KvDtype::kF32);
   auto b = MakeKvGeometry(TinyConfig(), 16, kernels::KvDtype::kF32);

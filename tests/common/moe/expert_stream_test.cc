@@ -411,8 +411,9 @@ TEST_P(FineGrainedStreamTest, TopKTiersStreamedEqualResident) {
 }
 
 // gpt-oss's experts (MXFP4 loaded as int8, with biases and the clamped SwiGLU) streamed
-// through a cache of three eighths of them (a layer's eight, and one): the biases stay resident with the router, so the slim
-// model's logits equal the resident model's, prompt and decode, bit for bit.
+// through a cache of three eighths of them (a layer's eight, and one): the biases stay resident
+// with the router, so the slim model's logits equal the resident model's, prompt and decode, bit
+// for bit.
 TEST(GptOssStreamTest, BiasedExpertsStreamedEqualResident) {
   const std::string dir = testing::SourceDir() + "/tests/golden/arch/gpt_oss_mxfp4";
   auto full =
@@ -455,8 +456,8 @@ TEST(GptOssStreamTest, BiasedExpertsStreamedEqualResident) {
   auto backing = HostBacking(pack);
   ASSERT_TRUE(backing.ok()) << backing.status();
   const PackLayout layout = PackLayout::For(c);
-  const int64_t all = c.num_hidden_layers * c.num_local_experts * layout.bundles() *
-                      layout.bundle_bytes();
+  const int64_t all =
+      c.num_hidden_layers * c.num_local_experts * layout.bundles() * layout.bundle_bytes();
   auto stream = ExpertStream::Create(backing->get(), all * 3 / 8, /*overlap=*/true);
   ASSERT_TRUE(stream.ok()) << stream.status();
   EXPECT_EQ(run(**slim, stream->get()), resident);
