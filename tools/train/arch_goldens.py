@@ -32,6 +32,14 @@ BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_laye
             num_experts_per_tok=3, max_position_embeddings=64, moe_intermediate_size=32,
             rope_theta=10000.0, rms_norm_eps=1e-6)
 
+# gpt-oss's options at a small shape: its two cases differ in how the experts are stored.
+GPT_OSS = dict(model_type="gpt_oss", intermediate_size=32, num_experts_per_tok=4,
+               attention_bias=True, sliding_window=7,
+               layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+               rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "original_max_position_embeddings": 16,
+                             "truncate": False})
+
 # name -> (config overrides, what it covers)
 CASES = {
     "qwen3_moe_norm_dense_tied": (
@@ -122,12 +130,7 @@ CASES = {
         "multiple of 32, so that tandem quantize covers it; a multi-token-prediction layer's "
         "tensors (model.layers.3.*) the engine skips"),
     "gpt_oss_sinks_windows": (
-        dict(model_type="gpt_oss", intermediate_size=32, num_experts_per_tok=4,
-             attention_bias=True, sliding_window=7,
-             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-             rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
-                           "beta_slow": 1.0, "original_max_position_embeddings": 16,
-                           "truncate": False}),
+        GPT_OSS,
         "gpt-oss: attention sinks (a learned logit per head in every softmax), q/k/v/o biases, "
         "sliding windows of 7 on layers 0 and 2 and full attention on layer 1, YaRN (factor 4, "
         "not truncated) with its attention factor 1 + 0.1 ln 4 on cos and sin; a router with "
@@ -136,12 +139,7 @@ CASES = {
         "and the clamped SwiGLU (gate <= 7, |up| <= 7, (up + 1) g sigmoid(1.702 g)), the gate "
         "weights large enough that the clamp bites"),
     "gpt_oss_mxfp4": (
-        dict(model_type="gpt_oss", intermediate_size=32, num_experts_per_tok=4,
-             attention_bias=True, sliding_window=7,
-             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-             rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
-                           "beta_slow": 1.0, "original_max_position_embeddings": 16,
-                           "truncate": False}),
+        GPT_OSS,
         "gpt-oss as published: the experts' matrices stored as MXFP4 (E2M1 nibbles, low "
         "first, with an E8M0 exponent per 32 values: *_blocks and *_scales, quant_method "
         "mxfp4), the reference computing with their exact values"),

@@ -596,6 +596,10 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
 // The cache row of DeepSeek's latent attention (kv_lora_rank 512 + qk_rope_head_dim 64): one
 // KV head read by every query head, which the query-block kernel below takes as its rows.
 constexpr int kLatentRow = 576;
+// Query heads a KV head from which decode runs them as the rows of the query-block kernel
+// (measured: 1.37x faster attention at 8 heads of 64 dims, 32k positions; slower at 4, where
+// three quarters of the lanes idle).
+constexpr int kRowHeads = 8;
 template <int C, KvDtype D>
 void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv,
                          int first_position, int context_begin, int context_end, int window,
@@ -610,6 +614,20 @@ void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int
   };
   if (kv.dtype == KvDtype::kBf16 || kv.dtype == KvDtype::kInt8) {
     const bool int8 = kv.dtype == KvDtype::kInt8;
+    // Eight or more query heads a KV head over every KV head (gpt-oss: 8 of 64 dims): the
+    // heads are the rows of the query-block kernel, as latent attention's below, one query at
+    // the context's last position: a score is a vdpbf16ps per row vector with the key's pair
+    // broadcast, rather than a dot product reduced across lanes per head.
+    const bool grouped = kv.num_kv_heads > 0 && num_heads / kv.num_kv_heads >= kRowHeads &&
+                         kv_head_begin == 0 && kv_head_end == kv.num_kv_heads;
+    if (grouped && (kv.head_dim == 64 || kv.head_dim == 128)) {
+      const auto rows = kv.head_dim == 64 ? (int8 ? AttendCausalBf16Dot<2, KvDtype::kInt8>
+                                                  : AttendCausalBf16Dot<2, KvDtype::kBf16>)
+                                          : (int8 ? AttendCausalBf16Dot<4, KvDtype::kInt8>
+                                                  : AttendCausalBf16Dot<4, KvDtype::kBf16>);
+      return rows(q, 1, num_heads, kv, context_end - 1, context_begin, context_end,
+                  /*window=*/0, scale, out, lse);
+    }
     switch (kv.head_dim) {
       case 32:
         return run(int8 ? AttendBf16Dot<1, KvDtype::kInt8> : AttendBf16Dot<1, KvDtype::kBf16>);

@@ -45,6 +45,27 @@ class QuantizeTest : public ::testing::Test {
   std::string out_;
 };
 
+// Writes `from`'s tensors to `to` with tensor `name`'s byte `index` set to `value`.
+void RewriteByte(const std::string& from, const std::string& to, const std::string& name,
+                 size_t index, std::byte value) {
+  std::vector<model::TensorView> views;
+  std::vector<std::vector<std::byte>> copies;
+  {
+    auto file = model::SafetensorsFile::Open(from);
+    ASSERT_TRUE(file.ok()) << file.status();
+    copies.reserve((*file)->num_tensors());
+    for (const std::string& tensor : (*file)->Names()) {
+      auto view = (*file)->Get(tensor);
+      ASSERT_TRUE(view.ok());
+      copies.emplace_back(view->data, view->data + view->size_bytes);
+      if (tensor == name) copies.back().at(index) = value;
+      view->data = copies.back().data();
+      views.push_back(*view);
+    }
+  }
+  ASSERT_EQ(model::WriteSafetensors(to, views, {}), absl::OkStatus());
+}
+
 TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
   ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 4, .group_size = 32, .attention = false}, out_),
             absl::OkStatus());
@@ -305,23 +326,10 @@ TEST_F(QuantizeTest, Mxfp4ExponentsPastFloat16AreRefusedAndTinyOnesFlushed) {
     std::filesystem::remove_all(out_);
     std::filesystem::create_directories(out_);
     std::filesystem::copy_file(source + "/config.json", out_ + "/config.json");
-    auto file = model::SafetensorsFile::Open(source + "/model.safetensors");
-    ASSERT_TRUE(file.ok());
-    std::vector<model::TensorView> views;
-    std::vector<std::vector<std::byte>> copies;
-    copies.reserve((*file)->num_tensors());
-    for (const std::string& name : (*file)->Names()) {
-      auto view = (*file)->Get(name);
-      ASSERT_TRUE(view.ok());
-      copies.emplace_back(view->data, view->data + view->size_bytes);
-      // Expert 3's first down row, its first group of 32.
-      if (name == "model.layers.1.mlp.experts.down_proj_scales") {
-        copies.back()[3 * 64 * 1] = std::byte{exponent};
-      }
-      view->data = copies.back().data();
-      views.push_back(*view);
-    }
-    ASSERT_EQ(model::WriteSafetensors(out_ + "/model.safetensors", views, {}), absl::OkStatus());
+    // Expert 3's first down row (of 64), its first group of 32.
+    ASSERT_NO_FATAL_FAILURE(RewriteByte(source + "/model.safetensors", out_ + "/model.safetensors",
+                                        "model.layers.1.mlp.experts.down_proj_scales", 3 * 64,
+                                        std::byte{exponent}));
     auto weights = LoadModelWeights(*testing::OpenModelDir(out_), LoadFormat::kSafetensors);
     if (exponent == 200) {
       ASSERT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
@@ -365,21 +373,9 @@ TEST_F(QuantizeTest, RefusesWhatDoesNotFit) {
 // tensor.
 TEST_F(QuantizeTest, LoadingRefusesLevelsOutsideTheirRange) {
   ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 8}, out_), absl::OkStatus());
-  auto file = model::SafetensorsFile::Open(out_ + "/model.safetensors");
-  ASSERT_TRUE(file.ok());
-  std::vector<model::TensorView> views;
-  std::vector<std::vector<std::byte>> copies;
-  copies.reserve((*file)->num_tensors());
-  for (const std::string& name : (*file)->Names()) {
-    auto view = (*file)->Get(name);
-    ASSERT_TRUE(view.ok());
-    copies.emplace_back(view->data, view->data + view->size_bytes);
-    if (name == "model.layers.0.self_attn.k_proj.weight") copies.back()[5] = std::byte{0x80};
-    view->data = copies.back().data();
-    views.push_back(*view);
-  }
-  file->reset();
-  ASSERT_EQ(model::WriteSafetensors(out_ + "/model.safetensors", views, {}), absl::OkStatus());
+  ASSERT_NO_FATAL_FAILURE(RewriteByte(out_ + "/model.safetensors", out_ + "/model.safetensors",
+                                      "model.layers.0.self_attn.k_proj.weight", 5,
+                                      std::byte{0x80}));
   auto weights = LoadModelWeights(*testing::OpenModelDir(out_), LoadFormat::kSafetensors);
   ASSERT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(weights.status().message().find("k_proj"), std::string::npos) << weights.status();
