@@ -61,6 +61,14 @@ struct KvCacheConfig {
   // (CacheSpec::kWindowRing) rather than paged blocks of every position: set by
   // KvCacheConfigFor, read by ForwardPass::Create (CacheLayoutFor, below).
   bool window_rings = false;
+  // Those rings in a state slot, in layer order: where each starts and its blocks (K blocks,
+  // then as many V blocks), so that a handoff ships only the blocks holding positions
+  // (kv/kv_stream.h). Set by KvCacheConfigFor.
+  struct Ring {
+    int64_t offset = 0;
+    int blocks = 0;
+  };
+  std::vector<Ring> rings = {};
 
   // Pools a layer has: K and V, or K alone (keys_only).
   int pools_per_layer() const { return keys_only ? 1 : 2; }

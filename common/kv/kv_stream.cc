@@ -1,5 +1,6 @@
 #include "common/kv/kv_stream.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -26,12 +27,32 @@ absl::StatusOr<KvStream> KvStream::Of(engine::KvBlockPool* pool, std::vector<int
   return KvStream(pool, std::move(blocks), state_slot);
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> KvStream::StatePieces(
+    const engine::KvCacheConfig& config, int blocks, uint64_t block_bytes) {
+  std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  if (config.state_bytes <= 0) return pieces;
+  // The recurrent states before the first ring (or the whole slot), then each ring's live
+  // blocks of K and of V.
+  const uint64_t fixed = config.rings.empty() ? static_cast<uint64_t>(config.state_bytes)
+                                              : static_cast<uint64_t>(config.rings[0].offset);
+  if (fixed > 0) pieces.emplace_back(0, fixed);
+  for (const engine::KvCacheConfig::Ring& ring : config.rings) {
+    const uint64_t live = static_cast<uint64_t>(std::min(ring.blocks, std::max(blocks, 0)));
+    const uint64_t k = static_cast<uint64_t>(ring.offset);
+    pieces.emplace_back(k, live * block_bytes);
+    pieces.emplace_back(k + static_cast<uint64_t>(ring.blocks) * block_bytes, live * block_bytes);
+  }
+  return pieces;
+}
+
 uint64_t KvStream::BytesFor(const engine::KvCacheConfig& config, int blocks) {
   const uint64_t piece =
       kernels::KvBlockBytes(config.dtype, config.block_size, config.num_kv_heads, config.head_dim);
+  uint64_t state = 0;
+  for (const auto& [offset, length] : StatePieces(config, blocks, piece)) state += length;
   return piece * static_cast<uint64_t>(config.pools_per_layer()) *
              static_cast<uint64_t>(config.num_layers) * static_cast<uint64_t>(blocks) +
-         static_cast<uint64_t>(config.state_bytes);
+         state;
 }
 
 KvStream::KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks, int32_t state_slot)
@@ -41,13 +62,21 @@ KvStream::KvStream(engine::KvBlockPool* pool, std::vector<int32_t> blocks, int32
       piece_bytes_(pool->block_bytes()),
       blocks_bytes_(piece_bytes_ * static_cast<uint64_t>(pool->config().pools_per_layer()) *
                     static_cast<uint64_t>(pool->config().num_layers) * blocks_.size()),
+      state_pieces_(
+          StatePieces(pool->config(), static_cast<int>(blocks_.size()), pool->block_bytes())),
       size_(BytesFor(pool->config(), static_cast<int>(blocks_.size()))) {}
 
 char* KvStream::Piece(uint64_t offset, uint64_t* within, uint64_t* piece_bytes) const {
-  if (offset >= blocks_bytes_) {  // the state slot, one piece
-    *within = offset - blocks_bytes_;
-    *piece_bytes = size_ - blocks_bytes_;
-    return reinterpret_cast<char*>(pool_->state(state_slot_));
+  if (offset >= blocks_bytes_) {  // the state slot's pieces, in order
+    uint64_t at = offset - blocks_bytes_;
+    for (const auto& [slot_offset, length] : state_pieces_) {
+      if (at < length) {
+        *within = at;
+        *piece_bytes = length;
+        return reinterpret_cast<char*>(pool_->state(state_slot_)) + slot_offset;
+      }
+      at -= length;
+    }
   }
   *piece_bytes = piece_bytes_;
   const uint64_t piece = offset / piece_bytes_;

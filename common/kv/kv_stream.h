@@ -2,12 +2,16 @@
 // whatever blocks and state slot each side holds it in: for each (attention) layer, K then V
 // (K alone where the layers keep keys only: latent attention), for each of the sequence's blocks
 // in order, that block's (block_size, num_kv_heads, head_dim)
-// values; then, where the pool keeps recurrent state (a hybrid model's Gated DeltaNet layers),
-// the sequence's state slot (state_bytes). Prefill reads its blocks and slot into the stream;
-// decode writes the stream into the blocks and slot it reserved.
+// values; then, where the pool keeps state, the sequence's state slot: a hybrid model's Gated
+// DeltaNet states whole, and of each window ring (KvCacheConfig::rings) only the blocks that can
+// hold positions, the first min(ring blocks, the stream's blocks) of its K and of its V (a
+// sequence of n positions has written ring block b % ring_blocks for each b < ceil(n / block
+// size)). Prefill reads its blocks and slot into the stream; decode writes the stream into the
+// blocks and slot it reserved.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <string_view>
@@ -40,6 +44,10 @@ class KvStream {
   // The pool bytes of the piece holding stream byte `offset`, how far into it that is, and the
   // piece's length (a block of one layer's K or V, or the state slot).
   char* Piece(uint64_t offset, uint64_t* within, uint64_t* piece_bytes) const;
+  // The state slot's byte ranges the stream carries, in stream order: (offset in the slot,
+  // length).
+  static std::vector<std::pair<uint64_t, uint64_t>> StatePieces(const engine::KvCacheConfig& config,
+                                                                int blocks, uint64_t block_bytes);
   absl::Status CheckRange(uint64_t offset, uint64_t length) const;
 
   engine::KvBlockPool* pool_;
@@ -47,6 +55,7 @@ class KvStream {
   int32_t state_slot_;     // -1: none
   uint64_t piece_bytes_;   // one block of one layer's K or V
   uint64_t blocks_bytes_;  // the K/V part; the state follows
+  std::vector<std::pair<uint64_t, uint64_t>> state_pieces_;
   uint64_t size_;
 };
 

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -72,6 +73,60 @@ TEST(KvStreamTest, ARecurrentModelsStateSlotFollowsItsBlocks) {
   EXPECT_EQ(KvStream::Of(src.get(), from, 3).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(KvStream::Of(Pool(8).get(), {1}, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Window rings in the state slot: a stream carries the recurrent part whole and of each ring
+// only the blocks a sequence of its blocks can have written (the first min(ring, blocks) of K
+// and of V), landing where the same ring blocks are on the other side; the rest is untouched.
+TEST(KvStreamTest, WindowRingsShipOnlyTheirWrittenBlocks) {
+  engine::KvCacheConfig config{1, 2, 32, 16, 16, kernels::KvDtype::kF32};
+  const int64_t block = static_cast<int64_t>(
+      kernels::KvBlockBytes(config.dtype, config.block_size, config.num_kv_heads, config.head_dim));
+  config.rings = {{128, 4}, {128 + 8 * block, 4}};  // after 128 bytes of recurrent state
+  config.state_bytes = 128 + 16 * block;
+  config.num_state_slots = 2;
+  config.window_rings = true;
+  auto src = *engine::KvBlockPool::Create(config), dst = *engine::KvBlockPool::Create(config);
+  testing::Randomize(*src, 5);
+  for (int64_t i = 0; i < config.state_bytes; ++i) {
+    src->state(1)[i] = static_cast<std::byte>(i * 7 + 3);
+    dst->state(0)[i] = std::byte{0xEE};
+  }
+  for (const int blocks : {1, 3, 6}) {
+    std::vector<int32_t> from(blocks), to(blocks);
+    for (int b = 0; b < blocks; ++b) from[b] = b, to[b] = 15 - b;
+    auto in = KvStream::Of(src.get(), from, /*state_slot=*/1);
+    auto out = KvStream::Of(dst.get(), to, /*state_slot=*/0);
+    ASSERT_TRUE(in.ok() && out.ok());
+    const int live = std::min(blocks, 4);
+    EXPECT_EQ(in->size(), static_cast<uint64_t>(blocks * 2 * block + 128 + 2 * 2 * live * block))
+        << blocks;
+    EXPECT_EQ(in->size(), KvStream::BytesFor(config, blocks));
+    std::vector<char> buffer;
+    for (uint64_t offset = 0; offset < in->size();) {
+      const uint64_t n = std::min<uint64_t>(in->size() - offset, 1000);
+      buffer.resize(n);
+      ASSERT_TRUE(in->Read(offset, absl::MakeSpan(buffer)).ok());
+      ASSERT_TRUE(out->Write(offset, {buffer.data(), buffer.size()}).ok());
+      offset += n;
+    }
+    EXPECT_EQ(BlockChecksums(*dst, to), BlockChecksums(*src, from));
+    // Byte i of the slot arrived iff it is in the recurrent part or a live ring block.
+    for (int64_t i = 0; i < config.state_bytes; ++i) {
+      bool shipped = i < 128;
+      for (const engine::KvCacheConfig::Ring& ring : config.rings) {
+        for (int v = 0; v < 2; ++v) {
+          const int64_t begin = ring.offset + v * ring.blocks * block;
+          shipped |= i >= begin && i < begin + live * block;
+        }
+      }
+      if (shipped) {
+        ASSERT_EQ(dst->state(0)[i], src->state(1)[i]) << blocks << " byte " << i;
+      } else if (blocks == 1) {  // nothing has landed there yet
+        ASSERT_EQ(dst->state(0)[i], std::byte{0xEE}) << "byte " << i;
+      }
+    }
+  }
 }
 
 class KvInboxTest : public ::testing::Test {
