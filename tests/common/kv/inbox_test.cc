@@ -20,6 +20,19 @@ using testing::BlockChecksums;
 using ::testing::HasSubstr;
 using testing::Pool;
 
+// Moves `in` into `out` in pieces of `piece` bytes (odd sizes straddle blocks, layers, K/V and
+// the state).
+void Transfer(const KvStream& in, const KvStream& out, uint64_t piece) {
+  std::vector<char> buffer;
+  for (uint64_t offset = 0; offset < in.size();) {
+    const uint64_t n = std::min<uint64_t>(in.size() - offset, piece);
+    buffer.resize(n);
+    ASSERT_TRUE(in.Read(offset, absl::MakeSpan(buffer)).ok());
+    ASSERT_TRUE(out.Write(offset, {buffer.data(), buffer.size()}).ok());
+    offset += n;
+  }
+}
+
 TEST(KvStreamTest, ReadThenWriteMovesBlocksBetweenDifferentIds) {
   auto src = Pool(64), dst = Pool(48);
   testing::Randomize(*src, 1);
@@ -30,16 +43,9 @@ TEST(KvStreamTest, ReadThenWriteMovesBlocksBetweenDifferentIds) {
   ASSERT_TRUE(in.ok() && out.ok());
   ASSERT_EQ(in->size(), out->size());
   EXPECT_EQ(in->size(), KvStream::BytesFor(src->config(), 38));
-  // Odd-sized pieces that straddle blocks, layers and K/V.
-  std::vector<char> buffer;
-  for (uint64_t offset = 0; offset < in->size();) {
-    const uint64_t n = std::min<uint64_t>(in->size() - offset, 12345);
-    buffer.resize(n);
-    ASSERT_TRUE(in->Read(offset, absl::MakeSpan(buffer)).ok());
-    ASSERT_TRUE(out->Write(offset, {buffer.data(), buffer.size()}).ok());
-    offset += n;
-  }
+  ASSERT_NO_FATAL_FAILURE(Transfer(*in, *out, 12345));
   EXPECT_EQ(BlockChecksums(*dst, to), BlockChecksums(*src, from));
+  std::vector<char> buffer(2);
   EXPECT_EQ(in->Read(in->size() - 1, absl::MakeSpan(buffer.data(), 2)).code(),
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(KvStream::Of(src.get(), {64}).status().code(), absl::StatusCode::kInvalidArgument);
@@ -58,14 +64,7 @@ TEST(KvStreamTest, ARecurrentModelsStateSlotFollowsItsBlocks) {
   ASSERT_TRUE(in.ok() && out.ok());
   EXPECT_EQ(in->size(), KvStream::BytesFor(config, 3));
   EXPECT_EQ(in->size(), 3 * 2 * 2 * src->block_bytes() + 1000);
-  std::vector<char> buffer;
-  for (uint64_t offset = 0; offset < in->size();) {  // pieces straddling blocks and the state
-    const uint64_t n = std::min<uint64_t>(in->size() - offset, 777);
-    buffer.resize(n);
-    ASSERT_TRUE(in->Read(offset, absl::MakeSpan(buffer)).ok());
-    ASSERT_TRUE(out->Write(offset, {buffer.data(), buffer.size()}).ok());
-    offset += n;
-  }
+  ASSERT_NO_FATAL_FAILURE(Transfer(*in, *out, 777));
   EXPECT_EQ(BlockChecksums(*dst, to), BlockChecksums(*src, from));
   EXPECT_EQ(std::memcmp(dst->state(0), src->state(2), 1000), 0);
   // A stream of a pool that keeps state needs the slot, and only such a pool takes one.
@@ -102,14 +101,7 @@ TEST(KvStreamTest, WindowRingsShipOnlyTheirWrittenBlocks) {
     EXPECT_EQ(in->size(), static_cast<uint64_t>(blocks * 2 * block + 128 + 2 * 2 * live * block))
         << blocks;
     EXPECT_EQ(in->size(), KvStream::BytesFor(config, blocks));
-    std::vector<char> buffer;
-    for (uint64_t offset = 0; offset < in->size();) {
-      const uint64_t n = std::min<uint64_t>(in->size() - offset, 1000);
-      buffer.resize(n);
-      ASSERT_TRUE(in->Read(offset, absl::MakeSpan(buffer)).ok());
-      ASSERT_TRUE(out->Write(offset, {buffer.data(), buffer.size()}).ok());
-      offset += n;
-    }
+    ASSERT_NO_FATAL_FAILURE(Transfer(*in, *out, 1000));
     EXPECT_EQ(BlockChecksums(*dst, to), BlockChecksums(*src, from));
     // Byte i of the slot arrived iff it is in the recurrent part or a live ring block.
     for (int64_t i = 0; i < config.state_bytes; ++i) {
