@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
   std::unique_ptr<ForwardPass> forward(new ForwardPass(weights, pool, backend));
   const model::ModelConfig& c = weights->config;
   const KvCacheConfig& kv = pool->config();
-  const CacheLayout layout = CacheLayoutFor(c, kv.block_size, kv.dtype, kv.window_rings);
+  const CacheLayout layout = CacheLayoutFor(c, kv.block_size, kv.dtype, !kv.rings.empty());
   if (kv.num_layers != layout.paged_layers || kv.state_bytes != layout.state_bytes ||
       (layout.state_bytes > 0 && kv.num_state_slots <= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(

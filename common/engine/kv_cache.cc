@@ -641,7 +641,6 @@ KvCacheConfig KvCacheConfigFor(const model::ModelConfig& c, int block_size, int 
   KvCacheConfig kv;
   const model::ModelConfig::KvShape shape = c.kv_shape();
   const CacheLayout layout = CacheLayoutFor(c, block_size, dtype, window_rings);
-  kv.window_rings = layout.paged_layers < c.NumKvLayers();
   for (size_t l = 0; l < layout.ring_blocks.size(); ++l) {
     if (layout.ring_blocks[l] > 0)
       kv.rings.push_back({layout.state_offsets[l], layout.ring_blocks[l]});

@@ -57,13 +57,11 @@ struct KvCacheConfig {
   // INVALID_ARGUMENT naming the first field that is not positive (state: both or neither;
   // snapshots only with state).
   absl::Status Validate() const;
-  // The model's sliding-window layers keep their last positions in rings in the state slots
-  // (CacheSpec::kWindowRing) rather than paged blocks of every position: set by
-  // KvCacheConfigFor, read by ForwardPass::Create (CacheLayoutFor, below).
-  bool window_rings = false;
-  // Those rings in a state slot, in layer order: where each starts and its blocks (K blocks,
-  // then as many V blocks), so that a handoff ships only the blocks holding positions
-  // (kv/kv_stream.h). Set by KvCacheConfigFor.
+  // The rings in a state slot where the model's sliding-window layers keep their last positions
+  // (CacheSpec::kWindowRing) rather than paged blocks of every position, in layer order: where
+  // each starts and its blocks (K blocks, then as many V blocks), so that a handoff ships only
+  // the blocks holding positions (kv/kv_stream.h). Set by KvCacheConfigFor; ForwardPass::Create
+  // lays the model out with rings where there are any (CacheLayoutFor, below).
   struct Ring {
     int64_t offset = 0;
     int blocks = 0;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "common/kernels/cpu/kernels.h"
@@ -131,16 +132,9 @@ void CachedAttention::Run(StepContext& ctx, const LayerKv& layer_kv, const float
   for (int u = 0; u < U; ++u) {
     const AttentionUnit& unit = units_[u];
     const int parts = static_cast<int>(attention_parts_[u + 1] - attention_parts_[u]);
-    if (parts == 1) {
-      if (sinks != nullptr) {
-        ctx.ops->attention_sinks(attn + static_cast<int64_t>(unit.first) * q_dim,
-                                 Row(lse_, unit.first, heads), sinks, unit.count, heads, head_dim);
-      }
-      continue;
-    }
     merge_out_.resize(parts);
     merge_lse_.resize(parts);
-    for (int i = 0; i < unit.count; ++i) {
+    for (int i = 0; i < unit.count && parts > 1; ++i) {
       for (int h = 0; h < heads; ++h) {
         for (int p = 0; p < parts; ++p) {
           const int64_t row = unit.part_row + int64_t{p} * unit.count + i;
@@ -171,7 +165,6 @@ AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* po
       kv_heads_(static_cast<int>(config.num_key_value_heads)),
       head_dim_(static_cast<int>(config.head_dim)),
       layout_(layout),
-      ring_tables_(layout.ring_blocks.size()),
       rope_freq_(config.RopeFrequencies()) {}
 
 CacheSpec AttentionBlock::cache(int layer) const {
@@ -185,11 +178,13 @@ CacheSpec AttentionBlock::cache(int layer) const {
 }
 
 LayerKv AttentionBlock::Kv(int layer) const {
+  const int ring_blocks = layout_.ring_blocks[layer];
+  const auto table = ring_tables_.find(ring_blocks);
   return {.pool = pool_,
           .kv_layer = layout_.kv_layers[layer],
           .ring_offset = layout_.state_offsets[layer],
-          .ring_blocks = layout_.ring_blocks[layer],
-          .ring_table = ring_tables_[layer].data()};
+          .ring_blocks = ring_blocks,
+          .ring_table = table == ring_tables_.end() ? nullptr : table->second.data()};
 }
 
 absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
@@ -239,49 +234,40 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const int window = static_cast<int>(c.LayerWindow(l));
   const float* sinks = L.sinks.empty() ? nullptr : L.sinks.data();
   const int ring_blocks = layout_.ring_blocks[l];
-  if (ring_blocks == 0) {
-    // Each sequence's keys and values into its blocks.
-    for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
-      const int first = ctx.row_begin[seq];
-      ctx.ops->kv_store(
-          pool_->Writer(layout_.kv_layers[l], ctx.batch[seq].block_table->blocks().data()),
-          ctx.row_begin[seq + 1] - first, ctx.positions.data() + first, Row(k_, first, kv_dim),
-          Row(v_, first, kv_dim));
-    }
-    // Every token's K/V is in the cache before any query reads it (causal within a chunk).
-    attend_.Run(ctx, Kv(l), q_.data(), heads, window, scale, sinks, attn_.data());
-  } else {
-    // A ring holds ring_blocks * block_size positions: a round of up to that less the window
-    // (plus its own) of a sequence's tokens is stored, then attended, before the next round
-    // writes over the positions that fell out of every query's window.
+  // Each sequence's keys and values are stored before its queries read them (causal within a
+  // chunk): all at once into paged blocks; into a ring of ring_blocks * block_size positions, in
+  // rounds of up to that less the window (plus its own), each stored then attended before the
+  // next writes over the positions that fell out of every query's window.
+  int round = std::numeric_limits<int>::max();
+  if (ring_blocks > 0) {
     const int block_size = pool_->config().block_size;
-    const int round = ring_blocks * block_size - window + 1;
-    std::vector<int32_t>& table = ring_tables_[l];
-    int rounds = 0, last_position = 0;
-    for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
-      const int n = ctx.row_begin[seq + 1] - ctx.row_begin[seq];
-      rounds = std::max(rounds, (n + round - 1) / round);
-      if (n > 0) last_position = std::max(last_position, ctx.positions[ctx.row_begin[seq + 1] - 1]);
-    }
-    const size_t blocks = static_cast<size_t>(last_position / block_size + 1);
-    for (size_t b = table.size(); b < blocks; ++b) {
+    round = ring_blocks * block_size - window + 1;
+    int last_position = 0;
+    for (int t = 0; t < T; ++t) last_position = std::max(last_position, ctx.positions[t]);
+    std::vector<int32_t>& table = ring_tables_[ring_blocks];
+    for (size_t b = table.size(); b <= static_cast<size_t>(last_position / block_size); ++b) {
       table.push_back(static_cast<int32_t>(b % static_cast<size_t>(ring_blocks)));
     }
-    const LayerKv kv = Kv(l);
-    for (int r = 0; r < rounds; ++r) {
-      if (rounds > 1) round_rows_.assign(T, 0);
-      for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
-        const int first = ctx.row_begin[seq] + r * round;
-        const int end = std::min(ctx.row_begin[seq + 1], first + round);
-        if (first >= end) continue;
-        ctx.ops->kv_store(kv.Writer(*ctx.batch[seq].block_table), end - first,
-                          ctx.positions.data() + first, Row(k_, first, kv_dim),
-                          Row(v_, first, kv_dim));
-        if (rounds > 1) std::fill(round_rows_.begin() + first, round_rows_.begin() + end, 1);
-      }
-      attend_.Run(ctx, kv, q_.data(), heads, window, scale, sinks, attn_.data(),
-                  rounds > 1 ? &round_rows_ : nullptr);
+  }
+  int rounds = 0;
+  for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
+    const int n = ctx.row_begin[seq + 1] - ctx.row_begin[seq];
+    rounds = std::max(rounds, n / round + (n % round != 0));
+  }
+  const LayerKv kv = Kv(l);
+  for (int r = 0; r < rounds; ++r) {
+    if (rounds > 1) round_rows_.assign(T, 0);
+    for (size_t seq = 0; seq < ctx.batch.size(); ++seq) {
+      const int first = ctx.row_begin[seq] + r * (rounds > 1 ? round : 0);
+      const int end = std::min(ctx.row_begin[seq + 1], rounds > 1 ? first + round : T);
+      if (first >= end) continue;
+      ctx.ops->kv_store(kv.Writer(*ctx.batch[seq].block_table), end - first,
+                        ctx.positions.data() + first, Row(k_, first, kv_dim),
+                        Row(v_, first, kv_dim));
+      if (rounds > 1) std::fill(round_rows_.begin() + first, round_rows_.begin() + end, 1);
     }
+    attend_.Run(ctx, kv, q_.data(), heads, window, scale, sinks, attn_.data(),
+                rounds > 1 ? &round_rows_ : nullptr);
   }
   if (gated) {
     ctx.ops->sigmoid(gate_.data(), T * q_dim);

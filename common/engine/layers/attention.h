@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "common/engine/kv_cache.h"
@@ -84,8 +85,9 @@ class AttentionBlock : public Block {
   KvBlockPool* const pool_;
   const int kv_heads_, head_dim_;
   const CacheLayout layout_;
-  // Per windowed layer: block b -> b % its ring's blocks, grown with the positions.
-  std::vector<std::vector<int32_t>> ring_tables_;
+  // By ring size (blocks): block b -> b % that size, grown with the positions; the windowed
+  // layers of one size share it.
+  std::map<int, std::vector<int32_t>> ring_tables_;
   std::vector<char> round_rows_;        // the rows of a ring's round
   const std::vector<float> rope_freq_;  // (rotary_dim / 2,)
   // Buffers reused across steps (sized by the largest step so far); q_raw_ holds q_proj's

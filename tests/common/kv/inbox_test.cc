@@ -84,7 +84,6 @@ TEST(KvStreamTest, WindowRingsShipOnlyTheirWrittenBlocks) {
   config.rings = {{128, 4}, {128 + 8 * block, 4}};  // after 128 bytes of recurrent state
   config.state_bytes = 128 + 16 * block;
   config.num_state_slots = 2;
-  config.window_rings = true;
   auto src = *engine::KvBlockPool::Create(config), dst = *engine::KvBlockPool::Create(config);
   testing::Randomize(*src, 5);
   for (int64_t i = 0; i < config.state_bytes; ++i) {
