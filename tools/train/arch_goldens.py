@@ -40,6 +40,19 @@ GPT_OSS = dict(model_type="gpt_oss", intermediate_size=32, num_experts_per_tok=4
                              "beta_slow": 1.0, "original_max_position_embeddings": 16,
                              "truncate": False})
 
+# Gemma 4's MoE text model at a small shape: sliding and full attention alternating, the full
+# layers with their own head dim, one KV head and keys as values, proportional RoPE.
+GEMMA4 = dict(model_type="gemma4", num_hidden_layers=4, head_dim_override=16,
+              num_key_value_heads=2,
+              layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=7,
+              global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                               "full_attention": {"rope_type": "proportional",
+                                                  "partial_rotary_factor": 0.25,
+                                                  "rope_theta": 1000000.0}},
+              final_logit_softcapping=3.0, tie_word_embeddings=True, bos_token_id=2,
+              eos_token_id=1)
+
 # name -> (config overrides, what it covers)
 CASES = {
     "qwen3_moe_norm_dense_tied": (
@@ -143,6 +156,33 @@ CASES = {
         "gpt-oss as published: the experts' matrices stored as MXFP4 (E2M1 nibbles, low "
         "first, with an E8M0 exponent per 32 values: *_blocks and *_scales, quant_method "
         "mxfp4), the reference computing with their exact values"),
+    "gemma4_moe": (
+        GEMMA4,
+        "Gemma 4 MoE as published (Gemma4ForConditionalGeneration: text_config, "
+        "model.language_model.*, a vision tower's tensors the engine skips): sliding attention "
+        "(window 7, head_dim 16, 2 KV heads, default RoPE theta 1e4 over the whole head) on "
+        "layers 0 and 2, full attention on 1 and 3 (global_head_dim 32, attention_k_eq_v: one "
+        "KV head, no v_proj, the values the raw k_proj output; proportional RoPE theta 1e6 "
+        "rotating the first quarter of the pairs, the rest passing through); q/k norms with "
+        "weight, v norm without; softmax scale 1; the embedding times sqrt(hidden); plain "
+        "(x * w) RMSNorms before and after attention and feed-forward; every layer a dense "
+        "GeGLU MLP (gelu tanh, width 80) plus 8 experts (top-3, width 32, stacked "
+        "gate_up_proj (E, 2I, H)), routed on the un-normed residual by proj(RMSNorm(x) * scale "
+        "/ sqrt(hidden)), softmax, top-3 renormalised then times per_expert_scale; each branch "
+        "normed, their sum normed; layer_scalar on each layer's output; tied embeddings; "
+        "final_logit_softcapping 3"),
+    "gemma4_text_moe": (
+        dict(GEMMA4, model_type="gemma4_text", num_hidden_layers=3,
+             layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+             sliding_window=5, num_global_key_value_heads=0, attention_k_eq_v=False,
+             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                              "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+             final_logit_softcapping=None),
+        "Gemma 4 MoE text-only layout (Gemma4ForCausalLM: the config's keys at the top, "
+        "model.*): two sliding layers (window 5) then full attention; attention_k_eq_v false, "
+        "so every layer has v_proj and the full layer keeps num_key_value_heads (2) with "
+        "global_head_dim 32 (twice head_dim); default RoPE (theta 1e6) over the full layer's "
+        "whole 32-wide head; no final_logit_softcapping (null); tied embeddings"),
 }
 TOKENS = 24
 
@@ -173,11 +213,12 @@ SEED = 20261201
 def randomise(model, gen):
     """Weights large enough that attention, routing and logits are far from uniform."""
     zero_centred = model.cfg.hybrid  # the weight of x * (1 + w), except the DeltaNet's norm
+    gemma4 = model.cfg.gemma4
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("sinks"):
                 p.copy_(torch.randn(p.shape, generator=gen))
-            elif name.endswith("experts.gate_up_proj"):  # gate values past the clamp of 7
+            elif name.endswith("experts.gate_up_proj") and not gemma4:  # past the clamp of 7
                 p.copy_(0.6 * torch.randn(p.shape, generator=gen))
             elif name.endswith("norm.weight") and zero_centred and "linear_attn" not in name:
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
@@ -187,6 +228,15 @@ def randomise(model, gen):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
             elif name.endswith("A_log"):  # decays exp(g) between about 0.2 and 0.9
                 p.copy_((0.5 + 0.5 * torch.rand(p.shape, generator=gen)).log())
+            elif gemma4 and name.endswith(("layernorm_1.weight", "layernorm_2.weight",
+                                           "router.scale", "router.per_expert_scale")):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif gemma4 and name.endswith("layer_scalar"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            elif gemma4 and name.endswith("embed_tokens.weight"):  # tied logits past the cap
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            elif gemma4 and name.endswith("router.proj.weight"):  # its input is ~1/sqrt(hidden)
+                p.copy_(torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             else:
@@ -234,6 +284,11 @@ def main():
             # which the engine skips.
             tensors["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3, dtype=torch.bfloat16)
             tensors["mtp.fc.weight"] = torch.zeros(4, 8, dtype=torch.bfloat16)
+        if name == "gemma4_moe":  # as published: vision tower tensors, which the engine skips
+            tensors["model.vision_tower.patch_embedder.input_proj.weight"] = torch.zeros(
+                4, 3, dtype=torch.bfloat16)
+            tensors["model.embed_vision.embedding_projection.weight"] = torch.zeros(
+                4, 3, dtype=torch.bfloat16)
         if name == "deepseek_v3_sigmoid_groups":
             # As published: a multi-token-prediction layer after the last, which the engine skips.
             mtp = f"model.layers.{cfg.num_hidden_layers}."

@@ -53,6 +53,22 @@ What the Qwen layouts add to Mixtral (Hugging Face's modeling_qwen2_moe.py / mod
              gate and up in alternate columns, down_proj (E, I, H), each with a bias) and the
              clamped SwiGLU (up + 1) * g * sigmoid(1.702 g), gate <= swiglu_limit,
              |up| <= swiglu_limit; every layer sparse.
+  gemma4     (Gemma 4's MoE text model, Hugging Face's Gemma4ForConditionalGeneration text part,
+             modeling_gemma4.py; gemma4_text: the text-only layout, Gemma4ForCausalLM): the
+             embedding times sqrt(hidden_size); plain RMSNorm (x * w) before and after attention
+             and the feed-forward; layer_types picks sliding_attention (head_dim,
+             num_key_value_heads, a window of sliding_window positions, RoPE "default" over the
+             whole head) or full_attention (global_head_dim; with attention_k_eq_v,
+             num_global_key_value_heads KV heads and no v_proj, the values the raw k_proj output;
+             RoPE "proportional": theta^(-2i/global_head_dim) for the first
+             partial_rotary_factor of the pairs, zero for the rest, rotate_half over the whole
+             head); q/k norm (with weight) and v norm (without) per head, softmax scale 1; each
+             layer a dense GeGLU MLP (gelu tanh, mlp.*) plus routed experts (router.proj on
+             RMSNorm(x) * router.scale / sqrt(hidden) of the residual stream, softmax, top-k
+             renormalised and times router.per_expert_scale; experts.gate_up_proj (E, 2I, H),
+             gate rows first, experts.down_proj (E, H, I)), each normed after, their sum normed
+             again; the layer's output times layer_scalar; tied lm_head; the logits soft-capped
+             as cap * tanh(logits / cap) (final_logit_softcapping).
 """
 import math
 from dataclasses import dataclass, asdict, field
@@ -66,10 +82,16 @@ ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausa
                  "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
                  "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-                 "gpt_oss": "GptOssForCausalLM"}
+                 "gpt_oss": "GptOssForCausalLM",
+                 "gemma4": "Gemma4ForConditionalGeneration", "gemma4_text": "Gemma4ForCausalLM"}
 DEEPSEEK = ("deepseek", "deepseek_v2", "deepseek_v3")
 LATENT = ("deepseek_v2", "deepseek_v3")
 HYBRID = ("qwen3_5_moe", "qwen3_5_moe_text")
+GEMMA4 = ("gemma4", "gemma4_text")
+# Gemma4TextConfig's rope_parameters when the config has none
+GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                  "rope_theta": 1000000.0}}
 
 
 @dataclass
@@ -129,6 +151,13 @@ class Config:
     routed_scaling_factor: float = 1.0
     # gpt_oss only: the experts' clamp (swiglu_limit); layer_types says which layers slide
     swiglu_limit: float = 7.0
+    # gemma4 only: the full-attention layers' head dim and (with attention_k_eq_v) KV heads,
+    # keys as values on those layers, RoPE per layer type, the logits' soft cap (None: none)
+    global_head_dim: int = 0
+    num_global_key_value_heads: int = 0
+    attention_k_eq_v: bool = False
+    rope_parameters: dict = None
+    final_logit_softcapping: float = None
     dropout: float = 0.0  # training-only residual dropout; not part of the exported architecture
 
     @property
@@ -151,6 +180,32 @@ class Config:
         return self.model_type in HYBRID
 
     @property
+    def gemma4(self):
+        return self.model_type in GEMMA4
+
+    @property
+    def gemma4_rope(self):
+        """gemma4's rope_parameters, per layer type."""
+        return self.rope_parameters or GEMMA4_ROPE
+
+    def layer_head_dim(self, layer):
+        """gemma4: global_head_dim on full-attention layers (where set), else head_dim."""
+        if self.gemma4 and self.layer_types[layer] != "sliding_attention" and self.global_head_dim:
+            return self.global_head_dim
+        return self.head_dim
+
+    def keys_are_values(self, layer):
+        """gemma4 with attention_k_eq_v: a full-attention layer has no v_proj."""
+        return (self.gemma4 and self.attention_k_eq_v
+                and self.layer_types[layer] != "sliding_attention")
+
+    def layer_kv_heads(self, layer):
+        """gemma4: num_global_key_value_heads where keys are values (and it is set)."""
+        if self.keys_are_values(layer) and self.num_global_key_value_heads:
+            return self.num_global_key_value_heads
+        return self.num_key_value_heads
+
+    @property
     def rotary_dim(self):
         if self.latent:
             return self.qk_rope_head_dim
@@ -162,7 +217,7 @@ class Config:
             return 0
         if self.model_type == "mixtral":
             return self.sliding_window
-        if self.model_type == "gpt_oss":
+        if self.model_type == "gpt_oss" or self.gemma4:
             return self.sliding_window if self.layer_types[layer] == "sliding_attention" else 0
         if self.qwen and layer >= self.max_window_layers:
             return self.sliding_window
@@ -228,6 +283,8 @@ class Config:
         }
         if self.hybrid:
             return self._hybrid_hf_dict(d)
+        if self.gemma4:
+            return self._gemma4_hf_dict()
         if self.model_type == "mixtral":
             d["num_local_experts"] = self.num_local_experts
             if self.sliding_window:
@@ -319,16 +376,48 @@ class Config:
                 "vision_config": {"model_type": "qwen3_5_moe_vision", "depth": 1},
                 "image_token_id": self.vocab_size - 1}
 
+    def _gemma4_hf_dict(self):
+        """gemma4's config.json: the text model's keys in text_config (the published layout,
+        Gemma4ForConditionalGeneration) or at the top (gemma4_text, Gemma4ForCausalLM)."""
+        t = {"model_type": "gemma4_text", "vocab_size": self.vocab_size,
+             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+             "moe_intermediate_size": self.moe_intermediate_size,
+             "num_experts": self.num_local_experts, "top_k_experts": self.num_experts_per_tok,
+             "enable_moe_block": True, "num_hidden_layers": self.num_hidden_layers,
+             "num_attention_heads": self.num_attention_heads,
+             "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+             "global_head_dim": self.global_head_dim or self.head_dim,
+             "attention_k_eq_v": self.attention_k_eq_v, "layer_types": list(self.layer_types),
+             "sliding_window": self.sliding_window, "rope_parameters": self.gemma4_rope,
+             "final_logit_softcapping": self.final_logit_softcapping,
+             "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": self.rms_norm_eps,
+             "max_position_embeddings": self.max_position_embeddings,
+             "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": self.vocab_size,
+             "num_kv_shared_layers": 0, "use_double_wide_mlp": False,
+             "use_bidirectional_attention": None, "attention_bias": False,
+             "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+             "tie_word_embeddings": self.tie_word_embeddings,
+             "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
+             "pad_token_id": 0, "dtype": "bfloat16"}
+        if self.num_global_key_value_heads:
+            t["num_global_key_value_heads"] = self.num_global_key_value_heads
+        top = {"architectures": [ARCHITECTURES[self.model_type]],
+               "tie_word_embeddings": self.tie_word_embeddings}
+        if self.model_type == "gemma4_text":
+            return {**t, **top}
+        return {**top, "model_type": "gemma4", "text_config": t,
+                "vision_config": {"model_type": "gemma4_vision"}, "audio_config": None}
+
     def checkpoint_name(self, name):
-        """A parameter's name in the checkpoint (the published qwen3_5_moe layout keeps the text
-        model under model.language_model.); module_name is the inverse."""
-        if self.model_type == "qwen3_5_moe" and name.startswith("model."):
+        """A parameter's name in the checkpoint (the published qwen3_5_moe and gemma4 layouts
+        keep the text model under model.language_model.); module_name is the inverse."""
+        if self.model_type in ("qwen3_5_moe", "gemma4") and name.startswith("model."):
             return "model.language_model." + name[len("model."):]
         return name
 
     def module_name(self, name):
         prefix = "model.language_model."
-        if self.model_type == "qwen3_5_moe" and name.startswith(prefix):
+        if self.model_type in ("qwen3_5_moe", "gemma4") and name.startswith(prefix):
             return "model." + name[len(prefix):]
         return name
 
@@ -371,6 +460,8 @@ class Config:
                 partial_rotary_factor=rope.get("partial_rotary_factor",
                                                t.get("partial_rotary_factor", 0.25)),
                 norm_topk_prob=True)
+        if mt in GEMMA4:
+            return Config._gemma4_from_hf(d)
         if mt not in ARCHITECTURES:
             raise ValueError(f"unsupported model_type {mt}")
         qwen = mt in ("qwen2_moe", "qwen3_moe")
@@ -446,6 +537,50 @@ class Config:
             max_window_layers=d.get("max_window_layers", 28) if qwen else 0)
 
 
+    @staticmethod
+    def _gemma4_from_hf(d):
+        """gemma4 / gemma4_text, with Gemma4TextConfig's defaults (layer_types: every sixth
+        layer full attention; the last always full). The options the reference does not
+        implement are refused."""
+        t = d.get("text_config", d)
+        refused = {"hidden_size_per_layer_input": t.get("hidden_size_per_layer_input", 256),
+                   "num_kv_shared_layers": t.get("num_kv_shared_layers", 0),
+                   # "vision" (as published): text tokens attend causally
+                   "use_bidirectional_attention": (t.get("use_bidirectional_attention")
+                                                   not in (None, "vision")),
+                   "attention_bias": t.get("attention_bias", False),
+                   "enable_moe_block": not t.get("enable_moe_block", False)}
+        for key, value in refused.items():
+            if value:
+                raise ValueError(f"gemma4: {key} {t.get(key)} is not supported")
+        if t.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            raise ValueError(f"gemma4: hidden_activation {t['hidden_activation']}")
+        n = t.get("num_hidden_layers", 30)
+        layer_types = list(t.get("layer_types") or
+                           ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                            for i in range(n)])
+        if layer_types:
+            layer_types[-1] = "full_attention"
+        k_eq_v = t.get("attention_k_eq_v", False)
+        return Config(
+            model_type=d["model_type"], vocab_size=t.get("vocab_size", 262144),
+            hidden_size=t.get("hidden_size", 2304), intermediate_size=t.get("intermediate_size", 9216),
+            num_hidden_layers=n, num_attention_heads=t.get("num_attention_heads", 8),
+            num_key_value_heads=t.get("num_key_value_heads", 4),
+            num_local_experts=t["num_experts"], num_experts_per_tok=t["top_k_experts"],
+            moe_intermediate_size=t["moe_intermediate_size"],
+            max_position_embeddings=t.get("max_position_embeddings", 131072),
+            rms_norm_eps=t.get("rms_norm_eps", 1e-6), bos_token_id=t.get("bos_token_id", 2),
+            eos_token_id=t.get("eos_token_id", 1),
+            tie_word_embeddings=d.get("tie_word_embeddings", True), attention_bias=False,
+            head_dim_override=t.get("head_dim", 256), layer_types=layer_types,
+            sliding_window=t.get("sliding_window", 512),
+            global_head_dim=t.get("global_head_dim", 512),
+            num_global_key_value_heads=(t.get("num_global_key_value_heads") or 0) if k_eq_v else 0,
+            attention_k_eq_v=k_eq_v, rope_parameters=t.get("rope_parameters") or None,
+            final_logit_softcapping=t.get("final_logit_softcapping"), norm_topk_prob=True)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
         super().__init__()
@@ -472,7 +607,27 @@ class ZeroCenteredRMSNorm(nn.Module):
         return (out * (1.0 + self.weight.float())).type_as(x)
 
 
+class Gemma4RMSNorm(nn.Module):
+    """Gemma 4's RMSNorm: x * (mean(x^2) + eps)^-0.5 * w (plain w, unlike Gemma 3's 1 + w);
+    with_scale=False: no weight (the v norm, the router's norm)."""
+
+    def __init__(self, dim, eps, with_scale=True):
+        super().__init__()
+        self.eps = eps
+        if with_scale:
+            self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        out = x.float()
+        out = out * torch.pow(out.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if hasattr(self, "weight"):
+            out = out * self.weight.float()
+        return out.type_as(x)
+
+
 def make_norm(cfg, dim):
+    if cfg.gemma4:
+        return Gemma4RMSNorm(dim, cfg.rms_norm_eps)
     return (ZeroCenteredRMSNorm if cfg.hybrid else RMSNorm)(dim, cfg.rms_norm_eps)
 
 
@@ -530,6 +685,29 @@ def rope_cos_sin(cfg, positions, dtype):
     emb = torch.cat((freqs, freqs), dim=-1)
     a = yarn_attention_factor(cfg)
     return (emb.cos() * a).to(dtype), (emb.sin() * a).to(dtype)
+
+
+def gemma4_cos_sin(cfg, layer, positions, dtype):
+    """cos, sin (t, layer head dim) of gemma4's layer `layer` (Hugging Face's
+    Gemma4TextRotaryEmbedding): rope_parameters[layer type]; "default": theta^(-2i/dim) over
+    the layer's whole head; "proportional": those of the first int(partial_rotary_factor * dim
+    // 2) pairs, zero for the others (which then pass through), divided by factor."""
+    params = cfg.gemma4_rope[cfg.layer_types[layer]]
+    dim = cfg.layer_head_dim(layer)
+    base = params["rope_theta"]
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    elif rope_type == "proportional":
+        angles = int(params.get("partial_rotary_factor", 1.0) * dim // 2)
+        inv_freq = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / dim))
+        inv_freq = torch.cat([inv_freq, torch.zeros(dim // 2 - angles)])
+        inv_freq = inv_freq / params.get("factor", 1.0)
+    else:
+        raise ValueError(f"gemma4: rope_type {rope_type} is not supported")
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def rotate_half(x):
@@ -592,6 +770,49 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         return self.o_proj(causal_attention(c, q, k, v, self.window,
                                             getattr(self, "sinks", None)))
+
+
+class Gemma4Attention(nn.Module):
+    """Gemma 4's attention (Hugging Face's Gemma4TextAttention): the layer's head dim and KV
+    heads (Config.layer_head_dim, layer_kv_heads); q = RoPE(q_norm(q)), k = RoPE(k_norm(k)),
+    v = v_norm(v) (no weight), v the raw k_proj output where keys are values (no v_proj);
+    softmax scale 1; a sliding window on sliding_attention layers."""
+
+    def __init__(self, cfg, layer):
+        super().__init__()
+        self.cfg = cfg
+        self.window = cfg.window(layer)
+        self.head_dim = hd = cfg.layer_head_dim(layer)
+        self.kv_heads = cfg.layer_kv_heads(layer)
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * hd, bias=False)
+        self.q_norm = Gemma4RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = Gemma4RMSNorm(hd, cfg.rms_norm_eps)
+        self.v_norm = Gemma4RMSNorm(hd, cfg.rms_norm_eps, with_scale=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * hd, bias=False)
+        if not cfg.keys_are_values(layer):
+            self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        hd, heads = self.head_dim, self.cfg.num_attention_heads
+        q = self.q_norm(self.q_proj(x).view(b, t, heads, hd)).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, hd)
+        v = self.v_proj(x).view(b, t, self.kv_heads, hd) if hasattr(self, "v_proj") else k
+        k = self.k_norm(k).transpose(1, 2)
+        v = self.v_norm(v).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = heads // self.kv_heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        scores = q @ k.transpose(-2, -1)  # scaling 1.0
+        masked = torch.ones(t, t, dtype=torch.bool).triu(1)
+        if self.window:  # a query sees itself and the window - 1 positions before it
+            masked = masked | torch.ones(t, t, dtype=torch.bool).tril(-self.window)
+        scores = scores.masked_fill(masked, float("-inf"))
+        y = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, heads * hd))
 
 
 def rope_interleaved(x, cos, sin):
@@ -838,6 +1059,76 @@ class GptOssExperts(nn.Module):
         return ((up + 1) * glu) @ self.down_proj[e] + self.down_proj_bias[e]
 
 
+def gelu_tanh(x):
+    """Hugging Face's gelu_pytorch_tanh."""
+    return F.gelu(x, approximate="tanh")
+
+
+class GeGluMlp(Mlp):
+    """Gemma 4's dense MLP: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def forward(self, x):
+        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Gemma4Router(nn.Module):
+    """Hugging Face's Gemma4TextRouter: proj(RMSNorm(x) * scale / sqrt(hidden)) (the norm
+    without weight), softmax, top-k renormalised to sum 1, times per_expert_scale[expert]."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.norm = Gemma4RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, with_scale=False)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.ones(cfg.num_local_experts))
+
+    def forward(self, x, retained=None):
+        """x (tokens, hidden) -> (probs, weights, chosen, logits); chosen by descending
+        probability. retained, when given: the other experts' logits are -inf."""
+        h = self.norm(x) * self.scale * self.cfg.hidden_size ** -0.5
+        logits = self.proj(h)
+        if retained is not None:
+            logits = logits.masked_fill(~retained, float("-inf"))
+        probs = F.softmax(logits, dim=-1, dtype=torch.float)
+        weights, chosen = torch.topk(probs, self.cfg.num_experts_per_tok, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights * self.per_expert_scale[chosen]
+        return probs, weights, chosen, logits
+
+
+class Gemma4Experts(nn.Module):
+    """Hugging Face's Gemma4TextExperts: gate_up_proj (E, 2I, H) (gate rows, then up rows),
+    down_proj (E, H, I); each expert down(gelu_tanh(gate) * up)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        e, d, w = cfg.num_local_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * w, d).normal_(std=0.02))
+        self.down_proj = nn.Parameter(torch.empty(e, d, w).normal_(std=0.02))
+
+    def forward(self, x, chosen, weights):
+        """x (tokens, hidden), chosen and weights (tokens, k): experts in order, each on the
+        tokens routed to it, the outputs weighted and summed."""
+        out = torch.zeros_like(x)
+        k = chosen.shape[-1]
+        flat_chosen = chosen.reshape(-1)
+        order = torch.argsort(flat_chosen, stable=True)
+        counts = torch.bincount(flat_chosen, minlength=self.gate_up_proj.shape[0]).tolist()
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            idx = order[start:start + n]
+            start += n
+            tok = idx // k
+            gate, up = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(gelu_tanh(gate) * up, self.down_proj[e])
+            y = y * weights.reshape(-1)[idx, None]
+            out.index_add_(0, tok, y.to(out.dtype))
+        return out
+
+
 class SparseMoe(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -977,11 +1268,55 @@ class Block(nn.Module):
         return x + self.drop(h), logits
 
 
+class Gemma4Block(nn.Module):
+    """Hugging Face's Gemma4TextDecoderLayer with enable_moe_block: attention between
+    input_layernorm and post_attention_layernorm; then, from the residual x, the dense MLP
+    (pre_feedforward_layernorm, post_feedforward_layernorm_1) and the experts
+    (pre_feedforward_layernorm_2, post_feedforward_layernorm_2; routed on x itself), their sum
+    normed by post_feedforward_layernorm and added; the layer's output times layer_scalar."""
+
+    def __init__(self, cfg, layer):
+        super().__init__()
+        d = cfg.hidden_size
+        self.self_attn = Gemma4Attention(cfg, layer)
+        self.mlp = GeGluMlp(d, cfg.intermediate_size)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm", "post_feedforward_layernorm_1",
+                     "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):
+            setattr(self, name, make_norm(cfg, d))
+        self.router = Gemma4Router(cfg)
+        self.experts = Gemma4Experts(cfg)
+        # a buffer in Hugging Face's module; a parameter here, so the goldens can set it
+        self.layer_scalar = nn.Parameter(torch.ones(1))
+        self.sparse = True
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, cos, sin, trace=None, retained=None, prefix=None, record=None):
+        """As Block.forward (prefix, record: the attention's input)."""
+        a = self.input_layernorm(x)
+        if prefix is not None:
+            a = torch.where(prefix[0], prefix[1], a)
+        if record is not None:
+            record.append(a.detach())
+        x = x + self.drop(self.post_attention_layernorm(self.self_attn(a, cos, sin)))
+        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+        flat = x.reshape(-1, x.shape[-1])
+        probs, weights, chosen, logits = self.router(flat, retained)
+        weights = weights.to(flat.dtype)
+        if trace is not None:
+            trace.append((chosen.detach(), weights.detach().float(), probs.detach()))
+        routed = self.experts(self.pre_feedforward_layernorm_2(flat), chosen, weights)
+        routed = self.post_feedforward_layernorm_2(routed.view(x.shape))
+        x = x + self.drop(self.post_feedforward_layernorm(dense + routed))
+        return x * self.layer_scalar, logits
+
+
 class Inner(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.num_hidden_layers)])
+        block = Gemma4Block if cfg.gemma4 else Block
+        self.layers = nn.ModuleList([block(cfg, i) for i in range(cfg.num_hidden_layers)])
         self.norm = make_norm(cfg, cfg.hidden_size)
 
 
@@ -1010,6 +1345,8 @@ class MoeForCausalLM(nn.Module):
         sd = self.state_dict()
         if self.cfg.tie_word_embeddings:
             sd.pop("lm_head.weight")
+        if self.cfg.gemma4:  # experts already stacked as published
+            return {self.cfg.checkpoint_name(k): v for k, v in sd.items()}
         if not self.cfg.hybrid:
             return sd
         out = {}
@@ -1025,6 +1362,10 @@ class MoeForCausalLM(nn.Module):
         return {self.cfg.checkpoint_name(k): v for k, v in out.items()}
 
     def load_export(self, tensors):
+        if self.cfg.gemma4:  # the published layout's vision and audio towers
+            tensors = {k: v for k, v in tensors.items()
+                       if not k.startswith(("model.vision_tower.", "model.embed_vision.",
+                                            "model.audio_tower.", "model.embed_audio."))}
         tensors = {self.cfg.module_name(k): v for k, v in tensors.items()}
         if self.cfg.hybrid:
             inter = self.cfg.moe_intermediate_size
@@ -1050,17 +1391,29 @@ class MoeForCausalLM(nn.Module):
         prefill's KV cache does (tools/train/distill.py)."""
         t = ids.shape[1]
         x = self.model.embed_tokens(ids)
-        cos, sin = rope_cos_sin(self.cfg, torch.arange(t), x.dtype)
+        if self.cfg.gemma4:
+            # Gemma4TextScaledWordEmbedding: times sqrt(hidden_size) in the weights' dtype
+            x = x * torch.tensor(self.cfg.hidden_size ** 0.5).to(x.dtype)
+            ropes = [gemma4_cos_sin(self.cfg, l, torch.arange(t), x.dtype)
+                     for l in range(self.cfg.num_hidden_layers)]
+        else:
+            cos, sin = rope_cos_sin(self.cfg, torch.arange(t), x.dtype)
         keep = None
         if prefix is not None:
             keep = (torch.arange(t)[None, :] < prefix[0][:, None])[:, :, None]
         router_logits = []
         for i, layer in enumerate(self.model.layers):
+            if self.cfg.gemma4:
+                cos, sin = ropes[i]
             x, rl = layer(x, cos, sin, trace, None if retained is None else retained[i],
                           None if prefix is None else (keep, prefix[1][i]), record)
             if rl is not None:
                 router_logits.append(rl)
-        return self.lm_head(self.model.norm(x)), router_logits
+        logits = self.lm_head(self.model.norm(x))
+        cap = self.cfg.final_logit_softcapping if self.cfg.gemma4 else None
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits, router_logits
 
 
 MixtralForCausalLM = MoeForCausalLM  # the name tiny-moe's scripts were written against
@@ -1079,6 +1432,8 @@ def load_balancing_loss(router_logits, num_experts, top_k):
 
 def param_counts(cfg):
     """(total, active per token) parameters, as the checkpoint stores them."""
+    if cfg.gemma4:
+        return _gemma4_param_counts(cfg)
     d, v, hd = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
     q_rows = 2 * q if cfg.hybrid else q  # qwen3_5_moe's q_proj emits [q | gate]
@@ -1117,6 +1472,22 @@ def param_counts(cfg):
             base += 3 * d * cfg.shared_size + (0 if cfg.model_type in DEEPSEEK else d)
         if cfg.model_type in ("deepseek_v3", "gpt_oss"):
             base += cfg.num_local_experts  # e_score_correction_bias, gpt-oss's router bias
+        total += base + cfg.num_local_experts * expert
+        active += base + cfg.num_experts_per_tok * expert
+    return total, active
+
+
+def _gemma4_param_counts(cfg):
+    d, heads = cfg.hidden_size, cfg.num_attention_heads
+    total = cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2) + d
+    active = total
+    expert = 3 * d * cfg.moe_intermediate_size
+    for layer in range(cfg.num_hidden_layers):
+        hd, kv = cfg.layer_head_dim(layer), cfg.layer_kv_heads(layer)
+        attn = 2 * d * heads * hd + d * kv * hd * (1 if cfg.keys_are_values(layer) else 2) + 2 * hd
+        # seven norms, layer_scalar, the dense MLP, the router (proj, scale, per_expert_scale)
+        base = attn + 7 * d + 1 + 3 * d * cfg.intermediate_size + d * cfg.num_local_experts + d
+        base += cfg.num_local_experts
         total += base + cfg.num_local_experts * expert
         active += base + cfg.num_experts_per_tok * expert
     return total, active
