@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine/layers/attention.h"
 #include "common/engine/layers/delta_net.h"
+#include "common/engine/layers/dense_and_moe.h"
 #include "common/engine/layers/latent_attention.h"
 #include "common/engine/layers/mlp.h"
 #include "common/engine/layers/moe.h"
@@ -19,6 +20,19 @@ namespace {
 namespace k = kernels::cpu;
 
 }  // namespace
+
+ForwardPass::ForwardPass(const ModelWeights* weights, KvBlockPool* pool,
+                         const kernels::Backend* backend)
+    : w_(weights), pool_(pool), backend_(backend), ctx_(weights) {
+  const model::ModelConfig& c = weights->config;
+  if (c.embedding_scale > 0) {
+    embedding_scale_ = static_cast<float>(c.embedding_scale);
+    // Hugging Face multiplies by the scale cast to the embedding's dtype (sqrt(2816) = 53.07 is
+    // 53 in bf16).
+    if (c.torch_dtype == "bfloat16")
+      embedding_scale_ = k::Bf16ToF32(k::F32ToBf16(embedding_scale_));
+  }
+}
 
 absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeights* weights,
                                                                  KvBlockPool* pool,
@@ -59,20 +73,28 @@ absl::StatusOr<std::unique_ptr<ForwardPass>> ForwardPass::Create(const ModelWeig
         layer.mixer = forward->delta_net_.get();
         break;
     }
-    if (c.IsSparseLayer(l)) {
-      if (forward->moe_ == nullptr) forward->moe_ = std::make_unique<MoeBlock>(c);
-      layer.ffn = forward->moe_.get();
-    } else {
-      if (forward->dense_ == nullptr) forward->dense_ = std::make_unique<DenseMlpBlock>();
-      layer.ffn = forward->dense_.get();
+    switch (c.Ffn(l)) {
+      case model::FfnKind::kMoe:
+        if (forward->moe_ == nullptr) forward->moe_ = std::make_unique<MoeBlock>(c);
+        layer.ffn = forward->moe_.get();
+        break;
+      case model::FfnKind::kDenseMlp:
+        if (forward->dense_ == nullptr) forward->dense_ = std::make_unique<DenseMlpBlock>();
+        layer.ffn = forward->dense_.get();
+        break;
+      case model::FfnKind::kDenseAndMoe:
+        if (forward->dense_and_moe_ == nullptr) {
+          forward->dense_and_moe_ = std::make_unique<DenseAndMoeBlock>(c);
+        }
+        layer.ffn = forward->dense_and_moe_.get();
+        break;
     }
   }
-  // The pool holds what the layers' blocks keep: paged K/V (and rings) of their geometry.
+  // The pool holds what the layers' blocks keep: paged K/V of its geometry (a ring's layer has
+  // its own, sized in the state slot above).
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const CacheSpec cache = forward->layers_[l].mixer->cache(l);
-    if (cache.kind != CacheSpec::Kind::kPagedKv && cache.kind != CacheSpec::Kind::kWindowRing) {
-      continue;
-    }
+    if (cache.kind != CacheSpec::Kind::kPagedKv) continue;
     if (cache.kv_heads != kv.num_kv_heads || cache.head_dim != kv.head_dim ||
         cache.keys_only != kv.keys_only) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -184,18 +206,33 @@ absl::Status ForwardPass::Step(absl::Span<const StepInput> batch, const MoeOptio
   Resize(out_, T, hidden);
   Resize(ctx_.h, T, hidden);
   ctx_.ops->embed(w_->embed.data.data(), hidden, ctx_.ids.data(), T, x_.data());
+  if (embedding_scale_ != 1.0f) ctx_.ops->scale(x_.data(), T * hidden, embedding_scale_);
+  ctx_.x = x_.data();
   // Each layer: x += mixer(norm(x)), then x += ffn(norm(x)), each norm the run's (the model's
-  // or a decoder overlay's).
+  // or a decoder overlay's); with sandwich norms each block's output is normed too before its
+  // add, and with a layer scalar the layer's output is scaled (Gemma 4).
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    for (const auto& [block, norm] : {std::pair{layers_[l].mixer, &LayerWeights::attn_norm},
-                                      std::pair{layers_[l].ffn, &LayerWeights::ffn_norm}}) {
+    for (const auto& [block, norm, post_norm] :
+         {std::tuple{layers_[l].mixer, &LayerWeights::attn_norm, &LayerWeights::post_attn_norm},
+          std::tuple{layers_[l].ffn, &LayerWeights::ffn_norm, &LayerWeights::post_ffn_norm}}) {
       for (const StepContext::RowRun& run : ctx_.runs) {
         ctx_.ops->rms_norm(Row(x_, run.begin, hidden), run.end - run.begin, hidden,
                            (ctx_.AlwaysOn(run, l).*norm).data(), eps,
                            Row(ctx_.h, run.begin, hidden));
       }
       RETURN_IF_ERROR(block->Forward(l, ctx_, out_.data()));
+      for (const StepContext::RowRun& run : ctx_.runs) {
+        const std::vector<float>& weight = ctx_.AlwaysOn(run, l).*post_norm;
+        if (weight.empty()) break;
+        ctx_.ops->rms_norm(Row(out_, run.begin, hidden), run.end - run.begin, hidden, weight.data(),
+                           eps, Row(out_, run.begin, hidden));
+      }
       ctx_.ops->add_rows(out_.data(), T, hidden, nullptr, nullptr, x_.data());
+    }
+    for (const StepContext::RowRun& run : ctx_.runs) {
+      const std::vector<float>& scalar = ctx_.AlwaysOn(run, l).layer_scalar;
+      if (scalar.empty()) break;
+      ctx_.ops->scale(Row(x_, run.begin, hidden), (run.end - run.begin) * hidden, scalar[0]);
     }
   }
   Logits(batch, moe, logits);
@@ -238,12 +275,15 @@ void ForwardPass::Logits(absl::Span<const StepInput> batch, const MoeOptions& mo
                        eps, Row(ctx_.h, static_cast<int>(row), hidden));
     row += wanted[s];
   }
+  const float cap = static_cast<float>(c.final_logit_softcap);
   if (only >= 0) {  // one sequence wants logits: straight into its output
     ctx_.Linear(ctx_.h.data(), total, w_->lm_head.view(), (*logits)[only].data());
+    if (cap > 0) ctx_.ops->soft_cap((*logits)[only].data(), total * vocab, cap);
     return;
   }
   Resize(logits_, total, vocab);
   ctx_.Linear(ctx_.h.data(), total, w_->lm_head.view(), logits_.data());
+  if (cap > 0) ctx_.ops->soft_cap(logits_.data(), total * vocab, cap);
   for (size_t s = 0, row = 0; s < batch.size(); ++s) {
     if (wanted[s] == 0) continue;  // an empty vector's data() may be null, even for memcpy
     std::memcpy((*logits)[s].data(), Row(logits_, static_cast<int>(row), vocab),

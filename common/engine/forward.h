@@ -63,8 +63,7 @@ class ForwardPass {
     Block* ffn = nullptr;
   };
 
-  ForwardPass(const ModelWeights* weights, KvBlockPool* pool, const kernels::Backend* backend)
-      : w_(weights), pool_(pool), backend_(backend), ctx_(weights) {}
+  ForwardPass(const ModelWeights* weights, KvBlockPool* pool, const kernels::Backend* backend);
   absl::Status Validate(absl::Span<const StepInput> batch, const MoeOptions& moe) const;
   absl::Status ValidateMask(const ExpertMask* mask) const;
   // The rows of logits each sequence asked for (final norm, lm_head).
@@ -79,7 +78,10 @@ class ForwardPass {
   ExpertProvider* provider_ = nullptr;
 
   // One block of each kind the model has; layers_ point into them.
-  std::unique_ptr<Block> attention_, latent_attention_, delta_net_, moe_, dense_;
+  std::unique_ptr<Block> attention_, latent_attention_, delta_net_, moe_, dense_, dense_and_moe_;
+  // The embedding's scale (Gemma 4's sqrt(hidden), in the checkpoint's dtype as Hugging Face
+  // applies it); 1: none.
+  float embedding_scale_ = 1.0f;
   std::vector<Layer> layers_;
   StepContext ctx_;
   // Buffers reused across steps (sized by the largest step so far): the residual stream, a

@@ -233,20 +233,37 @@ kernels::PagedKvOut KvBlockPool::Writer(int layer, const int32_t* block_table) {
   return Paged(PoolBase(layer, 0), PoolBase(layer, 1), block_table);
 }
 
-kernels::PagedKv KvBlockPool::RingView(int32_t slot, int64_t offset, int blocks,
-                                       const int32_t* ring_table) const {
-  const size_t ring_bytes = static_cast<size_t>(blocks) * block_bytes_;
+kernels::PagedKv KvBlockPool::RingView(int32_t slot, int64_t offset, int blocks, int kv_heads,
+                                       int head_dim, const int32_t* ring_table) const {
+  const size_t block_bytes =
+      kernels::KvBlockBytes(config_.dtype, config_.block_size, kv_heads, head_dim);
+  const size_t ring_bytes = static_cast<size_t>(blocks) * block_bytes;
   TANDEM_CHECK(offset >= 0 && static_cast<size_t>(offset) + 2 * ring_bytes <=
                                   static_cast<size_t>(config_.state_bytes))
       << "ring at " << offset << " outside a state slot of " << config_.state_bytes << " bytes";
   const std::byte* k = state(slot) + offset;
-  return Paged(k, k + ring_bytes, ring_table);
+  return {.k = k,
+          .v = k + ring_bytes,
+          .dtype = config_.dtype,
+          .block_size = config_.block_size,
+          .num_kv_heads = kv_heads,
+          .head_dim = head_dim,
+          .block_bytes = block_bytes,
+          .block_table = ring_table};
 }
 
-kernels::PagedKvOut KvBlockPool::RingWriter(int32_t slot, int64_t offset, int blocks,
-                                            const int32_t* ring_table) {
-  const kernels::PagedKv view = std::as_const(*this).RingView(slot, offset, blocks, ring_table);
-  return Paged(const_cast<std::byte*>(view.k), const_cast<std::byte*>(view.v), ring_table);
+kernels::PagedKvOut KvBlockPool::RingWriter(int32_t slot, int64_t offset, int blocks, int kv_heads,
+                                            int head_dim, const int32_t* ring_table) {
+  const kernels::PagedKv view =
+      std::as_const(*this).RingView(slot, offset, blocks, kv_heads, head_dim, ring_table);
+  return {.k = const_cast<std::byte*>(view.k),
+          .v = const_cast<std::byte*>(view.v),
+          .dtype = view.dtype,
+          .block_size = view.block_size,
+          .num_kv_heads = view.num_kv_heads,
+          .head_dim = view.head_dim,
+          .block_bytes = view.block_bytes,
+          .block_table = ring_table};
 }
 
 float* KvBlockPool::k_pool(int layer) {
@@ -606,6 +623,7 @@ CacheLayout CacheLayoutFor(const model::ModelConfig& c, int block_size, kernels:
   layout.kv_layers.assign(layers, -1);
   layout.state_offsets.assign(layers, -1);
   layout.ring_blocks.assign(layers, 0);
+  layout.ring_block_bytes.assign(layers, 0);
   // Rings only where some layer pages the whole context: a model whose every attention layer
   // slides keeps them paged (its blocks are what the prefix cache and the handoff index).
   bool whole_context = false;  // and so rings
@@ -613,13 +631,16 @@ CacheLayout CacheLayoutFor(const model::ModelConfig& c, int block_size, kernels:
     whole_context |= c.Mixer(l) != model::MixerKind::kGatedDeltaNet && c.LayerWindow(l) == 0;
   }
   const model::ModelConfig::KvShape shape = c.kv_shape();
-  const int64_t block_bytes =
-      static_cast<int64_t>(kernels::KvBlockBytes(dtype, block_size, shape.heads, shape.head_dim));
   for (int l = 0; l < layers; ++l) {
+    // A layer of another shape than the paged layers' cannot share their pool.
+    const model::AttentionShape own = c.LayerAttention(l);
+    const bool other_shape = c.Mixer(l) == model::MixerKind::kAttention &&
+                             (own.kv_heads != shape.heads || own.head_dim != shape.head_dim);
     if (c.Mixer(l) == model::MixerKind::kGatedDeltaNet) {
       layout.state_offsets[l] = layout.state_bytes;
       layout.state_bytes += c.linear.state_bytes();
-    } else if (c.LayerWindow(l) == 0 || !window_rings || !whole_context || block_size <= 0) {
+    } else if (c.LayerWindow(l) == 0 ||
+               ((!window_rings || !whole_context || block_size <= 0) && !other_shape)) {
       layout.kv_layers[l] = layout.paged_layers++;
     }
   }
@@ -629,9 +650,13 @@ CacheLayout CacheLayoutFor(const model::ModelConfig& c, int block_size, kernels:
     // keys and values, then attends, without overwriting a position its queries read.
     const int64_t tokens = c.LayerWindow(l) - 1 + kRingRoundTokens;
     layout.ring_blocks[l] = static_cast<int>((tokens + block_size - 1) / block_size);
+    const model::AttentionShape own = c.LayerAttention(l);
+    layout.ring_block_bytes[l] = static_cast<int64_t>(kernels::KvBlockBytes(
+        dtype, block_size, static_cast<int>(own.kv_heads), static_cast<int>(own.head_dim)));
     layout.state_bytes = (layout.state_bytes + 63) / 64 * 64;  // rings start 64-byte aligned
     layout.state_offsets[l] = layout.state_bytes;
-    layout.state_bytes += 2 * layout.ring_blocks[l] * block_bytes;  // K ring, then V ring
+    // K ring, then V ring
+    layout.state_bytes += 2 * layout.ring_blocks[l] * layout.ring_block_bytes[l];
   }
   return layout;
 }
@@ -643,7 +668,8 @@ KvCacheConfig KvCacheConfigFor(const model::ModelConfig& c, int block_size, int 
   const CacheLayout layout = CacheLayoutFor(c, block_size, dtype, window_rings);
   for (size_t l = 0; l < layout.ring_blocks.size(); ++l) {
     if (layout.ring_blocks[l] > 0)
-      kv.rings.push_back({layout.state_offsets[l], layout.ring_blocks[l]});
+      kv.rings.push_back(
+          {layout.state_offsets[l], layout.ring_blocks[l], layout.ring_block_bytes[l]});
   }
   kv.num_layers = layout.paged_layers;
   kv.num_kv_heads = shape.heads;

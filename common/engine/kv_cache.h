@@ -61,10 +61,12 @@ struct KvCacheConfig {
   // (CacheSpec::kWindowRing) rather than paged blocks of every position, in layer order: where
   // each starts and its blocks (K blocks, then as many V blocks), so that a handoff ships only
   // the blocks holding positions (kv/kv_stream.h). Set by KvCacheConfigFor; ForwardPass::Create
-  // lays the model out with rings where there are any (CacheLayoutFor, below).
+  // lays the model out with rings where there are any (CacheLayoutFor, below). A ring's blocks
+  // have its layer's geometry, which may differ from the paged layers' (Gemma 4).
   struct Ring {
     int64_t offset = 0;
     int blocks = 0;
+    int64_t block_bytes = 0;
   };
   std::vector<Ring> rings = {};
 
@@ -125,12 +127,13 @@ class KvBlockPool {
   // The same, writable: where a step's keys and values go (Backend::kv_store).
   kernels::PagedKvOut Writer(int layer, const int32_t* block_table);
   // A sliding-window layer's ring (CacheSpec::kWindowRing) in state slot `slot` from byte
-  // `offset`: `blocks` K blocks of this pool's geometry, then as many V blocks, read through
-  // `ring_table` (a position's block b -> b % blocks; it must outlive the view).
-  kernels::PagedKv RingView(int32_t slot, int64_t offset, int blocks,
+  // `offset`: `blocks` K blocks of the layer's geometry (`kv_heads` heads of `head_dim`, in this
+  // pool's block size and dtype), then as many V blocks, read through `ring_table` (a position's
+  // block b -> b % blocks; it must outlive the view).
+  kernels::PagedKv RingView(int32_t slot, int64_t offset, int blocks, int kv_heads, int head_dim,
                             const int32_t* ring_table) const;
-  kernels::PagedKvOut RingWriter(int32_t slot, int64_t offset, int blocks,
-                                 const int32_t* ring_table);
+  kernels::PagedKvOut RingWriter(int32_t slot, int64_t offset, int blocks, int kv_heads,
+                                 int head_dim, const int32_t* ring_table);
 
   // A float32 pool's layer `layer`, (num_blocks, block_size, num_kv_heads, head_dim) floats;
   // CHECK-fails for another dtype.
@@ -355,12 +358,15 @@ inline constexpr int kRingRoundTokens = 256;
 // has layers attending to the whole context, in a ring of blocks in its sequence's state slot
 // that holds only the last positions (its window and a round's tokens: the blocks falling out
 // of the window are reused, not kept); recurrent layers (Gated DeltaNet) at consecutive offsets
-// of the state slot.
+// of the state slot. A windowed layer whose shape differs from the paged layers' (Gemma 4's
+// sliding layers beside its global ones) keeps a ring whatever `window_rings` says: the paged
+// pool has one geometry.
 struct CacheLayout {
-  std::vector<int> kv_layers;          // (layers): the pool layer of a paged layer, else -1
-  std::vector<int64_t> state_offsets;  // (layers): the byte offset of a layer's state or ring
-                                       // in its sequence's state slot, else -1
-  std::vector<int> ring_blocks;        // (layers): blocks of a windowed layer's ring, else 0
+  std::vector<int> kv_layers;             // (layers): the pool layer of a paged layer, else -1
+  std::vector<int64_t> state_offsets;     // (layers): the byte offset of a layer's state or ring
+                                          // in its sequence's state slot, else -1
+  std::vector<int> ring_blocks;           // (layers): blocks of a windowed layer's ring, else 0
+  std::vector<int64_t> ring_block_bytes;  // (layers): bytes of one of its blocks, else 0
   int paged_layers = 0;
   int64_t state_bytes = 0;  // a sequence's state slot: recurrent states, then rings
 };

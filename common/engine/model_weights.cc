@@ -120,7 +120,9 @@ absl::StatusOr<AttentionWeights> LoadAttention(const model::SafetensorsModel& ch
   AttentionWeights a;
   ASSIGN_OR_RETURN(a.q, LoadWeight(checkpoint, config, TensorKind::kAttnQ, l));
   ASSIGN_OR_RETURN(a.k, LoadWeight(checkpoint, config, TensorKind::kAttnK, l));
-  ASSIGN_OR_RETURN(a.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
+  if (!config.LayerAttention(l).values_from_keys) {  // else the keys' projection serves
+    ASSIGN_OR_RETURN(a.v, LoadWeight(checkpoint, config, TensorKind::kAttnV, l));
+  }
   ASSIGN_OR_RETURN(a.o, LoadWeight(checkpoint, config, TensorKind::kAttnOut, l));
   if (config.HasQkNorm()) {
     ASSIGN_OR_RETURN(a.q_norm, LoadNorm(checkpoint, config, TensorKind::kAttnQNorm, l));
@@ -194,6 +196,13 @@ absl::StatusOr<MoeWeights> LoadMoe(const model::SafetensorsModel& checkpoint,
   ASSIGN_OR_RETURN(m.router, LoadWeight(checkpoint, config, TensorKind::kRouter, l));
   if (config.router.selection_bias || config.router.logit_bias) {
     ASSIGN_OR_RETURN(m.router_bias, LoadVector(checkpoint, config, TensorKind::kRouterBias, l));
+  }
+  if (config.router.gemma) {
+    ASSIGN_OR_RETURN(model::TensorView scale,
+                     model::GetTensor(checkpoint, config, TensorKind::kRouterScale, l));
+    m.router_norm = RouterNormFromScale(scale, config);
+    ASSIGN_OR_RETURN(m.expert_scale,
+                     LoadVector(checkpoint, config, TensorKind::kRouterExpertScale, l));
   }
   if (config.HasSharedExpert()) {
     ASSIGN_OR_RETURN(m.shared, LoadMlp(checkpoint, config, TensorKind::kSharedGate,
@@ -414,6 +423,14 @@ std::vector<float> NormFromTensor(const model::TensorView& view, const model::Mo
   return w;
 }
 
+std::vector<float> RouterNormFromScale(const model::TensorView& view,
+                                       const model::ModelConfig& config) {
+  std::vector<float> w = VectorFromTensor(view);
+  const float root = 1.0f / std::sqrt(static_cast<float>(config.hidden_size));
+  for (float& x : w) x *= root;
+  return w;
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
     const model::ModelConfig& config, const model::SafetensorsModel& checkpoint,
     const ExpertMask& only) {
@@ -458,11 +475,30 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(
       ASSIGN_OR_RETURN(layer.attention, LoadAttention(checkpoint, config, l));
     }
     ASSIGN_OR_RETURN(layer.ffn_norm, LoadNorm(checkpoint, config, TensorKind::kFfnNorm, l));
+    if (config.sandwich_norms) {
+      ASSIGN_OR_RETURN(layer.post_attn_norm,
+                       LoadNorm(checkpoint, config, TensorKind::kPostAttnNorm, l));
+      ASSIGN_OR_RETURN(layer.post_ffn_norm,
+                       LoadNorm(checkpoint, config, TensorKind::kPostFfnNorm, l));
+    }
+    if (config.layer_scalar) {
+      ASSIGN_OR_RETURN(layer.layer_scalar,
+                       LoadVector(checkpoint, config, TensorKind::kLayerScalar, l));
+    }
     if (config.IsSparseLayer(l)) {
       ASSIGN_OR_RETURN(layer.moe, LoadMoe(checkpoint, config, l, *w, layout));
-    } else {
+    }
+    if (config.HasDenseMlp(l)) {
       ASSIGN_OR_RETURN(layer.dense, LoadMlp(checkpoint, config, TensorKind::kDenseGate,
                                             TensorKind::kDenseUp, TensorKind::kDenseDown, l));
+    }
+    if (config.Ffn(l) == model::FfnKind::kDenseAndMoe) {
+      ASSIGN_OR_RETURN(layer.post_dense_norm,
+                       LoadNorm(checkpoint, config, TensorKind::kPostDenseNorm, l));
+      ASSIGN_OR_RETURN(layer.pre_moe_norm,
+                       LoadNorm(checkpoint, config, TensorKind::kPreMoeNorm, l));
+      ASSIGN_OR_RETURN(layer.post_moe_norm,
+                       LoadNorm(checkpoint, config, TensorKind::kPostMoeNorm, l));
     }
     w->layers.push_back(std::move(layer));
   }
@@ -495,8 +531,6 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
   w->resident = only;
   const int h = static_cast<int>(config.hidden_size);
   const int inter = static_cast<int>(config.intermediate_size);
-  const int q_dim = static_cast<int>(config.num_attention_heads * config.head_dim);
-  const int kv_dim = static_cast<int>(config.num_key_value_heads * config.head_dim);
   w->embed = fill.Matrix(static_cast<int>(config.vocab_size), h);
   const model::QuantizationConfig& qc = config.quantization;
   // A SwiGLU MLP `width` wide, its matrices of `kinds` (gate, up, down).
@@ -549,14 +583,21 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
       a.o = fill.Weight(h, heads * static_cast<int>(ml.v_head_dim), qc, TensorKind::kAttnOut);
     } else {
       AttentionWeights& a = layer.attention;
+      const model::AttentionShape shape = config.LayerAttention(l);
+      const int q_dim = static_cast<int>(config.num_attention_heads * shape.head_dim);
+      const int kv_dim = static_cast<int>(shape.kv_heads * shape.head_dim);
       const int q_rows = config.attention_output_gate ? 2 * q_dim : q_dim;
       a.q = fill.Weight(q_rows, h, qc, TensorKind::kAttnQ);
       a.k = fill.Weight(kv_dim, h, qc, TensorKind::kAttnK);
-      a.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
+      if (shape.values_from_keys) {
+        fill.Skip();  // the same draws whatever the values come from
+      } else {
+        a.v = fill.Weight(kv_dim, h, qc, TensorKind::kAttnV);
+      }
       a.o = fill.Weight(h, q_dim, qc, TensorKind::kAttnOut);
       if (config.HasQkNorm()) {
-        a.q_norm.assign(config.head_dim, 1.0f);
-        a.k_norm.assign(config.head_dim, 1.0f);
+        a.q_norm.assign(shape.head_dim, 1.0f);
+        a.k_norm.assign(shape.head_dim, 1.0f);
       }
       if (config.attention_qkv_bias) {  // zero, as a freshly initialised model's
         a.q_bias.assign(q_rows, 0.0f);
@@ -567,16 +608,32 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Random(const model::
       if (config.attention_sinks) a.sinks.assign(config.num_attention_heads, 0.0f);
     }
     layer.ffn_norm.assign(h, 1.0f);
-    if (!config.IsSparseLayer(l)) {
+    if (config.sandwich_norms) {
+      layer.post_attn_norm.assign(h, 1.0f);
+      layer.post_ffn_norm.assign(h, 1.0f);
+    }
+    if (config.layer_scalar) layer.layer_scalar.assign(1, 1.0f);
+    if (config.HasDenseMlp(l)) {
       layer.dense = mlp(static_cast<int>(config.dense_intermediate_size), TensorKind::kDenseGate,
                         TensorKind::kDenseUp, TensorKind::kDenseDown);
+    }
+    if (!config.IsSparseLayer(l)) {
       w->layers.push_back(std::move(layer));
       continue;
+    }
+    if (config.Ffn(l) == model::FfnKind::kDenseAndMoe) {
+      layer.post_dense_norm.assign(h, 1.0f);
+      layer.pre_moe_norm.assign(h, 1.0f);
+      layer.post_moe_norm.assign(h, 1.0f);
     }
     MoeWeights& m = layer.moe;
     m.router = fill.Weight(static_cast<int>(config.num_local_experts), h, qc, TensorKind::kRouter);
     if (config.router.selection_bias || config.router.logit_bias) {
       m.router_bias.assign(config.num_local_experts, 0.0f);
+    }
+    if (config.router.gemma) {  // a unit scale, as a freshly initialised model's
+      m.router_norm.assign(h, 1.0f / std::sqrt(static_cast<float>(h)));
+      m.expert_scale.assign(config.num_local_experts, 1.0f);
     }
     if (config.HasSharedExpert()) {
       m.shared = mlp(static_cast<int>(config.shared_expert_intermediate_size),
@@ -624,8 +681,11 @@ int64_t ModelWeights::bytes() const {
       total += static_cast<int64_t>(m->data.size());
     }
     for (const std::vector<float>* v :
-         {&l.attn_norm, &a.q_bias, &a.k_bias, &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm,
-          &l.ffn_norm, &d.conv, &d.a_log, &d.dt_bias, &d.norm}) {
+         {&l.attn_norm,      &a.q_bias,        &a.k_bias,          &a.v_bias,
+          &a.o_bias,         &a.q_norm,        &a.k_norm,          &l.ffn_norm,
+          &d.conv,           &d.a_log,         &d.dt_bias,         &d.norm,
+          &l.post_attn_norm, &l.post_ffn_norm, &l.post_dense_norm, &l.pre_moe_norm,
+          &l.post_moe_norm,  &l.layer_scalar,  &l.moe.router_norm, &l.moe.expert_scale}) {
       total += floats(*v);
     }
     const LatentAttentionWeights& la = l.latent;

@@ -122,6 +122,9 @@ struct MoeWeights {
   // e_score_correction_bias), or to its logits (gpt-oss's router bias); empty where the router
   // has none. The model's is used whatever overlay a sequence runs.
   std::vector<float> router_bias;
+  // Gemma 4's (empty elsewhere): the router's input norm weight, its scale times hidden^-0.5
+  // (hidden,), and the chosen experts' weight scales (experts,).
+  std::vector<float> router_norm, expert_scale;
   std::vector<ExpertWeights> experts;  // (experts,); empty matrices for experts not loaded
   ExpertWeights shared;                // (shared_intermediate) wide; empty when none
   WeightMatrix shared_gate;            // (1, hidden), bf16
@@ -129,7 +132,8 @@ struct MoeWeights {
 
 // A layer: its token mixer's norm and weights (attention or a Gated DeltaNet, as the layer's
 // spec says; the other is empty), then its feed-forward block's norm and weights (an MoE or,
-// in a dense layer, an MLP; the other is empty). Each block reads its own.
+// in a dense layer, an MLP, or both side by side; what it lacks is empty). Each block reads its
+// own.
 struct LayerWeights {
   std::vector<float> attn_norm;  // (hidden,): the token mixer's norm
   AttentionWeights attention;
@@ -138,6 +142,12 @@ struct LayerWeights {
   std::vector<float> ffn_norm;  // (hidden,)
   MoeWeights moe;
   ExpertWeights dense;
+  // Gemma 4's (empty elsewhere), (hidden,) each: the sandwich norms of the mixer's and the
+  // feed-forward block's outputs; the dense MLP's output norm, the experts' input and output
+  // norms (DenseAndMoeBlock); and the layer's output scalar (1,).
+  std::vector<float> post_attn_norm, post_ffn_norm;
+  std::vector<float> post_dense_norm, pre_moe_norm, post_moe_norm;
+  std::vector<float> layer_scalar;
 };
 
 struct ModelWeights {
@@ -176,6 +186,9 @@ std::vector<float> VectorFromTensor(const model::TensorView& view);
 // A norm's weight as the engine applies it: 1 + w where the config says the checkpoint stores
 // it centred on zero (config.zero_centred_norms), else w.
 std::vector<float> NormFromTensor(const model::TensorView& view, const model::ModelConfig& config);
+// Gemma 4's router input norm weight from its scale (kRouterScale): scale * hidden^-0.5.
+std::vector<float> RouterNormFromScale(const model::TensorView& view,
+                                       const model::ModelConfig& config);
 // A quantized weight from its levels (I8, or U8 with two int4 levels a byte) and its float16
 // scales (rows, cols / group), as the checkpoint stores them; INVALID_ARGUMENT for shapes or
 // dtypes that do not fit.

@@ -33,6 +33,14 @@ LayerWeights AlwaysOnCopy(const LayerWeights& from) {
   to.moe.shared = from.moe.shared;
   to.moe.shared_gate = from.moe.shared_gate;
   to.dense = from.dense;
+  to.post_attn_norm = from.post_attn_norm;
+  to.post_ffn_norm = from.post_ffn_norm;
+  to.post_dense_norm = from.post_dense_norm;
+  to.pre_moe_norm = from.pre_moe_norm;
+  to.post_moe_norm = from.post_moe_norm;
+  to.layer_scalar = from.layer_scalar;
+  to.moe.router_norm = from.moe.router_norm;
+  to.moe.expert_scale = from.moe.expert_scale;
   return to;
 }
 
@@ -53,6 +61,30 @@ absl::Status Assign(const model::TensorSpec& spec, const model::TensorView& view
       return absl::OkStatus();
     case TensorKind::kOutputNorm:
       *final_norm = NormFromTensor(view, config);
+      return absl::OkStatus();
+    case TensorKind::kPostAttnNorm:
+      layer->post_attn_norm = NormFromTensor(view, config);
+      return absl::OkStatus();
+    case TensorKind::kPostFfnNorm:
+      layer->post_ffn_norm = NormFromTensor(view, config);
+      return absl::OkStatus();
+    case TensorKind::kPostDenseNorm:
+      layer->post_dense_norm = NormFromTensor(view, config);
+      return absl::OkStatus();
+    case TensorKind::kPreMoeNorm:
+      layer->pre_moe_norm = NormFromTensor(view, config);
+      return absl::OkStatus();
+    case TensorKind::kPostMoeNorm:
+      layer->post_moe_norm = NormFromTensor(view, config);
+      return absl::OkStatus();
+    case TensorKind::kLayerScalar:
+      layer->layer_scalar = VectorFromTensor(view);
+      return absl::OkStatus();
+    case TensorKind::kRouterScale:
+      layer->moe.router_norm = RouterNormFromScale(view, config);
+      return absl::OkStatus();
+    case TensorKind::kRouterExpertScale:
+      layer->moe.expert_scale = VectorFromTensor(view);
       return absl::OkStatus();
     case TensorKind::kRouter:
       return matrix(&layer->moe.router);
@@ -90,6 +122,14 @@ bool IsAlwaysOn(TensorKind kind) {
     case TensorKind::kDenseGate:
     case TensorKind::kDenseUp:
     case TensorKind::kDenseDown:
+    case TensorKind::kPostAttnNorm:
+    case TensorKind::kPostFfnNorm:
+    case TensorKind::kPostDenseNorm:
+    case TensorKind::kPreMoeNorm:
+    case TensorKind::kPostMoeNorm:
+    case TensorKind::kLayerScalar:
+    case TensorKind::kRouterScale:
+    case TensorKind::kRouterExpertScale:
       return true;
     default:
       return false;

@@ -59,6 +59,10 @@
 //                     min(gate, limit): gpt-oss's expert activation
 //   attention_sinks   out (rows, heads, head_dim) *= 1 / (1 + exp(sinks[h] - lse (rows, heads))):
 //                     each head's softmax given one more logit, its sink, whose share is dropped
+//   gelu_tanh_mul     out (n,) = gelu(gate) * up, gelu's tanh form: 0.5 g (1 + tanh(sqrt(2 / pi)
+//                     (g + 0.044715 g^3))) (Gemma's GeGLU)
+//   soft_cap          x (n,) <- cap * tanh(x / cap) (Gemma's final logits)
+//   scale             x (n,) *= alpha
 //   sigmoid           x (n,) <- 1 / (1 + exp(-x))
 //   mul               y (n,) *= x (n,)
 //   l2_norm           each of the `heads` (n,) vectors of each of `rows` rows (at `stride`) of x
@@ -197,6 +201,9 @@ struct Backend {
                          float* out) = nullptr;
   void (*attention_sinks)(float* out, const float* lse, const float* sinks, int rows, int heads,
                           int head_dim) = nullptr;
+  void (*gelu_tanh_mul)(const float* gate, const float* up, int n, float* out) = nullptr;
+  void (*soft_cap)(float* x, int n, float cap) = nullptr;
+  void (*scale)(float* x, int n, float alpha) = nullptr;
   void (*sigmoid)(float* x, int n) = nullptr;
   void (*mul)(const float* x, int n, float* y) = nullptr;
   void (*l2_norm)(float* x, int rows, int heads, int n, int stride, float scale) = nullptr;

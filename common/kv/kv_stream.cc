@@ -39,8 +39,9 @@ std::vector<std::pair<uint64_t, uint64_t>> KvStream::StatePieces(
   for (const engine::KvCacheConfig::Ring& ring : config.rings) {
     const uint64_t live = static_cast<uint64_t>(std::min(ring.blocks, std::max(blocks, 0)));
     const uint64_t k = static_cast<uint64_t>(ring.offset);
-    pieces.emplace_back(k, live * block_bytes);
-    pieces.emplace_back(k + static_cast<uint64_t>(ring.blocks) * block_bytes, live * block_bytes);
+    const uint64_t ring_block = static_cast<uint64_t>(ring.block_bytes);
+    pieces.emplace_back(k, live * ring_block);
+    pieces.emplace_back(k + static_cast<uint64_t>(ring.blocks) * ring_block, live * ring_block);
   }
   return pieces;
 }

@@ -197,10 +197,36 @@ ModelConfig::KvShape ModelConfig::kv_shape() const {
   if (NumLayers(MixerKind::kLatentAttention) > 0) {
     return {1, static_cast<int>(mla.cache_dim()), true};
   }
+  if (global_attention.head_dim > 0) {
+    return {static_cast<int>(global_attention.kv_heads),
+            static_cast<int>(global_attention.head_dim), false};
+  }
   return {static_cast<int>(num_key_value_heads), static_cast<int>(head_dim), false};
 }
 
-std::vector<float> ModelConfig::RopeFrequencies() const {
+AttentionShape ModelConfig::LayerAttention(int layer) const {
+  if (layer >= 0 && global_attention.head_dim > 0 && LayerWindow(layer) == 0) {
+    return global_attention;
+  }
+  return {.kv_heads = num_key_value_heads,
+          .head_dim = head_dim,
+          .rotary_dim = rotary_dim,
+          .rope_pairs = rotary_dim / 2,
+          .rope_theta = rope_theta};
+}
+
+std::vector<float> ModelConfig::RopeFrequencies(int layer) const {
+  if (layer >= 0 && global_attention.head_dim > 0 && LayerWindow(layer) == 0) {
+    // Gemma 4's proportional RoPE: theta^(-2i / head_dim) on the first rope_pairs pairs of the
+    // whole head, 0 on the rest (Hugging Face's _compute_proportional_rope_parameters).
+    const AttentionShape& a = global_attention;
+    std::vector<float> inv_freq(static_cast<size_t>(a.rotary_dim / 2), 0.0f);
+    for (int64_t i = 0; i < a.rope_pairs; ++i) {
+      inv_freq[i] = 1.0f / std::pow(static_cast<float>(a.rope_theta),
+                                    static_cast<float>(2 * i) / static_cast<float>(a.head_dim));
+    }
+    return inv_freq;
+  }
   const int dim = static_cast<int>(rotary_dim);
   const int half = dim / 2;
   const float theta = static_cast<float>(rope_theta);
@@ -243,9 +269,11 @@ std::vector<float> ModelConfig::RopeFrequencies() const {
   return inv_freq;
 }
 
-float ModelConfig::AttentionScale() const {
+float ModelConfig::AttentionScale(int layer) const {
   const double a = rope_scaling.attention_factor;
-  return 1.0f / std::sqrt(static_cast<float>(head_dim)) * static_cast<float>(a * a);
+  if (attention_scale > 0) return static_cast<float>(attention_scale * a * a);
+  const int64_t dim = layer >= 0 ? LayerAttention(layer).head_dim : head_dim;
+  return 1.0f / std::sqrt(static_cast<float>(dim)) * static_cast<float>(a * a);
 }
 
 double ModelConfig::LatentAttentionScale() const {
@@ -346,7 +374,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
                    text.OptionalInt("num_key_value_heads", c.num_attention_heads));
   ASSIGN_OR_RETURN(c.num_key_value_heads, ConfigReader::CheckSize("num_key_value_heads", kv_heads));
   ASSIGN_OR_RETURN(c.num_local_experts, text.RequiredSize(arch.num_experts_key, kMaxExperts));
-  ASSIGN_OR_RETURN(c.num_experts_per_tok, text.RequiredSize("num_experts_per_tok"));
+  ASSIGN_OR_RETURN(c.num_experts_per_tok, text.RequiredSize(arch.experts_per_tok_key));
   ASSIGN_OR_RETURN(int64_t max_pos, text.OptionalInt("max_position_embeddings", 4096 * 32));
   ASSIGN_OR_RETURN(c.max_position_embeddings,
                    ConfigReader::CheckSize("max_position_embeddings", max_pos));
@@ -370,7 +398,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     return FieldError("head_dim", "times num_attention_heads is too large");
   }
   if (c.num_experts_per_tok > c.num_local_experts) {
-    return FieldError("num_experts_per_tok",
+    return FieldError(arch.experts_per_tok_key,
                       absl::StrCat("(", c.num_experts_per_tok, ") must not exceed ",
                                    Sv(arch.num_experts_key), " (", c.num_local_experts, ")"));
   }
@@ -409,14 +437,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
     c.eos_token_id = c.eos_token_ids.front();
   }
 
-  if (const Json* v = text.Find("torch_dtype"); v != nullptr) {
+  // Newer configs say "dtype".
+  const std::string_view dtype_key = text.Has("torch_dtype") ? "torch_dtype" : "dtype";
+  if (const Json* v = text.Find(dtype_key); v != nullptr) {
     if (!v->is_string()) {
-      return FieldError("torch_dtype", absl::StrCat("must be a string, got ", v->type_name()));
+      return FieldError(dtype_key, absl::StrCat("must be a string, got ", v->type_name()));
     }
     c.torch_dtype = v->get<std::string>();
     if (c.torch_dtype != "bfloat16" && c.torch_dtype != "float16" && c.torch_dtype != "float32") {
-      return FieldError("torch_dtype", absl::StrCat("has unsupported value \"", c.torch_dtype,
-                                                    "\" (supported: bfloat16, float16, float32)"));
+      return FieldError(dtype_key, absl::StrCat("has unsupported value \"", c.torch_dtype,
+                                                "\" (supported: bfloat16, float16, float32)"));
     }
   }
 
@@ -462,7 +492,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
 
 bool ModelConfig::HasDenseLayers() const {
   return std::any_of(layer_specs.begin(), layer_specs.end(),
-                     [](const LayerSpec& spec) { return spec.ffn == FfnKind::kDenseMlp; });
+                     [](const LayerSpec& spec) { return spec.ffn != FfnKind::kMoe; });
 }
 
 bool ModelConfig::HasQkNorm() const { return !TensorName(*arch, TensorKind::kAttnQNorm).empty(); }
@@ -521,10 +551,11 @@ std::string TensorName(const ArchitectureSpec& arch, TensorKind kind, int layer,
       Sv(pattern), {{"{layer}", absl::StrCat(layer)}, {"{expert}", absl::StrCat(expert)}});
 }
 
-std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
+std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind, int layer) {
   const bool mla = c.NumLayers(MixerKind::kLatentAttention) > 0;
-  const int64_t q_dim = c.num_attention_heads * c.head_dim;
-  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  const AttentionShape attention = c.LayerAttention(layer);
+  const int64_t q_dim = c.num_attention_heads * attention.head_dim;
+  const int64_t kv_dim = attention.kv_heads * attention.head_dim;
   switch (kind) {
     case TensorKind::kTokenEmbedding:
     case TensorKind::kOutput:
@@ -532,7 +563,17 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
     case TensorKind::kOutputNorm:
     case TensorKind::kAttnNorm:
     case TensorKind::kFfnNorm:
+    case TensorKind::kPostAttnNorm:
+    case TensorKind::kPostFfnNorm:
+    case TensorKind::kPostDenseNorm:
+    case TensorKind::kPreMoeNorm:
+    case TensorKind::kPostMoeNorm:
+    case TensorKind::kRouterScale:
       return {c.hidden_size};
+    case TensorKind::kRouterExpertScale:
+      return {c.num_local_experts};
+    case TensorKind::kLayerScalar:
+      return {1};
     case TensorKind::kAttnQ:  // with its output gate: [q | gate] per head
       return {c.attention_output_gate ? 2 * q_dim : q_dim, c.hidden_size};
     case TensorKind::kAttnK:
@@ -568,7 +609,7 @@ std::vector<int64_t> TensorShape(const ModelConfig& c, TensorKind kind) {
       return {c.num_local_experts, c.hidden_size};
     case TensorKind::kAttnQNorm:
     case TensorKind::kAttnKNorm:
-      return {c.head_dim};
+      return {attention.head_dim};
     case TensorKind::kAttnQBias:
       return {c.attention_output_gate ? 2 * q_dim : q_dim};
     case TensorKind::kAttnKBias:
@@ -632,7 +673,7 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layou
   auto add = [&](TensorKind kind, int layer, int expert) {
     std::string name = TensorName(arch, kind, layer, expert);
     if (name.empty()) return;  // the architecture has no such tensor
-    std::vector<int64_t> shape = TensorShape(c, kind);
+    std::vector<int64_t> shape = TensorShape(c, kind, layer);
     if (!q.Quantizes(kind)) {
       out.push_back(TensorSpec{std::move(name), std::move(shape), kind, layer, expert});
       return;
@@ -680,6 +721,7 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layou
       for (TensorKind kind :
            {TensorKind::kAttnQ, TensorKind::kAttnK, TensorKind::kAttnV, TensorKind::kAttnOut,
             TensorKind::kAttnQNorm, TensorKind::kAttnKNorm}) {
+        if (kind == TensorKind::kAttnV && c.LayerAttention(layer).values_from_keys) continue;
         add(kind, layer, -1);
       }
     }
@@ -695,15 +737,30 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertLayout layou
     if (c.attention_sinks && c.Mixer(layer) == MixerKind::kAttention) {
       add(TensorKind::kAttnSinks, layer, -1);
     }
+    if (c.sandwich_norms) {
+      add(TensorKind::kPostAttnNorm, layer, -1);
+      add(TensorKind::kPostFfnNorm, layer, -1);
+    }
+    if (c.layer_scalar) add(TensorKind::kLayerScalar, layer, -1);
     add(TensorKind::kFfnNorm, layer, -1);
-    if (!c.IsSparseLayer(layer)) {
+    if (c.HasDenseMlp(layer)) {
       for (TensorKind kind :
            {TensorKind::kDenseGate, TensorKind::kDenseUp, TensorKind::kDenseDown}) {
         add(kind, layer, -1);
       }
-      continue;
+    }
+    if (!c.IsSparseLayer(layer)) continue;
+    if (c.Ffn(layer) == FfnKind::kDenseAndMoe) {
+      for (TensorKind kind :
+           {TensorKind::kPostDenseNorm, TensorKind::kPreMoeNorm, TensorKind::kPostMoeNorm}) {
+        add(kind, layer, -1);
+      }
     }
     add(TensorKind::kRouter, layer, -1);
+    if (c.router.gemma) {
+      add(TensorKind::kRouterScale, layer, -1);
+      add(TensorKind::kRouterExpertScale, layer, -1);
+    }
     if (c.router.selection_bias || c.router.logit_bias) add(TensorKind::kRouterBias, layer, -1);
     if (layout == ExpertLayout::kStacked && q.mxfp4) {
       // Blocks and scales a row per output: gate_up (2 * intermediate, hidden), down (hidden,

@@ -78,8 +78,20 @@ enum class TensorKind {
   kExpertDownBias,     // (hidden)
   kExpertsGateUpBias,  // (experts, 2 * intermediate), laid out as kExpertsGateUp's columns
   kExpertsDownBias,    // (experts, hidden)
+  // Gemma 4: sandwich norms (the mixer's and the feed-forward block's outputs RMS-normed before
+  // their residual adds), the norms of a layer whose dense MLP and MoE run side by side
+  // (FfnKind::kDenseAndMoe), the router's input scale and per-expert output scale, and a scalar
+  // on the whole layer's output.
+  kPostAttnNorm,       // (hidden): post_attention_layernorm
+  kPostFfnNorm,        // (hidden): post_feedforward_layernorm
+  kPostDenseNorm,      // (hidden): post_feedforward_layernorm_1, after the dense MLP
+  kPreMoeNorm,         // (hidden): pre_feedforward_layernorm_2, the experts' input
+  kPostMoeNorm,        // (hidden): post_feedforward_layernorm_2, after the experts
+  kRouterScale,        // (hidden): the router's input, RMS-normed without weight, times this
+  kRouterExpertScale,  // (experts): each chosen expert's weight times this (per_expert_scale)
+  kLayerScalar,        // (1): the layer's output (the residual stream) times this
 };
-inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kExpertsDownBias) + 1;
+inline constexpr int kNumTensorKinds = static_cast<int>(TensorKind::kLayerScalar) + 1;
 
 class ConfigReader;  // common/model/config_reader.h
 struct ModelConfig;
@@ -102,7 +114,7 @@ struct ArchitectureSpec {
   std::string_view text_config_key = "";
   // Checkpoint tensors the engine does not use, by name prefix (a multimodal checkpoint's
   // vision tower, multi-token-prediction heads): skipped by the loader, which says so.
-  std::array<std::string_view, 2> ignored_prefixes = {};
+  std::array<std::string_view, 4> ignored_prefixes = {};
   // Layers past num_hidden_layers under this prefix are skipped too (DeepSeek-V3's
   // multi-token-prediction layers, model.layers.{num_hidden_layers}.*); empty: none.
   std::string_view extra_layers_prefix = "";
@@ -112,6 +124,8 @@ struct ArchitectureSpec {
   // with gate and up in alternate columns (gate first) and kExpertsDown (experts, intermediate,
   // hidden) (gpt-oss, whose MXFP4 blocks hold the same matrices a row per output).
   bool stacked_interleaved = false;
+  // The key of the experts a token is routed to ("top_k_experts": Gemma 4).
+  std::string_view experts_per_tok_key = "num_experts_per_tok";
   // Reads the architecture's own keys into `config`, whose common fields (sizes, heads,
   // experts, RoPE, norms, token ids) are already parsed: routing (norm_topk_prob), attention
   // bias, shared experts, and layer_specs (which layers are dense); refuses, naming the key,
@@ -169,7 +183,10 @@ enum class MixerKind {
 };
 enum class FfnKind {
   kMoe,       // router, routed experts, and the shared expert where the model has one
-  kDenseMlp,  // one SwiGLU MLP of dense_intermediate_size on every token
+  kDenseMlp,  // one gated MLP of dense_intermediate_size on every token
+  // Gemma 4: the dense MLP on the block's normed input and the MoE on the residual stream,
+  // side by side, each with its own norms (kPostDenseNorm; kPreMoeNorm, kPostMoeNorm), summed.
+  kDenseAndMoe,
 };
 struct LayerSpec {
   MixerKind mixer = MixerKind::kAttention;
@@ -211,6 +228,23 @@ struct LatentAttentionConfig {
   int64_t cache_dim() const { return kv_lora_rank + qk_rope_head_dim; }
 };
 
+// One attention layer's shape (ModelConfig::LayerAttention): its KV heads and head dim, where its
+// values come from and how RoPE turns its heads.
+struct AttentionShape {
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  // RoPE turns the first rotary_dim of each head, pairing (i, i + rotary_dim / 2) (or (2i, 2i + 1)
+  // with rope_interleaved); of its rotary_dim / 2 pairs only the first rope_pairs have a
+  // frequency, the others pass through (Gemma 4's "proportional" RoPE: rotary_dim is head_dim and
+  // rope_pairs its partial_rotary_factor share).
+  int64_t rotary_dim = 0;
+  int64_t rope_pairs = 0;
+  double rope_theta = 0;
+  // No v_proj: the values are the keys' projection before their norm and RoPE (Gemma 4's
+  // attention_k_eq_v).
+  bool values_from_keys = false;
+};
+
 // RoPE's frequencies (config.json "rope_scaling"): the default theta^(-2i/d), or YaRN's blend of
 // those (extrapolated, the fast ones) and those divided by `factor` (interpolated, the slow
 // ones), ramped between the dimensions that turn beta_fast and beta_slow times over
@@ -241,6 +275,16 @@ struct RouterConfig {
   bool group_top_two = false;  // a group's score: its best two (noaux_tc) or its best
   double scaling = 1;          // routed_scaling_factor
   bool logit_bias = false;     // the router's bias (kRouterBias) added to its logits (gpt-oss)
+  // Gemma 4: the router reads the residual stream, RMS-normed without weight, times kRouterScale
+  // and hidden_size^-0.5 (not the block's normed input), and each chosen expert's weight is
+  // multiplied by its kRouterExpertScale after renormalising.
+  bool gemma = false;
+};
+
+// The gated MLPs' activation (dense MLPs, shared and routed experts): act(gate) * up.
+enum class Activation {
+  kSilu,      // SwiGLU
+  kGeluTanh,  // GeGLU with the tanh approximation (Hugging Face's gelu_pytorch_tanh: Gemma)
 };
 
 // How a checkpoint stores routed experts: a tensor per expert and projection, or stacked per
@@ -313,6 +357,19 @@ struct ModelConfig {
   // g = min(gate, limit), where swiglu_limit > 0 (0: silu(gate) * up).
   bool expert_bias = false;
   double swiglu_limit = 0;
+  Activation activation = Activation::kSilu;
+  // Gemma 4's options: the whole-context attention layers' own shape (head_dim 0: they have the
+  // model's); values RMS-normed without weight (v_norm); the softmax scale where it is not
+  // 1 / sqrt(head_dim) (0: that); sandwich norms (kPostAttnNorm, kPostFfnNorm); a scalar on each
+  // layer's output (kLayerScalar); the embedding times embedding_scale (0: none); the logits
+  // soft-capped, cap * tanh(logits / cap) (0: none).
+  AttentionShape global_attention;
+  bool value_norm = false;
+  double attention_scale = 0;
+  bool sandwich_norms = false;
+  bool layer_scalar = false;
+  double embedding_scale = 0;
+  double final_logit_softcap = 0;
   // Per layer, as the architecture's recipe composes it; empty: every layer is attention then
   // MoE.
   std::vector<LayerSpec> layer_specs;
@@ -320,9 +377,13 @@ struct ModelConfig {
   QuantizationConfig quantization;
 
   std::string_view model_type() const { return arch->model_type; }
-  bool IsSparseLayer(int layer) const {
-    return layer_specs.empty() || layer_specs[static_cast<size_t>(layer)].ffn == FfnKind::kMoe;
+  FfnKind Ffn(int layer) const {
+    return layer_specs.empty() ? FfnKind::kMoe : layer_specs[static_cast<size_t>(layer)].ffn;
   }
+  // Whether layer `layer` routes tokens to experts (an MoE, alone or beside a dense MLP).
+  bool IsSparseLayer(int layer) const { return Ffn(layer) != FfnKind::kDenseMlp; }
+  // Whether layer `layer` runs a dense MLP (alone or beside an MoE).
+  bool HasDenseMlp(int layer) const { return Ffn(layer) != FfnKind::kMoe; }
   bool HasDenseLayers() const;
   bool HasSharedExpert() const { return shared_expert_intermediate_size > 0; }
   bool HasQkNorm() const;
@@ -344,22 +405,28 @@ struct ModelConfig {
   int NumKvLayers() const {
     return NumLayers(MixerKind::kAttention) + NumLayers(MixerKind::kLatentAttention);
   }
-  // What a KV layer caches per token: num_kv_heads heads of head_dim; or, with latent
-  // attention, one "head" of the latent and the rotary key whose values are its first
-  // kv_lora_rank values (keys_only: no value pool).
+  // Attention layer `layer`'s shape: the model's heads, or the whole-context layers' own
+  // (global_attention) where it has them.
+  AttentionShape LayerAttention(int layer) const;
+  // What a paged KV layer caches per token: num_kv_heads heads of head_dim (the whole-context
+  // layers' shape where it differs: the windowed ones then keep rings of their own, CacheLayout);
+  // or, with latent attention, one "head" of the latent and the rotary key whose values are its
+  // first kv_lora_rank values (keys_only: no value pool).
   struct KvShape {
     int heads = 0;
     int head_dim = 0;
     bool keys_only = false;
   };
   KvShape kv_shape() const;
-  // RoPE's frequencies, rotary_dim / 2 of them (rope_theta and rope_scaling).
-  std::vector<float> RopeFrequencies() const;
+  // RoPE's frequencies, rotary_dim / 2 of them (rope_theta and rope_scaling); of attention layer
+  // `layer` (its AttentionShape's, 0 past rope_pairs) where given.
+  std::vector<float> RopeFrequencies(int layer = -1) const;
   // Latent attention's softmax scale (DeepSeek's): 1 / sqrt(query-key head dim), times YaRN's
   // (0.1 * mscale_all_dim * ln(factor) + 1)^2 where rope_scaling gives mscale_all_dim.
   double LatentAttentionScale() const;
-  // Attention's softmax scale: 1 / sqrt(head_dim), times YaRN's attention factor squared.
-  float AttentionScale() const;
+  // Attention's softmax scale: attention_scale where set, else 1 / sqrt(head_dim) (layer
+  // `layer`'s where given), times YaRN's attention factor squared.
+  float AttentionScale(int layer = -1) const;
 };
 
 // Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that
@@ -386,8 +453,9 @@ std::string ScaleTensorName(const std::string& weight_name);
 // Empty when the architecture has no tensor of that kind.
 std::string TensorName(const ArchitectureSpec& arch, TensorKind kind, int layer = -1,
                        int expert = -1);
-// The shape a tensor of `kind` has under `config`.
-std::vector<int64_t> TensorShape(const ModelConfig& config, TensorKind kind);
+// The shape a tensor of `kind` has under `config` (in layer `layer`, whose attention may have a
+// shape of its own: ModelConfig::LayerAttention).
+std::vector<int64_t> TensorShape(const ModelConfig& config, TensorKind kind, int layer = -1);
 // Every tensor a checkpoint of `config` must hold, in a stable order: embedding, then per
 // layer (norms, attention and its biases, then the router, experts in index order and shared
 // expert of a sparse layer, or the dense MLP), then final norm and lm_head. Only the tensors

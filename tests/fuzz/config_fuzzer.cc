@@ -51,7 +51,7 @@ void CheckValid(const ModelConfig& c) {
       // A float or int8 tensor has its kind's shape; int4 levels, scales and MXFP4 blocks
       // pack it.
       if (spec.storage == TensorStorage::kFloat || spec.storage == TensorStorage::kInt8) {
-        FUZZ_CHECK(spec.shape == TensorShape(c, spec.kind));
+        FUZZ_CHECK(spec.shape == TensorShape(c, spec.kind, spec.layer));
       }
       for (int64_t d : spec.shape) FUZZ_CHECK(d > 0);
     }

@@ -204,5 +204,26 @@ TEST_F(DummyClusterTest, AGptOssModelsWindowedLayersHandOffTheirKv) {
                      "original_max_position_embeddings": 64, "truncate": false}})");
 }
 
+// Gemma 4's layout as published (text_config, model.language_model) at a small shape: sliding
+// layers of 2 KV heads of 16 beside a global layer of 1 KV head of 64 whose values are its keys'
+// projection, proportional RoPE, a dense GeGLU MLP beside the MoE in every layer, soft-capped
+// logits: the sliding layers keep rings of their own shape in the state slot, which the handoff
+// carries with the global layer's paged blocks.
+TEST_F(DummyClusterTest, AGemma4ModelsRingsOfTheirOwnShapeHandOff) {
+  ExpectClustersAnswerAsColocatedServing(R"({
+    "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+    "tie_word_embeddings": true,
+    "text_config": {
+      "model_type": "gemma4_text", "vocab_size": 8192, "hidden_size": 64,
+      "intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 8,
+      "top_k_experts": 2, "enable_moe_block": true, "num_hidden_layers": 3,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "global_head_dim": 64, "num_global_key_value_heads": 1, "attention_k_eq_v": true,
+      "sliding_window": 8, "hidden_size_per_layer_input": 0,
+      "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+      "final_logit_softcapping": 30.0, "max_position_embeddings": 512, "bos_token_id": 1,
+      "eos_token_id": 2}})");
+}
+
 }  // namespace
 }  // namespace tandem

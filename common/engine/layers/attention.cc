@@ -30,14 +30,17 @@ void AddBias(const kernels::Backend& ops, const std::vector<float>& bias, int ro
 }  // namespace
 
 kernels::PagedKv LayerKv::View(const BlockTable& table) const {
-  if (ring_blocks > 0)
-    return pool->RingView(table.state_slot(), ring_offset, ring_blocks, ring_table);
+  if (ring_blocks > 0) {
+    return pool->RingView(table.state_slot(), ring_offset, ring_blocks, kv_heads, head_dim,
+                          ring_table);
+  }
   return pool->View(kv_layer, table.blocks().data());
 }
 
 kernels::PagedKvOut LayerKv::Writer(const BlockTable& table) const {
   if (ring_blocks > 0) {
-    return pool->RingWriter(table.state_slot(), ring_offset, ring_blocks, ring_table);
+    return pool->RingWriter(table.state_slot(), ring_offset, ring_blocks, kv_heads, head_dim,
+                            ring_table);
   }
   return pool->Writer(kv_layer, table.blocks().data());
 }
@@ -46,8 +49,8 @@ void CachedAttention::Run(StepContext& ctx, const LayerKv& layer_kv, const float
                           int window, float scale, const float* sinks, float* attn,
                           const std::vector<char>* rows) {
   const KvCacheConfig& kv_config = layer_kv.pool->config();
-  const int kv_heads = kv_config.num_kv_heads;
-  const int head_dim = kv_config.head_dim;
+  const int kv_heads = layer_kv.kv_heads;
+  const int head_dim = layer_kv.head_dim;
   const int q_dim = heads * head_dim;
   const int T = ctx.tokens();
   const auto attention_start = std::chrono::steady_clock::now();
@@ -159,20 +162,43 @@ void CachedAttention::Run(StepContext& ctx, const LayerKv& layer_kv, const float
       std::chrono::duration<double>(std::chrono::steady_clock::now() - attention_start).count();
 }
 
+namespace {
+
+std::vector<model::AttentionShape> Shapes(const model::ModelConfig& config) {
+  std::vector<model::AttentionShape> shapes;
+  for (int l = 0; l < config.num_hidden_layers; ++l) shapes.push_back(config.LayerAttention(l));
+  return shapes;
+}
+
+std::vector<std::vector<float>> RopeTables(const model::ModelConfig& config) {
+  std::vector<std::vector<float>> tables;
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    tables.push_back(config.Mixer(l) == model::MixerKind::kAttention ? config.RopeFrequencies(l)
+                                                                     : std::vector<float>());
+  }
+  return tables;
+}
+
+}  // namespace
+
 AttentionBlock::AttentionBlock(const model::ModelConfig& config, KvBlockPool* pool,
                                const CacheLayout& layout)
     : pool_(pool),
-      kv_heads_(static_cast<int>(config.num_key_value_heads)),
-      head_dim_(static_cast<int>(config.head_dim)),
       layout_(layout),
-      rope_freq_(config.RopeFrequencies()) {}
+      shapes_(Shapes(config)),
+      rope_freq_(RopeTables(config)),
+      ones_(static_cast<size_t>(std::max(config.head_dim, config.global_attention.head_dim)),
+            1.0f) {}
 
 CacheSpec AttentionBlock::cache(int layer) const {
-  CacheSpec spec{.kind = CacheSpec::Kind::kPagedKv, .kv_heads = kv_heads_, .head_dim = head_dim_};
+  const model::AttentionShape& shape = shapes_[layer];
+  CacheSpec spec{.kind = CacheSpec::Kind::kPagedKv,
+                 .kv_heads = static_cast<int>(shape.kv_heads),
+                 .head_dim = static_cast<int>(shape.head_dim)};
   if (layout_.ring_blocks[layer] > 0) {
     spec.kind = CacheSpec::Kind::kWindowRing;
     spec.ring_blocks = layout_.ring_blocks[layer];
-    spec.state_bytes = 2 * int64_t{spec.ring_blocks} * static_cast<int64_t>(pool_->block_bytes());
+    spec.state_bytes = 2 * int64_t{spec.ring_blocks} * layout_.ring_block_bytes[layer];
   }
   return spec;
 }
@@ -181,6 +207,8 @@ LayerKv AttentionBlock::Kv(int layer) const {
   const int ring_blocks = layout_.ring_blocks[layer];
   const auto table = ring_tables_.find(ring_blocks);
   return {.pool = pool_,
+          .kv_heads = static_cast<int>(shapes_[layer].kv_heads),
+          .head_dim = static_cast<int>(shapes_[layer].head_dim),
           .kv_layer = layout_.kv_layers[layer],
           .ring_offset = layout_.state_offsets[layer],
           .ring_blocks = ring_blocks,
@@ -191,16 +219,17 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   const model::ModelConfig& c = ctx.w.config;
   const AttentionWeights& L = ctx.w.layers[l].attention;
   const int T = ctx.tokens();
+  const model::AttentionShape& shape = shapes_[l];
   const int heads = static_cast<int>(c.num_attention_heads);
-  const int kv_heads = static_cast<int>(c.num_key_value_heads);
-  const int head_dim = static_cast<int>(c.head_dim);
+  const int kv_heads = static_cast<int>(shape.kv_heads);
+  const int head_dim = static_cast<int>(shape.head_dim);
   const int q_dim = heads * head_dim;
   const int kv_dim = kv_heads * head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const float scale = c.AttentionScale();
+  const float scale = c.AttentionScale(l);
   const bool gated = c.attention_output_gate;
   const int q_rows = gated ? 2 * q_dim : q_dim;  // [q | gate] per head when gated
-  const kernels::RopeSpec rope{rope_freq_.data(), static_cast<int>(c.rotary_dim),
+  const kernels::RopeSpec rope{rope_freq_[l].data(), static_cast<int>(shape.rotary_dim),
                                c.rope_interleaved};
   Resize(q_raw_, T, q_rows);
   Resize(q_, T, q_dim);
@@ -209,12 +238,14 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   Resize(attn_, T, q_dim);
 
   float* const q_out = gated ? q_raw_.data() : q_.data();
-  // q, k and v in one pass over the threads, the input rounded once.
+  // q, k and v in one pass over the threads, the input rounded once; values from the keys'
+  // projection where the layer has no v_proj.
   const kernels::LinearProduct qkv[] = {
       {.x = ctx.h.data(), .b = T, .w = L.q.view(), .y = q_out},
       {.x = ctx.h.data(), .b = T, .w = L.k.view(), .y = k_.data()},
-      {.x = ctx.h.data(), .b = T, .w = L.v.view(), .y = v_.data()}};
-  ctx.LinearGroup(qkv);
+      {.x = ctx.h.data(), .b = T, .w = L.v.empty() ? L.k.view() : L.v.view(), .y = v_.data()}};
+  ctx.LinearGroup(shape.values_from_keys ? absl::MakeConstSpan(qkv, 2) : absl::MakeConstSpan(qkv));
+  if (shape.values_from_keys) std::memcpy(v_.data(), k_.data(), sizeof(float) * T * kv_dim);
   AddBias(*ctx.ops, L.q_bias, T, q_out);
   AddBias(*ctx.ops, L.k_bias, T, k_.data());
   AddBias(*ctx.ops, L.v_bias, T, v_.data());
@@ -228,6 +259,9 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   if (!L.q_norm.empty()) {  // Qwen3-MoE: RMSNorm of every head of q and k, before RoPE
     ctx.ops->rms_norm(q_.data(), T * heads, head_dim, L.q_norm.data(), eps, q_.data());
     ctx.ops->rms_norm(k_.data(), T * kv_heads, head_dim, L.k_norm.data(), eps, k_.data());
+  }
+  if (c.value_norm) {  // Gemma 4: each value head RMS-normed, without weight
+    ctx.ops->rms_norm(v_.data(), T * kv_heads, head_dim, ones_.data(), eps, v_.data());
   }
   ctx.ops->rope(q_.data(), T, heads, head_dim, rope, ctx.positions.data());
   ctx.ops->rope(k_.data(), T, kv_heads, head_dim, rope, ctx.positions.data());

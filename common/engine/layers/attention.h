@@ -1,8 +1,10 @@
 // Grouped-query attention over the paged KV cache, with the options the architectures' recipes
 // set from the config: q/k/v and output biases, per-head q/k RMSNorm before RoPE (Qwen3-MoE),
 // RoPE over the first rotary_dim of each head, an output gate (Qwen3.5: q_proj emits [q | gate]
-// per head; the attention output is scaled by sigmoid(gate) before o_proj), and attention sinks
-// (gpt-oss: a learned logit per head in every softmax).
+// per head; the attention output is scaled by sigmoid(gate) before o_proj), attention sinks
+// (gpt-oss: a learned logit per head in every softmax), and Gemma 4's: a shape per layer
+// (ModelConfig::LayerAttention: the whole-context layers' head dim, KV heads and RoPE), values
+// from the keys' projection (no v_proj) and RMS-normed without weight, a softmax scale of 1.
 // A step's tokens project to q, k and v (one group of products), get RoPE at their positions,
 // store K and V into their sequences' blocks, then attend over the cache (CachedAttention: a
 // prompt's chunk in blocks of queries, other tokens alone, long contexts split over threads and
@@ -22,6 +24,8 @@ namespace tandem::engine {
 // or a sliding-window layer's ring in the sequences' state slots (CacheSpec::kWindowRing).
 struct LayerKv {
   KvBlockPool* pool = nullptr;
+  int kv_heads = 0;  // the layer's geometry: the pool's, or a ring's own
+  int head_dim = 0;
   int kv_layer = -1;                    // paged: the pool's layer
   int64_t ring_offset = -1;             // a ring: its offset in the state slot
   int ring_blocks = 0;                  // a ring: its blocks
@@ -40,8 +44,8 @@ struct LayerKv {
 // batch still spreads over every thread (flash-decoding); parts merge by their log-sum-exps.
 class CachedAttention {
  public:
-  // out (tokens, heads, head_dim) = attention of q (tokens, heads, head_dim) over `kv` (the
-  // pool's kv_heads heads of head_dim), every token's keys and values already stored, each
+  // out (tokens, heads, head_dim) = attention of q (tokens, heads, head_dim) over `kv` (its
+  // kv_heads heads of head_dim), every token's keys and values already stored, each
   // query over its whole context or, with a sliding window (window > 0), its last `window`
   // positions, and with `sinks` (heads,; null: none) a sink logit in each head's softmax
   // (Backend::attention_sinks, from each query's log-sum-exp); only the rows `rows` marks where
@@ -83,13 +87,14 @@ class AttentionBlock : public Block {
   LayerKv Kv(int layer) const;
 
   KvBlockPool* const pool_;
-  const int kv_heads_, head_dim_;
   const CacheLayout layout_;
+  const std::vector<model::AttentionShape> shapes_;  // (layers,)
   // By ring size (blocks): block b -> b % that size, grown with the positions; the windowed
   // layers of one size share it.
   std::map<int, std::vector<int32_t>> ring_tables_;
-  std::vector<char> round_rows_;        // the rows of a ring's round
-  const std::vector<float> rope_freq_;  // (rotary_dim / 2,)
+  std::vector<char> round_rows_;                     // the rows of a ring's round
+  const std::vector<std::vector<float>> rope_freq_;  // (layers,) x (rotary_dim / 2,)
+  const std::vector<float> ones_;                    // (largest head dim,): v_norm's weight
   // Buffers reused across steps (sized by the largest step so far); q_raw_ holds q_proj's
   // [q | gate] rows where the attention has an output gate.
   std::vector<float> q_raw_, q_, gate_, k_, v_, attn_;

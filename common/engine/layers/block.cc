@@ -60,7 +60,15 @@ void StepContext::Count(int rows, const kernels::PackedMatrix& m) {
   stats.matmul_flops += int64_t{2} * rows * m.rows * m.cols;
 }
 
-void StepContext::SwiGlu(const ExpertWeights& m, int row0, int rows, float* out) {
+void StepContext::Activate(const float* gate, const float* up, int n, float* out) const {
+  if (w.config.activation == model::Activation::kGeluTanh) {
+    ops->gelu_tanh_mul(gate, up, n, out);
+  } else {
+    ops->silu_mul(gate, up, n, out);
+  }
+}
+
+void StepContext::GatedMlp(const ExpertWeights& m, int row0, int rows, float* out) {
   const int64_t hidden = w.config.hidden_size;
   const int width = m.gate.rows();
   Resize(gate_, rows, width);
@@ -71,7 +79,7 @@ void StepContext::SwiGlu(const ExpertWeights& m, int row0, int rows, float* out)
       {.x = in, .b = rows, .w = m.gate.view(), .y = gate_.data()},
       {.x = in, .b = rows, .w = m.up.view(), .y = up_.data()}};
   LinearGroup(gate_up);
-  ops->silu_mul(gate_.data(), up_.data(), rows * width, act_.data());
+  Activate(gate_.data(), up_.data(), rows * width, act_.data());
   Linear(act_.data(), rows, m.down.view(), out);
 }
 

@@ -74,9 +74,11 @@ class StepContext {
               bool exact = false);
   // The products in one pass over the threads (Backend::linear_group), counted in stats.
   void LinearGroup(absl::Span<const kernels::LinearProduct> products);
-  // out (rows, hidden) = the SwiGLU MLP `w` (shared expert or dense layer) over rows
-  // [row0, row0 + rows) of h: gate and up as one group.
-  void SwiGlu(const ExpertWeights& w, int row0, int rows, float* out);
+  // out (rows, hidden) = the gated MLP `w` (shared expert or dense layer) over rows
+  // [row0, row0 + rows) of h: gate and up as one group, then the model's activation (Activate).
+  void GatedMlp(const ExpertWeights& w, int row0, int rows, float* out);
+  // out (n,) = act(gate) * up, act the model's (model::Activation: SwiGLU's silu, GeGLU's gelu).
+  void Activate(const float* gate, const float* up, int n, float* out) const;
 
   const ModelWeights& w;
   const kernels::Backend* ops = nullptr;
@@ -90,6 +92,9 @@ class StepContext {
   std::vector<int> row_begin;
   std::vector<RowRun> runs;
   std::vector<float> h;  // (tokens, hidden): the current block's input, normalised
+  // (tokens, hidden): the residual stream, the current block's input before its norm (Gemma 4's
+  // router and experts read it through norms of their own).
+  const float* x = nullptr;
   StepStats stats;
   RouterTrace* trace = nullptr;  // null: not traced
   // Hooks (forward.h): not owned, null when unset.

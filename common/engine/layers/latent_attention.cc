@@ -89,7 +89,13 @@ absl::Status LatentAttentionBlock::Forward(int l, StepContext& ctx, float* out) 
   ops.gather_rows(q_.data() + nope, qk, nullptr, T * heads, rope_dim, q_cache_.data() + lora, D);
 
   Resize(attn_, T, static_cast<int64_t>(heads) * D);
-  attend_.Run(ctx, LayerKv{.pool = pool_, .kv_layer = kv_layers_[l]}, q_cache_.data(), heads,
+  const KvCacheConfig& kv = pool_->config();
+  attend_.Run(ctx,
+              LayerKv{.pool = pool_,
+                      .kv_heads = kv.num_kv_heads,
+                      .head_dim = kv.head_dim,
+                      .kv_layer = kv_layers_[l]},
+              q_cache_.data(), heads,
               /*window=*/0, static_cast<float>(c.LatentAttentionScale()), /*sinks=*/nullptr,
               attn_.data());
 

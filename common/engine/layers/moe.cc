@@ -48,9 +48,21 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
   const int num_experts = static_cast<int>(c.num_local_experts);
   const int top_k = static_cast<int>(c.num_experts_per_tok);
   if (ctx.router == nullptr) {
+    // Gemma 4's router reads the residual stream through a norm of its own (its scale and
+    // hidden^-0.5 folded into the norm's weight at load).
+    const float* in = ctx.h.data();
+    if (c.router.gemma) {
+      Resize(router_in_, T, hidden);
+      for (const StepContext::RowRun& run : ctx.runs) {
+        ctx.ops->rms_norm(ctx.x + int64_t{run.begin} * hidden, run.end - run.begin, hidden,
+                          ctx.AlwaysOn(run, l).moe.router_norm.data(),
+                          static_cast<float>(c.rms_norm_eps), Row(router_in_, run.begin, hidden));
+      }
+      in = router_in_.data();
+    }
     // Float32 activations at every level: the logits pick experts.
     for (const StepContext::RowRun& run : ctx.runs) {
-      ctx.Linear(Row(ctx.h, run.begin, hidden), run.end - run.begin,
+      ctx.Linear(in + int64_t{run.begin} * hidden, run.end - run.begin,
                  ctx.AlwaysOn(run, l).moe.router.view(),
                  Row(router_logits_, run.begin, num_experts),
                  /*exact=*/true);
@@ -94,6 +106,15 @@ absl::Status MoeBlock::Route(int l, StepContext& ctx) {
                    &chosen_w_[static_cast<size_t>(first) * top_k]);
     s = end;
   }
+  if (c.router.gemma) {  // each chosen expert's weight times its per_expert_scale
+    for (const StepContext::RowRun& run : ctx.runs) {
+      const std::vector<float>& scale = ctx.AlwaysOn(run, l).moe.expert_scale;
+      for (size_t i = static_cast<size_t>(run.begin) * top_k;
+           i < static_cast<size_t>(run.end) * top_k; ++i) {
+        chosen_w_[i] *= scale[chosen_[i]];
+      }
+    }
+  }
   for (auto& pairs : routed_) pairs.clear();
   for (int t = 0; t < T; ++t) {
     const MoeOptions& options = ctx.Options(ctx.seqs[t]);
@@ -134,7 +155,7 @@ void MoeBlock::SharedExpert(int l, StepContext& ctx, float* out) {
   shared_scale_.assign(T, 0.0f);
   for (const StepContext::RowRun& run : ctx.runs) {
     const MoeWeights& A = ctx.AlwaysOn(run, l).moe;
-    ctx.SwiGlu(A.shared, run.begin, run.end - run.begin, Row(shared_out_, run.begin, hidden));
+    ctx.GatedMlp(A.shared, run.begin, run.end - run.begin, Row(shared_out_, run.begin, hidden));
     if (c.shared_expert_gated) {
       ctx.Linear(Row(ctx.h, run.begin, hidden), run.end - run.begin, A.shared_gate.view(),
                  shared_scale_.data() + run.begin, /*exact=*/true);
@@ -244,7 +265,7 @@ absl::Status MoeBlock::RunExperts(int l, StepContext& ctx, float* out) {
                                 kGptOssSwigluAlpha, static_cast<float>(c.swiglu_limit),
                                 act_.data());
       } else {
-        ctx.ops->silu_mul(gate_.data(), up_.data(), static_cast<int>(wave_values), act_.data());
+        ctx.Activate(gate_.data(), up_.data(), static_cast<int>(wave_values), act_.data());
       }
       products_.clear();
       for (size_t i = first; i < last; ++i) {

@@ -1,9 +1,11 @@
-// The MoE block: router logits (plus the router's bias where it has one: gpt-oss), or a
+// The MoE block: router logits (plus the router's bias where it has one: gpt-oss; Gemma 4's
+// router reads the residual stream through a norm of its own), or a
 // RouterOverride's -> the sequence's retained-expert mask
 // (pruned experts get -inf) -> softmax -> top-k -> weights renormalised where norm_topk_prob
-// says (Mixtral always) -> a width per (token, expert) from the sequence's width policy ->
-// tokens grouped per (expert, width) -> expert FFNs at those widths (SwiGLU, or gpt-oss's clamped
-// SwiGLU with the experts' biases), widest expert first, from
+// says (Mixtral always), times Gemma 4's per-expert scales -> a width per (token, expert) from
+// the sequence's width policy -> tokens grouped per (expert, width) -> expert FFNs at those
+// widths (SwiGLU, Gemma's GeGLU, or gpt-oss's clamped SwiGLU with the experts' biases), widest
+// expert first, from
 // the model's weights or an ExpertProvider -> the weighted sum, plus the always-on shared
 // expert where the model has one (scaled by its sigmoid gate, or not: model::ModelConfig's
 // shared_expert_gated). A sequence's decoder overlay supplies its router and shared expert.
@@ -44,7 +46,8 @@ class MoeBlock : public Block {
   std::vector<std::vector<Routed>> routed_;  // (experts) x routed pairs
   std::vector<ExpertLoad> loads_;
   std::vector<float> router_logits_;
-  std::vector<int32_t> chosen_;  // (tokens, top_k)
+  std::vector<float> router_in_;  // (tokens, hidden): Gemma 4's router input
+  std::vector<int32_t> chosen_;   // (tokens, top_k)
   std::vector<float> chosen_w_;
   std::vector<int> chosen_width_;
   std::vector<float> mask_bias_;  // (experts,): 0, or -inf for an expert a mask leaves out

@@ -44,6 +44,9 @@ void GatherRows(const float* x, int x_stride, const int32_t* rows, int n, int co
 void AddBias(const float* bias, int rows, int n, float* x);
 void Sigmoid(float* x, int n);
 void ClampedSwiglu(const float* gate, const float* up, int n, float alpha, float limit, float* out);
+void GeluTanhMul(const float* gate, const float* up, int n, float* out);
+void SoftCap(float* x, int n, float cap);
+void Scale(float* x, int n, float alpha);
 void AttentionSinks(float* out, const float* lse, const float* sinks, int rows, int heads,
                     int head_dim);
 void Mul(const float* x, int n, float* y);
@@ -152,6 +155,9 @@ constexpr Backend WithStepOps(Backend table) {
   table.add_bias = AddBias;
   table.clamped_swiglu = ClampedSwiglu;
   table.attention_sinks = AttentionSinks;
+  table.gelu_tanh_mul = GeluTanhMul;
+  table.soft_cap = SoftCap;
+  table.scale = Scale;
   table.sigmoid = Sigmoid;
   table.mul = Mul;
   table.l2_norm = L2Norm;

@@ -47,6 +47,25 @@ void ClampedSwiglu(const float* gate, const float* up, int n, float alpha, float
   }
 }
 
+void GeluTanhMul(const float* gate, const float* up, int n, float* out) {
+  // 0.5 (1 + tanh(z)) = sigmoid(2 z).
+  constexpr float kTwoSqrtTwoOverPi = 1.5957691216057308f;
+  for (int i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float z = kTwoSqrtTwoOverPi * (g + 0.044715f * g * g * g);
+    out[i] = g / (1.0f + std::exp(-z)) * up[i];
+  }
+}
+
+void SoftCap(float* x, int n, float cap) {
+  const float inverse = 1.0f / cap;
+  for (int i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inverse);
+}
+
+void Scale(float* x, int n, float alpha) {
+  for (int i = 0; i < n; ++i) x[i] *= alpha;
+}
+
 void AttentionSinks(float* out, const float* lse, const float* sinks, int rows, int heads,
                     int head_dim) {
   for (int r = 0; r < rows; ++r) {

@@ -211,7 +211,8 @@ INSTANTIATE_TEST_SUITE_P(RandomCheckpoints, ArchitectureGoldenTest,
                                            "qwen3_5_moe_hybrid", "qwen3_5_moe_text_tied",
                                            "deepseek_v2_latent_yarn", "deepseek_v3_sigmoid_groups",
                                            "qwen3_moe_sliding_window", "mixtral_sliding_window",
-                                           "gpt_oss_sinks_windows", "gpt_oss_mxfp4"));
+                                           "gpt_oss_sinks_windows", "gpt_oss_mxfp4", "gemma4_moe",
+                                           "gemma4_text_moe"));
 
 }  // namespace
 }  // namespace tandem::engine

@@ -77,12 +77,17 @@ TEST(KvStreamTest, ARecurrentModelsStateSlotFollowsItsBlocks) {
 // Window rings in the state slot: a stream carries the recurrent part whole and of each ring
 // only the blocks a sequence of its blocks can have written (the first min(ring, blocks) of K
 // and of V), landing where the same ring blocks are on the other side; the rest is untouched.
+// The second ring's layer has a geometry of its own (one KV head rather than two: Gemma 4's
+// sliding layers beside its global ones).
 TEST(KvStreamTest, WindowRingsShipOnlyTheirWrittenBlocks) {
   engine::KvCacheConfig config{1, 2, 32, 16, 16, kernels::KvDtype::kF32};
   const int64_t block = static_cast<int64_t>(
       kernels::KvBlockBytes(config.dtype, config.block_size, config.num_kv_heads, config.head_dim));
-  config.rings = {{128, 4}, {128 + 8 * block, 4}};  // after 128 bytes of recurrent state
-  config.state_bytes = 128 + 16 * block;
+  const int64_t half = static_cast<int64_t>(
+      kernels::KvBlockBytes(config.dtype, config.block_size, 1, config.head_dim));
+  // After 128 bytes of recurrent state.
+  config.rings = {{128, 4, block}, {128 + 8 * block, 4, half}};
+  config.state_bytes = 128 + 8 * block + 8 * half;
   config.num_state_slots = 2;
   auto src = *engine::KvBlockPool::Create(config), dst = *engine::KvBlockPool::Create(config);
   testing::Randomize(*src, 5);
@@ -97,7 +102,8 @@ TEST(KvStreamTest, WindowRingsShipOnlyTheirWrittenBlocks) {
     auto out = KvStream::Of(dst.get(), to, /*state_slot=*/0);
     ASSERT_TRUE(in.ok() && out.ok());
     const int live = std::min(blocks, 4);
-    EXPECT_EQ(in->size(), static_cast<uint64_t>(blocks * 2 * block + 128 + 2 * 2 * live * block))
+    EXPECT_EQ(in->size(),
+              static_cast<uint64_t>(blocks * 2 * block + 128 + 2 * live * (block + half)))
         << blocks;
     EXPECT_EQ(in->size(), KvStream::BytesFor(config, blocks));
     ASSERT_NO_FATAL_FAILURE(Transfer(*in, *out, 1000));
@@ -107,8 +113,8 @@ TEST(KvStreamTest, WindowRingsShipOnlyTheirWrittenBlocks) {
       bool shipped = i < 128;
       for (const engine::KvCacheConfig::Ring& ring : config.rings) {
         for (int v = 0; v < 2; ++v) {
-          const int64_t begin = ring.offset + v * ring.blocks * block;
-          shipped |= i >= begin && i < begin + live * block;
+          const int64_t begin = ring.offset + v * ring.blocks * ring.block_bytes;
+          shipped |= i >= begin && i < begin + live * ring.block_bytes;
         }
       }
       if (shipped) {

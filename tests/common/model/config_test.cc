@@ -471,6 +471,158 @@ TEST(ModelConfigTest, ParsesPublishedGptOss20b) {
   ExpectInvalid(j, {"mxfp4", "mixtral"});
 }
 
+// google/gemma-4-26B-A4B-it's config.json: its text_config as published (every key the engine
+// reads or refuses), the vision tower's config trimmed (the engine skips the tower).
+constexpr char kGemma4_26bA4b[] = R"({
+  "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+  "audio_config": null, "boi_token_id": 255999, "eoi_token_id": 258882,
+  "image_token_id": 258880, "audio_token_id": 258881, "video_token_id": 258884,
+  "tie_word_embeddings": true, "dtype": "bfloat16",
+  "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "num_hidden_layers": 27},
+  "text_config": {
+    "model_type": "gemma4_text", "attention_bias": false, "attention_dropout": 0.0,
+    "attention_k_eq_v": true, "bos_token_id": 2, "dtype": "bfloat16", "enable_moe_block": true,
+    "eos_token_id": 1, "final_logit_softcapping": 30.0, "global_head_dim": 512, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2816,
+    "hidden_size_per_layer_input": 0, "initializer_range": 0.02, "intermediate_size": 2112,
+    "layer_types": [
+      "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+      "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+      "sliding_attention", "sliding_attention", "sliding_attention", "full_attention",
+      "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+      "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+      "sliding_attention", "sliding_attention", "sliding_attention", "full_attention",
+      "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+      "sliding_attention", "full_attention"],
+    "max_position_embeddings": 262144, "moe_intermediate_size": 704, "num_attention_heads": 16,
+    "num_experts": 128, "num_global_key_value_heads": 2, "num_hidden_layers": 30,
+    "num_key_value_heads": 8, "num_kv_shared_layers": 0, "pad_token_id": 0,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+      "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                         "rope_type": "proportional"},
+      "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+    "sliding_window": 1024, "tie_word_embeddings": true, "top_k_experts": 8,
+    "use_bidirectional_attention": "vision", "use_cache": true, "use_double_wide_mlp": false,
+    "vocab_size": 262144, "vocab_size_per_layer_input": 262144}
+})";
+
+TEST(ModelConfigTest, ParsesPublishedGemma4_26bA4b) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kGemma4_26bA4b);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "gemma4");
+  EXPECT_EQ(c->num_local_experts, 128);
+  EXPECT_EQ(c->num_experts_per_tok, 8);
+  EXPECT_EQ(c->intermediate_size, 704);
+  EXPECT_EQ(c->dense_intermediate_size, 2112);
+  EXPECT_EQ(c->activation, Activation::kGeluTanh);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_TRUE(c->sandwich_norms && c->layer_scalar && c->value_norm && c->router.gemma);
+  EXPECT_EQ(c->final_logit_softcap, 30.0);
+  EXPECT_NEAR(c->embedding_scale, std::sqrt(2816.0), 1e-9);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  for (int l = 0; l < 30; ++l) {
+    const bool global = (l + 1) % 6 == 0;
+    EXPECT_EQ(c->LayerWindow(l), global ? 0 : 1024) << l;
+    EXPECT_EQ(c->Ffn(l), FfnKind::kDenseAndMoe) << l;
+    const AttentionShape a = c->LayerAttention(l);
+    EXPECT_EQ(a.head_dim, global ? 512 : 256) << l;
+    EXPECT_EQ(a.kv_heads, global ? 2 : 8) << l;
+    EXPECT_EQ(a.values_from_keys, global) << l;
+    EXPECT_EQ(c->AttentionScale(l), 1.0f) << l;
+  }
+  // The paged layers are the global ones: 2 KV heads of 512.
+  EXPECT_EQ(c->kv_shape().heads, 2);
+  EXPECT_EQ(c->kv_shape().head_dim, 512);
+  // Sliding RoPE: theta 10000 over the 256-wide head; proportional on the global layers: the
+  // first 64 of 256 pairs at theta 1e6 over 512, the rest unturned.
+  const std::vector<float> local = c->RopeFrequencies(0), global = c->RopeFrequencies(5);
+  ASSERT_EQ(local.size(), 128u);
+  ASSERT_EQ(global.size(), 256u);
+  EXPECT_NEAR(local[1], std::pow(10000.0, -2.0 / 256), 1e-7);
+  EXPECT_NEAR(global[1], std::pow(1e6, -2.0 / 512), 1e-7);
+  EXPECT_GT(global[63], 0.0f);
+  EXPECT_EQ(global[64], 0.0f);
+  EXPECT_EQ(global[255], 0.0f);
+  // As published: stacked experts under model.language_model; no v_proj on the global layers;
+  // embed + 30 x (4 + 3 norms, q, k, [v], o, q/k norms, layer_scalar, dense MLP, router and its
+  // two scales, 2 stacked) + norm (tied lm_head).
+  const std::vector<TensorSpec> tensors = ExpectedTensors(*c, ExpertLayout::kStacked);
+  EXPECT_EQ(tensors.size(), 1u + 30 * (7 + 6 + 1 + 3 + 3 + 2) - 5 + 1u);
+  auto has = [&](const std::string& name, std::vector<int64_t> shape) {
+    return std::any_of(tensors.begin(), tensors.end(),
+                       [&](const TensorSpec& t) { return t.name == name && t.shape == shape; });
+  };
+  const std::string p = "model.language_model.layers.";
+  EXPECT_TRUE(has(p + "0.self_attn.q_proj.weight", {16 * 256, 2816}));
+  EXPECT_TRUE(has(p + "0.self_attn.v_proj.weight", {8 * 256, 2816}));
+  EXPECT_TRUE(has(p + "5.self_attn.q_proj.weight", {16 * 512, 2816}));
+  EXPECT_TRUE(has(p + "5.self_attn.k_proj.weight", {2 * 512, 2816}));
+  EXPECT_FALSE(has(p + "5.self_attn.v_proj.weight", {2 * 512, 2816}));
+  EXPECT_TRUE(has(p + "5.self_attn.o_proj.weight", {2816, 16 * 512}));
+  EXPECT_TRUE(has(p + "5.self_attn.k_norm.weight", {512}));
+  EXPECT_TRUE(has(p + "3.experts.gate_up_proj", {128, 2 * 704, 2816}));
+  EXPECT_TRUE(has(p + "3.experts.down_proj", {128, 2816, 704}));
+  EXPECT_TRUE(has(p + "3.mlp.gate_proj.weight", {2112, 2816}));
+  EXPECT_TRUE(has(p + "3.router.per_expert_scale", {128}));
+  EXPECT_TRUE(has(p + "3.router.scale", {2816}));
+  EXPECT_TRUE(has(p + "3.layer_scalar", {1}));
+  EXPECT_TRUE(has(p + "3.post_feedforward_layernorm_2.weight", {2816}));
+  EXPECT_TRUE(IsIgnoredTensor(*c, "model.vision_tower.encoder.layers.0.mlp.gate_proj.weight"));
+
+  // The text-only layout reads the same keys at the top level, tensors under model.
+  Json text = Json::parse(kGemma4_26bA4b)["text_config"];
+  c = ParseModelConfig(text.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type(), "gemma4_text");
+  EXPECT_TRUE(c->tie_word_embeddings);  // Gemma4TextConfig's default too
+  EXPECT_EQ(TensorName(*c->arch, TensorKind::kRouterScale, 2), "model.layers.2.router.scale");
+
+  // Hugging Face's defaults: every sixth layer global and the last always; RoPE as published.
+  text.erase("layer_types");
+  text.erase("rope_parameters");
+  text["num_hidden_layers"] = 8;
+  c = ParseModelConfig(text.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int l = 0; l < 8; ++l) EXPECT_EQ(c->LayerWindow(l), l == 5 || l == 7 ? 0 : 1024) << l;
+  EXPECT_EQ(c->LayerAttention(7).rope_pairs, 64);
+  EXPECT_EQ(c->LayerAttention(7).rope_theta, 1e6);
+  EXPECT_EQ(c->rope_theta, 10000.0);
+
+  // What the engine does not run, refused naming the key.
+  const Json published = Json::parse(kGemma4_26bA4b);
+  auto refused = [&](const char* key, const Json& value, std::vector<std::string> needles) {
+    Json j = published;
+    if (value.is_discarded()) {
+      j["text_config"].erase(key);
+    } else {
+      j["text_config"][key] = value;
+    }
+    ExpectInvalid(j, needles);
+  };
+  const Json erase = Json(Json::value_t::discarded);
+  refused("hidden_size_per_layer_input", 256, {"hidden_size_per_layer_input", "per-layer"});
+  refused("hidden_size_per_layer_input", erase, {"hidden_size_per_layer_input", "give 0"});
+  refused("num_kv_shared_layers", 10, {"num_kv_shared_layers"});
+  refused("use_bidirectional_attention", "all", {"use_bidirectional_attention", "vision"});
+  refused("enable_moe_block", false, {"enable_moe_block"});
+  refused("hidden_activation", "silu", {"hidden_activation", "gelu_pytorch_tanh"});
+  refused("attention_bias", true, {"attention_bias"});
+  refused("top_k_experts", 129, {"top_k_experts"});
+  refused("final_logit_softcapping", -1.0, {"final_logit_softcapping"});
+  refused("num_global_key_value_heads", 3, {"num_global_key_value_heads"});
+  refused("global_head_dim", 511, {"global_head_dim"});
+  Json j = published;
+  j["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn";
+  ExpectInvalid(j, {"rope_parameters.full_attention.rope_type", "yarn"});
+  j = published;
+  j["text_config"]["rope_parameters"]["sliding_attention"]["rope_type"] = "proportional";
+  ExpectInvalid(j, {"rope_parameters.sliding_attention.rope_type"});
+  j = published;
+  j["text_config"]["layer_types"][2] = "chunked_attention";
+  ExpectInvalid(j, {"layer_types", "chunked_attention"});
+}
+
 // Qwen/Qwen3.6-35B-A3B's config.json as published (the phase-decoupled method's backbone),
 // its vision_config abridged.
 constexpr char kQwen36_35B_A3B[] = R"({

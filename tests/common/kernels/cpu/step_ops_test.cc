@@ -121,6 +121,34 @@ TEST_P(StepOpsTest, ClampedSwigluIsGptOssActivation) {
   }
 }
 
+// Gemma's GeGLU against the tanh form written out in double, over values where the tanh
+// saturates both ways; its soft cap and scale likewise.
+TEST_P(StepOpsTest, GeluTanhSoftCapAndScaleAreGemmas) {
+  std::vector<float> gate = RandomFloats(37, rng_, 8.0f), up = RandomFloats(37, rng_, 3.0f);
+  gate[0] = 0.0f;
+  gate[1] = -12.0f;
+  gate[2] = 12.0f;
+  std::vector<float> out(37);
+  ops_->gelu_tanh_mul(gate.data(), up.data(), 37, out.data());
+  for (int i = 0; i < 37; ++i) {
+    const double g = gate[i];
+    const double gelu =
+        0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+    const double want = gelu * up[i];
+    ASSERT_NEAR(out[i], want, 1e-5 * (1 + std::abs(want))) << i;
+  }
+  std::vector<float> x = RandomFloats(37, rng_, 100.0f);
+  const std::vector<float> x0 = x;
+  ops_->soft_cap(x.data(), 37, 30.0f);
+  for (int i = 0; i < 37; ++i) {
+    ASSERT_NEAR(x[i], 30.0 * std::tanh(double{x0[i]} / 30.0), 2e-5) << i;
+    ASSERT_LE(std::abs(x[i]), 30.0f);
+  }
+  x = x0;
+  ops_->scale(x.data(), 37, 0.25f);
+  for (int i = 0; i < 37; ++i) ASSERT_EQ(x[i], x0[i] * 0.25f) << i;
+}
+
 TEST_P(StepOpsTest, AttentionSinksDropEachHeadsSinkShare) {
   // Attention over scores s with one more logit, the sink: out * sum(e^s) / (sum(e^s) + e^sink)
   // = out / (1 + e^(sink - lse)).
