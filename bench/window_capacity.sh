@@ -5,21 +5,29 @@
 # --memory_gib, once with --kv_window_rings and once without. Prints per mode the paged layers'
 # blocks the pool got, the state slots' bytes (the rings), the KV bytes a token costs at
 # --context, and how many sequences of --context tokens the pool holds (its blocks, and with
-# rings also its --max_running state slots). Needs a build (scripts/build.sh) and jq.
+# rings also its --max_running state slots). --snapshots sets the prefix cache's state
+# snapshots (default: the service's); --modes the layouts to run ("false true": paged, then
+# rings; a model whose windowed layers have another shape than its whole-context ones, Gemma 4,
+# keeps rings either way, so "true" alone). Needs a build (scripts/build.sh) and jq.
 #   bench/window_capacity.sh [--model DIR] [--memory_gib 8] [--context 32768] [--max_running 16]
+#                            [--snapshots N] [--modes "false true"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=bench/configs/dummy-gpt-oss-20b-attn
 memory_gib=8
 context=32768
 max_running=16
+snapshots_flag=
+modes="false true"
 while (($#)); do
   case $1 in
-    --model=* | --memory_gib=* | --context=* | --max_running=*)
+    --snapshots=*) snapshots_flag=--prefix_state_snapshots=${1#*=}; shift ;;
+    --snapshots) snapshots_flag=--prefix_state_snapshots=$2; shift 2 ;;
+    --model=* | --memory_gib=* | --context=* | --max_running=* | --modes=*)
       name=${1%%=*}
       printf -v "${name#--}" '%s' "${1#*=}"
       shift ;;
-    --model | --memory_gib | --context | --max_running)
+    --model | --memory_gib | --context | --max_running | --modes)
       (($# >= 2)) || { echo "$1 needs a value" >&2; exit 2; }
       printf -v "${1#--}" '%s' "$2"
       shift 2 ;;
@@ -44,10 +52,10 @@ context_blocks=$(((context + block_size - 1) / block_size))
 start_timeout_s=300
 echo "| KV layout | paged layers | blocks | state slots (MiB) | KV bytes a token at $context | sequences of $context tokens |"
 echo "|---|---|---|---|---|---|"
-for rings in false true; do
+for rings in $modes; do
   model=$dir start tandem-serve --load_format=dummy --routing=zipf:1 --seed=7 --kv_dtype=bf16 \
     --kv_block_size="$block_size" --memory_bytes=$((memory_gib << 30)) \
-    --max_running="$max_running" --kv_window_rings="$rings"
+    --max_running="$max_running" --kv_window_rings="$rings" $snapshots_flag
   blocks=$(curl -sf "http://127.0.0.1:$(port tandem-serve http_port)/metrics" |
     awk '/^tandem_kv_blocks\{/ && /state="free"/ { print $2; exit }')
   pool_bytes=$(metric tandem-serve tandem_kv_cache_bytes)
@@ -62,8 +70,9 @@ for rings in false true; do
   blocks=${blocks%.*}
   held=$((blocks / context_blocks))
   if ((state_bytes > 0 && slots < held)); then held=$slots; fi
-  layers=$(jq -r '[.layer_types[] | select(. == "full_attention")] | length' "$config")
-  [[ $rings == false ]] && layers=$(jq -r .num_hidden_layers "$config")
+  text='(.text_config // .)'  # a multimodal checkpoint's language model
+  layers=$(jq -r "[$text.layer_types[] | select(. == \"full_attention\")] | length" "$config")
+  [[ $rings == false ]] && layers=$(jq -r "$text.num_hidden_layers" "$config")
   # The paged layers' bytes a token (the pool less its state slots), and a sequence's rings
   # spread over its context.
   per_token=$(awk -v p="$pool_bytes" -v s="$state_bytes" -v k="$((slots + snapshots))" \

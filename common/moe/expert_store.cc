@@ -354,10 +354,12 @@ void AppendBundles(const PackLayout& layout, const std::byte* bundles, int from,
 
 absl::Status WriteExpertPack(const engine::ModelWeights& weights, const std::string& path) {
   const model::ModelConfig& c = weights.config;
-  if (c.HasDenseLayers()) {
-    return absl::UnimplementedError(
-        "expert packs of a model with dense MLP layers (decoder_sparse_step / mlp_only_layers) "
-        "are not supported");
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsSparseLayer(l)) {
+      return absl::UnimplementedError(
+          "expert packs of a model with dense MLP layers (decoder_sparse_step / mlp_only_layers) "
+          "are not supported");
+    }
   }
   const PackLayout layout = PackLayout::For(c);
   if (const std::string problem = layout.Check(); !problem.empty()) {

@@ -53,6 +53,8 @@ OVERLAY_VERSION = "1"
 
 
 def router_name(cfg, layer):
+    if cfg.gemma4:
+        return f"model.layers.{layer}.router.proj.weight"
     if cfg.model_type == "gpt_oss":  # its bias stays the checkpoint's, as the engine runs it
         return f"model.layers.{layer}.mlp.router.weight"
     block = "mlp" if cfg.mlp_layout else "block_sparse_moe"
@@ -65,6 +67,15 @@ def always_on_names(cfg):
     for l in range(cfg.num_hidden_layers):
         p = f"model.layers.{l}."
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        if cfg.gemma4:  # its sandwich and side-by-side norms, dense MLP, router scales, scalar
+            names += [p + n + ".weight" for n in (
+                "pre_feedforward_layernorm", "post_feedforward_layernorm",
+                "post_feedforward_layernorm_1", "pre_feedforward_layernorm_2",
+                "post_feedforward_layernorm_2")]
+            names += [p + f"mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")]
+            names += [router_name(cfg, l), p + "router.scale", p + "router.per_expert_scale",
+                      p + "layer_scalar"]
+            continue
         if not cfg.is_sparse(l):
             names += [p + f"mlp.{m}.weight" for m in ("gate_proj", "up_proj", "down_proj")]
             continue

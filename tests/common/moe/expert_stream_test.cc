@@ -410,12 +410,15 @@ TEST_P(FineGrainedStreamTest, TopKTiersStreamedEqualResident) {
   EXPECT_GT(stats.cache.widenings, 0);  // narrow copies were widened
 }
 
-// gpt-oss's experts (MXFP4 loaded as int8, with biases and the clamped SwiGLU) streamed
-// through a cache of three eighths of them (a layer's eight, and one): the biases stay resident
-// with the router, so the slim model's logits equal the resident model's, prompt and decode, bit
-// for bit.
-TEST(GptOssStreamTest, BiasedExpertsStreamedEqualResident) {
-  const std::string dir = testing::SourceDir() + "/tests/golden/arch/gpt_oss_mxfp4";
+// Published layouts' experts streamed through a cache of three eighths of them (a layer's
+// eight, and one): gpt-oss's (MXFP4 loaded as int8, with biases and the clamped SwiGLU; the
+// biases stay resident with the router) and Gemma 4's (stacked, GeGLU, beside a dense MLP in
+// every layer, their per-expert scales with the router): the slim model's logits equal the
+// resident model's, prompt and decode, bit for bit.
+class StackedExpertsStreamTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StackedExpertsStreamTest, StreamedEqualResident) {
+  const std::string dir = testing::SourceDir() + "/tests/golden/arch/" + GetParam();
   auto full =
       engine::LoadModelWeights(*testing::OpenModelDir(dir), engine::LoadFormat::kSafetensors);
   ASSERT_TRUE(full.ok()) << full.status();
@@ -425,7 +428,7 @@ TEST(GptOssStreamTest, BiasedExpertsStreamedEqualResident) {
   auto slim = engine::LoadModelWeights(*testing::OpenModelDir(dir),
                                        engine::LoadFormat::kSafetensors, 0, none);
   ASSERT_TRUE(slim.ok()) << slim.status();
-  EXPECT_FALSE((*slim)->layers[1].moe.experts[3].down_bias.empty());
+  EXPECT_EQ((*slim)->layers[1].moe.experts[3].down_bias.empty(), !c.expert_bias);
   testing::TempDir tmp;
   const std::string pack = tmp.path() + "/experts.pack";
   ASSERT_EQ(WriteExpertPack(**full, pack), absl::OkStatus());
@@ -463,6 +466,9 @@ TEST(GptOssStreamTest, BiasedExpertsStreamedEqualResident) {
   EXPECT_EQ(run(**slim, stream->get()), resident);
   EXPECT_GT((*stream)->stats().cache.evictions, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Published, StackedExpertsStreamTest,
+                         ::testing::Values("gpt_oss_mxfp4", "gemma4_moe"));
 
 INSTANTIATE_TEST_SUITE_P(Formats, FineGrainedStreamTest, ::testing::Values(0, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
