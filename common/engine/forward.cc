@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/engine/layers/attention.h"

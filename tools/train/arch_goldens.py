@@ -157,7 +157,7 @@ CASES = {
         "first, with an E8M0 exponent per 32 values: *_blocks and *_scales, quant_method "
         "mxfp4), the reference computing with their exact values"),
     "gemma4_moe": (
-        GEMMA4,
+        dict(GEMMA4, tokens=300, max_position_embeddings=512),
         "Gemma 4 MoE as published (Gemma4ForConditionalGeneration: text_config, "
         "model.language_model.*, a vision tower's tensors the engine skips): sliding attention "
         "(window 7, head_dim 16, 2 KV heads, default RoPE theta 1e4 over the whole head) on "
@@ -170,7 +170,8 @@ CASES = {
         "gate_up_proj (E, 2I, H)), routed on the un-normed residual by proj(RMSNorm(x) * scale "
         "/ sqrt(hidden)), softmax, top-3 renormalised then times per_expert_scale; each branch "
         "normed, their sum normed; layer_scalar on each layer's output; tied embeddings; "
-        "final_logit_softcapping 3"),
+        "final_logit_softcapping 3; 300 tokens, past a sliding layer's ring in the engine's "
+        "test (its window and a 256-token round: 33 blocks of 8), so the rings wrap"),
     "gemma4_text_moe": (
         dict(GEMMA4, model_type="gemma4_text", num_hidden_layers=3,
              layer_types=["sliding_attention", "sliding_attention", "full_attention"],

@@ -240,11 +240,13 @@ absl::Status AttentionBlock::Forward(int l, StepContext& ctx, float* out) {
   float* const q_out = gated ? q_raw_.data() : q_.data();
   // q, k and v in one pass over the threads, the input rounded once; values from the keys'
   // projection where the layer has no v_proj.
-  const kernels::LinearProduct qkv[] = {
-      {.x = ctx.h.data(), .b = T, .w = L.q.view(), .y = q_out},
-      {.x = ctx.h.data(), .b = T, .w = L.k.view(), .y = k_.data()},
-      {.x = ctx.h.data(), .b = T, .w = L.v.empty() ? L.k.view() : L.v.view(), .y = v_.data()}};
-  ctx.LinearGroup(shape.values_from_keys ? absl::MakeConstSpan(qkv, 2) : absl::MakeConstSpan(qkv));
+  kernels::LinearProduct qkv[3] = {{.x = ctx.h.data(), .b = T, .w = L.q.view(), .y = q_out},
+                                   {.x = ctx.h.data(), .b = T, .w = L.k.view(), .y = k_.data()}};
+  int products = 2;
+  if (!shape.values_from_keys) {
+    qkv[products++] = {.x = ctx.h.data(), .b = T, .w = L.v.view(), .y = v_.data()};
+  }
+  ctx.LinearGroup(absl::MakeConstSpan(qkv, products));
   if (shape.values_from_keys) std::memcpy(v_.data(), k_.data(), sizeof(float) * T * kv_dim);
   AddBias(*ctx.ops, L.q_bias, T, q_out);
   AddBias(*ctx.ops, L.k_bias, T, k_.data());
