@@ -155,8 +155,8 @@ absl::Status ForwardPass::Validate(absl::Span<const StepInput> batch, const MoeO
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": no block table"));
     }
     if (pool_->config().num_state_slots > 0 && in.block_table->state_slot() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", s, ": no state slot for the model's recurrent layers"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", s, ": no state slot for the model's recurrent layers or window rings"));
     }
     const int64_t end = static_cast<int64_t>(in.start_position) + in.tokens.size();
     if (in.start_position < 0 || end > c.max_position_embeddings) {

@@ -437,7 +437,8 @@ TEST_P(StackedExpertsStreamTest, StreamedEqualResident) {
   // The first 16 tokens as a prompt, then the rest one at a time.
   auto run = [&](const engine::ModelWeights& weights, engine::ExpertProvider* provider) {
     auto pool = engine::KvBlockPool::Create(
-        engine::KvCacheConfigFor(c, 16, 8, kernels::KvDtype::kF32, /*max_sequences=*/1));
+        engine::KvCacheConfigFor(c, 16, static_cast<int>(ids.size() + 15) / 16,
+                                 kernels::KvDtype::kF32, /*max_sequences=*/1));
     EXPECT_TRUE(pool.ok());
     auto forward = engine::ForwardPass::Create(&weights, pool->get());
     EXPECT_TRUE(forward.ok());

@@ -132,8 +132,7 @@ TEST_P(StepOpsTest, GeluTanhSoftCapAndScaleAreGemmas) {
   ops_->gelu_tanh_mul(gate.data(), up.data(), 37, out.data());
   for (int i = 0; i < 37; ++i) {
     const double g = gate[i];
-    const double gelu =
-        0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+    const double gelu = 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
     const double want = gelu * up[i];
     ASSERT_NEAR(out[i], want, 1e-5 * (1 + std::abs(want))) << i;
   }
