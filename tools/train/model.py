@@ -1009,6 +1009,27 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(o.reshape(b, t, -1))
 
 
+def routed_sum(x, chosen, weights, num_experts, expert):
+    """x (tokens, hidden), chosen and weights (tokens, k): sum over each token's experts of
+    weight * expert(e, its rows), the (token, slot) pairs grouped by expert once (experts in
+    index order) rather than scanned per expert."""
+    out = torch.zeros_like(x)
+    k = chosen.shape[-1]
+    flat_chosen = chosen.reshape(-1)
+    order = torch.argsort(flat_chosen, stable=True)
+    counts = torch.bincount(flat_chosen, minlength=num_experts).tolist()
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        idx = order[start:start + n]
+        start += n
+        tok = idx // k
+        y = expert(e, x[tok]) * weights.reshape(-1)[idx, None]
+        out.index_add_(0, tok, y.to(out.dtype))
+    return out
+
+
 class Expert(nn.Module):
     """Mixtral's expert: w1 (gate), w3 (up), w2 (down)."""
 
@@ -1110,23 +1131,10 @@ class Gemma4Experts(nn.Module):
     def forward(self, x, chosen, weights):
         """x (tokens, hidden), chosen and weights (tokens, k): experts in order, each on the
         tokens routed to it, the outputs weighted and summed."""
-        out = torch.zeros_like(x)
-        k = chosen.shape[-1]
-        flat_chosen = chosen.reshape(-1)
-        order = torch.argsort(flat_chosen, stable=True)
-        counts = torch.bincount(flat_chosen, minlength=self.gate_up_proj.shape[0]).tolist()
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            idx = order[start:start + n]
-            start += n
-            tok = idx // k
-            gate, up = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(gelu_tanh(gate) * up, self.down_proj[e])
-            y = y * weights.reshape(-1)[idx, None]
-            out.index_add_(0, tok, y.to(out.dtype))
-        return out
+        def expert(e, rows):
+            gate, up = F.linear(rows, self.gate_up_proj[e]).chunk(2, dim=-1)
+            return F.linear(gelu_tanh(gate) * up, self.down_proj[e])
+        return routed_sum(x, chosen, weights, self.gate_up_proj.shape[0], expert)
 
 
 class SparseMoe(nn.Module):
@@ -1172,22 +1180,8 @@ class SparseMoe(nn.Module):
         weights = weights.to(flat.dtype)
         if trace is not None:
             trace.append((chosen.detach(), weights.detach().float(), probs.detach()))
-        out = torch.zeros_like(flat)
-        # Group the (token, slot) pairs by expert once instead of scanning per expert.
-        flat_chosen = chosen.reshape(-1)
-        order = torch.argsort(flat_chosen, stable=True)
-        counts = torch.bincount(flat_chosen, minlength=self.cfg.num_local_experts).tolist()
-        k = self.cfg.num_experts_per_tok
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            idx = order[start:start + n]
-            start += n
-            tok = idx // k
-            y = self.experts(flat[tok], e) if oss else self.experts[e](flat[tok])
-            y = y * weights.reshape(-1)[idx, None]
-            out.index_add_(0, tok, y.to(out.dtype))
+        out = routed_sum(flat, chosen, weights, self.cfg.num_local_experts,
+                         lambda e, x: self.experts(x, e) if oss else self.experts[e](x))
         if hasattr(self, "shared_experts"):
             out = out + self.shared_experts(flat)
         elif hasattr(self, "shared_expert"):
