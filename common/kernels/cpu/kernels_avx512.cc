@@ -598,7 +598,7 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
 constexpr int kLatentRow = 576;
 // Query heads a KV head from which decode runs them as the rows of the query-block kernel
 // (measured: 1.37x faster attention at 8 heads of 64 dims, 32k positions; slower at 4, where
-// three quarters of the lanes idle).
+// three quarters of the lanes idle; Gemma 4's global layers: 8 heads of 512).
 constexpr int kRowHeads = 8;
 template <int C, KvDtype D>
 void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv,
@@ -620,13 +620,27 @@ void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int
     // broadcast, rather than a dot product reduced across lanes per head.
     const bool grouped = kv.num_kv_heads > 0 && num_heads / kv.num_kv_heads >= kRowHeads &&
                          kv_head_begin == 0 && kv_head_end == kv.num_kv_heads;
-    if (grouped && (kv.head_dim == 64 || kv.head_dim == 128)) {
-      const auto rows = kv.head_dim == 64 ? (int8 ? AttendCausalBf16Dot<2, KvDtype::kInt8>
-                                                  : AttendCausalBf16Dot<2, KvDtype::kBf16>)
-                                          : (int8 ? AttendCausalBf16Dot<4, KvDtype::kInt8>
-                                                  : AttendCausalBf16Dot<4, KvDtype::kBf16>);
-      return rows(q, 1, num_heads, kv, context_end - 1, context_begin, context_end,
-                  /*window=*/0, scale, out, lse);
+    const auto rows = [&](auto attend) {
+      return attend(q, 1, num_heads, kv, context_end - 1, context_begin, context_end,
+                    /*window=*/0, scale, out, lse);
+    };
+    if (grouped) {
+      switch (kv.head_dim) {
+        case 64:
+          return rows(int8 ? AttendCausalBf16Dot<2, KvDtype::kInt8>
+                           : AttendCausalBf16Dot<2, KvDtype::kBf16>);
+        case 128:
+          return rows(int8 ? AttendCausalBf16Dot<4, KvDtype::kInt8>
+                           : AttendCausalBf16Dot<4, KvDtype::kBf16>);
+        case 256:
+          return rows(int8 ? AttendCausalBf16Dot<8, KvDtype::kInt8>
+                           : AttendCausalBf16Dot<8, KvDtype::kBf16>);
+        case 512:
+          return rows(int8 ? AttendCausalBf16Dot<16, KvDtype::kInt8>
+                           : AttendCausalBf16Dot<16, KvDtype::kBf16>);
+        default:
+          break;
+      }
     }
     switch (kv.head_dim) {
       case 32:
@@ -635,6 +649,10 @@ void PagedAttentionBf16Dot(const float* q, int num_heads, const PagedKv& kv, int
         return run(int8 ? AttendBf16Dot<2, KvDtype::kInt8> : AttendBf16Dot<2, KvDtype::kBf16>);
       case 128:
         return run(int8 ? AttendBf16Dot<4, KvDtype::kInt8> : AttendBf16Dot<4, KvDtype::kBf16>);
+      case 256:  // Gemma 4's sliding layers (2 query heads a KV head)
+        return run(int8 ? AttendBf16Dot<8, KvDtype::kInt8> : AttendBf16Dot<8, KvDtype::kBf16>);
+      case 512:
+        return run(int8 ? AttendBf16Dot<16, KvDtype::kInt8> : AttendBf16Dot<16, KvDtype::kBf16>);
       case kLatentRow:
         // Latent attention's cache (one KV head of the latent and the rotary key, every query
         // head reading it): the heads are the rows of the query-block kernel, 16 to a vector,
@@ -671,9 +689,13 @@ void AttendCausalBf16Dot(const float* q, int m, int num_heads, const PagedKv& kv
   constexpr int kPairs = hd / 2;  // dimension pairs of a row
   constexpr size_t kValueBytes = D == KvDtype::kBf16 ? 2 : 1;
   constexpr int kRowBlock = 8 / C > 0 ? 8 / C : 1;  // rows whose 2C accumulators fit at once
-  // A row's accumulators a pass: all 2C, or 12 where they are more than 16 (2C a multiple).
-  constexpr int kPass = 2 * C <= 16 ? 2 * C : 12;
-  static_assert((2 * C) % kPass == 0);
+  // A row's accumulators a pass: all 2C, or where they are more than 16 the most up to 16 that
+  // divide them (12 of latent attention's 36, 16 of a 512-wide head's 32).
+  constexpr int kPass = [] {
+    int pass = std::min(2 * C, 16);
+    while ((2 * C) % pass != 0) --pass;
+    return pass;
+  }();
   constexpr int kTile = kAttentionTile;
   const int group = num_heads / kv.num_kv_heads;
   const int rows = m * group;  // row r = (query r / group, head r % group of the KV head)
@@ -915,6 +937,12 @@ void CausalAttentionBf16Dot(const float* q, int m, int num_heads, const PagedKv&
       case 128:
         return run(int8 ? AttendCausalBf16Dot<4, KvDtype::kInt8>
                         : AttendCausalBf16Dot<4, KvDtype::kBf16>);
+      case 256:
+        return run(int8 ? AttendCausalBf16Dot<8, KvDtype::kInt8>
+                        : AttendCausalBf16Dot<8, KvDtype::kBf16>);
+      case 512:
+        return run(int8 ? AttendCausalBf16Dot<16, KvDtype::kInt8>
+                        : AttendCausalBf16Dot<16, KvDtype::kBf16>);
       case kLatentRow:
         return run(int8 ? AttendCausalBf16Dot<kLatentRow / 32, KvDtype::kInt8>
                         : AttendCausalBf16Dot<kLatentRow / 32, KvDtype::kBf16>);

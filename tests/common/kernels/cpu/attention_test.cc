@@ -196,14 +196,17 @@ TEST_P(AttentionTest, LongContextsMatchTheReference) {
   }
 }
 
-// Decode with 8 and 16 query heads a KV head (gpt-oss's 8 of 64 dims; 16 of 128), which the
-// avx512bf16 level runs as the rows of its query-block kernel: whole contexts and parts (one
-// position, empty, inside, to the end), outputs and log-sum-exps, against the reference level.
+// Decode with 8 and 16 query heads a KV head (gpt-oss's 8 of 64 dims; 16 of 128; Gemma 4's
+// global layers' 8 of 512), which the avx512bf16 level runs as the rows of its query-block
+// kernel, and with 2 (Gemma 4's sliding layers: 2 of 256), which it runs head by head: whole
+// contexts and parts (one position, empty, inside, to the end), outputs and log-sum-exps,
+// against the reference level.
 TEST_P(AttentionTest, GroupedHeadsDecodeMatchesTheReference) {
   const int num_kv_heads = 2, block_size = 16, context_len = 300;
   for (KvDtype dtype : kDtypes) {
-    for (int head_dim : {64, 128}) {
-      for (int group : {8, 16}) {
+    for (int head_dim : {64, 128, 256, 512}) {
+      for (int group : {2, 8, 16}) {
+        if (head_dim >= 256 && group == 16) continue;  // Gemma 4's are 2 and 8
         const int num_heads = num_kv_heads * group;
         ScatteredKv kv(dtype, num_kv_heads, head_dim, block_size, context_len, rng_);
         const std::vector<float> q = RandomFloats(num_heads * head_dim, rng_, 2.0f);
@@ -380,8 +383,11 @@ TEST_P(AttentionTest, QueryBlocksMatchTheReferencePerQuery) {
   const Backend& backend = ActiveBackend();
   const int num_kv_heads = 2, block_size = 16;
   for (KvDtype dtype : kDtypes) {
-    for (int head_dim : {32, 64, 40}) {
-      for (int group : {1, 4, 8}) {
+    for (int head_dim : {32, 64, 40, 256, 512}) {
+      for (int group : {1, 2, 4, 8}) {
+        // Gemma 4's wide heads only as it has them (2 query heads a KV head of 256, 8 of 512):
+        // the per-query reference is slow at these widths.
+        if (head_dim < 256 ? group == 2 : group != (head_dim == 256 ? 2 : 8)) continue;
         const int num_heads = num_kv_heads * group;
         const size_t q_dim = static_cast<size_t>(num_heads) * head_dim;
         for (auto [m, first_position, context_begin, context_end, window] :
