@@ -52,9 +52,23 @@ absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
       --kv.num_blocks;
     }
     if (kv.num_blocks < 1) {
+      // Recurrent states and window rings take a state slot per running sequence and per
+      // prefix-cache snapshot (Gemma 4's rings: 250 MiB each at the published shape).
+      const std::string state =
+          kv.state_bytes > 0
+              ? absl::StrCat(" and the state slots' ",
+                             (static_cast<int64_t>(kv.num_state_slots) + kv.num_state_snapshots) *
+                                 kv.state_bytes,
+                             " (", kv.num_state_slots, " running sequences, --max_running",
+                             kv.num_state_snapshots > 0
+                                 ? absl::StrCat(", and ", kv.num_state_snapshots,
+                                                " prefix-cache snapshots, --prefix_state_snapshots")
+                                 : "",
+                             ", of ", kv.state_bytes, " bytes each)")
+              : "";
       return absl::InvalidArgumentError(
           absl::StrCat("--memory_bytes=", options.memory_bytes, " leaves ", left,
-                       " bytes beside the weights' ", weights, ": not one KV block fits"));
+                       " bytes beside the weights' ", weights, state, ": not one KV block fits"));
     }
   }
   ASSIGN_OR_RETURN(e.pool, engine::KvBlockPool::Create(kv));

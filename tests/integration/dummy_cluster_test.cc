@@ -24,6 +24,7 @@ namespace tandem {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kTokens = 12;
@@ -137,13 +138,18 @@ TEST_F(DummyClusterTest, AHybridModelsStateTravelsWithItsKv) {
 // with the tiny model's tokenizer: a full cluster, and a full prefill feeding a decoder that keeps
 // half the experts, each answer as colocated serving does, again when prefill resumes the
 // prompts from its prefix cache.
-void ExpectClustersAnswerAsColocatedServing(const std::string& config_json) {
-  testing::TempDir model;
+// A model directory of `config_json` with the tiny model's tokenizer.
+void WriteDummyModel(const std::string& dir, const std::string& config_json) {
   const fs::path tiny = testing::SourceDir() + "/models/tiny-moe";
   for (const char* file : {"tokenizer.model", "tokenizer_config.json", "generation_config.json"}) {
-    fs::create_symlink(tiny / file, fs::path(model.path()) / file);
+    fs::create_symlink(tiny / file, fs::path(dir) / file);
   }
-  std::ofstream(fs::path(model.path()) / "config.json") << config_json;
+  std::ofstream(fs::path(dir) / "config.json") << config_json;
+}
+
+void ExpectClustersAnswerAsColocatedServing(const std::string& config_json) {
+  testing::TempDir model;
+  WriteDummyModel(model.path(), config_json);
   nlohmann::json plan = {{"model", "dummy"}, {"numLayers", 3}, {"numExperts", 8}};
   for (int l = 0; l < 3; ++l) {
     plan["layers"].push_back({{"layer", l}, {"retainedExperts", {0, 2, 3, 5}}});
@@ -208,9 +214,10 @@ TEST_F(DummyClusterTest, AGptOssModelsWindowedLayersHandOffTheirKv) {
 // layers of 2 KV heads of 16 beside a global layer of 1 KV head of 64 whose values are its keys'
 // projection, proportional RoPE, a dense GeGLU MLP beside the MoE in every layer, soft-capped
 // logits: the sliding layers keep rings of their own shape in the state slot, which the handoff
-// carries with the global layer's paged blocks.
+// carries with the global layer's paged blocks. A memory budget the state slots do not fit in is
+// refused naming them.
 TEST_F(DummyClusterTest, AGemma4ModelsRingsOfTheirOwnShapeHandOff) {
-  ExpectClustersAnswerAsColocatedServing(R"({
+  constexpr char kGemma4[] = R"({
     "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
     "tie_word_embeddings": true,
     "text_config": {
@@ -222,7 +229,13 @@ TEST_F(DummyClusterTest, AGemma4ModelsRingsOfTheirOwnShapeHandOff) {
       "sliding_window": 8, "hidden_size_per_layer_input": 0,
       "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
       "final_logit_softcapping": 30.0, "max_position_embeddings": 512, "bos_token_id": 1,
-      "eos_token_id": 2}})");
+      "eos_token_id": 2}})";
+  ExpectClustersAnswerAsColocatedServing(kGemma4);
+  testing::TempDir model;
+  WriteDummyModel(model.path(), kGemma4);
+  EXPECT_THAT(Refusal(model.path(), "tandem-serve",
+                      Dummy({"--memory_bytes=4000000", "--prefix_state_snapshots=100"})),
+              AllOf(HasSubstr("not one KV block fits"), HasSubstr("--prefix_state_snapshots")));
 }
 
 }  // namespace
