@@ -201,6 +201,25 @@ void BM_LogSumExp(benchmark::State& state, bool fast) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * sizeof(float)));
 }
 
+// Gemma's elementwise ops over `state.range(0)` values (a vocabulary's logits for the soft cap,
+// a layer's GeGLU values), at the level in use or the reference level's plain loops.
+void BM_GemmaOps(benchmark::State& state, bool soft_cap, bool reference_level) {
+  const Backend& backend = reference_level ? *FindBackend("reference") : ActiveBackend();
+  std::vector<float> x = Logits(state.range(0)), up = Logits(state.range(0)), out(x.size());
+  const int n = static_cast<int>(x.size());
+  for (auto _ : state) {
+    if (soft_cap) {
+      backend.soft_cap(x.data(), n, 30.0f);
+    } else {
+      backend.gelu_tanh_mul(x.data(), up.data(), n, out.data());
+    }
+    benchmark::DoNotOptimize(x.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * n);
+  state.SetLabel(backend.name);
+}
+
 void BM_ComputeLogprobs(benchmark::State& state) {
   const std::vector<float> logits = Logits(state.range(0));
   const int top = static_cast<int>(state.range(1));
@@ -350,6 +369,17 @@ void RegisterBenchmarks() {
           ->Args({512, 0})
           ->Args({4096, 1})
           ->ArgNames({"context", "dram"})
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+
+  for (bool soft_cap : {true, false}) {
+    for (bool reference_level : {false, true}) {
+      const std::string name = std::string(soft_cap ? "SoftCap/" : "GeluTanhMul/") +
+                               (reference_level ? "reference" : "active");
+      benchmark::RegisterBenchmark(name.c_str(), BM_GemmaOps, soft_cap, reference_level)
+          ->Arg(262144)
+          ->ArgName("values")
           ->Unit(benchmark::kMicrosecond);
     }
   }

@@ -164,6 +164,34 @@ void SiluMul(const float* gate, const float* up, int n, float* out) {
   }
 }
 
+// Gemma's GeGLU, gelu's tanh form as g * sigmoid(2 sqrt(2 / pi) (g + 0.044715 g^3)).
+void VectorGeluTanhMul(const float* gate, const float* up, int n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 minus_k = _mm256_set1_ps(-1.5957691216057308f);
+  const __m256 cubic = _mm256_set1_ps(0.044715f);
+  for (int i = 0; i < n; i += 8) {
+    const __m256i lanes = LowLanes8(std::min(8, n - i));
+    const __m256 g = _mm256_maskload_ps(gate + i, lanes);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(cubic, g), _mm256_mul_ps(g, g), g);
+    const __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(one, Exp(_mm256_mul_ps(minus_k, inner))));
+    _mm256_maskstore_ps(out + i, lanes, _mm256_mul_ps(gelu, _mm256_maskload_ps(up + i, lanes)));
+  }
+}
+
+// cap * tanh(x / cap), tanh(y) as 1 - 2 / (exp(2y) + 1) (1 and -1 where exp saturates).
+void VectorSoftCap(float* x, int n, float cap) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 two = _mm256_set1_ps(2.0f);
+  const __m256 twice_inverse = _mm256_set1_ps(2.0f / cap);
+  const __m256 cap_v = _mm256_set1_ps(cap);
+  for (int i = 0; i < n; i += 8) {
+    const __m256i lanes = LowLanes8(std::min(8, n - i));
+    const __m256 e = Exp(_mm256_mul_ps(_mm256_maskload_ps(x + i, lanes), twice_inverse));
+    const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one)));
+    _mm256_maskstore_ps(x + i, lanes, _mm256_mul_ps(cap_v, t));
+  }
+}
+
 void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out) {
   for (int64_t row = 0; row < b; ++row) {
     const float* xr = x + row * n;
@@ -270,6 +298,8 @@ const Backend kAvx2Elementwise = WithStepOps<Softmax, TopK, Axpy>({
     .causal_attention = CausalByQuery<PagedAttention>,
     .causal_conv = CausalConv,
     .gated_delta = GatedDelta,
+    .gelu_tanh_mul = VectorGeluTanhMul,
+    .soft_cap = VectorSoftCap,
 });
 
 }  // namespace tandem::kernels::cpu::internal

@@ -147,6 +147,35 @@ void SiluMul(const float* gate, const float* up, int n, float* out) {
   }
 }
 
+// Gemma's GeGLU, gelu's tanh form as g * sigmoid(2 sqrt(2 / pi) (g + 0.044715 g^3)).
+void VectorGeluTanhMul(const float* gate, const float* up, int n, float* out) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 minus_k = _mm512_set1_ps(-1.5957691216057308f);
+  const __m512 cubic = _mm512_set1_ps(0.044715f);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = LowLanes16(std::min(16, n - i));
+    const __m512 g = _mm512_maskz_loadu_ps(lanes, gate + i);
+    const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(cubic, g), _mm512_mul_ps(g, g), g);
+    const __m512 gelu = _mm512_div_ps(g, _mm512_add_ps(one, Exp(_mm512_mul_ps(minus_k, inner))));
+    _mm512_mask_storeu_ps(out + i, lanes,
+                          _mm512_mul_ps(gelu, _mm512_maskz_loadu_ps(lanes, up + i)));
+  }
+}
+
+// cap * tanh(x / cap), tanh(y) as 1 - 2 / (exp(2y) + 1) (1 and -1 where exp saturates).
+void VectorSoftCap(float* x, int n, float cap) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 two = _mm512_set1_ps(2.0f);
+  const __m512 twice_inverse = _mm512_set1_ps(2.0f / cap);
+  const __m512 cap_v = _mm512_set1_ps(cap);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 lanes = LowLanes16(std::min(16, n - i));
+    const __m512 e = Exp(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, x + i), twice_inverse));
+    const __m512 t = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(e, one)));
+    _mm512_mask_storeu_ps(x + i, lanes, _mm512_mul_ps(cap_v, t));
+  }
+}
+
 void RmsNorm(const float* x, int b, int n, const float* weight, float eps, float* out) {
   for (int64_t row = 0; row < b; ++row) {
     const float* xr = x + row * n;
@@ -981,6 +1010,8 @@ const Backend kAvx512Elementwise = WithStepOps<Softmax, TopK, Axpy>({
     .causal_attention = CausalByQuery<PagedAttention>,
     .causal_conv = CausalConv,
     .gated_delta = GatedDelta,
+    .gelu_tanh_mul = VectorGeluTanhMul,
+    .soft_cap = VectorSoftCap,
 });
 
 }  // namespace tandem::kernels::cpu::internal

@@ -155,8 +155,9 @@ constexpr Backend WithStepOps(Backend table) {
   table.add_bias = AddBias;
   table.clamped_swiglu = ClampedSwiglu;
   table.attention_sinks = AttentionSinks;
-  table.gelu_tanh_mul = GeluTanhMul;
-  table.soft_cap = SoftCap;
+  // A level's own where it has them (its vector exp), else the plain loops.
+  if (table.gelu_tanh_mul == nullptr) table.gelu_tanh_mul = GeluTanhMul;
+  if (table.soft_cap == nullptr) table.soft_cap = SoftCap;
   table.scale = Scale;
   table.sigmoid = Sigmoid;
   table.mul = Mul;
