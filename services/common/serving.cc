@@ -71,6 +71,21 @@ absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
                        " bytes beside the weights' ", weights, state, ": not one KV block fits"));
     }
   }
+  if (kv.state_bytes > 0) {
+    // Window rings and recurrent states cost a state slot per running sequence whatever its
+    // length: say so where they take most of the pool (Gemma 4's rings: 250 MiB a sequence).
+    ASSIGN_OR_RETURN(const size_t pool_bytes, engine::KvBlockPool::BytesFor(kv));
+    const int64_t state =
+        (static_cast<int64_t>(kv.num_state_slots) + kv.num_state_snapshots) * kv.state_bytes;
+    if (2 * state > static_cast<int64_t>(pool_bytes)) {
+      TANDEM_LOG(WARNING) << "state slots take " << state / (1 << 20) << " MiB of the KV pool's "
+                          << pool_bytes / (1 << 20) << " MiB (" << kv.num_state_slots
+                          << " running sequences and " << kv.num_state_snapshots
+                          << " prefix-cache snapshots of " << kv.state_bytes / (1 << 20)
+                          << " MiB each): fewer --max_running or --prefix_state_snapshots "
+                             "leave more blocks for long contexts";
+    }
+  }
   ASSIGN_OR_RETURN(e.pool, engine::KvBlockPool::Create(kv));
   ASSIGN_OR_RETURN(e.forward, engine::ForwardPass::Create(e.model.weights.get(), e.pool.get()));
   RETURN_IF_ERROR(engine::ApplyRouting(options.load, e.forward.get()));
