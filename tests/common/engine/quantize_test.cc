@@ -318,6 +318,27 @@ TEST_F(QuantizeTest, GptOssExpertsQuantizeWithTheirBiasesBesideMxfp4) {
   EXPECT_LT(median(mxfp4), 1.0);
 }
 
+// Gemma 4's stacked experts and its attention of two shapes (sliding and global layers, the
+// global ones without v_proj) quantize to int8; its norms, router scales and layer scalars stay
+// float. The engine on the result stays near the PyTorch reference on the bf16 weights.
+TEST_F(QuantizeTest, Gemma4ExpertsAndBothAttentionShapesQuantize) {
+  const std::string source = testing::SourceDir() + "/tests/golden/arch/gemma4_text_moe";
+  // The dense MLP (80 wide) is no multiple of the group: left bf16.
+  ASSERT_EQ(QuantizeCheckpoint(source, {.bits = 8, .group_size = 32, .dense_mlp = false}, out_),
+            absl::OkStatus());
+  auto file = model::SafetensorsFile::Open(out_ + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE((*file)->Get("model.layers.1.experts.3.down_proj.weight_scale").ok());
+  EXPECT_TRUE((*file)->Get("model.layers.2.self_attn.q_proj.weight_scale").ok());
+  EXPECT_FALSE((*file)->Get("model.layers.2.router.per_expert_scale_scale").ok());
+  EXPECT_TRUE((*file)->Get("model.layers.2.layer_scalar").ok());
+  const std::vector<double> errors = GoldenErrors(out_, source);
+  ASSERT_FALSE(errors.empty());
+  std::cout << "int8 Gemma 4: normalised logit error median " << errors[errors.size() / 2]
+            << ", worst " << errors.back() << "\n";
+  EXPECT_LT(errors[errors.size() / 2], 0.05);
+}
+
 // MXFP4's exponents come from the file: one past float16's range is refused naming its tensor;
 // one below 2^-24 flushes its group to zero.
 TEST_F(QuantizeTest, Mxfp4ExponentsPastFloat16AreRefusedAndTinyOnesFlushed) {

@@ -201,7 +201,8 @@ TEST_P(StackedReorderTest, StackedExpertsAreWrittenOneTensorEach) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, StackedReorderTest,
-                         ::testing::Values("qwen3_5_moe_hybrid", "gpt_oss_sinks_windows"));
+                         ::testing::Values("qwen3_5_moe_hybrid", "gpt_oss_sinks_windows",
+                                           "gemma4_moe"));
 
 }  // namespace
 }  // namespace tandem::moe
