@@ -35,14 +35,20 @@ enum Op : int {
   kRoute,
   kMergeAttention,
   kKvStore,
+  kClampedSwiglu,
+  kAttentionSinks,
+  kGeluTanhMul,
+  kSoftCap,
+  kScale,
   kNumOps
 };
 constexpr const char* kNames[kNumOps] = {
-    "linear",          "linear_group",     "linear_f32",  "rms_norm",        "rope",
-    "softmax",         "log_sum_exp",      "top_k",       "silu_mul",        "axpy",
-    "paged_attention", "causal_attention", "causal_conv", "gated_delta",     "embed",
-    "gather_rows",     "add_rows",         "add_bias",    "sigmoid",         "mul",
-    "l2_norm",         "delta_gates",      "route",       "merge_attention", "kv_store"};
+    "linear",          "linear_group",     "linear_f32",    "rms_norm",        "rope",
+    "softmax",         "log_sum_exp",      "top_k",         "silu_mul",        "axpy",
+    "paged_attention", "causal_attention", "causal_conv",   "gated_delta",     "embed",
+    "gather_rows",     "add_rows",         "add_bias",      "sigmoid",         "mul",
+    "l2_norm",         "delta_gates",      "route",         "merge_attention", "kv_store",
+    "clamped_swiglu",  "attention_sinks",  "gelu_tanh_mul", "soft_cap",        "scale"};
 // Called by the forward pass from its worker threads.
 constexpr bool InWorkers(int op) {
   return op == kPagedAttention || op == kCausalAttention || op == kCausalConv || op == kGatedDelta;
@@ -114,8 +120,10 @@ void TimedLinearGroup(const kernels::LinearProduct* products, int n) {
 
 const Backend& TimedBackend(const Backend& inner) {
   g_inner = &inner;
-  static Backend timed = [] {
-    Backend t{};
+  static Backend timed = [&inner] {
+    // The inner table's ops, each one timed here replaced by its timed stand-in (an op added
+    // to Backend and not yet listed here runs untimed rather than as a null pointer).
+    Backend t = inner;
     t.name = "timed";
     t.linear = TimedLinear<&Backend::linear, kLinear>;
     t.linear_group = TimedLinearGroup;
@@ -142,6 +150,11 @@ const Backend& TimedBackend(const Backend& inner) {
     t.route = Timer<&Backend::route, kRoute>();
     t.merge_attention = Timer<&Backend::merge_attention, kMergeAttention>();
     t.kv_store = Timer<&Backend::kv_store, kKvStore>();
+    t.clamped_swiglu = Timer<&Backend::clamped_swiglu, kClampedSwiglu>();
+    t.attention_sinks = Timer<&Backend::attention_sinks, kAttentionSinks>();
+    t.gelu_tanh_mul = Timer<&Backend::gelu_tanh_mul, kGeluTanhMul>();
+    t.soft_cap = Timer<&Backend::soft_cap, kSoftCap>();
+    t.scale = Timer<&Backend::scale, kScale>();
     return t;
   }();
   timed.rounding = inner.rounding;  // the inner products', for anything that reads it
