@@ -23,7 +23,9 @@ ABSL_FLAG(int64_t, memory_bytes, 0,
 ABSL_FLAG(bool, kv_window_rings, true,
           "Sliding-window layers keep only their window's K/V, in a ring per sequence, where the "
           "model also has whole-context layers (docs/kv-cache.md \"Sliding windows\"); false "
-          "pages them over the whole context like the others. Prefill and decode must agree.");
+          "pages them over the whole context like the others, except layers of another shape "
+          "than the paged ones (Gemma 4's sliding layers), which keep rings either way. Prefill "
+          "and decode must agree.");
 
 namespace tandem::serving {
 

@@ -23,6 +23,11 @@ absl::StatusOr<ServingEngine> LoadServingEngine(const model::ModelDir& dir,
   engine::KvCacheConfig kv =
       engine::KvCacheConfigFor(c, options.block_size, options.num_blocks, options.kv_dtype,
                                options.max_sequences, options.window_rings);
+  if (!options.window_rings && !kv.rings.empty()) {
+    TANDEM_LOG(INFO) << "--kv_window_rings=false: " << kv.rings.size()
+                     << " windowed layers keep rings all the same (their shape is not the paged "
+                        "layers', and the pool has one)";
+  }
   if (kv.state_bytes > 0) {
     if (options.state_snapshots < 0) {
       return absl::InvalidArgumentError(
