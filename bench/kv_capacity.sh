@@ -43,6 +43,14 @@ source scripts/lib.sh  # start, port, metric, stop_all
 trap 'stop_all; rm -rf "$run_dir"' EXIT
 
 config=$model/config.json
+# Block bytes are counted here from the top-level keys, every layer paged alike: a model whose
+# layer_types mix kinds (window rings, recurrent state slots) or whose keys are in text_config
+# does not fit that count.
+if [[ $(jq -r '.text_config // .layer_types // empty' "$config") ]]; then
+  echo "$0: $config has windowed or hybrid layers (or text_config), whose KV is not one paged" \
+    "pool of every layer; bench/window_capacity.sh measures those" >&2
+  exit 2
+fi
 layers=$(jq -r .num_hidden_layers "$config")
 kv_heads=$(jq -r '.num_key_value_heads // .num_attention_heads' "$config")
 head_dim=$(jq -r '.head_dim // (.hidden_size / .num_attention_heads | floor)' "$config")
