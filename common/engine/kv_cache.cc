@@ -242,28 +242,15 @@ kernels::PagedKv KvBlockPool::RingView(int32_t slot, int64_t offset, int blocks,
                                   static_cast<size_t>(config_.state_bytes))
       << "ring at " << offset << " outside a state slot of " << config_.state_bytes << " bytes";
   const std::byte* k = state(slot) + offset;
-  return {.k = k,
-          .v = k + ring_bytes,
-          .dtype = config_.dtype,
-          .block_size = config_.block_size,
-          .num_kv_heads = kv_heads,
-          .head_dim = head_dim,
-          .block_bytes = block_bytes,
-          .block_table = ring_table};
+  return Paged(k, k + ring_bytes, ring_table, kv_heads, head_dim, block_bytes);
 }
 
 kernels::PagedKvOut KvBlockPool::RingWriter(int32_t slot, int64_t offset, int blocks, int kv_heads,
                                             int head_dim, const int32_t* ring_table) {
   const kernels::PagedKv view =
       std::as_const(*this).RingView(slot, offset, blocks, kv_heads, head_dim, ring_table);
-  return {.k = const_cast<std::byte*>(view.k),
-          .v = const_cast<std::byte*>(view.v),
-          .dtype = view.dtype,
-          .block_size = view.block_size,
-          .num_kv_heads = view.num_kv_heads,
-          .head_dim = view.head_dim,
-          .block_bytes = view.block_bytes,
-          .block_table = ring_table};
+  return Paged(const_cast<std::byte*>(view.k), const_cast<std::byte*>(view.v), ring_table, kv_heads,
+               head_dim, view.block_bytes);
 }
 
 float* KvBlockPool::k_pool(int layer) {

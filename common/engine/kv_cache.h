@@ -230,16 +230,22 @@ class KvBlockPool {
   std::byte* PoolBase(int layer, int kv);  // kv: 0 = K, 1 = V; CHECKs the layer
   const std::byte* PoolBase(int layer, int kv) const;
   size_t BlockOffset(int32_t block) const;  // CHECKs the id
-  // A layer's pools k and v with this pool's geometry and `block_table`.
+  // K and V at k and v read through `block_table`, in this pool's block size and dtype: a
+  // paged layer's pools (this pool's geometry), or a ring's blocks (its layer's heads).
   template <class Byte>
   kernels::BasicPagedKv<Byte> Paged(Byte* k, Byte* v, const int32_t* block_table) const {
+    return Paged(k, v, block_table, config_.num_kv_heads, config_.head_dim, block_bytes_);
+  }
+  template <class Byte>
+  kernels::BasicPagedKv<Byte> Paged(Byte* k, Byte* v, const int32_t* block_table, int kv_heads,
+                                    int head_dim, size_t block_bytes) const {
     return {.k = k,
             .v = v,
             .dtype = config_.dtype,
             .block_size = config_.block_size,
-            .num_kv_heads = config_.num_kv_heads,
-            .head_dim = config_.head_dim,
-            .block_bytes = block_bytes_,
+            .num_kv_heads = kv_heads,
+            .head_dim = head_dim,
+            .block_bytes = block_bytes,
             .block_table = block_table};
   }
 

@@ -204,10 +204,12 @@ ModelConfig::KvShape ModelConfig::kv_shape() const {
   return {static_cast<int>(num_key_value_heads), static_cast<int>(head_dim), false};
 }
 
+bool ModelConfig::HasGlobalAttention(int layer) const {
+  return layer >= 0 && global_attention.head_dim > 0 && LayerWindow(layer) == 0;
+}
+
 AttentionShape ModelConfig::LayerAttention(int layer) const {
-  if (layer >= 0 && global_attention.head_dim > 0 && LayerWindow(layer) == 0) {
-    return global_attention;
-  }
+  if (HasGlobalAttention(layer)) return global_attention;
   return {.kv_heads = num_key_value_heads,
           .head_dim = head_dim,
           .rotary_dim = rotary_dim,
@@ -216,7 +218,7 @@ AttentionShape ModelConfig::LayerAttention(int layer) const {
 }
 
 std::vector<float> ModelConfig::RopeFrequencies(int layer) const {
-  if (layer >= 0 && global_attention.head_dim > 0 && LayerWindow(layer) == 0) {
+  if (HasGlobalAttention(layer)) {
     // Gemma 4's proportional RoPE: theta^(-2i / head_dim) on the first rope_pairs pairs of the
     // whole head, 0 on the rest (Hugging Face's _compute_proportional_rope_parameters).
     const AttentionShape& a = global_attention;

@@ -405,6 +405,9 @@ struct ModelConfig {
   int NumKvLayers() const {
     return NumLayers(MixerKind::kAttention) + NumLayers(MixerKind::kLatentAttention);
   }
+  // Whether layer `layer` is a whole-context layer of a model whose whole-context layers have
+  // a shape of their own (global_attention).
+  bool HasGlobalAttention(int layer) const;
   // Attention layer `layer`'s shape: the model's heads, or the whole-context layers' own
   // (global_attention) where it has them.
   AttentionShape LayerAttention(int layer) const;

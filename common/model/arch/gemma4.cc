@@ -151,8 +151,10 @@ absl::Status Recipe(const ConfigReader& json, ModelConfig* c) {
   c->rope_theta = local.theta;
 
   // The whole-context layers' own shape.
+  // Absent: Gemma4TextConfig's 512; null: the layers' own head_dim (Hugging Face's attention
+  // falls back to it). ConfigReader reads null as absent, so null is told apart here.
   ASSIGN_OR_RETURN(int64_t global_head_dim, json.OptionalInt("global_head_dim", 512));
-  if (const Json* v = json.Find("global_head_dim"); v != nullptr && v->is_null()) {
+  if (json.Contains("global_head_dim") && !json.Has("global_head_dim")) {
     global_head_dim = c->head_dim;
   }
   ASSIGN_OR_RETURN(global_head_dim,
@@ -161,7 +163,7 @@ absl::Status Recipe(const ConfigReader& json, ModelConfig* c) {
   ASSIGN_OR_RETURN(bool k_eq_v, json.OptionalBool("attention_k_eq_v", false));
   int64_t global_kv_heads = c->num_key_value_heads;
   if (k_eq_v) {
-    if (const Json* v = json.Find("num_global_key_value_heads"); v != nullptr && !v->is_null()) {
+    if (json.Has("num_global_key_value_heads")) {
       ASSIGN_OR_RETURN(global_kv_heads, json.RequiredSize("num_global_key_value_heads"));
     }
     if (c->num_attention_heads % global_kv_heads != 0) {

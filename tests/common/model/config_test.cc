@@ -613,6 +613,11 @@ TEST(ModelConfigTest, ParsesPublishedGemma4_26bA4b) {
   refused("num_global_key_value_heads", 3, {"num_global_key_value_heads"});
   refused("global_head_dim", 511, {"global_head_dim"});
   Json j = published;
+  j["text_config"]["global_head_dim"] = nullptr;  // Hugging Face: the layers' own head_dim
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->LayerAttention(5).head_dim, 256);
+  j = published;
   j["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn";
   ExpectInvalid(j, {"rope_parameters.full_attention.rope_type", "yarn"});
   j = published;
