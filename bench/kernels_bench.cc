@@ -240,7 +240,10 @@ void BM_Attention(benchmark::State& state, KvDtype dtype, bool blocked) {
   const int seq_blocks = (context + kBlockSize - 1) / kBlockSize;
   const int sequences =
       from_dram ? std::max<int>(2, (size_t{256} << 20) / (2 * block_bytes * seq_blocks)) : 1;
-  std::vector<std::byte> k(block_bytes * seq_blocks * sequences), v(k.size());
+  // On huge pages, as the engine's KV pool (KvBlockPool::Create) is.
+  std::vector<std::byte, util::HugePageAllocator<std::byte>> k(block_bytes * seq_blocks *
+                                                               sequences),
+      v(k.size());
   std::vector<int32_t> tables(static_cast<size_t>(seq_blocks) * sequences);
   for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
   std::mt19937 rng(5);

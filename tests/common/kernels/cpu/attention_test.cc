@@ -198,15 +198,15 @@ TEST_P(AttentionTest, LongContextsMatchTheReference) {
 
 // Decode with 8 and 16 query heads a KV head (gpt-oss's 8 of 64 dims; 16 of 128; Gemma 4's
 // global layers' 8 of 512), which the avx512bf16 level runs as the rows of its query-block
-// kernel, and with 2 (Gemma 4's sliding layers: 2 of 256), which it runs head by head: whole
-// contexts and parts (one position, empty, inside, to the end), outputs and log-sum-exps,
-// against the reference level.
+// kernel, with 4 (Mixtral's 4 of 128), whose four heads it scores together, and with 2 (Gemma
+// 4's sliding layers: 2 of 256), which it runs head by head: whole contexts and parts (one
+// position, empty, inside, to the end), outputs and log-sum-exps, against the reference level.
 TEST_P(AttentionTest, GroupedHeadsDecodeMatchesTheReference) {
   const int num_kv_heads = 2, block_size = 16, context_len = 300;
   for (KvDtype dtype : kDtypes) {
     for (int head_dim : {64, 128, 256, 512}) {
-      for (int group : {2, 8, 16}) {
-        if (head_dim >= 256 && group == 16) continue;  // Gemma 4's are 2 and 8
+      for (int group : {2, 4, 8, 16}) {
+        if (head_dim >= 256 && (group == 4 || group == 16)) continue;  // Gemma 4's are 2 and 8
         const int num_heads = num_kv_heads * group;
         ScatteredKv kv(dtype, num_kv_heads, head_dim, block_size, context_len, rng_);
         const std::vector<float> q = RandomFloats(num_heads * head_dim, rng_, 2.0f);
