@@ -17,12 +17,14 @@
 #pragma once
 
 constexpr int kAttentionTile = 32;
+// The most positions a kernel takes as one tile (kernels_avx512.cc's bf16 decode: 64).
+constexpr int kMaxAttentionTile = 64;
 // Chunks of a head's row kept in registers while values accumulate (AttendTiles).
 constexpr int kMaxRegisterChunks = 8;
 
 // Where a context range's positions lie in a paged pool, a tile at a time: Advance(n) gives the
-// next n positions' slots (bytes from a pool's start, and offsets within their blocks) and the
-// slots of the tile after them, for prefetching.
+// next n (<= kMaxAttentionTile) positions' slots (bytes from a pool's start, and offsets within
+// their blocks) and the slots of the tile after them, for prefetching.
 class TileSlots {
  public:
   TileSlots(const PagedKv& kv, size_t row_bytes, int context_begin)
@@ -45,10 +47,10 @@ class TileSlots {
     }
   }
 
-  size_t at[kAttentionTile];
-  int offset[kAttentionTile];
-  size_t next[kAttentionTile];
-  int next_offset[kAttentionTile];
+  size_t at[kMaxAttentionTile];
+  int offset[kMaxAttentionTile];
+  size_t next[kMaxAttentionTile];
+  int next_offset[kMaxAttentionTile];
 
  private:
   size_t Slot(int block_index, int offset) const {
