@@ -210,21 +210,20 @@ struct Simd512 {
   static Vec Sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
   static Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   static float ReduceAdd(Vec v) { return _mm512_reduce_add_ps(v); }
-  // Lane j of the result = the sum of v[j]'s 16 lanes: pairs of vectors interleaved and added
-  // (within 128-bit blocks), then the 128-bit blocks transposed and added.
+  // Per 128-bit block L: the block-L sums of x[0], x[1], x[2], x[3] (pairs of vectors
+  // interleaved and added within the blocks).
+  static Vec BlockSums4(const Vec* x) {
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+    const __m512d a = _mm512_castps_pd(t0), b = _mm512_castps_pd(t1);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // Lane j of the result = the sum of v[j]'s 16 lanes: BlockSums4 of each four vectors, then the
+  // 128-bit blocks transposed and added.
   static Vec ReduceLanes(const Vec* v) {
     __m512 quads[4];
-    for (int k = 0; k < 4; ++k) {
-      const __m512* x = v + 4 * k;
-      const __m512 t0 =
-          _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
-      const __m512 t1 =
-          _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
-      const __m512d a = _mm512_castps_pd(t0), b = _mm512_castps_pd(t1);
-      // Per 128-bit block L: the block-L sums of x[0], x[1], x[2], x[3].
-      quads[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                               _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
+    for (int k = 0; k < 4; ++k) quads[k] = BlockSums4(v + 4 * k);
     const __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
                                     _mm512_shuffle_f32x4(quads[0], quads[1], 0xdd));
     const __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
@@ -513,16 +512,7 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
           // Block h of a[j]: head h's four partial sums for key j0 + j. Per block, four keys'
           // sums side by side, then the blocks transposed: head h's 16 scores.
           __m512 quads[4];
-          for (int k = 0; k < 4; ++k) {
-            const __m512* x = a + 4 * k;
-            const __m512 t0 =
-                _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
-            const __m512 t1 =
-                _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
-            const __m512d u = _mm512_castps_pd(t0), w = _mm512_castps_pd(t1);
-            quads[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u, w)),
-                                     _mm512_castpd_ps(_mm512_unpackhi_pd(u, w)));
-          }
+          for (int k = 0; k < 4; ++k) quads[k] = Simd512::BlockSums4(a + 4 * k);
           const __m512 y0 = _mm512_shuffle_f32x4(quads[0], quads[1], 0x44);
           const __m512 y1 = _mm512_shuffle_f32x4(quads[0], quads[1], 0xee);
           const __m512 y2 = _mm512_shuffle_f32x4(quads[2], quads[3], 0x44);
