@@ -301,7 +301,7 @@ namespace {
 // quantized to int16 per head and each tile's weights (softmax weight times the value's scale)
 // quantized to int16 per head and tile in vpdpwssd, with int32 sums that are exact; the key
 // scales multiply the scores, and each tile's value sums join the float32 output with their
-// tile's scale. The walk is AttendTiles' (tiles of kAttentionTile positions, every KV head of
+// tile's scale. The walk is AttendTiles' (tiles of kDecodeDotTile positions, every KV head of
 // the range per tile, online softmax); values are taken two positions at a time, interleaved
 // (vpunpcklwd / vpunpckhwd) so that each dot-product pair is (position j, position j + 1) of one
 // element, and the accumulators hold the elements in that interleaved order until the end.
@@ -383,6 +383,7 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   constexpr size_t kValueBytes = D == KvDtype::kBf16 ? 2 : 1;
   constexpr int kHeadBlock = 8 / C > 0 ? 8 / C : 1;  // heads whose 2C accumulators fit at once
   constexpr int kTile = kDecodeDotTile;
+  static_assert(kTile <= kMaxAttentionTile, "TileSlots holds kMaxAttentionTile positions");
   const int group = num_heads / kv.num_kv_heads;
   const int first_head = kv_head_begin * group;
   const int heads = (kv_head_end - kv_head_begin) * group;
@@ -398,7 +399,9 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   thread_local std::vector<float> scratch;
   // qb (heads, hd) bf16 | acc (heads + kHeadBlock, hd) | scores (group, tile) | pairs (group +
   // kHeadBlock, tile / 2) | max, sum, alpha (heads + kHeadBlock) | a zero row (hd bf16) | int8:
-  // the tile's keys and values as bf16 (tile, hd) each and their scales (tile) each
+  // the tile's keys and values as int16 (tile, hd) each, their scales (tile) each, the query and
+  // weight levels (heads + kHeadBlock) each | four heads a KV head: the interleaved queries
+  // (heads, hd) 16-bit
   const size_t need = static_cast<size_t>(kTile) * (hd + 2) + static_cast<size_t>(heads) * hd / 2 +
                       static_cast<size_t>(heads + kHeadBlock) * hd +
                       static_cast<size_t>(group) * kTile +
@@ -534,6 +537,7 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
         const int h = h0 + g;
         const uint16_t* qh = qb + static_cast<size_t>(h) * hd;
         float* s = scores + static_cast<size_t>(g) * kTile;
+        // Four heads a KV head were scored together above.
         for (int j0 = 0; j0 < (packed ? 0 : n); j0 += 16) {
           __m512 a[16];
           if constexpr (D == KvDtype::kBf16) {
