@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/engine/sampling.h"
@@ -232,7 +233,77 @@ void BM_ComputeLogprobs(benchmark::State& state) {
 // `sequences` 1 reads the same context every call (in cache when it fits: the kernel's
 // arithmetic alone); more rotate over that many contexts of ~256 MiB in all (from DRAM, as
 // decoding reads them). Reports ns per (query, position, KV head) and the KV bytes per second.
-void BM_Attention(benchmark::State& state, KvDtype dtype, bool blocked) {
+// `walk`: no kernel, only the decode kernels' memory walk over the same cache (WalkKv): what
+// its bytes cost in that order with those prefetches, the floor the decode case is measured
+// against.
+enum class AttentionCase { kDecode, kPrefillBlock, kWalk };
+
+// Reads every K and V row of every KV head of positions [0, context) as the avx512bf16 decode
+// kernel does, with none of its arithmetic: tiles of 64 positions, per tile and KV head its K
+// rows then its V rows (and an int8 cache's scales), one 8-byte load a 64-byte line, the next
+// tile's rows of the head prefetched into L2 two positions at a time as the V rows are read
+// (PrefetchSlot's T1 prefetches).
+uint64_t WalkKv(const PagedKv& kv, int context) {
+  constexpr int kTile = 64;
+  const size_t value_bytes = KvValueBytes(kv.dtype);
+  const size_t head_bytes = static_cast<size_t>(kv.head_dim) * value_bytes;
+  const size_t row_bytes = head_bytes * kv.num_kv_heads;
+  const bool int8 = kv.dtype == KvDtype::kInt8;
+  const size_t scales = int8 ? Int8ScalesOffset(kv.block_size, kv.num_kv_heads, kv.head_dim) : 0;
+  const auto row_at = [&](int p) {
+    return static_cast<size_t>(kv.block_table[p / kv.block_size]) * kv.block_bytes +
+           static_cast<size_t>(p % kv.block_size) * row_bytes;
+  };
+  const auto scale_at = [&](int p, int h) {
+    return static_cast<size_t>(kv.block_table[p / kv.block_size]) * kv.block_bytes + scales +
+           (static_cast<size_t>(p % kv.block_size) * kv.num_kv_heads + h) * sizeof(float);
+  };
+  const auto read = [](const std::byte* at, size_t bytes) {
+    uint64_t sum = 0;
+    for (size_t line = 0; line < bytes; line += 64) {
+      uint64_t x;
+      std::memcpy(&x, at + line, sizeof(x));
+      sum += x;
+    }
+    return sum;
+  };
+  const auto read_scale = [](const std::byte* at) {
+    uint32_t x;
+    std::memcpy(&x, at, sizeof(x));
+    return x;
+  };
+  uint64_t sum = 0;
+  for (int t0 = 0; t0 < context; t0 += kTile) {
+    const int n = std::min(kTile, context - t0);
+    const int n_next = std::clamp(context - t0 - kTile, 0, kTile);
+    for (int h = 0; h < kv.num_kv_heads; ++h) {
+      const size_t within = static_cast<size_t>(h) * head_bytes;
+      for (int j = 0; j < n; ++j) {
+        sum += read(kv.k + row_at(t0 + j) + within, head_bytes);
+        if (int8)
+          sum += read_scale(kv.k + scale_at(t0 + j, h)) + read_scale(kv.v + scale_at(t0 + j, h));
+      }
+      for (int j = 0; j < n; ++j) {
+        if (j < n_next) {
+          const size_t next = row_at(t0 + kTile + j) + within;
+          for (size_t line = 0; line < head_bytes; line += 64) {
+            __builtin_prefetch(kv.k + next + line, 0, 2);
+            __builtin_prefetch(kv.v + next + line, 0, 2);
+          }
+          if (int8) {
+            __builtin_prefetch(kv.k + scale_at(t0 + kTile + j, h), 0, 2);
+            __builtin_prefetch(kv.v + scale_at(t0 + kTile + j, h), 0, 2);
+          }
+        }
+        sum += read(kv.v + row_at(t0 + j) + within, head_bytes);
+      }
+    }
+  }
+  return sum;
+}
+
+void BM_Attention(benchmark::State& state, KvDtype dtype, AttentionCase which) {
+  const bool blocked = which == AttentionCase::kPrefillBlock;
   constexpr int kHeads = 16, kKvHeads = 4, kHeadDim = 64, kBlockSize = 16, kQueries = 16;
   const int context = static_cast<int>(state.range(0));
   const bool from_dram = state.range(1) != 0;
@@ -273,7 +344,9 @@ void BM_Attention(benchmark::State& state, KvDtype dtype, bool blocked) {
                      .head_dim = kHeadDim,
                      .block_bytes = block_bytes,
                      .block_table = tables.data() + (call++ % sequences) * seq_blocks};
-    if (blocked) {
+    if (which == AttentionCase::kWalk) {
+      benchmark::DoNotOptimize(WalkKv(kv, context));
+    } else if (blocked) {
       backend.causal_attention(q.data(), queries, kHeads, kv, context - queries, 0, context,
                                /*window=*/0, 0.125f, out.data(), nullptr);
     } else {
@@ -288,7 +361,8 @@ void BM_Attention(benchmark::State& state, KvDtype dtype, bool blocked) {
       benchmark::Counter(pairs * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.SetBytesProcessed(static_cast<int64_t>(
       state.iterations() * 2 * KvBlockBytes(dtype, 1, kKvHeads, kHeadDim) * context));
-  state.SetLabel(std::string(ActiveBackend().name) + (from_dram ? ", DRAM" : ", in cache"));
+  state.SetLabel(std::string(which == AttentionCase::kWalk ? "no kernel" : ActiveBackend().name) +
+                 (from_dram ? ", DRAM" : ", in cache"));
 }
 
 // One Gated DeltaNet value head (128 x 128, the published Qwen3.6's) over a prompt of
@@ -365,10 +439,12 @@ void RegisterBenchmarks() {
   }
 
   for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kInt8}) {
-    for (bool blocked : {false, true}) {
-      const std::string name = std::string("Attention/") + KvDtypeName(dtype) +
-                               (blocked ? "/prefill_block16" : "/decode");
-      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, dtype, blocked)
+    for (const auto& [which, case_name] :
+         {std::pair{AttentionCase::kDecode, "/decode"},
+          std::pair{AttentionCase::kPrefillBlock, "/prefill_block16"},
+          std::pair{AttentionCase::kWalk, "/walk"}}) {
+      const std::string name = std::string("Attention/") + KvDtypeName(dtype) + case_name;
+      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, dtype, which)
           ->Args({512, 0})
           ->Args({4096, 1})
           ->ArgNames({"context", "dram"})
