@@ -486,7 +486,7 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
       // products, at the time a bare walk of the same bytes takes). int8: both as the value
       // products run (its widening sets the pace; the split gained nothing).
       constexpr bool kKeysAhead = D == KvDtype::kBf16;
-      constexpr int kKeyLines = static_cast<int>((hd * kValueBytes + 63) / 64);  // of a key row
+      constexpr int kKeyLines = static_cast<int>((hd * kValueBytes + 63) / 64);  // lines a key row
       // int8: levels widened to int16; the scales multiply scores and weights.
       GatherTileRows<kTile, C, D, Int8RowToInt16<C>>(kv, slots, n, kv_head, row_bytes,
                                                      scales_offset, zero_row, k_tile, v_tile,
