@@ -92,6 +92,13 @@ inline void PrefetchSlot(const PagedKv& kv, size_t slot, size_t within, size_t b
     _mm_prefetch(reinterpret_cast<const char*>(kv.v + slot + within + line), _MM_HINT_T1);
   }
 }
+// PrefetchSlot's lines of one pool (`pool`: kv.k or kv.v), for a kernel that asks for a tile's
+// keys and values at different times.
+inline void PrefetchPoolSlot(const std::byte* pool, size_t slot, size_t within, size_t bytes) {
+  for (size_t line = 0; line < bytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(pool + slot + within + line), _MM_HINT_T1);
+  }
+}
 
 // Prefetches `bytes` of K and V at `within` of each of `slots`' first `n` slots into L2, for a
 // kernel that reuses each tile many times (the prefill blocks): its arithmetic, not memory,

@@ -663,10 +663,7 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
           if (g0 == 0) {
             for (int jn = j; jn < std::min(j + 2, n_next); ++jn) {
               if constexpr (kKeysAhead) {
-                for (size_t line = 0; line < hd * kValueBytes; line += 64) {
-                  _mm_prefetch(reinterpret_cast<const char*>(kv.v + slots.next[jn] + within) + line,
-                               _MM_HINT_T1);
-                }
+                PrefetchPoolSlot(kv.v, slots.next[jn], within, hd * kValueBytes);
               } else {
                 PrefetchSlot(kv, slots.next[jn], within, hd * kValueBytes);
               }
