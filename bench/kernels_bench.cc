@@ -3,10 +3,13 @@
 // memory-bound, so the dispatched kernel should come close to it. Each call reads a different
 // copy of the weights from a 256 MiB pool, so they come from DRAM, as in decoding. Rates are
 // per wall-clock second; ReadBandwidth gives the memory roofline under the same conditions.
+// Pools are in huge pages, as the engine's weights; Linear/<format>/fast_4k_pages (batch 1)
+// reads its weights through 4 KiB pages, to show what huge pages are worth.
 //
 //   build/bin/tandem_kernels_bench --benchmark_min_time=0.1 --benchmark_filter=Linear/bf16
 #include <benchmark/benchmark.h>
 
+#include <sys/mman.h>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -37,10 +40,12 @@ uint64_t XorShift(uint64_t& state) {
   return state;
 }
 
-// Random bf16 weights of magnitude around 0.01-1, shared by all benchmarks.
-const std::vector<uint16_t>& WeightPool() {
-  static const std::vector<uint16_t>* const pool = [] {
-    auto* weights = new std::vector<uint16_t>(kWeightPoolElements);
+// Random bf16 weights of magnitude around 0.01-1, shared by all benchmarks; in huge pages as
+// the engine's weights are, since the read loops over them are the roofline.
+using WeightPoolVector = std::vector<uint16_t, util::HugePageAllocator<uint16_t>>;
+const WeightPoolVector& WeightPool() {
+  static const WeightPoolVector* const pool = [] {
+    auto* weights = new WeightPoolVector(kWeightPoolElements);
     uint64_t state = 0x9e3779b97f4a7c15u;
     for (uint16_t& w : *weights) {
       const uint64_t r = XorShift(state);
@@ -54,7 +59,8 @@ const std::vector<uint16_t>& WeightPool() {
 
 // Copies of one packed matrix shape filling about 256 MiB, so that successive calls read
 // different copies from DRAM, as decoding does: bf16 from the pool above; int8 / int4 with
-// random levels and scales of 0.01.
+// random levels and scales of 0.01. In huge pages as the engine's weights, or with
+// `small_pages` in 4 KiB pages (what a buffer from plain malloc gets), to show what they cost.
 struct PackedPool {
   PanelLayout layout;
   size_t copies = 0;
@@ -64,13 +70,17 @@ struct PackedPool {
   }
 };
 
-PackedPool MakePackedPool(WeightFormat format, int d, int n) {
+PackedPool MakePackedPool(WeightFormat format, int d, int n, bool small_pages) {
   PackedPool pool;
   pool.layout = {format, d, n, format == WeightFormat::kBf16 ? 0 : 32};
   pool.copies = std::max<size_t>(1, (size_t{256} << 20) / pool.layout.bytes());
+  pool.bytes.reserve(pool.copies * pool.layout.bytes());  // allocated, not yet touched
+  if (small_pages) {
+    madvise(pool.bytes.data(), pool.bytes.capacity() / 4096 * 4096, MADV_NOHUGEPAGE);
+  }
   pool.bytes.resize(pool.copies * pool.layout.bytes());
   if (format == WeightFormat::kBf16) {
-    const std::vector<uint16_t>& weights = WeightPool();
+    const WeightPoolVector& weights = WeightPool();
     for (size_t c = 0; c < pool.copies; ++c) {
       PackBf16(weights.data() + (c * size_t{1} * d * n) % (weights.size() - size_t{1} * d * n), n,
                pool.layout, pool.bytes.data() + c * pool.layout.bytes());
@@ -93,22 +103,27 @@ PackedPool MakePackedPool(WeightFormat format, int d, int n) {
 }
 
 // Y (b, d) = X (b, n) @ W^T, W (d, n) packed in `format`. `impl`: "fast" (the level chosen for
-// this CPU), or a level's name. Bytes are the packed weights' (scales included).
+// this CPU), "fast_4k_pages" (the same over weights in 4 KiB pages), or a level's name. Bytes
+// are the packed weights' (scales included).
 void BM_Linear(benchmark::State& state, const std::string& impl, WeightFormat format) {
+  const bool small_pages = impl == "fast_4k_pages";
   const int d = static_cast<int>(state.range(0));
   const int n = static_cast<int>(state.range(1));
   const int b = static_cast<int>(state.range(2));
   const std::string previous = KernelIsa();
-  if (!SetKernelIsa(impl == "fast" ? "auto" : impl)) {
+  if (!SetKernelIsa(impl == "fast" || small_pages ? "auto" : impl)) {
     state.SkipWithError("this CPU cannot run these kernels");
     return;
   }
-  static std::map<std::tuple<WeightFormat, int, int>, PackedPool>* pools =
-      new std::map<std::tuple<WeightFormat, int, int>, PackedPool>();
-  auto it = pools->find({format, d, n});
+  using PoolKey = std::tuple<WeightFormat, int, int, bool>;
+  static std::map<PoolKey, PackedPool>* pools = new std::map<PoolKey, PackedPool>();
+  auto it = pools->find({format, d, n, small_pages});
   if (it == pools->end()) {
     pools->clear();  // one shape at a time: 256 MiB each
-    it = pools->emplace(std::make_tuple(format, d, n), MakePackedPool(format, d, n)).first;
+    it =
+        pools
+            ->emplace(PoolKey{format, d, n, small_pages}, MakePackedPool(format, d, n, small_pages))
+            .first;
   }
   const PackedPool& pool = it->second;
   std::vector<float> x(size_t{1} * b * n);
@@ -137,7 +152,7 @@ void BM_Linear(benchmark::State& state, const std::string& impl, WeightFormat fo
 // The roofline under the machine's current load: summing the same amount of weight memory,
 // from the same rotating pool, with plain 64-bit loads (one thread).
 void BM_ReadBandwidth(benchmark::State& state) {
-  const std::vector<uint16_t>& pool = WeightPool();
+  const WeightPoolVector& pool = WeightPool();
   const size_t matrix = static_cast<size_t>(state.range(0) * state.range(1));
   const size_t copies = std::max<size_t>(1, pool.size() / matrix);
   const size_t words = matrix * sizeof(uint16_t) / sizeof(uint64_t);
@@ -158,7 +173,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
 // The same read loop on every thread of the kernels' pool, each summing its share of the
 // matrix: the roofline of a product that uses both cores.
 void BM_ReadBandwidthAllThreads(benchmark::State& state) {
-  const std::vector<uint16_t>& pool = WeightPool();
+  const WeightPoolVector& pool = WeightPool();
   const size_t matrix = static_cast<size_t>(state.range(0) * state.range(1));
   const size_t copies = std::max<size_t>(1, pool.size() / matrix);
   const int64_t words = static_cast<int64_t>(matrix * sizeof(uint16_t) / sizeof(uint64_t));
@@ -494,11 +509,12 @@ void RegisterBenchmarks() {
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
   }
-  for (const char* impl :
-       {"fast", "reference", "avx2", "avx2int8", "avx512", "avx512vnni", "avx512bf16"}) {
+  for (const char* impl : {"fast", "fast_4k_pages", "reference", "avx2", "avx2int8", "avx512",
+                           "avx512vnni", "avx512bf16"}) {
     for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8, WeightFormat::kInt4}) {
       for (const auto& shape : shapes) {
         for (int64_t b : {1, 4, 16, 64}) {
+          if (std::string(impl) == "fast_4k_pages" && b > 1) continue;  // batch 1 reads most
           const std::string name = std::string("Linear/") + WeightFormatName(format) + "/" + impl;
           benchmark::RegisterBenchmark(name.c_str(), BM_Linear, std::string(impl), format)
               ->Args({shape[0], shape[1], b})
