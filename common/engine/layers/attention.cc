@@ -87,6 +87,10 @@ void CachedAttention::Run(StepContext& ctx, const LayerKv& layer_kv, const float
     if (U < 2 * threads) {
       parts = static_cast<int>(std::min<int64_t>(
           (context + kMinAttentionPart - 1) / kMinAttentionPart, (2 * threads + U - 1) / U));
+      // One sequence alone (a batch of one): a whole number of parts a thread, or the threads
+      // with one part fewer wait for the rest (1,025 positions on 2 threads made 3 parts: the
+      // busier thread had two thirds of the work, where 4 parts give each thread half).
+      if (U == 1 && parts > 1) parts = (parts + threads - 1) / threads * threads;
     }
     attention_parts_[u + 1] = attention_parts_[u] + parts;
     if (parts > 1) {
