@@ -476,6 +476,16 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
     const int n = std::min(kTile, context_end - t0);
     const int n_next = std::clamp(context_end - t0 - kTile, 0, kTile);
     slots.Advance(n, n_next);
+    // bf16: nothing prefetched the first tile, so its rows of every KV head of the range are
+    // asked for at once, before any is scored (a part of a split context is often 4-8 tiles:
+    // the engine's attention at 1,025 positions on 2 threads, bf16, ran 1.13x faster with it,
+    // medians of six interleaved rounds; over int8 the tile's widening sets the pace).
+    if (D == KvDtype::kBf16 && t0 == context_begin) {
+      const size_t first = static_cast<size_t>(kv_head_begin) * hd * kValueBytes;
+      const size_t bytes = static_cast<size_t>(kv_head_end - kv_head_begin) * hd * kValueBytes;
+      for (int j = 0; j < n; ++j) PrefetchPoolSlot(kv.k, slots.at[j], first, bytes);
+      for (int j = 0; j < n; ++j) PrefetchPoolSlot(kv.v, slots.at[j], first, bytes);
+    }
     for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
       const int h0 = (kv_head - kv_head_begin) * group;
       const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
