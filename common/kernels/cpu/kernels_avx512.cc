@@ -483,6 +483,8 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
     if (D == KvDtype::kBf16 && t0 == context_begin) {
       const size_t first = static_cast<size_t>(kv_head_begin) * hd * kValueBytes;
       const size_t bytes = static_cast<size_t>(kv_head_end - kv_head_begin) * hd * kValueBytes;
+      // All key rows before any value row (not PrefetchSlot's K and V a position at a time):
+      // the keys are scored first (four interleaved rounds at 1k: 0.95x with PrefetchSlot).
       for (int j = 0; j < n; ++j) PrefetchPoolSlot(kv.k, slots.at[j], first, bytes);
       for (int j = 0; j < n; ++j) PrefetchPoolSlot(kv.v, slots.at[j], first, bytes);
     }
