@@ -22,6 +22,7 @@
 #include "common/kv/inbox.h"
 #include "common/kv/kv_stream.h"
 #include "common/kv/ucx_transport.h"
+#include "common/util/clock.h"
 
 ABSL_FLAG(std::string, tokens, "1024,8192", "Prompt lengths, in tokens.");
 ABSL_FLAG(std::string, transports, "tcp;sm,tcp", "UCX_TLS settings to compare, ';'-separated.");
@@ -85,7 +86,8 @@ int Run() {
             std::cerr << id.status() << "\n";
             return 1;
           }
-          if (absl::Status s = WaitForTransfer(**writer, *id, absl::Now() + absl::Seconds(120));
+          if (absl::Status s =
+                  WaitForTransfer(**writer, *id, util::Instant::Now() + absl::Seconds(120));
               !s.ok()) {
             std::cerr << s << "\n";
             return 1;

@@ -5,8 +5,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "common/model/hf_tokenizer.h"
+#include "common/util/clock.h"
 #include "common/util/file.h"
 
 namespace tandem::chat {
@@ -140,7 +140,7 @@ absl::StatusOr<std::string> ChatTemplate::Apply(const ChatInput& input,
   for (const auto& [key, value] : input.kwargs.items()) context[key] = value;
 
   RenderLimits limits;
-  limits.deadline = absl::Now() + deadline;
+  limits.deadline = util::Instant::Now() + deadline;
   limits.max_output_bytes = 8 << 20;
   absl::StatusOr<std::string> prompt = chosen->jinja.Render(context, limits);
   if (!prompt.ok()) {

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/chat/jinja_ast.h"
 #include "common/chat/jinja_value.h"
+#include "common/util/clock.h"
 #include "common/util/status.h"
 
 namespace tandem::chat {
@@ -511,7 +512,7 @@ class Renderer {
     }
     if (steps_ >= next_deadline_check_) {
       next_deadline_check_ = steps_ + 1024;
-      if (limits_.deadline != absl::InfiniteFuture() && absl::Now() > limits_.deadline) {
+      if (limits_.deadline != util::Instant::Never() && util::Instant::Now() > limits_.deadline) {
         return absl::DeadlineExceededError("template rendering passed its deadline");
       }
     }

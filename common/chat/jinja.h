@@ -45,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/util/clock.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::chat {
@@ -59,7 +60,7 @@ struct RenderLimits {
   size_t max_output_bytes = 1 << 20;  // output (and any one string built) -> RESOURCE_EXHAUSTED
   int64_t max_steps = 10'000'000;     // loop iterations + calls + expression nodes evaluated
   int max_depth = 256;                // nesting of calls/macros/recursion
-  absl::Time deadline = absl::InfiniteFuture();  // checked periodically -> DEADLINE_EXCEEDED
+  util::Instant deadline = util::Instant::Never();  // checked periodically -> DEADLINE_EXCEEDED
   // What strftime_now() formats (in UTC); default absl::Now(). Tests set it for determinism.
   std::function<absl::Time()> now;
 };

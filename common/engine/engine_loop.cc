@@ -1,6 +1,7 @@
 #include "common/engine/engine_loop.h"
 
 #include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/guard.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
@@ -123,10 +124,10 @@ void EngineLoop::Run() {
     }
     std::vector<SequenceOutput> outputs;
     const SchedulerCounters before = scheduler_->counters();
-    const absl::Time step_start = absl::Now();
+    const util::Instant step_start = util::Instant::Now();
     absl::Status status = absl::InternalError("the engine step threw");
     util::Guarded("engine step", [&] { status = scheduler_->Step(&outputs); });
-    const double step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
+    const double step_seconds = absl::ToDoubleSeconds(util::Instant::Now() - step_start);
     if (!status.ok()) {
       TANDEM_LOG(ERROR) << "engine step failed: " << status;
     }

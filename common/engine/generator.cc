@@ -1,8 +1,8 @@
 #include "common/engine/generator.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/engine/synthetic_router.h"
+#include "common/util/clock.h"
 #include "common/util/status.h"
 
 namespace tandem::engine {
@@ -101,14 +101,14 @@ absl::StatusOr<GenerationResult> Generator::Generate(
 
   std::vector<std::vector<float>> logits;
   absl::Status status;
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   for (int begin = 0; begin < n && status.ok(); begin += prefill_chunk_) {
     const int len = std::min(prefill_chunk_, n - begin);
     StepInput in{absl::MakeConstSpan(result.prompt_ids).subspan(begin, len), begin, &table,
                  begin + len < n ? LogitRows::kNone : LogitRows::kLast};
     status = forward_->Step({&in, 1}, {}, &logits);
   }
-  const absl::Time first = absl::Now();
+  const util::Instant first = util::Instant::Now();
   result.prefill_seconds = absl::ToDoubleSeconds(first - start);
   while (status.ok()) {
     const int32_t token = sampler.Sample(logits[0]);
@@ -136,7 +136,7 @@ absl::StatusOr<GenerationResult> Generator::Generate(
                  n + static_cast<int>(result.output_ids.size()) - 1, &table};
     status = forward_->Step({&in, 1}, {}, &logits);
   }
-  result.decode_seconds = absl::ToDoubleSeconds(absl::Now() - first);
+  result.decode_seconds = absl::ToDoubleSeconds(util::Instant::Now() - first);
   table.ReleaseAll(pool_.get());
   if (!status.ok()) return status;
   return result;

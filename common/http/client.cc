@@ -12,7 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 
 namespace tandem::http {
 namespace {
@@ -31,12 +31,13 @@ class Socket {
   int fd_;
 };
 
-int MillisLeft(absl::Time deadline) {
-  return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+int MillisLeft(util::Instant deadline) {
+  return static_cast<int>(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - util::Instant::Now())));
 }
 
 // Waits for `events` on `fd`; false past the deadline.
-bool WaitFor(int fd, short events, absl::Time deadline) {
+bool WaitFor(int fd, short events, util::Instant deadline) {
   while (true) {
     pollfd p{fd, events, 0};
     const int rc = poll(&p, 1, MillisLeft(deadline));
@@ -51,7 +52,7 @@ bool WaitFor(int fd, short events, absl::Time deadline) {
 absl::StatusOr<ClientResponse> Fetch(const std::string& host, int port, const std::string& method,
                                      const std::string& path, const std::string& body,
                                      int timeout_ms) {
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+  const util::Instant deadline = util::Instant::Now() + absl::Milliseconds(timeout_ms);
   const std::string where = absl::StrCat(method, " ", path, " on ", host, ":", port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

@@ -21,7 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/guard.h"
 #include "common/util/logging.h"
 #include "nlohmann/json.hpp"
@@ -118,7 +118,7 @@ class Connection {
   RequestParser parser;
   std::string in;  // bytes read and not yet parsed (a pipelined request)
   Phase phase = Phase::kReading;
-  absl::Time phase_since = absl::Now();
+  util::Instant phase_since = util::Instant::Now();
   bool any_request = false;  // a request was answered on this connection already
   uint32_t events = 0;       // the epoll interest set now
   bool peer_fin = false;     // the client shut down its sending side
@@ -136,7 +136,7 @@ class Connection {
   bool head_only ABSL_GUARDED_BY(mu) = false;
   bool keep_alive ABSL_GUARDED_BY(mu) = false;
   bool minor_version_0 ABSL_GUARDED_BY(mu) = false;  // no chunked coding: body until close
-  absl::Time write_progress ABSL_GUARDED_BY(mu);
+  util::Instant write_progress ABSL_GUARDED_BY(mu);
   size_t max_buffered = 0;  // set once at creation
   std::function<void()> on_gone ABSL_GUARDED_BY(mu);
   std::atomic<bool> dirty{false};  // queued for the loop's attention
@@ -154,7 +154,7 @@ class Connection {
           send(fd, out.data() + out_offset, out.size() - out_offset, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         out_offset += static_cast<size_t>(n);
-        write_progress = absl::Now();
+        write_progress = util::Instant::Now();
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -376,10 +376,10 @@ void HttpServer::Core::SetEvents(Connection& c, uint32_t events) {
 
 void HttpServer::Core::Loop() {
   epoll_event events[256];
-  absl::Time next_sweep = absl::Now() + kSweepInterval;
+  util::Instant next_sweep = util::Instant::Now() + kSweepInterval;
   while (true) {
-    const int wait_ms =
-        static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(next_sweep - absl::Now())));
+    const int wait_ms = static_cast<int>(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(next_sweep - util::Instant::Now())));
     const int n = epoll_wait(epoll_fd_, events, 256, wait_ms);
     bool stop;
     std::vector<std::shared_ptr<Connection>> dirty;
@@ -408,9 +408,9 @@ void HttpServer::Core::Loop() {
       if (it == connections_.end() || it->second != c) continue;  // closed meanwhile
       util::Guarded("http connection", [&] { OnDirty(c); });
     }
-    if (absl::Now() >= next_sweep) {
+    if (util::Instant::Now() >= next_sweep) {
       Sweep();
-      next_sweep = absl::Now() + kSweepInterval;
+      next_sweep = util::Instant::Now() + kSweepInterval;
     }
   }
   // Stopping: close every connection (writers held elsewhere now see the client gone).
@@ -574,10 +574,10 @@ void HttpServer::Core::StartHandling(const std::shared_ptr<Connection>& c) {
     c->head_only = request.method == "HEAD";
     c->keep_alive = keep_alive;
     c->minor_version_0 = request.minor_version == 0;
-    c->write_progress = absl::Now();
+    c->write_progress = util::Instant::Now();
   }
   c->phase = Connection::Phase::kHandling;
-  c->phase_since = absl::Now();
+  c->phase_since = util::Instant::Now();
   // Stop reading while the request is answered (a pipelined next request waits in the
   // socket), but keep hearing of the client shutting down.
   SetEvents(*c, (c->events & EPOLLOUT) | (c->peer_fin ? 0u : static_cast<uint32_t>(EPOLLRDHUP)));
@@ -661,7 +661,7 @@ void HttpServer::Core::ResponseDone(const std::shared_ptr<Connection>& c) {
   c->continue_sent = false;
   c->parser.Reset();
   c->phase = Connection::Phase::kReading;
-  c->phase_since = absl::Now();
+  c->phase_since = util::Instant::Now();
   SetEvents(*c, EPOLLIN | EPOLLRDHUP);
   if (!c->in.empty()) Parse(c);  // a pipelined request
 }
@@ -678,7 +678,7 @@ void HttpServer::Core::Refuse(const std::shared_ptr<Connection>& c, int status,
     flush = c->FlushLocked();
   }
   c->phase = Connection::Phase::kHandling;
-  c->phase_since = absl::Now();
+  c->phase_since = util::Instant::Now();
   SetEvents(*c, 0);
   OnDirty(c);
   (void)flush;
@@ -691,7 +691,7 @@ void HttpServer::Core::Linger(const std::shared_ptr<Connection>& c) {
   shutdown(c->fd, SHUT_WR);
   if (c->peer_fin) return Close(c);
   c->phase = Connection::Phase::kLingering;
-  c->phase_since = absl::Now();
+  c->phase_since = util::Instant::Now();
   SetEvents(*c, EPOLLIN | EPOLLRDHUP);
 }
 
@@ -713,7 +713,7 @@ void HttpServer::Core::Close(const std::shared_ptr<Connection>& c) {
 }
 
 void HttpServer::Core::Sweep() {
-  const absl::Time now = absl::Now();
+  const util::Instant now = util::Instant::Now();
   std::vector<std::shared_ptr<Connection>> expired, timed_out;
   for (auto& [fd, c] : connections_) {
     switch (c->phase) {

@@ -6,11 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/logging.h"
 
 namespace tandem::kv {
 
-absl::Status WaitForTransfer(KvTransport& transport, TransferId id, absl::Time deadline,
+absl::Status WaitForTransfer(KvTransport& transport, TransferId id, util::Instant deadline,
                              const std::function<bool()>& cancelled) {
   absl::Duration backoff = absl::Microseconds(5);
   while (true) {
@@ -20,7 +21,7 @@ absl::Status WaitForTransfer(KvTransport& transport, TransferId id, absl::Time d
     if (cancelled && cancelled()) {
       return absl::CancelledError("the KV transfer was abandoned: its request was cancelled");
     }
-    const absl::Time now = absl::Now();
+    const util::Instant now = util::Instant::Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("KV transfer ", static_cast<uint64_t>(id),
                                                       " over ", std::string(transport.name()),

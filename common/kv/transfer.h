@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/util/clock.h"
 
 namespace tandem::kv {
 
@@ -91,7 +92,7 @@ class KvTransport {
 
 // Polls `id` until it is done, failed, `deadline` passes (DEADLINE_EXCEEDED) or `cancelled`
 // says so (CANCELLED); the caller still releases it.
-absl::Status WaitForTransfer(KvTransport& transport, TransferId id, absl::Time deadline,
+absl::Status WaitForTransfer(KvTransport& transport, TransferId id, util::Instant deadline,
                              const std::function<bool()>& cancelled = nullptr);
 
 // 16 bytes from the system's cryptographic random source.

@@ -11,7 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/guard.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
@@ -84,7 +84,7 @@ struct UcxTransport::Send {
   uint64_t next = 0;  // stream bytes handed to UCX
   int in_flight = 0;  // its requests not yet complete
   bool commit_posted = false;
-  absl::Time abandoned_at;
+  util::Instant abandoned_at;
 
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
@@ -261,17 +261,17 @@ void UcxTransport::Shutdown() {
   num_accepted_.store(0);
   peers_.clear();
   receiver_ = nullptr;
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  const util::Instant deadline = util::Instant::Now() + absl::Seconds(2);
   for (ucs_status_ptr_t request : closing) {
     if (request == nullptr || UCS_PTR_IS_ERR(request)) continue;
-    while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < deadline) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && util::Instant::Now() < deadline) {
       ucp_worker_progress(worker_);
     }
     ucp_request_free(request);
   }
   // Force-closing completes the endpoints' requests, but their callbacks (which free what
   // each request holds) may come on a later progress call.
-  while (InFlight() > 0 && absl::Now() < deadline) {
+  while (InFlight() > 0 && util::Instant::Now() < deadline) {
     ucp_worker_progress(worker_);
   }
   if (const size_t left = InFlight(); left > 0) {
@@ -331,8 +331,8 @@ absl::Status UcxTransport::RunOnWorker(std::function<absl::Status()> fn) {
 }
 
 void UcxTransport::ProgressLoop() {
-  absl::Time next_reap = absl::Now() + absl::Milliseconds(500);
-  absl::Time last_activity = absl::Now();
+  util::Instant next_reap = util::Instant::Now() + absl::Milliseconds(500);
+  util::Instant last_activity = util::Instant::Now();
   while (true) {
     std::deque<std::function<void()>> commands;
     bool stop;
@@ -344,15 +344,15 @@ void UcxTransport::ProgressLoop() {
     for (auto& command : commands) command();
     if (stop) return;
     util::Guarded("UCX progress", [&] {
-      while (ucp_worker_progress(worker_) != 0) last_activity = absl::Now();
+      while (ucp_worker_progress(worker_) != 0) last_activity = util::Instant::Now();
     });
-    if (absl::Now() >= next_reap) {
+    if (util::Instant::Now() >= next_reap) {
       util::Guarded("UCX reaper", [&] { ReapStuckSends(); });
-      next_reap = absl::Now() + absl::Milliseconds(500);
+      next_reap = util::Instant::Now() + absl::Milliseconds(500);
     }
     // Busy-poll while sends make progress; a stalled peer's pending sends get a 1 ms sleep.
     const bool sending = InFlight() > 0;
-    if (sending && absl::Now() - last_activity < absl::Milliseconds(2)) continue;
+    if (sending && util::Instant::Now() - last_activity < absl::Milliseconds(2)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     poll(fds, 2, sending ? 1 : 100);
@@ -428,7 +428,7 @@ void UcxTransport::ClosePeer(const std::string& agent) {
 }
 
 void UcxTransport::ReapStuckSends() {
-  const absl::Time now = absl::Now();
+  const util::Instant now = util::Instant::Now();
   std::vector<std::string> stuck;
   std::vector<std::shared_ptr<Send>> kept;
   for (const auto& send : abandoned_) {
@@ -766,7 +766,7 @@ void UcxTransport::Release(TransferId id) {
   (void)RunOnWorker([this, send] {
     by_nonce_.erase(send->nonce);
     if (send->in_flight > 0) {
-      send->abandoned_at = absl::Now();
+      send->abandoned_at = util::Instant::Now();
       abandoned_.push_back(send);
     }
     return absl::OkStatus();

@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/status.h"
 
 namespace tandem::moe {
@@ -464,7 +464,7 @@ bool ExpertCache::MakeRoom(int64_t bytes) {
 }
 
 absl::Status ExpertCache::Load(int layer, int expert, int from, int to, Entry* entry) {
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   const PackLayout& layout = backing_->layout();
   staging_.resize(static_cast<size_t>(to - from) * layout.bundle_bytes());
   RETURN_IF_ERROR(backing_->Read(layer, expert, from, to - from, staging_.data()));
@@ -472,7 +472,7 @@ absl::Status ExpertCache::Load(int layer, int expert, int from, int to, Entry* e
   AppendBundles(layout, staging_.data(), from, to, &entry->expert);
   resident_bytes_ += entry->expert.bytes() - before;
   stats_.bytes_loaded += (to - from) * layout.bundle_bytes();
-  stats_.load_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  stats_.load_seconds += absl::ToDoubleSeconds(util::Instant::Now() - start);
   return absl::OkStatus();
 }
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/status.h"
 
 namespace tandem::moe {
@@ -72,7 +72,7 @@ absl::Status ExpertStream::BeginLayer(int layer, absl::Span<const engine::Expert
 }
 
 absl::StatusOr<engine::ExpertView> ExpertStream::Wait(int layer, int expert, int width) {
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   std::unique_lock<std::mutex> lock(mu_);
   auto job = std::find_if(jobs_.begin(), jobs_.end(), [&](const Job& j) {
     return j.layer == layer && j.load.expert == expert;
@@ -86,7 +86,7 @@ absl::StatusOr<engine::ExpertView> ExpertStream::Wait(int layer, int expert, int
   // Loads run in order: wait for this one (and so every one before it).
   const bool in =
       cv_.wait_for(lock, absl::ToChronoNanoseconds(deadline_), [&] { return jobs_[index].done; });
-  wait_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+  wait_seconds_ += absl::ToDoubleSeconds(util::Instant::Now() - start);
   if (!in) {
     return absl::DeadlineExceededError(absl::StrCat("loading expert ", expert, " of layer ", layer,
                                                     " took over ",

@@ -15,8 +15,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "common/rpc/rpc_metrics.h"
+#include "common/util/clock.h"
 #include "common/util/timer_queue.h"
 
 namespace tandem::rpc {
@@ -30,7 +30,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
     void Push(T message) {
       absl::MutexLock lock(&mu_);
       if (reactor_ == nullptr || finished_) return;
-      last_push_ = absl::Now();
+      last_push_ = util::Instant::Now();
       pending_.push_back(std::move(message));
       reactor_->Pump();
     }
@@ -59,7 +59,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
                                 T heartbeat) {
       {
         absl::MutexLock lock(&feed->mu_);
-        feed->last_push_ = absl::Now();
+        feed->last_push_ = util::Instant::Now();
       }
       ScheduleHeartbeat(feed, interval, std::move(heartbeat));
     }
@@ -76,8 +76,8 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
             {
               absl::MutexLock lock(&f->mu_);
               if (f->reactor_ == nullptr || f->finished_ || f->done_) return;
-              if (absl::Now() - f->last_push_ >= interval) {
-                f->last_push_ = absl::Now();
+              if (util::Instant::Now() - f->last_push_ >= interval) {
+                f->last_push_ = util::Instant::Now();
                 f->pending_.push_back(heartbeat);
                 f->reactor_->Pump();
               }
@@ -87,7 +87,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
     }
 
     absl::Mutex mu_;
-    absl::Time last_push_ ABSL_GUARDED_BY(mu_);
+    util::Instant last_push_ ABSL_GUARDED_BY(mu_);
     QueuedWriter* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
     std::deque<T> pending_ ABSL_GUARDED_BY(mu_);
     bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -102,7 +102,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
   QueuedWriter(RpcMetrics* metrics, std::string rpc)
       : metrics_(metrics),
         rpc_(std::move(rpc)),
-        start_(absl::Now()),
+        start_(util::Instant::Now()),
         feed_(std::make_shared<Feed>()) {
     absl::MutexLock lock(&feed_->mu_);
     feed_->reactor_ = this;
@@ -140,7 +140,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
       feed_->reactor_ = nullptr;
       status = feed_->final_status_;
     }
-    metrics_->Record(rpc_, status, absl::Now() - start_);
+    metrics_->Record(rpc_, status, util::Instant::Now() - start_);
     delete this;
   }
 
@@ -171,7 +171,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
 
   RpcMetrics* const metrics_;
   const std::string rpc_;
-  const absl::Time start_;
+  const util::Instant start_;
   const std::shared_ptr<Feed> feed_;
 };
 

@@ -1,9 +1,15 @@
 #include "common/util/timer_queue.h"
 
-#include "absl/time/clock.h"
+#include <algorithm>
+
 #include "common/util/guard.h"
 
 namespace tandem::util {
+namespace {
+
+constexpr absl::Duration kIdleWait = absl::Seconds(1);  // with no timer, a wait's longest
+
+}  // namespace
 
 TimerQueue::TimerQueue() {
   thread_ = std::thread([this] { Run(); });
@@ -23,7 +29,7 @@ TimerQueue& TimerQueue::Shared() {
   return *queue;
 }
 
-TimerQueue::Id TimerQueue::Schedule(absl::Time when, std::function<void()> fn) {
+TimerQueue::Id TimerQueue::Schedule(Instant when, std::function<void()> fn) {
   absl::MutexLock lock(&mu_);
   const Id id = next_id_++;
   timers_.emplace(when, std::make_pair(id, std::move(fn)));
@@ -59,11 +65,14 @@ void TimerQueue::Run() {
   while (true) {
     changed_ = false;
     auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || changed_; };
-    const absl::Time next =
-        timers_.empty() ? absl::Now() + absl::Seconds(1) : timers_.begin()->first;
-    if (next > absl::Now()) mu_.AwaitWithDeadline(absl::Condition(&woken), next);
+    // The wait re-checks the monotonic time when it ends: this abseil ends a wait at a wall-clock
+    // time, so a wall clock stepped forward ends it early (harmless), and one stepped back while
+    // it waits lengthens that wait by the step.
+    const absl::Duration wait =
+        timers_.empty() ? kIdleWait : std::min(Until(timers_.begin()->first), kIdleWait);
+    if (wait > absl::ZeroDuration()) mu_.AwaitWithTimeout(absl::Condition(&woken), wait);
     if (stop_) return;
-    if (timers_.empty() || timers_.begin()->first > absl::Now()) continue;
+    if (timers_.empty() || timers_.begin()->first > Instant::Now()) continue;
     auto first = timers_.begin();
     const Id id = first->second.first;
     std::function<void()> fn = std::move(first->second.second);

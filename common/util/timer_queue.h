@@ -2,7 +2,8 @@
 // of their own (a stream's idle timeout, a queued request's wait, a reservation's lease).
 // Callbacks run on the timer thread, one at a time, never while a lock of the queue is held;
 // they must be quick (hand longer work elsewhere). An exception a callback throws is caught
-// and reported (util/guard.h).
+// and reported (util/guard.h). Times are monotonic (util/clock.h): a step of the wall clock neither
+// runs timers early nor holds them back.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/util/clock.h"
 
 namespace tandem::util {
 
@@ -28,9 +30,9 @@ class TimerQueue {
   TimerQueue& operator=(const TimerQueue&) = delete;
 
   // Runs `fn` at `when` (at once if it has passed). The id cancels it.
-  Id Schedule(absl::Time when, std::function<void()> fn);
+  Id Schedule(Instant when, std::function<void()> fn);
   Id ScheduleAfter(absl::Duration delay, std::function<void()> fn) {
-    return Schedule(absl::Now() + delay, std::move(fn));
+    return Schedule(Instant::Now() + delay, std::move(fn));
   }
   // True if `id` was still pending (it will not run); false if it ran, is running, or is
   // unknown. Once Cancel returns, the callback is not running unless it runs on this thread.
@@ -43,8 +45,8 @@ class TimerQueue {
   void Run();
 
   absl::Mutex mu_;
-  std::multimap<absl::Time, std::pair<Id, std::function<void()>>> timers_ ABSL_GUARDED_BY(mu_);
-  std::map<Id, absl::Time> when_ ABSL_GUARDED_BY(mu_);
+  std::multimap<Instant, std::pair<Id, std::function<void()>>> timers_ ABSL_GUARDED_BY(mu_);
+  std::map<Id, Instant> when_ ABSL_GUARDED_BY(mu_);
   Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
   Id running_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/status.h"
+#include "common/util/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace tandem::sdk {
@@ -128,7 +129,7 @@ absl::Status Client::GenerateStream(
   // silent for idle_timeout is a dead one.
   struct Watch {
     absl::Mutex mu;
-    absl::Time last ABSL_GUARDED_BY(mu) = absl::Now();
+    util::Instant last ABSL_GUARDED_BY(mu) = util::Instant::Now();
     bool idle ABSL_GUARDED_BY(mu) = false;
     bool done ABSL_GUARDED_BY(mu) = false;
   };
@@ -138,7 +139,7 @@ absl::Status Client::GenerateStream(
   check = [watch, idle, &context, &check] {
     absl::MutexLock lock(&watch->mu);
     if (watch->done) return;
-    if (absl::Now() - watch->last > idle) {
+    if (util::Instant::Now() - watch->last > idle) {
       watch->idle = true;
       context.TryCancel();
       return;
@@ -150,7 +151,7 @@ absl::Status Client::GenerateStream(
   while (reader->Read(&chunk)) {
     {
       absl::MutexLock lock(&watch->mu);
-      watch->last = absl::Now();
+      watch->last = util::Instant::Now();
     }
     if (chunk.heartbeat()) continue;
     on_chunk(chunk);

@@ -4,10 +4,10 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/rpc/guard.h"
 #include "common/rpc/queued_writer.h"
 #include "common/rpc/status.h"
+#include "common/util/clock.h"
 #include "services/common/serving.h"
 
 namespace tandem::decode {
@@ -45,9 +45,9 @@ DecodeService::~DecodeService() {
 
 grpc::ServerUnaryReactor* DecodeService::Done(grpc::CallbackServerContext* context,
                                               absl::string_view rpc, const absl::Status& status,
-                                              absl::Time start) {
+                                              util::Instant start) {
   const grpc::Status grpc_status = rpc::ToGrpcStatus(status);
-  metrics_->Record(rpc, grpc_status, absl::Now() - start);
+  metrics_->Record(rpc, grpc_status, util::Instant::Now() - start);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc_status);
   return reactor;
@@ -80,7 +80,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
                                                  const tandem::v1::ReserveRequest* request,
                                                  tandem::v1::ReserveResponse* response) {
   return rpc::GuardedUnary(context, "Reserve", [&]() -> grpc::ServerUnaryReactor* {
-    const absl::Time start = absl::Now();
+    const util::Instant start = util::Instant::Now();
     if (absl::Status s = auth_.Check(*context); !s.ok()) return Done(context, "Reserve", s, start);
     const int max_tokens =
         request->max_tokens() == 0 ? serving::kDefaultMaxTokens : request->max_tokens();
@@ -248,7 +248,7 @@ grpc::ServerUnaryReactor* DecodeService::Release(grpc::CallbackServerContext* co
                                                  const tandem::v1::ReleaseRequest* request,
                                                  tandem::v1::ReleaseResponse* response) {
   return rpc::GuardedUnary(context, "Release", [&]() -> grpc::ServerUnaryReactor* {
-    const absl::Time start = absl::Now();
+    const util::Instant start = util::Instant::Now();
     if (absl::Status s = auth_.Check(*context); !s.ok()) return Done(context, "Release", s, start);
     util::TimerQueue::Id timer = 0;
     {
@@ -274,7 +274,7 @@ grpc::ServerUnaryReactor* DecodeService::GetInfo(grpc::CallbackServerContext* co
                                                  tandem::v1::InstanceInfo* response) {
   return rpc::GuardedUnary(context, "GetInfo", [&]() -> grpc::ServerUnaryReactor* {
     if (absl::Status s = auth_.Check(*context); !s.ok()) {
-      return Done(context, "GetInfo", s, absl::Now());
+      return Done(context, "GetInfo", s, util::Instant::Now());
     }
     const engine::EngineLoop::Load load = loop_->load();
     response->set_role("decode");
@@ -284,7 +284,7 @@ grpc::ServerUnaryReactor* DecodeService::GetInfo(grpc::CallbackServerContext* co
     response->set_queue_depth(load.waiting);
     response->set_free_kv_blocks(loop_->pool()->num_free());
     response->set_total_kv_blocks(load.total_blocks);
-    return Done(context, "GetInfo", absl::OkStatus(), absl::Now());
+    return Done(context, "GetInfo", absl::OkStatus(), util::Instant::Now());
   });
 }
 

@@ -21,6 +21,7 @@
 #include "common/kv/transfer.h"
 #include "common/rpc/internal_auth.h"
 #include "common/rpc/rpc_metrics.h"
+#include "common/util/clock.h"
 #include "common/util/timer_queue.h"
 #include "services/common/serving_metrics.h"
 #include "tandem/v1/decode.grpc.pb.h"
@@ -66,7 +67,7 @@ class DecodeService final : public tandem::v1::Decode::CallbackService {
     util::TimerQueue::Id lease_timer = 0;
   };
   grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, absl::string_view rpc,
-                                 const absl::Status& status, absl::Time start);
+                                 const absl::Status& status, util::Instant start);
   // Frees a reservation whose lease has passed (the lease timer's callback).
   void Expire(const std::string& handle);
   // Closes its inbox (no byte lands after this) and frees its blocks.

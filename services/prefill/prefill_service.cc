@@ -4,12 +4,12 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/engine/sampling.h"
 #include "common/kv/geometry.h"
 #include "common/kv/kv_stream.h"
 #include "common/rpc/guard.h"
 #include "common/rpc/status.h"
+#include "common/util/clock.h"
 #include "common/util/guard.h"
 #include "common/util/status.h"
 #include "services/common/serving.h"
@@ -24,11 +24,11 @@ namespace {
 constexpr absl::Duration kTransferPoll = absl::Microseconds(500);
 constexpr absl::Duration kComputePoll = absl::Milliseconds(5);
 
-absl::Time CallDeadline(const grpc::CallbackServerContext& context) {
+util::Instant CallDeadline(const grpc::CallbackServerContext& context) {
   const auto deadline = context.deadline();
   return deadline > std::chrono::system_clock::now() + std::chrono::hours(24 * 365)
-             ? absl::InfiniteFuture()
-             : absl::FromChrono(deadline);
+             ? util::Instant::Never()
+             : util::FromWallDeadline(absl::FromChrono(deadline));
 }
 
 }  // namespace
@@ -90,10 +90,10 @@ grpc::ServerUnaryReactor* PrefillService::Enqueue(grpc::CallbackServerContext* c
                                                   const tandem::v1::PrefillRequest* request,
                                                   tandem::v1::PrefillResponse* response) {
   auto* reactor = context->DefaultReactor();
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   auto refuse = [&](const absl::Status& s) {
     const grpc::Status status = rpc::ToGrpcStatus(s);
-    metrics_->Record("Prefill", status, absl::Now() - start);
+    metrics_->Record("Prefill", status, util::Instant::Now() - start);
     reactor->Finish(status);
     return reactor;
   };
@@ -149,7 +149,7 @@ void PrefillService::OnOutput(int64_t job_id, const engine::SequenceOutput& out)
     return;
   }
   if (out.finish == engine::FinishReason::kNone) return;  // not the last output
-  job->computed = absl::Now();
+  job->computed = util::Instant::Now();
   tandem::v1::PrefillResponse* response = job->response;
   for (const engine::TokenLogprobs& p : out.prompt_logprobs) {
     serving::LogprobsToProto(p, response->add_prompt_logprobs());
@@ -214,13 +214,13 @@ void PrefillService::Ship() {
       job->kv.reset();
       if (job->status.ok() && job->bytes > 0) {
         serving_metrics_->transfer_bytes->Increment(static_cast<double>(job->bytes));
-        const absl::Duration transfer = absl::Now() - job->computed;
+        const absl::Duration transfer = util::Instant::Now() - job->computed;
         serving_metrics_->transfer_seconds->Observe(absl::ToDoubleSeconds(transfer));
         job->response->set_kv_bytes(static_cast<int64_t>(job->bytes));
         job->response->set_transfer_seconds(absl::ToDoubleSeconds(transfer));
       }
       const grpc::Status status = rpc::ToGrpcStatus(job->status);
-      metrics_->Record("Prefill", status, absl::Now() - job->start);
+      metrics_->Record("Prefill", status, util::Instant::Now() - job->start);
       job->reactor->Finish(status);
     }
     if (stop) {
@@ -231,7 +231,7 @@ void PrefillService::Ship() {
 }
 
 void PrefillService::ShipOnce(std::vector<std::unique_ptr<Job>>* done) {
-  const absl::Time now = absl::Now();
+  const util::Instant now = util::Instant::Now();
   for (auto& [id, owned] : jobs_) {
     Job* job = owned.get();
     if (job->state != Job::State::kDone) {
@@ -281,7 +281,7 @@ void PrefillService::ShipOnce(std::vector<std::unique_ptr<Job>>* done) {
       } else if (*landed) {
         job->state = Job::State::kDone;
         job->status = absl::OkStatus();
-      } else if (absl::Now() >= job->transfer_deadline) {
+      } else if (util::Instant::Now() >= job->transfer_deadline) {
         Fail(job, absl::DeadlineExceededError(absl::StrCat("the KV transfer over ",
                                                            std::string(transport_->name()),
                                                            " did not finish before its deadline")));

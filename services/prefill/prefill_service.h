@@ -29,6 +29,7 @@
 #include "common/kv/transfer.h"
 #include "common/rpc/internal_auth.h"
 #include "common/rpc/rpc_metrics.h"
+#include "common/util/clock.h"
 #include "services/common/serving_metrics.h"
 #include "tandem/v1/prefill.grpc.pb.h"
 
@@ -90,15 +91,15 @@ class PrefillService final : public tandem::v1::Prefill::CallbackService {
     const tandem::v1::PrefillRequest* request = nullptr;
     tandem::v1::PrefillResponse* response = nullptr;
     grpc::ServerUnaryReactor* reactor = nullptr;
-    absl::Time start;     // arrival
-    absl::Time deadline;  // the call's
+    util::Instant start;     // arrival
+    util::Instant deadline;  // the call's
     State state = State::kComputing;
     engine::SequenceId sequence{};
-    absl::Time computed;
+    util::Instant computed;
     std::shared_ptr<const engine::PromptKv> kv;  // the prompt's blocks, once computed
     std::optional<kv::KvStream> stream;          // over `kv`, while shipping
     std::optional<kv::TransferId> transfer;
-    absl::Time transfer_deadline;
+    util::Instant transfer_deadline;
     uint64_t bytes = 0;
     absl::Status status;
   };

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/guard.h"
 #include "common/util/logging.h"
 #include "common/util/timer_queue.h"
@@ -160,9 +160,9 @@ class Dispatcher::Core : public std::enable_shared_from_this<Dispatcher::Core> {
   util::TimerQueue timers;
 
   // A client context for a downstream call: deadline and the internal API's metadata.
-  std::shared_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const {
+  std::shared_ptr<grpc::ClientContext> NewContext(util::Instant deadline) const {
     auto context = std::make_shared<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(deadline));
+    context->set_deadline(absl::ToChronoTime(util::ToWallDeadline(deadline)));
     for (const auto& [key, value] : options.call_metadata) context->AddMetadata(key, value);
     return context;
   }
@@ -325,7 +325,8 @@ std::vector<std::string> Dispatcher::Core::Addresses(bool prefill) const {
 void Dispatcher::Core::CheckHealth() {
   // Every instance is asked at once, each under the same deadline: an unreachable instance
   // costs the round one deadline, not every instance checked after it.
-  const absl::Time deadline = absl::Now() + std::min(options.health_interval, absl::Seconds(2));
+  const util::Instant deadline =
+      util::Instant::Now() + std::min(options.health_interval, absl::Seconds(2));
   Pool prefill, decode;
   {
     absl::MutexLock lock(&mu_);
@@ -364,7 +365,8 @@ void Dispatcher::Core::CheckHealth() {
       return std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.done; });
     };
     absl::MutexLock lock(&done_mu);
-    if (!done_mu.AwaitWithDeadline(absl::Condition(&all_done), deadline + absl::Seconds(1))) {
+    if (!done_mu.AwaitWithTimeout(absl::Condition(&all_done),
+                                  util::Until(deadline + absl::Seconds(1)))) {
       for (Check& c : checks) c.context->TryCancel();
       done_mu.Await(absl::Condition(&all_done));
     }
@@ -605,7 +607,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::shared_ptr<Core::Instance> decode_;
   tandem::v1::ReserveRequest reserve_request_;
   tandem::v1::ReserveResponse reserved_;
-  absl::Time reserve_sent_;
+  util::Instant reserve_sent_;
   bool holding_ = false;
   tandem::v1::PrefillRequest prefill_request_;
   tandem::v1::PrefillResponse prefilled_;
@@ -616,7 +618,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // the prefill call in flight was abandoned
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time last_message_ ABSL_GUARDED_BY(mu_);
+  util::Instant last_message_ ABSL_GUARDED_BY(mu_);
   bool idle_expired_ ABSL_GUARDED_BY(mu_) = false;
   util::TimerQueue::Id idle_timer_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -710,7 +712,7 @@ void Generation::Reserve(size_t i) {
   reserve_request_.set_max_tokens(request_.max_tokens);
   reserved_.Clear();
   // Measured before the call: the lease starts no earlier at the decode instance.
-  reserve_sent_ = absl::Now();
+  reserve_sent_ = util::Instant::Now();
   auto context = core_->NewContext(reserve_sent_ + core_->options.reserve_deadline);
   Track(context);
   d->decode->async()->Reserve(context.get(), &reserve_request_, &reserved_,
@@ -740,7 +742,7 @@ void Generation::Prefill() {
   }
   std::shared_ptr<Core::Instance> p = prefill_order_[next_prefill_];
   // Within the lease, less a margin: the decode instance frees the blocks when it ends.
-  absl::Time deadline = absl::Now() + core_->options.prefill_deadline;
+  util::Instant deadline = util::Instant::Now() + core_->options.prefill_deadline;
   if (!scoring()) {
     const absl::Duration lease = absl::Milliseconds(reserved_.lease_ms());
     const absl::Duration margin = std::max(core_->options.lease_margin, lease / 20);
@@ -851,7 +853,7 @@ void Generation::ReleaseReservation() {
   auto release = std::make_shared<tandem::v1::ReleaseRequest>();
   release->set_handle(reserved_.handle());
   auto response = std::make_shared<tandem::v1::ReleaseResponse>();
-  auto context = core_->NewContext(absl::Now() + core_->options.reserve_deadline);
+  auto context = core_->NewContext(util::Instant::Now() + core_->options.reserve_deadline);
   decode_->decode->async()->Release(context.get(), release.get(), response.get(),
                                     [context, release, response](grpc::Status) {});
 }
@@ -871,13 +873,13 @@ void Generation::StartDecode() {
   }
   *decode_request_.mutable_sampling() = request_.sampling;
   decode_request_.mutable_sampling()->set_max_tokens(request_.max_tokens);
-  auto context = core_->NewContext(absl::Now() + core_->options.decode_deadline);
+  auto context = core_->NewContext(util::Instant::Now() + core_->options.decode_deadline);
   // From here the decode instance owns the blocks: it frees them when the stream ends.
   holding_ = false;
   Track(context);
   {
     absl::MutexLock lock(&mu_);
-    last_message_ = absl::Now();
+    last_message_ = util::Instant::Now();
   }
   CheckIdle();
   auto* reader = new DecodeReader(shared_from_this());
@@ -892,7 +894,7 @@ void Generation::CheckIdle() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    if (absl::Now() - last_message_ > timeout) {
+    if (util::Instant::Now() - last_message_ > timeout) {
       idle_expired_ = true;
       expired = context_;
     } else {
@@ -908,7 +910,7 @@ void Generation::CheckIdle() {
 void Generation::OnDecodeMessage(const GenerateStreamResponse& message) {
   {
     absl::MutexLock lock(&mu_);
-    last_message_ = absl::Now();
+    last_message_ = util::Instant::Now();
   }
   if (message.heartbeat()) {
     sink_->OnKeepAlive();
@@ -959,21 +961,22 @@ Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
     : core_(std::make_shared<Core>(prefill_targets, decode_targets, options)) {
   core_->Refresh(/*first=*/true);
   health_ = std::thread([core = core_] {
-    absl::Time next_resolve = absl::Now() + core->options.resolve_interval;
+    util::Instant next_resolve = util::Instant::Now() + core->options.resolve_interval;
     while (true) {
       // A round starts every health_interval, however long the last one waited for answers.
-      const absl::Time round = absl::Now();
+      const util::Instant round = util::Instant::Now();
       util::Guarded("gateway health check", [&] {
-        if (core->options.resolve_interval > absl::ZeroDuration() && absl::Now() >= next_resolve) {
+        if (core->options.resolve_interval > absl::ZeroDuration() &&
+            util::Instant::Now() >= next_resolve) {
           core->Refresh(/*first=*/false);
-          next_resolve = absl::Now() + core->options.resolve_interval;
+          next_resolve = util::Instant::Now() + core->options.resolve_interval;
         }
         core->CheckHealth();
       });
-      absl::Duration wait =
-          std::max(absl::ZeroDuration(), core->options.health_interval - (absl::Now() - round));
+      absl::Duration wait = std::max(
+          absl::ZeroDuration(), core->options.health_interval - (util::Instant::Now() - round));
       if (core->options.resolve_interval > absl::ZeroDuration()) {
-        wait = std::max(absl::ZeroDuration(), std::min(wait, next_resolve - absl::Now()));
+        wait = std::max(absl::ZeroDuration(), std::min(wait, next_resolve - util::Instant::Now()));
       }
       if (core->WaitStop(wait)) return;
     }

@@ -7,10 +7,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/rpc/guard.h"
 #include "common/rpc/queued_writer.h"
 #include "common/rpc/status.h"
+#include "common/util/clock.h"
 #include "common/util/guard.h"
 #include "common/util/logging.h"
 #include "common/util/timer_queue.h"
@@ -42,12 +42,12 @@ struct Entry {
   GatewayService::Prepared request;
   std::shared_ptr<DispatchCall> call;
   std::shared_ptr<GenerationSink> sink;
-  absl::Time deadline;  // the latest it may still be waiting for a place
+  util::Instant deadline;  // the latest it may still be waiting for a place
   util::TimerQueue::Id timer = 0;
   uint64_t cancel_hook = 0;
   // What the client has seen, for the metrics.
   bool streamed = false;
-  absl::Time last_token;  // of the last chunk with tokens; none yet: absl::Time()
+  util::Instant last_token;  // of the last chunk with tokens; none yet: util::Instant()
   tandem::v1::Usage usage;
 };
 
@@ -189,7 +189,7 @@ void GatewayService::Admission::Expire(const std::shared_ptr<Entry>& entry) {
     if (!RemoveLocked(entry)) return;  // running by now, or done
     Gauges();
   }
-  metrics_->queue_wait->Observe(absl::ToDoubleSeconds(absl::Now() - entry->request.start));
+  metrics_->queue_wait->Observe(absl::ToDoubleSeconds(util::Instant::Now() - entry->request.start));
   Complete(entry,
            absl::ResourceExhaustedError(absl::StrCat(
                "no place for the request within ", absl::FormatDuration(config_.queue_timeout),
@@ -241,7 +241,8 @@ void GatewayService::Admission::Pump() {
       ++starting_;
       Gauges();
     }
-    metrics_->queue_wait->Observe(absl::ToDoubleSeconds(absl::Now() - entry->request.start));
+    metrics_->queue_wait->Observe(
+        absl::ToDoubleSeconds(util::Instant::Now() - entry->request.start));
     Launch(entry);
     absl::MutexLock lock(&mu_);
     --starting_;
@@ -259,8 +260,8 @@ void GatewayService::Admission::Unpause() {
 
 void GatewayService::Admission::OnChunk(Entry& entry, const GenerateStreamResponse& chunk) {
   if (chunk.token_ids_size() > 0) {
-    const absl::Time now = absl::Now();
-    if (entry.last_token == absl::Time()) {
+    const util::Instant now = util::Instant::Now();
+    if (entry.last_token == util::Instant()) {
       metrics_->time_to_first_token->Observe(absl::ToDoubleSeconds(now - entry.request.start));
     } else {
       metrics_->inter_token->Observe(absl::ToDoubleSeconds(now - entry.last_token) /
@@ -279,7 +280,7 @@ void GatewayService::Admission::OnDone(const std::shared_ptr<Entry>& entry,
     running_.erase(entry);
     const bool no_room = status.code() == absl::StatusCode::kResourceExhausted &&
                          !entry->streamed && !entry->call->cancelled();
-    if (no_room && !draining_ && absl::Now() < entry->deadline) {
+    if (no_room && !draining_ && util::Instant::Now() < entry->deadline) {
       // Nothing had room: back to the head of the queue (its turn kept) until a running
       // generation ends or the retry timer fires. Its deadline timer and cancel hook are
       // still armed.
@@ -307,7 +308,8 @@ void GatewayService::Admission::Complete(const std::shared_ptr<Entry>& entry,
   entry->call->RemoveOnCancel(entry->cancel_hook);
   if (status.ok()) {
     metrics_->requests_ok->Increment();
-    metrics_->end_to_end->Observe(absl::ToDoubleSeconds(absl::Now() - entry->request.start));
+    metrics_->end_to_end->Observe(
+        absl::ToDoubleSeconds(util::Instant::Now() - entry->request.start));
     metrics_->prompt_tokens->Increment(entry->usage.prompt_tokens());
     metrics_->generation_tokens->Increment(entry->usage.completion_tokens());
     metrics_->request_prompt_tokens->Observe(entry->usage.prompt_tokens());
@@ -473,8 +475,8 @@ absl::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest&
 
 grpc::ServerUnaryReactor* GatewayService::Finish(grpc::CallbackServerContext* context,
                                                  absl::string_view rpc, const grpc::Status& status,
-                                                 absl::Time start) {
-  metrics_->Record(rpc, status, absl::Now() - start);
+                                                 util::Instant start) {
+  metrics_->Record(rpc, status, util::Instant::Now() - start);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(status);
   return reactor;
@@ -525,7 +527,7 @@ absl::StatusOr<GatewayService::Prepared> GatewayService::Prepare(
     const tandem::v1::GenerateRequest& request) {
   if (absl::Status s = ValidateGenerate(request); !s.ok()) return s;
   Prepared prepared;
-  prepared.start = absl::Now();
+  prepared.start = util::Instant::Now();
   GenerationRequest& g = prepared.generation;
   g.sampling = request.sampling();
   std::vector<int32_t>& ids = g.prompt;
@@ -574,7 +576,7 @@ namespace {
 // cancels the generation.
 class UnaryReactor : public grpc::ServerUnaryReactor {
  public:
-  UnaryReactor(rpc::RpcMetrics* metrics, absl::Time start)
+  UnaryReactor(rpc::RpcMetrics* metrics, util::Instant start)
       : metrics_(metrics), start_(start), call_(std::make_shared<DispatchCall>()) {}
   std::shared_ptr<DispatchCall> call() const { return call_; }
   void Done(const grpc::Status& status) {
@@ -583,13 +585,13 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   }
   void OnCancel() override { call_->Cancel(); }
   void OnDone() override {
-    metrics_->Record("Generate", status_, absl::Now() - start_);
+    metrics_->Record("Generate", status_, util::Instant::Now() - start_);
     delete this;
   }
 
  private:
   rpc::RpcMetrics* const metrics_;
-  const absl::Time start_;
+  const util::Instant start_;
   const std::shared_ptr<DispatchCall> call_;
   grpc::Status status_;
 };
@@ -639,7 +641,7 @@ grpc::ServerUnaryReactor* GatewayService::Generate(grpc::CallbackServerContext* 
                                                    const tandem::v1::GenerateRequest* request,
                                                    tandem::v1::GenerateResponse* response) {
   return rpc::GuardedUnary(context, "Generate", [&]() -> grpc::ServerUnaryReactor* {
-    auto* reactor = new UnaryReactor(metrics_, absl::Now());
+    auto* reactor = new UnaryReactor(metrics_, util::Instant::Now());
     absl::StatusOr<Prepared> prepared = Prepare(*request);
     if (!prepared.ok()) {
       reactor->Done(rpc::ToGrpcStatus(prepared.status()));
@@ -655,11 +657,11 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream
     grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
   return rpc::GuardedStream<GenerateStreamResponse>(
       "GenerateStream", [&]() -> grpc::ServerWriteReactor<GenerateStreamResponse>* {
-        const absl::Time start = absl::Now();
+        const util::Instant start = util::Instant::Now();
         absl::StatusOr<Prepared> prepared = Prepare(*request);
         if (!prepared.ok()) {
           const grpc::Status status = rpc::ToGrpcStatus(prepared.status());
-          metrics_->Record("GenerateStream", status, absl::Now() - start);
+          metrics_->Record("GenerateStream", status, util::Instant::Now() - start);
           return rpc::FinishedWriter<GenerateStreamResponse>(status);
         }
         auto* reactor = new rpc::QueuedWriter<GenerateStreamResponse>(metrics_, "GenerateStream");
@@ -683,7 +685,7 @@ grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* 
                                                    const tandem::v1::TokenizeRequest* request,
                                                    tandem::v1::TokenizeResponse* response) {
   return rpc::GuardedUnary(context, "Tokenize", [&]() -> grpc::ServerUnaryReactor* {
-    const absl::Time start = absl::Now();
+    const util::Instant start = util::Instant::Now();
     if (absl::Status s = CheckModel(request->model()); !s.ok()) {
       return Finish(context, "Tokenize", rpc::ToGrpcStatus(s), start);
     }
@@ -715,7 +717,7 @@ grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext
     model->set_name(config_.model_name);
     model->set_context_length(static_cast<int32_t>(config_.model_config.max_position_embeddings));
     model->set_architecture(std::string(config_.model_config.model_type()));
-    return Finish(context, "ListModels", grpc::Status::OK, absl::Now());
+    return Finish(context, "ListModels", grpc::Status::OK, util::Instant::Now());
   });
 }
 

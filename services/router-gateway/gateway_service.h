@@ -21,6 +21,7 @@
 #include "common/model/generation_config.h"
 #include "common/model/tokenizer.h"
 #include "common/rpc/rpc_metrics.h"
+#include "common/util/clock.h"
 #include "services/common/serving_metrics.h"
 #include "services/router-gateway/backend.h"
 #include "tandem/v1/gateway.grpc.pb.h"
@@ -59,7 +60,7 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
   // A checked, tokenized request, ready to run.
   struct Prepared {
     GenerationRequest generation;  // request id, prompt (BOS as configured), sampling
-    absl::Time start;              // arrival, for time to first token and latency
+    util::Instant start;           // arrival, for time to first token and latency
   };
   // Checks and tokenizes `request` as Generate does. Errors: INVALID_ARGUMENT for a request
   // no backend could ever serve, NOT_FOUND for an unknown model.
@@ -109,7 +110,7 @@ class GatewayService final : public tandem::v1::Gateway::CallbackService {
   absl::Status ValidateGenerate(const tandem::v1::GenerateRequest& request) const;
   absl::Status CheckModel(const std::string& model) const;
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, absl::string_view rpc,
-                                   const grpc::Status& status, absl::Time start);
+                                   const grpc::Status& status, util::Instant start);
 
   const GatewayConfig config_;
   const std::shared_ptr<const model::Tokenizer> tokenizer_;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/util/clock.h"
 #include "tandem/client.h"
 #include "tests/testing/hybrid_model.h"
 #include "tests/testing/kernels.h"
@@ -39,7 +40,7 @@ constexpr char kPrompts[][96] = {
 struct Outcome {
   absl::Status status;
   std::vector<int32_t> tokens;
-  absl::Time first_token;
+  util::Instant first_token;
 };
 
 v1::GenerateRequest Greedy(const std::string& prompt, int max_tokens) {
@@ -78,7 +79,8 @@ class FaultTest : public ::testing::Test {
     }
     out.status = (*client)->GenerateStream(
         Greedy(prompt, max_tokens), [&](const v1::GenerateStreamResponse& chunk) {
-          if (out.tokens.empty() && chunk.token_ids_size() > 0) out.first_token = absl::Now();
+          if (out.tokens.empty() && chunk.token_ids_size() > 0)
+            out.first_token = util::Instant::Now();
           out.tokens.insert(out.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
           if (on_tokens) on_tokens(static_cast<int>(out.tokens.size()));
         });
@@ -225,17 +227,17 @@ TEST_F(FaultTest, ADeadOrSilentDecodeEndsTheStreamQuickly) {
                                      absl::StrCat("--decode=127.0.0.1:", decode->grpc_port),
                                      "--stream_idle_timeout_s=2"});
     ASSERT_TRUE(gateway.ok()) << gateway.status();
-    absl::Time hit;
+    util::Instant hit;
     const Outcome out = Stream(gateway->grpc_port, kPrompts[1], 480, [&](int n) {
       if (n == 3) {
         kill(decode_pid, signal);
-        hit = absl::Now();
+        hit = util::Instant::Now();
       }
     });
-    ASSERT_NE(hit, absl::Time());
+    ASSERT_NE(hit, util::Instant());
     EXPECT_FALSE(out.status.ok());
     EXPECT_EQ(out.status.code(), absl::StatusCode::kUnavailable) << out.status;
-    EXPECT_LT(absl::Now() - hit, absl::Seconds(5)) << out.status;
+    EXPECT_LT(util::Instant::Now() - hit, absl::Seconds(5)) << out.status;
     if (signal == SIGSTOP) {
       EXPECT_THAT(std::string(out.status.message()), HasSubstr("sent nothing"));
       kill(decode_pid, SIGCONT);
@@ -261,21 +263,21 @@ TEST_F(FaultTest, ASilentGatewayIsNoticedByTheSdk) {
   options.idle_timeout = absl::Seconds(3);
   auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", gateway->grpc_port), options);
   ASSERT_TRUE(client.ok()) << client.status();
-  absl::Time hit;
+  util::Instant hit;
   int tokens = 0;
   const absl::Status status =
       (*client)->GenerateStream(Greedy(kPrompts[1], 480), [&](const v1::GenerateStreamResponse& c) {
         tokens += c.token_ids_size();
-        if (tokens >= 3 && hit == absl::Time()) {
+        if (tokens >= 3 && hit == util::Instant()) {
           kill(gateway_pid, SIGSTOP);
-          hit = absl::Now();
+          hit = util::Instant::Now();
         }
       });
   kill(gateway_pid, SIGCONT);
-  ASSERT_NE(hit, absl::Time());
+  ASSERT_NE(hit, util::Instant());
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("idle_timeout"));
-  EXPECT_LT(absl::Now() - hit, absl::Seconds(8));
+  EXPECT_LT(util::Instant::Now() - hit, absl::Seconds(8));
 }
 
 // Prefill killed while its KV is on the way: the gateway retries the prompt on the other
@@ -330,10 +332,10 @@ TEST_F(FaultTest, AReservationWhoseGatewayDiedIsFreedAtTheLeaseEnd) {
   ASSERT_GT(UsedBlocks(decode->http_port), 0);  // reserved
   ASSERT_EQ(kill(gateway_pid, SIGKILL), 0);
   client.join();
-  const absl::Time killed = absl::Now();
+  const util::Instant killed = util::Instant::Now();
   EXPECT_TRUE(
       testing::WaitUntil([&] { return UsedBlocks(decode->http_port) == 0; }, absl::Seconds(10)));
-  EXPECT_LT(absl::Now() - killed, absl::Seconds(4));
+  EXPECT_LT(util::Instant::Now() - killed, absl::Seconds(4));
   EXPECT_GE(Metric(decode->http_port, "tandem_reservations_expired_total"), 1);
   ASSERT_EQ(kill(prefill_pid, SIGCONT), 0);
   EXPECT_TRUE(testing::WaitUntil(

@@ -7,9 +7,9 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/chat/jinja.h"
+#include "common/util/clock.h"
 #include "nlohmann/json.hpp"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_output_bytes = 64 << 10;
   limits.max_steps = 200'000;
   limits.max_depth = 64;
-  limits.deadline = absl::Now() + absl::Seconds(2);
+  limits.deadline = tandem::util::Instant::Now() + absl::Seconds(2);
   limits.now = [] { return absl::FromUnixSeconds(1767225600); };
   absl::StatusOr<std::string> out = tmpl->Render(context, limits);
   if (out.ok()) {

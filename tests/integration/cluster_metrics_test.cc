@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "common/http/client.h"
 #include "common/http/http_server.h"
+#include "common/util/clock.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
 #include "tests/testing/mixed_width_model.h"
@@ -297,12 +298,12 @@ TEST_F(ClusterMetricsTest, ShippedRulesAndDashboardQueriesAllAnswerFromALiveClus
   // A short load: 4 gRPC clients and the OpenAI HTTP API, for about ten seconds.
   std::atomic<int> generated{0};
   std::vector<std::thread> clients;
-  const absl::Time until = absl::Now() + absl::Seconds(10);
+  const util::Instant until = util::Instant::Now() + absl::Seconds(10);
   for (int c = 0; c < 4; ++c) {
     clients.emplace_back([&, c] {
       auto client = sdk::Client::Connect(absl::StrCat("127.0.0.1:", gateway->grpc_port));
       if (!client.ok()) return;
-      while (absl::Now() < until) {
+      while (util::Instant::Now() < until) {
         v1::GenerateRequest request;
         request.set_prompt(c % 2 ? "The jury said it did find that" : "She opened the door and");
         request.mutable_sampling()->set_max_tokens(24);
@@ -314,7 +315,7 @@ TEST_F(ClusterMetricsTest, ShippedRulesAndDashboardQueriesAllAnswerFromALiveClus
     });
   }
   clients.emplace_back([&] {
-    while (absl::Now() < until) {
+    while (util::Instant::Now() < until) {
       (void)http::Fetch("127.0.0.1", gateway->http_port, "POST", "/v1/completions",
                         R"({"prompt": "It is not easy to say what", "max_tokens": 16})", 30000);
       (void)http::Fetch("127.0.0.1", gateway->http_port, "POST", "/v1/completions",

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/status.h"
 #include "tandem/client.h"
 #include "tests/testing/kernels.h"
@@ -61,7 +62,7 @@ void Timing(const std::string& fault, const std::string& what, absl::Duration to
 struct Outcome {
   absl::Status status;
   std::vector<int32_t> tokens;
-  absl::Time done;
+  util::Instant done;
 };
 
 // One service on a host of its own.
@@ -156,7 +157,7 @@ class NetnsTest : public ::testing::Test {
     auto client = sdk::Client::Connect(gateway.grpc(), options);
     if (!client.ok()) {
       out.status = client.status();
-      out.done = absl::Now();
+      out.done = util::Instant::Now();
       return out;
     }
     v1::GenerateRequest request;
@@ -167,7 +168,7 @@ class NetnsTest : public ::testing::Test {
       out.tokens.insert(out.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
       if (on_tokens) on_tokens(static_cast<int>(out.tokens.size()));
     });
-    out.done = absl::Now();
+    out.done = util::Instant::Now();
     return out;
   }
 
@@ -243,7 +244,7 @@ TEST_F(NetnsTest, AKvLinkCutMidTransferIsRetriedOnTheOtherPrefill) {
   }
   ASSERT_NE(target, nullptr) << "no decode instance holds the reservation";
   ASSERT_TRUE(net_->Cut(cut_prefill.host, target->host).ok());
-  const absl::Time cut = absl::Now();
+  const util::Instant cut = util::Instant::Now();
   ASSERT_EQ(kill(cut_prefill.pid, SIGCONT), 0);
   client.join();
   ASSERT_TRUE(out.status.ok()) << out.status;
@@ -255,7 +256,7 @@ TEST_F(NetnsTest, AKvLinkCutMidTransferIsRetriedOnTheOtherPrefill) {
       [&] { return cut_prefill.Metric("tandem_kv_transfer_failures_total") >= 1; },
       absl::Seconds(10)));
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(10)), "");
-  Timing("kv link cut", "everything free after the cut", absl::Now() - cut);
+  Timing("kv link cut", "everything free after the cut", util::Instant::Now() - cut);
 }
 
 // A prefill host unreachable while it holds a prompt (stopped mid-transfer, cut off, resumed):
@@ -270,7 +271,7 @@ TEST_F(NetnsTest, APrefillHostUnreachableMidPrefillIsAbandonedAndRetried) {
   std::jthread client;
   ASSERT_TRUE(StreamUntilStalled(*cluster, kPrompts[5], 48, &out, &client));
   ASSERT_TRUE(net_->Disconnect(away.host).ok());
-  const absl::Time cut = absl::Now();
+  const util::Instant cut = util::Instant::Now();
   ASSERT_EQ(kill(away.pid, SIGCONT), 0);
   client.join();
   ASSERT_TRUE(out.status.ok()) << out.status;
@@ -280,10 +281,10 @@ TEST_F(NetnsTest, APrefillHostUnreachableMidPrefillIsAbandonedAndRetried) {
   EXPECT_GE(cluster->gateway.Metric("tandem_gateway_prefill_retries_total"), 1);
 
   ASSERT_TRUE(net_->Reconnect(away.host).ok());
-  const absl::Time back = absl::Now();
+  const util::Instant back = util::Instant::Now();
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(40)), "");
   Timing("prefill host unreachable mid-prefill", "everything free after the link is back",
-         absl::Now() - back);
+         util::Instant::Now() - back);
 }
 
 // A decode host unreachable in the middle of a stream (its link down; the process runs on):
@@ -314,7 +315,7 @@ TEST_F(NetnsTest, ADecodeHostUnreachableMidStreamEndsOnlyItsStreams) {
   ASSERT_GT(other.Running(), 0) << "the second stream is not on the other decode host";
 
   ASSERT_TRUE(net_->Disconnect(unreachable.host).ok());
-  const absl::Time cut = absl::Now();
+  const util::Instant cut = util::Instant::Now();
   const int a_at_cut = a_tokens, b_at_cut = b_tokens;
   std::cout << "tokens at the cut: " << a_at_cut << " and " << b_at_cut << std::endl;
   stream_a.join();
@@ -329,9 +330,10 @@ TEST_F(NetnsTest, ADecodeHostUnreachableMidStreamEndsOnlyItsStreams) {
   EXPECT_EQ(b.tokens, Reference(kPrompts[3], 400));
 
   ASSERT_TRUE(net_->Reconnect(unreachable.host).ok());
-  const absl::Time back = absl::Now();
+  const util::Instant back = util::Instant::Now();
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(20)), "");
-  Timing("decode host unreachable", "everything free after the link is back", absl::Now() - back);
+  Timing("decode host unreachable", "everything free after the link is back",
+         util::Instant::Now() - back);
   Outcome after = Stream(cluster->gateway, kPrompts[0], 16);
   EXPECT_TRUE(after.status.ok()) << after.status;
   EXPECT_EQ(after.tokens, Reference(kPrompts[0], 16));
@@ -353,16 +355,17 @@ TEST_F(NetnsTest, APrefillHostUnreachableWhileIdleIsSkippedThenUsedAgain) {
   ASSERT_GE(prompts_before, 0);
 
   ASSERT_TRUE(net_->Disconnect(away.host).ok());
-  const absl::Time cut = absl::Now();
+  const util::Instant cut = util::Instant::Now();
   ASSERT_TRUE(testing::WaitUntil([&] { return healthy_prefill() == 1; }, absl::Seconds(10)));
-  Timing("prefill host unreachable", "marked unhealthy after the cut", absl::Now() - cut);
-  EXPECT_LT(absl::Now() - cut, absl::Seconds(2));  // a round's deadline, then the next round
+  Timing("prefill host unreachable", "marked unhealthy after the cut", util::Instant::Now() - cut);
+  EXPECT_LT(util::Instant::Now() - cut,
+            absl::Seconds(2));  // a round's deadline, then the next round
   // The unreachable host costs the other instances nothing: they answer within the same round.
   absl::SleepFor(absl::Seconds(1));  // two more rounds
   EXPECT_EQ(healthy_prefill(), 1);
   EXPECT_EQ(gateway.Metric("tandem_gateway_healthy_instances", "kind=\"decode\""), 1);
   for (int i = 0; i < 4; ++i) {
-    const absl::Time start = absl::Now();
+    const util::Instant start = util::Instant::Now();
     Outcome out = Stream(gateway, kPrompts[4 + i], 16);
     ASSERT_TRUE(out.status.ok()) << out.status;
     EXPECT_EQ(out.tokens, Reference(kPrompts[4 + i], 16));
@@ -370,10 +373,11 @@ TEST_F(NetnsTest, APrefillHostUnreachableWhileIdleIsSkippedThenUsedAgain) {
   }
 
   ASSERT_TRUE(net_->Reconnect(away.host).ok());
-  const absl::Time back = absl::Now();
+  const util::Instant back = util::Instant::Now();
   ASSERT_TRUE(testing::WaitUntil([&] { return healthy_prefill() == 2; }, absl::Seconds(10)));
-  Timing("prefill host unreachable", "healthy again after the link is back", absl::Now() - back);
-  EXPECT_LT(absl::Now() - back, absl::Seconds(3));
+  Timing("prefill host unreachable", "healthy again after the link is back",
+         util::Instant::Now() - back);
+  EXPECT_LT(util::Instant::Now() - back, absl::Seconds(3));
   EXPECT_EQ(away.Metric("tandem_prefill_tokens_total"), prompts_before)
       << "a prompt reached the host while it was unreachable";
   // Fresh prompts cost the same everywhere: the gateway's rotation reaches it again.
@@ -402,7 +406,7 @@ TEST_F(NetnsTest, AGatewayRestartedWhileStreamsAreOpen) {
   ASSERT_TRUE(
       testing::WaitUntil([&] { return tokens[0] >= 3 && tokens[1] >= 3; }, absl::Seconds(20)));
   ASSERT_EQ(kill(cluster->gateway.pid, SIGKILL), 0);
-  const absl::Time killed = absl::Now();
+  const util::Instant killed = util::Instant::Now();
   for (int i = 0; i < 2; ++i) {
     streams[i].join();
     EXPECT_EQ(outs[i].status.code(), absl::StatusCode::kUnavailable) << outs[i].status;
@@ -410,7 +414,7 @@ TEST_F(NetnsTest, AGatewayRestartedWhileStreamsAreOpen) {
     Timing("gateway restarted", "a client's error after the kill", outs[i].done - killed);
   }
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(10)), "");
-  Timing("gateway restarted", "everything free after the kill", absl::Now() - killed);
+  Timing("gateway restarted", "everything free after the kill", util::Instant::Now() - killed);
 
   std::vector<std::string> flags = VirtualNetwork::ListenFlags(cluster->gateway.host, false);
   flags.push_back(absl::StrCat("--grpc_port=", cluster->gateway.ports.grpc_port));
@@ -436,7 +440,7 @@ TEST_F(NetnsTest, ACutBetweenPrefillAndDecodeFailsCleanlyAndHeals) {
   EXPECT_EQ(before.tokens, reference);
 
   ASSERT_TRUE(net_->Cut(cluster->prefill[0].host, cluster->decode[0].host).ok());
-  const absl::Time cut = absl::Now();
+  const util::Instant cut = util::Instant::Now();
   Outcome during = Stream(cluster->gateway, kPrompts[0], 16);
   EXPECT_FALSE(during.status.ok());
   Timing("prefill-decode path cut", "the client's error after the cut", during.done - cut);
@@ -446,7 +450,7 @@ TEST_F(NetnsTest, ACutBetweenPrefillAndDecodeFailsCleanlyAndHeals) {
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(10)), "");
 
   ASSERT_TRUE(net_->Heal(cluster->prefill[0].host, cluster->decode[0].host).ok());
-  const absl::Time healed = absl::Now();
+  const util::Instant healed = util::Instant::Now();
   Outcome after;
   EXPECT_TRUE(testing::WaitUntil(
       [&] {
@@ -455,7 +459,7 @@ TEST_F(NetnsTest, ACutBetweenPrefillAndDecodeFailsCleanlyAndHeals) {
       },
       absl::Seconds(30)))
       << after.status;
-  Timing("prefill-decode path cut", "serving again after the heal", absl::Now() - healed);
+  Timing("prefill-decode path cut", "serving again after the heal", util::Instant::Now() - healed);
   EXPECT_EQ(after.tokens, reference);
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(10)), "");
 }

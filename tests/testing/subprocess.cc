@@ -25,9 +25,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "common/http/client.h"
 #include "common/http/http_server.h"
+#include "common/util/clock.h"
 #include "common/util/status.h"
 #include "nlohmann/json.hpp"
 
@@ -52,9 +52,9 @@ int ConnectAndSend(int port, const std::string& bytes) {
 
 std::string ReadUntil(int fd, const std::string& text, absl::Duration timeout) {
   std::string out;
-  const absl::Time deadline = absl::Now() + timeout;
+  const util::Instant deadline = util::Instant::Now() + timeout;
   char buffer[4096];
-  while (absl::Now() < deadline && (text.empty() || !absl::StrContains(out, text))) {
+  while (util::Instant::Now() < deadline && (text.empty() || !absl::StrContains(out, text))) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, 50) <= 0) continue;
     const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
@@ -133,8 +133,8 @@ bool Subprocess::Running() {
 absl::StatusOr<int> Subprocess::Stop(int signal, absl::Duration deadline) {
   if (pid_ <= 0) return exit_status_;
   kill(pid_, signal);
-  const absl::Time end = absl::Now() + deadline;
-  while (absl::Now() < end) {
+  const util::Instant end = util::Instant::Now() + deadline;
+  while (util::Instant::Now() < end) {
     if (!Running()) return exit_status_;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -178,10 +178,10 @@ bool Stopped(pid_t pid) {
 }
 
 bool WaitUntil(const std::function<bool()>& ready, absl::Duration deadline) {
-  const absl::Time end = absl::Now() + deadline;
+  const util::Instant end = util::Instant::Now() + deadline;
   while (true) {
     if (ready()) return true;
-    if (absl::Now() >= end) return false;
+    if (util::Instant::Now() >= end) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }

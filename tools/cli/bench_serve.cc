@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/model/model_dir.h"
+#include "common/util/clock.h"
 #include "tandem/client.h"
 #include "tools/cli/bench_serve_lib.h"
 #include "tools/cli/commands.h"
@@ -113,12 +114,12 @@ absl::StatusOr<std::vector<bench::Prompt>> Prompts(uint64_t seed) {
   return prompts;
 }
 
-void DrawProgress(int done, int total, absl::Time start) {
+void DrawProgress(int done, int total, util::Instant start) {
   constexpr int kWidth = 30;
   const int filled = total > 0 ? done * kWidth / total : kWidth;
   std::cerr << absl::StrFormat("\rbench serve [%s%s] %d/%d requests, %.1f s",
                                std::string(filled, '#'), std::string(kWidth - filled, '.'), done,
-                               total, absl::ToDoubleSeconds(absl::Now() - start))
+                               total, absl::ToDoubleSeconds(util::Instant::Now() - start))
             << std::flush;
 }
 
@@ -211,7 +212,7 @@ int BenchServe() {
 
   std::vector<bench::RequestResult> results(num_prompts);
   const bool tty = isatty(STDERR_FILENO) == 1;
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   // A conversation's turns go one after another, each resending the history.
   auto send = [&](int i) {
     if (!multi_turn) {
@@ -236,7 +237,7 @@ int BenchServe() {
   bench::Dispatch(arrivals, max_concurrency, send, [&](int done, int total) {
     if (tty) DrawProgress(done, total, start);
   });
-  const double duration = absl::ToDoubleSeconds(absl::Now() - start);
+  const double duration = absl::ToDoubleSeconds(util::Instant::Now() - start);
   if (tty) std::cerr << "\n";
 
   const bench::Summary summary = bench::Summarize(results, duration, *slos);

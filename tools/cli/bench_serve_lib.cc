@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/util/clock.h"
 
 namespace tandem::cli::bench {
 namespace {
@@ -183,11 +184,11 @@ RequestResult RunGrpcRequest(sdk::Client& client, const Prompt& prompt,
   StreamTimer timer;
   std::optional<int64_t> prompt_tokens, completion_tokens;
   std::vector<int32_t> output_ids;
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   absl::Status status =
       client.GenerateStream(request, [&](const v1::GenerateStreamResponse& chunk) {
         if (chunk.token_ids_size() > 0) {
-          timer.OnChunk(Seconds(absl::Now() - start), chunk.token_ids_size());
+          timer.OnChunk(Seconds(util::Instant::Now() - start), chunk.token_ids_size());
           output_ids.insert(output_ids.end(), chunk.token_ids().begin(), chunk.token_ids().end());
         }
         if (chunk.has_usage()) {
@@ -196,7 +197,7 @@ RequestResult RunGrpcRequest(sdk::Client& client, const Prompt& prompt,
         }
       });
   RequestResult result;
-  result.e2el = Seconds(absl::Now() - start);
+  result.e2el = Seconds(util::Instant::Now() - start);
   Finish(std::move(status), timer, prompt_tokens, completion_tokens, prompt, &result);
   result.output_ids = std::move(output_ids);
   return result;
@@ -267,10 +268,10 @@ RequestResult RunHttpRequest(const HostPort& endpoint, const Prompt& prompt,
   std::optional<int64_t> prompt_tokens, completion_tokens;
   absl::Status event_error;
   bool done = false;
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   absl::Status status = PostEventStream(
       endpoint, "/v1/completions", body, start + options.timeout, [&](absl::string_view data) {
-        const double now = Seconds(absl::Now() - start);
+        const double now = Seconds(util::Instant::Now() - start);
         auto event = ParseCompletionEvent(data);
         if (!event.ok()) {
           event_error = event.status();
@@ -289,7 +290,7 @@ RequestResult RunHttpRequest(const HostPort& endpoint, const Prompt& prompt,
         return true;
       });
   RequestResult result;
-  result.e2el = Seconds(absl::Now() - start);
+  result.e2el = Seconds(util::Instant::Now() - start);
   if (status.ok() && !event_error.ok()) status = event_error;
   if (status.ok() && !done) status = absl::DataLossError("the event stream ended before [DONE]");
   Finish(std::move(status), timer, prompt_tokens, completion_tokens, prompt, &result);
@@ -330,17 +331,17 @@ void Dispatch(const std::vector<double>& arrivals, int max_concurrency,
     for (int i : finished) threads[i].join();
     progress(done, n);
   };
-  absl::Time next_tick = absl::Now();
+  util::Instant next_tick = util::Instant::Now();
   auto maybe_tick = [&] {
-    if (absl::Now() < next_tick) return;
+    if (util::Instant::Now() < next_tick) return;
     tick();
-    next_tick = absl::Now() + kTick;
+    next_tick = util::Instant::Now() + kTick;
   };
 
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   for (int i = 0; i < n; ++i) {
-    const absl::Time at = start + absl::Seconds(arrivals[i]);
-    for (absl::Time now = absl::Now(); now < at; now = absl::Now()) {
+    const util::Instant at = start + absl::Seconds(arrivals[i]);
+    for (util::Instant now = util::Instant::Now(); now < at; now = util::Instant::Now()) {
       maybe_tick();
       absl::SleepFor(std::min(at - now, kTick));
     }

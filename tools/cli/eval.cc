@@ -15,7 +15,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "common/engine/generator.h"
 #include "common/engine/overlay.h"
 #include "common/engine/perplexity.h"
@@ -23,6 +22,7 @@
 #include "common/moe/pruning_plan.h"
 #include "common/moe/tiers.h"
 #include "common/moe/width_baselines.h"
+#include "common/util/clock.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli/commands.h"
 
@@ -114,7 +114,7 @@ int Eval() {
   generation.stop = absl::GetFlag(FLAGS_stop);
 
   // The full model's continuations are the reference every mode is compared with.
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   absl::StatusOr<std::vector<moe::Continuation>> reference =
       moe::GenerateGreedy(*model->weights, *model->tokenizer, *prompts,
                           moe::PhaseOptionsFor(moe::EvalMode::kFull, nullptr), generation);
@@ -284,7 +284,7 @@ int Eval() {
     }
   }
   std::cerr << absl::StrCat(prompts->size(), " prompts; ",
-                            absl::FormatDuration(absl::Now() - start), "\n");
+                            absl::FormatDuration(util::Instant::Now() - start), "\n");
   if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
     std::ofstream file(out);
     file << doc.dump(1) << "\n";

@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "common/util/status.h"
 #include "nlohmann/json.hpp"
 
@@ -221,9 +221,10 @@ class Socket {
 };
 
 // Waits for `events` on `fd` until `deadline`; the events that happened.
-absl::StatusOr<short> WaitFor(int fd, short events, absl::Time deadline, absl::string_view what) {
+absl::StatusOr<short> WaitFor(int fd, short events, util::Instant deadline,
+                              absl::string_view what) {
   while (true) {
-    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = deadline - util::Instant::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat("deadline passed while ", what));
     }
@@ -238,7 +239,7 @@ absl::StatusOr<short> WaitFor(int fd, short events, absl::Time deadline, absl::s
   }
 }
 
-absl::StatusOr<Socket> Connect(const HostPort& endpoint, absl::Time deadline) {
+absl::StatusOr<Socket> Connect(const HostPort& endpoint, util::Instant deadline) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -281,7 +282,7 @@ absl::StatusOr<Socket> Connect(const HostPort& endpoint, absl::Time deadline) {
                                              absl::StrJoin(errors, "; ")));
 }
 
-absl::Status SendAll(int fd, absl::string_view data, absl::Time deadline) {
+absl::Status SendAll(int fd, absl::string_view data, util::Instant deadline) {
   while (!data.empty()) {
     const ssize_t sent = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
     if (sent > 0) {
@@ -332,7 +333,7 @@ absl::Status HttpError(int status, const std::string& body) {
 }  // namespace
 
 absl::Status PostEventStream(const HostPort& endpoint, const std::string& path,
-                             const std::string& json_body, absl::Time deadline,
+                             const std::string& json_body, util::Instant deadline,
                              const std::function<bool(absl::string_view data)>& on_event) {
   ASSIGN_OR_RETURN(Socket socket, Connect(endpoint, deadline));
   const std::string host = absl::StrContains(endpoint.host, ':')

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/util/clock.h"
 
 namespace tandem::cli {
 
@@ -75,7 +76,7 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view endpoint);
 // not text/event-stream or has malformed framing. The stream ending (end of body) without
 // `on_event` returning false is OK.
 absl::Status PostEventStream(const HostPort& endpoint, const std::string& path,
-                             const std::string& json_body, absl::Time deadline,
+                             const std::string& json_body, util::Instant deadline,
                              const std::function<bool(absl::string_view data)>& on_event);
 
 }  // namespace tandem::cli

@@ -14,7 +14,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "common/chat/chat_template.h"
 #include "common/config/config.h"
 #include "common/engine/generator.h"
@@ -26,6 +25,7 @@
 #include "common/model/tokenizer.h"
 #include "common/moe/calibration.h"
 #include "common/moe/pruning_plan.h"
+#include "common/util/clock.h"
 #include "common/util/status.h"
 #include "nlohmann/json.hpp"
 #include "tandem/client.h"
@@ -97,6 +97,7 @@ int Report(const absl::Status& status) {
 
 namespace {
 
+namespace util = tandem::util;
 using tandem::cli::Report;
 
 absl::StatusOr<std::unique_ptr<tandem::sdk::Client>> Connect() {
@@ -133,14 +134,14 @@ absl::StatusOr<tandem::engine::LoadOptions> LoadOptionsFromFlags() {
 
 // Generation in this process: load the model, prefill, decode one token at a time.
 int GenerateLocally() {
-  const absl::Time load_start = absl::Now();
+  const util::Instant load_start = util::Instant::Now();
   auto load = LoadOptionsFromFlags();
   if (!load.ok()) return Report(load.status());
   auto dir = tandem::model::ModelDir::Open(absl::GetFlag(FLAGS_model));
   if (!dir.ok()) return Report(dir.status());
   auto generator = tandem::engine::Generator::Load(**dir, 256, *load);
   if (!generator.ok()) return Report(generator.status());
-  const double load_seconds = absl::ToDoubleSeconds(absl::Now() - load_start);
+  const double load_seconds = absl::ToDoubleSeconds(util::Instant::Now() - load_start);
   tandem::engine::SamplingParams params;
   params.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   params.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
@@ -181,7 +182,7 @@ int Generate() {
   sampling->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
   sampling->set_top_k(absl::GetFlag(FLAGS_top_k));
   if (absl::GetFlag(FLAGS_seed) >= 0) sampling->set_seed(absl::GetFlag(FLAGS_seed));
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   int tokens = 0;
   absl::Status status;
   if (absl::GetFlag(FLAGS_stream)) {
@@ -199,7 +200,7 @@ int Generate() {
     }
   }
   if (!status.ok()) return Report(status);
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double seconds = absl::ToDoubleSeconds(util::Instant::Now() - start);
   std::cerr << absl::StrCat(tokens, " tokens in ", seconds, " s (", tokens / seconds,
                             " tokens/s)\n");
   return 0;
@@ -275,7 +276,7 @@ int Calibrate() {
   if (absl::Status s = tandem::engine::ApplyRouting(*load, forward->get()); !s.ok()) {
     return Report(s);
   }
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   int shown = -1;
   auto stats = tandem::moe::Calibrate(
       forward->get(), *model->tokenizer, absl::GetFlag(FLAGS_text), [&](double done) {
@@ -292,7 +293,7 @@ int Calibrate() {
   out << stats->ToJson().dump(1) << "\n";
   if (!out) return Report(absl::InternalError("cannot write " + absl::GetFlag(FLAGS_out)));
   std::cout << "calibrated " << stats->tokens << " tokens in "
-            << absl::ToDoubleSeconds(absl::Now() - start) << " s; statistics in "
+            << absl::ToDoubleSeconds(util::Instant::Now() - start) << " s; statistics in "
             << absl::GetFlag(FLAGS_out) << std::endl;
   return 0;
 }
@@ -341,7 +342,7 @@ int Perplexity() {
     mask = *std::move(plan_mask);
     ppl_options.moe.mask = &mask;
   }
-  const absl::Time load_start = absl::Now();
+  const util::Instant load_start = util::Instant::Now();
   auto model = tandem::engine::LoadModelDir(**dir);
   if (!model.ok()) return Report(model.status());
   std::unique_ptr<tandem::engine::DecoderOverlay> overlay;
@@ -351,11 +352,11 @@ int Perplexity() {
     overlay = *std::move(loaded);
     ppl_options.moe.overlay = overlay.get();
   }
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   auto result = tandem::engine::EvaluatePerplexity(*model->weights, *model->tokenizer,
                                                    absl::GetFlag(FLAGS_text), ppl_options);
   if (!result.ok()) return Report(result.status());
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double seconds = absl::ToDoubleSeconds(util::Instant::Now() - start);
   std::cout << std::fixed << std::setprecision(2) << "perplexity " << result->perplexity << " over "
             << result->tokens << " tokens (" << std::setprecision(0) << result->tokens / seconds
             << " tokens/s)" << std::endl;

@@ -25,7 +25,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "common/engine/generator.h"
 #include "common/engine/perplexity.h"
 #include "common/moe/expert_store.h"
@@ -33,6 +32,7 @@
 #include "common/moe/reorder.h"
 #include "common/moe/tier_search.h"
 #include "common/moe/tiers.h"
+#include "common/util/clock.h"
 #include "tools/cli/commands.h"
 
 ABSL_FLAG(double, hot_share, tandem::moe::TierOptions{}.hot_share,
@@ -149,7 +149,7 @@ int SelectByBudget(const moe::CalibrationStats& stats, const tandem::v1::Pruning
     if (!screen) return Report(absl::PermissionDeniedError("cannot write " + screen_path));
   }
   const absl::Cleanup remove_screen = [&] { std::remove(screen_path.c_str()); };
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   absl::StatusOr<moe::TierSelection> selection = moe::SelectTiers(
       stats, base, config, budget, [&](const tandem::v1::PruningPlan& plan, bool screening) {
         return ScorePlan(*model, plan, screening ? screen_path : text);
@@ -169,7 +169,7 @@ int SelectByBudget(const moe::CalibrationStats& stats, const tandem::v1::Pruning
       "chosen: %s; on the calibration text %.3f of the expert bytes, accuracy loss %.2f%% (%d "
       "scorings in %s)\n",
       Describe(c.options), c.byte_share, 100 * c.accuracy_loss, selection->trials.size(),
-      absl::FormatDuration(absl::Now() - start));
+      absl::FormatDuration(util::Instant::Now() - start));
   if (absl::Status s = moe::SavePlan(selection->plan, out); !s.ok()) return Report(s);
   if (const std::string heldout = absl::GetFlag(FLAGS_heldout_text); !heldout.empty()) {
     absl::StatusOr<moe::TierScore> full = ScorePlan(*model, moe::WithoutTiers(base), heldout);
@@ -269,13 +269,13 @@ int Tier() {
     if (text.empty()) return Report(absl::InvalidArgumentError("--dominance masking needs --text"));
     absl::StatusOr<engine::LoadedModel> model = engine::LoadModelDir(**dir);
     if (!model.ok()) return Report(model.status());
-    const absl::Time start = absl::Now();
+    const util::Instant start = util::Instant::Now();
     absl::StatusOr<std::vector<std::vector<double>>> measured =
         moe::MaskingLoss(*model->weights, *model->tokenizer, text);
     if (!measured.ok()) return Report(measured.status());
     loss = *std::move(measured);
     std::cerr << "masking losses of " << loss.size() << " layers measured in "
-              << absl::FormatDuration(absl::Now() - start) << "\n";
+              << absl::FormatDuration(util::Instant::Now() - start) << "\n";
   }
   if (absl::Status s =
           moe::AssignTiers(*stats, options, loss.empty() ? nullptr : &loss, *config, &*plan);

@@ -7,8 +7,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "common/engine/quantize.h"
+#include "common/util/clock.h"
 #include "tools/cli/commands.h"
 
 ABSL_FLAG(int, bits, 4, "quantize: bits per weight, 8 or 4.");
@@ -58,11 +58,11 @@ int Quantize() {
                        "\" (known: experts, attention, shared_expert, dense_mlp, lm_head)")));
     }
   }
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   if (absl::Status s = engine::QuantizeCheckpoint(model, options, out); !s.ok()) return Report(s);
   std::cout << "int" << options.bits << " in groups of " << options.group_size << " ("
             << absl::GetFlag(FLAGS_modules) << "); checkpoint in " << out << " ("
-            << absl::ToDoubleSeconds(absl::Now() - start) << " s)" << std::endl;
+            << absl::ToDoubleSeconds(util::Instant::Now() - start) << " s)" << std::endl;
   return 0;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/util/clock.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -108,12 +109,12 @@ absl::Status PinnedCopier::Begin(absl::Span<const Range> ranges) {
 absl::StatusOr<const void*> PinnedCopier::Wait(int key, absl::Duration deadline) {
   for (const Copy& copy : copies_) {
     if (copy.key != key) continue;
-    const absl::Time end = absl::Now() + deadline;
+    const util::Instant end = util::Instant::Now() + deadline;
     while (true) {
       const cudaError_t state = cudaEventQuery(copy.done);
       if (state == cudaSuccess) return static_cast<const char*>(device_) + copy.device_offset;
       if (state != cudaErrorNotReady) return CudaError("copying a range", state);
-      if (absl::Now() > end) {
+      if (util::Instant::Now() > end) {
         return absl::DeadlineExceededError(
             absl::StrCat("the copy of range ", key, " took over ", absl::FormatDuration(deadline)));
       }

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/util/clock.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::chat {
@@ -280,7 +280,7 @@ TEST(Jinja, StepLimit) {
 
 TEST(Jinja, Deadline) {
   RenderLimits limits;
-  limits.deadline = absl::Now() - absl::Seconds(1);
+  limits.deadline = util::Instant::Now() - absl::Seconds(1);
   absl::StatusOr<std::string> out =
       Render("{% for i in range(100000) %}{% for j in range(100) %}{% endfor %}{% endfor %}", "{}",
              limits);
@@ -342,9 +342,9 @@ TEST(Jinja, RenderIsFast) {
   ASSERT_TRUE(t.ok());
   const Json context = TenMessages();
   constexpr int kRounds = 200;
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   for (int i = 0; i < kRounds; ++i) ASSERT_TRUE(t->Render(context).ok());
-  const absl::Duration each = (absl::Now() - start) / kRounds;
+  const absl::Duration each = (util::Instant::Now() - start) / kRounds;
   std::printf("render of a 10-message conversation: %s\n", absl::FormatDuration(each).c_str());
 #if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #if defined(__has_feature)

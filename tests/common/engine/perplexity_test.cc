@@ -12,10 +12,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/engine/generator.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/model/npy.h"
+#include "common/util/clock.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/kernels.h"
 #include "tests/testing/model_dir.h"
@@ -65,10 +65,10 @@ TEST_F(PerplexityTest, MatchesPyTorchOnTestSplit) {
   auto expected = golden->AsFloat32();
   ASSERT_TRUE(expected.ok()) << expected.status();
 
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   auto result = EvaluatePerplexity(*model_->weights, *model_->tokenizer,
                                    root + "/" + split["file"].get<std::string>());
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double seconds = absl::ToDoubleSeconds(util::Instant::Now() - start);
   ASSERT_TRUE(result.ok()) << result.status();
 
   EXPECT_EQ(result->tokens, split["tokens"].get<int64_t>());

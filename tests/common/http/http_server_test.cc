@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/http/client.h"
+#include "common/util/clock.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 
@@ -319,9 +320,9 @@ TEST(HttpServerTest, ASlowRequestGets408AndAnIdleConnectionIsClosed) {
   EXPECT_THAT(got, StartsWith("HTTP/1.1 408 "));
   const int idle = testing::ConnectAndSend((*server)->port(), "");
   ASSERT_GE(idle, 0);
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   EXPECT_EQ(ReadUntilClosed(idle), "");
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_LT(util::Instant::Now() - start, absl::Seconds(5));
   close(idle);
 }
 

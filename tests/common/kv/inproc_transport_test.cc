@@ -8,6 +8,7 @@
 
 #include "common/kv/inbox.h"
 #include "common/kv/kv_stream.h"
+#include "common/util/clock.h"
 #include "tests/common/kv/kv_test_util.h"
 
 namespace tandem::kv {
@@ -32,7 +33,7 @@ class InProcessTransportTest : public ::testing::Test {
         decode_->self(), token, stream.size(),
         [&](uint64_t offset, absl::Span<char> out) { return stream.Read(offset, out); });
     if (!id.ok()) return id.status();
-    absl::Status status = WaitForTransfer(*prefill_, *id, absl::Now() + absl::Seconds(5));
+    absl::Status status = WaitForTransfer(*prefill_, *id, util::Instant::Now() + absl::Seconds(5));
     prefill_->Release(*id);
     return status;
   }

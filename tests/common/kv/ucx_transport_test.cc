@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "common/kv/inbox.h"
 #include "common/kv/kv_stream.h"
+#include "common/util/clock.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/kv/kv_test_util.h"
 #include "tests/testing/subprocess.h"
@@ -65,7 +66,7 @@ class UcxTransportTest : public ::testing::TestWithParam<Mode> {
       return stream.Read(offset, out);
     });
     if (!id.ok()) return id.status();
-    absl::Status status = WaitForTransfer(from, *id, absl::Now() + absl::Seconds(30));
+    absl::Status status = WaitForTransfer(from, *id, util::Instant::Now() + absl::Seconds(30));
     from.Release(*id);
     return status;
   }
@@ -198,17 +199,18 @@ TEST_P(UcxTransportTest, DeadPeerIsAnErrorWithinTheDeadline) {
   ASSERT_EQ(Send(*a, b->self(), *token, *stream), absl::OkStatus());
   const KvPeer gone = b->self();
   b.reset();
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   absl::Status status;
   for (int attempt = 0; attempt < 10 && status.ok(); ++attempt) {
     auto id = a->PostSend(gone, *token, stream->size(), [&](uint64_t offset, absl::Span<char> out) {
       return stream->Read(offset, out);
     });
-    status = id.ok() ? WaitForTransfer(*a, *id, absl::Now() + absl::Seconds(2)) : id.status();
+    status =
+        id.ok() ? WaitForTransfer(*a, *id, util::Instant::Now() + absl::Seconds(2)) : id.status();
     if (id.ok()) a->Release(*id);
   }
   EXPECT_FALSE(status.ok()) << "sends to a dead peer kept succeeding";
-  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_LT(util::Instant::Now() - start, absl::Seconds(30));
   if (GetParam().detect_dead_peers) {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   }
@@ -238,7 +240,7 @@ TEST(UcxListenerTest, TargetsWithoutAWorkerAddressConnectThroughTheListener) {
       {(*b)->self().agent, ""}, *token, stream->size(),
       [&](uint64_t offset, absl::Span<char> out) { return stream->Read(offset, out); });
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_EQ(WaitForTransfer(**a, *id, absl::Now() + absl::Seconds(20)), absl::OkStatus());
+  ASSERT_EQ(WaitForTransfer(**a, *id, util::Instant::Now() + absl::Seconds(20)), absl::OkStatus());
   (*a)->Release(*id);
   EXPECT_EQ(BlockChecksums(*dst, {5, 6}), BlockChecksums(*src, {1, 2}));
   EXPECT_EQ((*b)->num_accepted(), 1);
@@ -290,7 +292,8 @@ TEST_P(UcxCrossProcessTest, SendsIntoAnotherProcess) {
       target, token, stream->size(),
       [&](uint64_t offset, absl::Span<char> out) { return stream->Read(offset, out); });
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_EQ(WaitForTransfer(**writer, *id, absl::Now() + absl::Seconds(20)), absl::OkStatus());
+  ASSERT_EQ(WaitForTransfer(**writer, *id, util::Instant::Now() + absl::Seconds(20)),
+            absl::OkStatus());
   (*writer)->Release(*id);
   auto lanes = (*writer)->DescribePeer(target.agent);
   ASSERT_TRUE(lanes.ok()) << lanes.status();

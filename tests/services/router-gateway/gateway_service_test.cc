@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/metrics/metrics.h"
+#include "common/util/clock.h"
 #include "tests/testing/subprocess.h"
 
 namespace tandem::gateway {
@@ -164,7 +165,7 @@ class AdmissionTest : public ::testing::Test {
     prepared.generation.request_id = id;
     prepared.generation.prompt = {1};
     prepared.generation.max_tokens = 1;
-    prepared.start = absl::Now();
+    prepared.start = util::Instant::Now();
     auto result = std::make_shared<Result>();
     service_->Execute(prepared, call != nullptr ? call : std::make_shared<DispatchCall>(), result);
     return result;
@@ -219,12 +220,12 @@ TEST_F(AdmissionTest, PastTheQueueBoundRequestsAreRefusedAtOnce) {
 TEST_F(AdmissionTest, ARequestWaitsNoLongerThanTheQueueTimeout) {
   Make(/*max_inflight=*/1, /*max_queued=*/4, absl::Milliseconds(200));
   auto a = Execute("a");
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   auto b = Execute("b");
   const absl::Status status = b->Wait();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()), HasSubstr("--queue_timeout_s"));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
+  EXPECT_GE(util::Instant::Now() - start, absl::Milliseconds(190));
   EXPECT_EQ(service_->queued(), 0);
   EXPECT_THAT(backend_->Running(), ElementsAre("a"));  // b never reached the backend
   backend_->End("a", absl::OkStatus());

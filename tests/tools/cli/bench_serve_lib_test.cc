@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "tests/testing/subprocess.h"
 #include "tests/tools/cli/canned_server.h"
 
@@ -391,11 +391,11 @@ TEST(RunHttpRequestTest, FailuresAreCountedNeverHung) {
     CannedServer server(
         {{absl::ZeroDuration(), CannedServer::ChunkedSseHead() + CannedServer::Chunk(Event(" a"))}},
         absl::Seconds(5));
-    const absl::Time start = absl::Now();
+    const util::Instant start = util::Instant::Now();
     const RequestResult r = RunHttpRequest({"127.0.0.1", server.port()}, prompt, options);
     EXPECT_FALSE(r.success);
     EXPECT_THAT(r.error, HasSubstr("DEADLINE_EXCEEDED"));
-    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+    EXPECT_LT(util::Instant::Now() - start, absl::Seconds(2));
   }
 }
 
@@ -404,7 +404,7 @@ TEST(DispatchTest, ArrivalTimesAndTheConcurrencyCap) {
   absl::Mutex mu;
   int in_flight = 0, most = 0, launched = 0;
   std::vector<double> started(kRequests, -1);
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   std::atomic<int> progress_calls{0};
   int last_done = -1;
   // The last request arrives at 0.3 s; the others at once. At most 3 in flight: each request
@@ -415,7 +415,7 @@ TEST(DispatchTest, ArrivalTimesAndTheConcurrencyCap) {
       arrivals, 3,
       [&](int i) {
         absl::MutexLock lock(&mu);
-        started[i] = absl::ToDoubleSeconds(absl::Now() - start);
+        started[i] = absl::ToDoubleSeconds(util::Instant::Now() - start);
         ++launched;
         most = std::max(most, ++in_flight);
         EXPECT_LE(in_flight, 3);

@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/util/clock.h"
 
 namespace tandem::testing {
 
@@ -75,8 +75,8 @@ class CannedServer {
   void Serve() {
     // Accept within 10 s (or until destroyed), polling so that destruction is never blocked.
     int fd = -1;
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    while (fd < 0 && absl::Now() < give_up && !stop_.HasBeenNotified()) {
+    const util::Instant give_up = util::Instant::Now() + absl::Seconds(10);
+    while (fd < 0 && util::Instant::Now() < give_up && !stop_.HasBeenNotified()) {
       pollfd p{listen_fd_, POLLIN, 0};
       if (poll(&p, 1, 50) > 0) fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     }
@@ -84,7 +84,7 @@ class CannedServer {
     std::string received;
     char buffer[4096];
     size_t wanted = std::string::npos;
-    while (received.size() < wanted && absl::Now() < give_up) {
+    while (received.size() < wanted && util::Instant::Now() < give_up) {
       pollfd p{fd, POLLIN, 0};
       if (poll(&p, 1, 50) <= 0) continue;
       const ssize_t got = recv(fd, buffer, sizeof(buffer), 0);

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/util/clock.h"
 #include "tests/tools/cli/canned_server.h"
 
 namespace tandem::cli {
@@ -166,13 +166,13 @@ struct Call {
 Call Post(const CannedServer& server, absl::Duration timeout = absl::Seconds(10),
           const std::string& stop_at = "") {
   Call call;
-  const absl::Time start = absl::Now();
+  const util::Instant start = util::Instant::Now();
   call.status = PostEventStream({"127.0.0.1", server.port()}, "/v1/completions", "{\"x\":1}",
                                 start + timeout, [&](absl::string_view data) {
                                   call.events.emplace_back(data);
                                   return data != stop_at;
                                 });
-  call.took = absl::Now() - start;
+  call.took = util::Instant::Now() - start;
   return call;
 }
 
@@ -278,7 +278,7 @@ TEST(PostEventStreamTest, NoServerIsUnavailable) {
     port = server.port();
   }
   const absl::Status status =
-      PostEventStream({"127.0.0.1", port}, "/", "{}", absl::Now() + absl::Seconds(5),
+      PostEventStream({"127.0.0.1", port}, "/", "{}", util::Instant::Now() + absl::Seconds(5),
                       [](absl::string_view) { return true; });
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
 }
