@@ -4,7 +4,9 @@
 // copy of the weights from a 256 MiB pool, so they come from DRAM, as in decoding. Rates are
 // per wall-clock second; ReadBandwidth gives the memory roofline under the same conditions.
 // Pools are in huge pages, as the engine's weights; Linear/<format>/fast_4k_pages (batch 1)
-// reads its weights through 4 KiB pages, to show what huge pages are worth.
+// reads its weights through 4 KiB pages, to show what huge pages are worth. ExpertCopy is the
+// copy an expert cache miss makes from an expert pack held in host memory (moe::HostBacking),
+// its source in huge pages or in 4 KiB pages.
 //
 //   build/bin/tandem_kernels_bench --benchmark_min_time=0.1 --benchmark_filter=Linear/bf16
 #include <benchmark/benchmark.h>
@@ -194,6 +196,27 @@ void BM_ReadBandwidthAllThreads(benchmark::State& state) {
     benchmark::DoNotOptimize(total.load());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * words * 8);
+}
+
+// An expert's bytes copied from a 256 MiB pool (the expert pack in host memory) into a 64 MiB one
+// (the expert cache, in huge pages as the engine's is), a different place of each every call, as
+// moe::HostBacking's Read does on a cache miss. `small_pages`: the pack in 4 KiB pages, as a
+// plain std::vector gets them. Bytes are the expert's.
+void BM_ExpertCopy(benchmark::State& state, bool small_pages) {
+  const size_t expert = static_cast<size_t>(state.range(0));
+  std::vector<std::byte, util::HugePageAllocator<std::byte>> pack, cache(size_t{64} << 20);
+  pack.reserve(size_t{256} << 20);  // allocated, not yet touched
+  if (small_pages) madvise(pack.data(), pack.capacity() / 4096 * 4096, MADV_NOHUGEPAGE);
+  pack.resize(pack.capacity());
+  const size_t sources = pack.size() / expert, slots = cache.size() / expert;
+  size_t call = 0;
+  for (auto _ : state) {
+    std::memcpy(cache.data() + (call % slots) * expert, pack.data() + (call % sources) * expert,
+                expert);
+    ++call;
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * expert));
 }
 
 // The log-softmax normaliser over a vocabulary-sized row of logits (once per generated token
@@ -506,6 +529,16 @@ void RegisterBenchmarks() {
     benchmark::RegisterBenchmark("ReadBandwidthAllThreads", BM_ReadBandwidthAllThreads)
         ->Args({shape[0], shape[1]})
         ->ArgNames({"d", "n"})
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
+  // An int4 expert matrix of dummy-3b (2.06 MB with its scales) and a bf16 one (7.3 MB).
+  for (const bool small_pages : {false, true}) {
+    benchmark::RegisterBenchmark(small_pages ? "ExpertCopy/4k_pages" : "ExpertCopy/huge_pages",
+                                 BM_ExpertCopy, small_pages)
+        ->Arg(2064384)
+        ->Arg(7340032)
+        ->ArgName("bytes")
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
   }
