@@ -1,7 +1,5 @@
 #include "common/engine/kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +11,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "common/util/huge_pages.h"
 #include "common/util/logging.h"
 #include "common/util/status.h"
 
@@ -48,14 +47,8 @@ absl::Status KvCacheConfig::Validate() const {
   return absl::OkStatus();
 }
 
-namespace {
-// Pools this process allocates start on a 2 MiB boundary and ask for transparent huge pages:
-// attention walks gigabytes of KV, and with 4 KiB pages every 4 KiB of it is a TLB miss.
-constexpr size_t kHugePage = size_t{2} << 20;
-}  // namespace
-
-void KvBlockPool::AlignedDelete::operator()(std::byte* p) const {
-  if (owned) ::operator delete (p, std::align_val_t{kHugePage});
+void KvBlockPool::PoolDelete::operator()(std::byte* p) const {
+  if (bytes > 0) util::FreeStreamed(p, bytes);
 }
 
 absl::StatusOr<size_t> KvBlockPool::BytesFor(const KvCacheConfig& config) {
@@ -111,30 +104,30 @@ absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateIn(const KvCache
         absl::StrCat("KV pool memory holds ", bytes, " bytes; the pool needs ", needed));
   }
   std::memset(memory, 0, needed);
-  std::unique_ptr<std::byte[], AlignedDelete> data(static_cast<std::byte*>(memory),
-                                                   AlignedDelete{/*owned=*/false});
+  std::unique_ptr<std::byte[], PoolDelete> data(static_cast<std::byte*>(memory), PoolDelete{});
   return std::unique_ptr<KvBlockPool>(new KvBlockPool(config, std::move(data), needed));
 }
 
 absl::StatusOr<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvCacheConfig& config) {
   ASSIGN_OR_RETURN(const size_t bytes, BytesFor(config));
-  void* memory = ::operator new (bytes, std::align_val_t{kHugePage}, std::nothrow);
-  if (memory == nullptr) {
+  // In transparent huge pages, as the weights (util/huge_pages.h): attention walks gigabytes of
+  // KV, and with 4 KiB pages every 4 KiB of it is a TLB miss.
+  void* memory = nullptr;
+  try {
+    memory = util::AllocateStreamed(bytes);
+  } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes for the KV cache"));
   }
-  // Advice only: where the kernel has no transparent huge pages this changes nothing.
-  if (bytes >= kHugePage) madvise(memory, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);
   // Zero-filling commits the pages now, so a pool that does not fit fails at start-up rather
   // than mid-request, and unwritten slots read as zeros rather than garbage.
   std::memset(memory, 0, bytes);
-  std::unique_ptr<std::byte[], AlignedDelete> data(static_cast<std::byte*>(memory),
-                                                   AlignedDelete{});
+  std::unique_ptr<std::byte[], PoolDelete> data(static_cast<std::byte*>(memory), PoolDelete{bytes});
   return std::unique_ptr<KvBlockPool>(new KvBlockPool(config, std::move(data), bytes));
 }
 
-KvBlockPool::KvBlockPool(const KvCacheConfig& config,
-                         std::unique_ptr<std::byte[], AlignedDelete> data, size_t size_bytes)
+KvBlockPool::KvBlockPool(const KvCacheConfig& config, std::unique_ptr<std::byte[], PoolDelete> data,
+                         size_t size_bytes)
     : config_(config),
       data_(std::move(data)),
       slot_values_(static_cast<size_t>(config.num_kv_heads) * config.head_dim),

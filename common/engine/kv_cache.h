@@ -220,12 +220,12 @@ class KvBlockPool {
   PrefixCacheStats prefix_cache_stats() const;
 
  private:
-  struct AlignedDelete {
-    bool owned = true;  // false for memory the caller provided (CreateIn)
+  struct PoolDelete {
+    size_t bytes = 0;  // util::AllocateStreamed's; 0 for memory the caller provided (CreateIn)
     void operator()(std::byte* p) const;
   };
 
-  KvBlockPool(const KvCacheConfig& config, std::unique_ptr<std::byte[], AlignedDelete> data,
+  KvBlockPool(const KvCacheConfig& config, std::unique_ptr<std::byte[], PoolDelete> data,
               size_t size_bytes);
   std::byte* PoolBase(int layer, int kv);  // kv: 0 = K, 1 = V; CHECKs the layer
   const std::byte* PoolBase(int layer, int kv) const;
@@ -250,7 +250,7 @@ class KvBlockPool {
   }
 
   const KvCacheConfig config_;
-  const std::unique_ptr<std::byte[], AlignedDelete> data_;
+  const std::unique_ptr<std::byte[], PoolDelete> data_;
   const size_t slot_values_;
   const size_t block_values_;
   const size_t block_bytes_;

@@ -13,7 +13,7 @@
 //   slabs' free ranges (freed pieces merge with their free neighbours; a slab wholly free is
 //   released, but one is kept for the next allocation), so such buffers need not each round up
 //   to a huge page of their own;
-// - under 64 KiB: malloc.
+// - under 64 KiB: the C heap, 64-byte aligned.
 // Where huge pages are unavailable the advice is ignored and the memory is ordinary.
 #pragma once
 
@@ -39,7 +39,7 @@ inline constexpr size_t kSlabPieceMinBytes = size_t{64} << 10;
 inline constexpr size_t kSlabBytes = size_t{32} << 20;
 
 // Allocates `bytes` (> 0): 2 MiB-aligned from kHugePageBytes up, 4 KiB-aligned from
-// kSlabPieceMinBytes up, malloc's alignment below; throws std::bad_alloc when out of memory, as
+// kSlabPieceMinBytes up, 64-byte aligned below; throws std::bad_alloc when out of memory, as
 // operator new does.
 void* AllocateStreamed(size_t bytes);
 // Frees what AllocateStreamed(bytes) returned (the same `bytes`).
