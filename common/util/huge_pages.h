@@ -1,10 +1,10 @@
-// An allocator for large, long-lived buffers that are streamed from memory (model weights),
-// kept in transparent huge pages (MADV_HUGEPAGE; the kernel default here is "madvise", so
-// nothing is huge unless asked). Streaming gigabytes through 4 KiB pages costs a TLB miss and
-// page walk every 4 KiB, and the hardware prefetchers stop at each page edge: measured on 2
-// cores, random 7 MiB bf16 products over a 3 GiB pool ran at 16-31 GB/s on 4 KiB pages and
-// 40-42 GB/s on huge pages; an int4 batch-1 decode step whose 2 MB expert matrices came from
-// malloc ran about 1.1x slower than with them in huge pages.
+// An allocator for large, long-lived buffers that are streamed from memory (model weights, the KV
+// pool, an expert pack held in host memory), kept in transparent huge pages (MADV_HUGEPAGE; the
+// kernel default here is "madvise", so nothing is huge unless asked). Streaming gigabytes
+// through 4 KiB pages costs a TLB miss and page walk every 4 KiB, and the hardware prefetchers
+// stop at each page edge: measured on 2 cores, random 7 MiB bf16 products over a 3 GiB pool ran
+// at 16-31 GB/s on 4 KiB pages and 40-42 GB/s on huge pages; an int4 batch-1 decode step whose
+// 2 MB expert matrices came from malloc ran about 1.1x slower than with them in huge pages.
 //
 // By size:
 // - 2 MiB and more: an allocation of its own, 2 MiB-aligned, rounded up to whole huge pages;
