@@ -88,13 +88,15 @@ TEST(TimerQueueTest, APastTimeRunsAtOnceAndACancelledTimerNever) {
   queue.Schedule(Instant::Now() - absl::Seconds(1), [&] { past.Notify(); });
   EXPECT_TRUE(past.WaitForNotificationWithTimeout(absl::Seconds(5)));
 
+  // A second away, so that it is still pending when cancelled however loaded the machine; a
+  // timer at the same instant, scheduled after it, would run after it had it not been removed.
   absl::Notification cancelled_ran, later;
-  const TimerQueue::Id id =
-      queue.ScheduleAfter(absl::Milliseconds(50), [&] { cancelled_ran.Notify(); });
+  const Instant when = Instant::Now() + absl::Seconds(1);
+  const TimerQueue::Id id = queue.Schedule(when, [&] { cancelled_ran.Notify(); });
   EXPECT_TRUE(queue.Cancel(id));
   EXPECT_FALSE(queue.Cancel(id));  // no longer pending
-  queue.ScheduleAfter(absl::Milliseconds(150), [&] { later.Notify(); });
-  ASSERT_TRUE(later.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  queue.Schedule(when, [&] { later.Notify(); });
+  ASSERT_TRUE(later.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_FALSE(cancelled_ran.HasBeenNotified());
 }
 
