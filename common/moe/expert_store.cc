@@ -117,7 +117,7 @@ absl::Status CheckRead(const PackLayout& layout, int layer, int expert, int firs
 
 // The pack in huge pages, as the weights are: each cache miss copies an expert out of it, and
 // from 4 KiB pages that copy ran 1.07x (2 MB) and 1.09x (7 MB) slower, medians of five rounds on
-// Zen 4 (tandem_kernels_bench's ExpertCopy).
+// an Intel Xeon with AMX (tandem_kernels_bench's ExpertCopy).
 using PackBytes = std::vector<std::byte, util::HugePageAllocator<std::byte>>;
 
 class HostPack : public ExpertBacking {
@@ -477,7 +477,7 @@ absl::Status ExpertCache::Load(int layer, int expert, int from, int to, Entry* e
   AppendBundles(layout, staging_.data(), from, to, &entry->expert);
   resident_bytes_ += entry->expert.bytes() - before;
   stats_.bytes_loaded += (to - from) * layout.bundle_bytes();
-  stats_.load_seconds += absl::ToDoubleSeconds(util::Instant::Now() - start);
+  stats_.load_seconds += absl::ToDoubleSeconds(util::Since(start));
   return absl::OkStatus();
 }
 

@@ -91,7 +91,7 @@ void CachedAttention::Run(StepContext& ctx, const LayerKv& layer_kv, const float
       // with one part fewer wait for the rest (1,025 positions on 2 threads made 3 parts: the
       // busier thread had two thirds of the work). Rounded down, not up: each call has a fixed
       // cost and an unprefetched first tile, so 2 parts of 512 ran 1.11x faster than 4 of 256
-      // (bf16; int8 1.07x; medians of 12 and 6 interleaved rounds on Zen 4).
+      // (bf16; int8 1.07x; medians of 12 and 6 interleaved rounds on an Intel Xeon with AMX).
       if (U == 1 && parts > 1) parts = std::max(threads, parts / threads * threads);
     }
     attention_parts_[u + 1] = attention_parts_[u] + parts;
