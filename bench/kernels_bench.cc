@@ -59,14 +59,24 @@ const WeightPoolVector& WeightPool() {
   return *pool;
 }
 
+// `bytes` zeroed bytes in huge pages, as the engine's weights, or with `small_pages` in 4 KiB
+// pages (what a buffer from plain malloc gets), to show what they cost.
+using PoolBytes = std::vector<std::byte, util::HugePageAllocator<std::byte>>;
+PoolBytes MakePoolBytes(size_t bytes, bool small_pages) {
+  PoolBytes pool;
+  pool.reserve(bytes);  // allocated, not yet touched
+  if (small_pages) madvise(pool.data(), pool.capacity() / 4096 * 4096, MADV_NOHUGEPAGE);
+  pool.resize(bytes);
+  return pool;
+}
+
 // Copies of one packed matrix shape filling about 256 MiB, so that successive calls read
 // different copies from DRAM, as decoding does: bf16 from the pool above; int8 / int4 with
-// random levels and scales of 0.01. In huge pages as the engine's weights, or with
-// `small_pages` in 4 KiB pages (what a buffer from plain malloc gets), to show what they cost.
+// random levels and scales of 0.01. In huge pages, or in 4 KiB ones (MakePoolBytes).
 struct PackedPool {
   PanelLayout layout;
   size_t copies = 0;
-  std::vector<std::byte, util::HugePageAllocator<std::byte>> bytes;  // as the engine's weights
+  PoolBytes bytes;
   PackedMatrix view(size_t call) const {
     return View(layout, bytes.data() + (call % copies) * layout.bytes());
   }
@@ -76,11 +86,7 @@ PackedPool MakePackedPool(WeightFormat format, int d, int n, bool small_pages) {
   PackedPool pool;
   pool.layout = {format, d, n, format == WeightFormat::kBf16 ? 0 : 32};
   pool.copies = std::max<size_t>(1, (size_t{256} << 20) / pool.layout.bytes());
-  pool.bytes.reserve(pool.copies * pool.layout.bytes());  // allocated, not yet touched
-  if (small_pages) {
-    madvise(pool.bytes.data(), pool.bytes.capacity() / 4096 * 4096, MADV_NOHUGEPAGE);
-  }
-  pool.bytes.resize(pool.copies * pool.layout.bytes());
+  pool.bytes = MakePoolBytes(pool.copies * pool.layout.bytes(), small_pages);
   if (format == WeightFormat::kBf16) {
     const WeightPoolVector& weights = WeightPool();
     for (size_t c = 0; c < pool.copies; ++c) {
@@ -204,10 +210,8 @@ void BM_ReadBandwidthAllThreads(benchmark::State& state) {
 // plain std::vector gets them. Bytes are the expert's.
 void BM_ExpertCopy(benchmark::State& state, bool small_pages) {
   const size_t expert = static_cast<size_t>(state.range(0));
-  std::vector<std::byte, util::HugePageAllocator<std::byte>> pack, cache(size_t{64} << 20);
-  pack.reserve(size_t{256} << 20);  // allocated, not yet touched
-  if (small_pages) madvise(pack.data(), pack.capacity() / 4096 * 4096, MADV_NOHUGEPAGE);
-  pack.resize(pack.capacity());
+  const PoolBytes pack = MakePoolBytes(size_t{256} << 20, small_pages);
+  PoolBytes cache = MakePoolBytes(size_t{64} << 20, /*small_pages=*/false);
   const size_t sources = pack.size() / expert, slots = cache.size() / expert;
   size_t call = 0;
   for (auto _ : state) {

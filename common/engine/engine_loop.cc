@@ -127,7 +127,7 @@ void EngineLoop::Run() {
     const util::Instant step_start = util::Instant::Now();
     absl::Status status = absl::InternalError("the engine step threw");
     util::Guarded("engine step", [&] { status = scheduler_->Step(&outputs); });
-    const double step_seconds = absl::ToDoubleSeconds(util::Instant::Now() - step_start);
+    const double step_seconds = absl::ToDoubleSeconds(util::Since(step_start));
     if (!status.ok()) {
       TANDEM_LOG(ERROR) << "engine step failed: " << status;
     }

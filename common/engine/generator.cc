@@ -136,7 +136,7 @@ absl::StatusOr<GenerationResult> Generator::Generate(
                  n + static_cast<int>(result.output_ids.size()) - 1, &table};
     status = forward_->Step({&in, 1}, {}, &logits);
   }
-  result.decode_seconds = absl::ToDoubleSeconds(util::Instant::Now() - first);
+  result.decode_seconds = absl::ToDoubleSeconds(util::Since(first));
   table.ReleaseAll(pool_.get());
   if (!status.ok()) return status;
   return result;

@@ -32,8 +32,7 @@ class Socket {
 };
 
 int MillisLeft(util::Instant deadline) {
-  return static_cast<int>(
-      std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - util::Instant::Now())));
+  return static_cast<int>(absl::ToInt64Milliseconds(util::Until(deadline)));
 }
 
 // Waits for `events` on `fd`; false past the deadline.

@@ -378,8 +378,7 @@ void HttpServer::Core::Loop() {
   epoll_event events[256];
   util::Instant next_sweep = util::Instant::Now() + kSweepInterval;
   while (true) {
-    const int wait_ms = static_cast<int>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(next_sweep - util::Instant::Now())));
+    const int wait_ms = static_cast<int>(absl::ToInt64Milliseconds(util::Until(next_sweep)));
     const int n = epoll_wait(epoll_fd_, events, 256, wait_ms);
     bool stop;
     std::vector<std::shared_ptr<Connection>> dirty;

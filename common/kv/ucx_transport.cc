@@ -352,7 +352,7 @@ void UcxTransport::ProgressLoop() {
     }
     // Busy-poll while sends make progress; a stalled peer's pending sends get a 1 ms sleep.
     const bool sending = InFlight() > 0;
-    if (sending && util::Instant::Now() - last_activity < absl::Milliseconds(2)) continue;
+    if (sending && util::Since(last_activity) < absl::Milliseconds(2)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     poll(fds, 2, sending ? 1 : 100);

@@ -86,7 +86,7 @@ absl::StatusOr<engine::ExpertView> ExpertStream::Wait(int layer, int expert, int
   // Loads run in order: wait for this one (and so every one before it).
   const bool in =
       cv_.wait_for(lock, absl::ToChronoNanoseconds(deadline_), [&] { return jobs_[index].done; });
-  wait_seconds_ += absl::ToDoubleSeconds(util::Instant::Now() - start);
+  wait_seconds_ += absl::ToDoubleSeconds(util::Since(start));
   if (!in) {
     return absl::DeadlineExceededError(absl::StrCat("loading expert ", expert, " of layer ", layer,
                                                     " took over ",

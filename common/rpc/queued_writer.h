@@ -76,7 +76,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
             {
               absl::MutexLock lock(&f->mu_);
               if (f->reactor_ == nullptr || f->finished_ || f->done_) return;
-              if (util::Instant::Now() - f->last_push_ >= interval) {
+              if (util::Since(f->last_push_) >= interval) {
                 f->last_push_ = util::Instant::Now();
                 f->pending_.push_back(heartbeat);
                 f->reactor_->Pump();
@@ -140,7 +140,7 @@ class QueuedWriter : public grpc::ServerWriteReactor<T> {
       feed_->reactor_ = nullptr;
       status = feed_->final_status_;
     }
-    metrics_->Record(rpc_, status, util::Instant::Now() - start_);
+    metrics_->Record(rpc_, status, util::Since(start_));
     delete this;
   }
 

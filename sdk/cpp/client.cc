@@ -139,7 +139,7 @@ absl::Status Client::GenerateStream(
   check = [watch, idle, &context, &check] {
     absl::MutexLock lock(&watch->mu);
     if (watch->done) return;
-    if (util::Instant::Now() - watch->last > idle) {
+    if (util::Since(watch->last) > idle) {
       watch->idle = true;
       context.TryCancel();
       return;

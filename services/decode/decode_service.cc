@@ -47,7 +47,7 @@ grpc::ServerUnaryReactor* DecodeService::Done(grpc::CallbackServerContext* conte
                                               absl::string_view rpc, const absl::Status& status,
                                               util::Instant start) {
   const grpc::Status grpc_status = rpc::ToGrpcStatus(status);
-  metrics_->Record(rpc, grpc_status, util::Instant::Now() - start);
+  metrics_->Record(rpc, grpc_status, util::Since(start));
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc_status);
   return reactor;

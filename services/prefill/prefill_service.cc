@@ -93,7 +93,7 @@ grpc::ServerUnaryReactor* PrefillService::Enqueue(grpc::CallbackServerContext* c
   const util::Instant start = util::Instant::Now();
   auto refuse = [&](const absl::Status& s) {
     const grpc::Status status = rpc::ToGrpcStatus(s);
-    metrics_->Record("Prefill", status, util::Instant::Now() - start);
+    metrics_->Record("Prefill", status, util::Since(start));
     reactor->Finish(status);
     return reactor;
   };
@@ -214,13 +214,13 @@ void PrefillService::Ship() {
       job->kv.reset();
       if (job->status.ok() && job->bytes > 0) {
         serving_metrics_->transfer_bytes->Increment(static_cast<double>(job->bytes));
-        const absl::Duration transfer = util::Instant::Now() - job->computed;
+        const absl::Duration transfer = util::Since(job->computed);
         serving_metrics_->transfer_seconds->Observe(absl::ToDoubleSeconds(transfer));
         job->response->set_kv_bytes(static_cast<int64_t>(job->bytes));
         job->response->set_transfer_seconds(absl::ToDoubleSeconds(transfer));
       }
       const grpc::Status status = rpc::ToGrpcStatus(job->status);
-      metrics_->Record("Prefill", status, util::Instant::Now() - job->start);
+      metrics_->Record("Prefill", status, util::Since(job->start));
       job->reactor->Finish(status);
     }
     if (stop) {

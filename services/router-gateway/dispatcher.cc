@@ -894,7 +894,7 @@ void Generation::CheckIdle() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    if (util::Instant::Now() - last_message_ > timeout) {
+    if (util::Since(last_message_) > timeout) {
       idle_expired_ = true;
       expired = context_;
     } else {
@@ -973,10 +973,10 @@ Dispatcher::Dispatcher(const std::vector<std::string>& prefill_targets,
         }
         core->CheckHealth();
       });
-      absl::Duration wait = std::max(
-          absl::ZeroDuration(), core->options.health_interval - (util::Instant::Now() - round));
+      absl::Duration wait =
+          std::max(absl::ZeroDuration(), core->options.health_interval - util::Since(round));
       if (core->options.resolve_interval > absl::ZeroDuration()) {
-        wait = std::max(absl::ZeroDuration(), std::min(wait, next_resolve - util::Instant::Now()));
+        wait = std::min(wait, util::Until(next_resolve));
       }
       if (core->WaitStop(wait)) return;
     }

@@ -189,7 +189,7 @@ void GatewayService::Admission::Expire(const std::shared_ptr<Entry>& entry) {
     if (!RemoveLocked(entry)) return;  // running by now, or done
     Gauges();
   }
-  metrics_->queue_wait->Observe(absl::ToDoubleSeconds(util::Instant::Now() - entry->request.start));
+  metrics_->queue_wait->Observe(absl::ToDoubleSeconds(util::Since(entry->request.start)));
   Complete(entry,
            absl::ResourceExhaustedError(absl::StrCat(
                "no place for the request within ", absl::FormatDuration(config_.queue_timeout),
@@ -241,8 +241,7 @@ void GatewayService::Admission::Pump() {
       ++starting_;
       Gauges();
     }
-    metrics_->queue_wait->Observe(
-        absl::ToDoubleSeconds(util::Instant::Now() - entry->request.start));
+    metrics_->queue_wait->Observe(absl::ToDoubleSeconds(util::Since(entry->request.start)));
     Launch(entry);
     absl::MutexLock lock(&mu_);
     --starting_;
@@ -308,8 +307,7 @@ void GatewayService::Admission::Complete(const std::shared_ptr<Entry>& entry,
   entry->call->RemoveOnCancel(entry->cancel_hook);
   if (status.ok()) {
     metrics_->requests_ok->Increment();
-    metrics_->end_to_end->Observe(
-        absl::ToDoubleSeconds(util::Instant::Now() - entry->request.start));
+    metrics_->end_to_end->Observe(absl::ToDoubleSeconds(util::Since(entry->request.start)));
     metrics_->prompt_tokens->Increment(entry->usage.prompt_tokens());
     metrics_->generation_tokens->Increment(entry->usage.completion_tokens());
     metrics_->request_prompt_tokens->Observe(entry->usage.prompt_tokens());
@@ -476,7 +474,7 @@ absl::Status GatewayService::ValidateGenerate(const tandem::v1::GenerateRequest&
 grpc::ServerUnaryReactor* GatewayService::Finish(grpc::CallbackServerContext* context,
                                                  absl::string_view rpc, const grpc::Status& status,
                                                  util::Instant start) {
-  metrics_->Record(rpc, status, util::Instant::Now() - start);
+  metrics_->Record(rpc, status, util::Since(start));
   auto* reactor = context->DefaultReactor();
   reactor->Finish(status);
   return reactor;
@@ -585,7 +583,7 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
   }
   void OnCancel() override { call_->Cancel(); }
   void OnDone() override {
-    metrics_->Record("Generate", status_, util::Instant::Now() - start_);
+    metrics_->Record("Generate", status_, util::Since(start_));
     delete this;
   }
 
@@ -661,7 +659,7 @@ grpc::ServerWriteReactor<GenerateStreamResponse>* GatewayService::GenerateStream
         absl::StatusOr<Prepared> prepared = Prepare(*request);
         if (!prepared.ok()) {
           const grpc::Status status = rpc::ToGrpcStatus(prepared.status());
-          metrics_->Record("GenerateStream", status, util::Instant::Now() - start);
+          metrics_->Record("GenerateStream", status, util::Since(start));
           return rpc::FinishedWriter<GenerateStreamResponse>(status);
         }
         auto* reactor = new rpc::QueuedWriter<GenerateStreamResponse>(metrics_, "GenerateStream");

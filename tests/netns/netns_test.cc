@@ -256,7 +256,7 @@ TEST_F(NetnsTest, AKvLinkCutMidTransferIsRetriedOnTheOtherPrefill) {
       [&] { return cut_prefill.Metric("tandem_kv_transfer_failures_total") >= 1; },
       absl::Seconds(10)));
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(10)), "");
-  Timing("kv link cut", "everything free after the cut", util::Instant::Now() - cut);
+  Timing("kv link cut", "everything free after the cut", util::Since(cut));
 }
 
 // A prefill host unreachable while it holds a prompt (stopped mid-transfer, cut off, resumed):
@@ -284,7 +284,7 @@ TEST_F(NetnsTest, APrefillHostUnreachableMidPrefillIsAbandonedAndRetried) {
   const util::Instant back = util::Instant::Now();
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(40)), "");
   Timing("prefill host unreachable mid-prefill", "everything free after the link is back",
-         util::Instant::Now() - back);
+         util::Since(back));
 }
 
 // A decode host unreachable in the middle of a stream (its link down; the process runs on):
@@ -332,8 +332,7 @@ TEST_F(NetnsTest, ADecodeHostUnreachableMidStreamEndsOnlyItsStreams) {
   ASSERT_TRUE(net_->Reconnect(unreachable.host).ok());
   const util::Instant back = util::Instant::Now();
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(20)), "");
-  Timing("decode host unreachable", "everything free after the link is back",
-         util::Instant::Now() - back);
+  Timing("decode host unreachable", "everything free after the link is back", util::Since(back));
   Outcome after = Stream(cluster->gateway, kPrompts[0], 16);
   EXPECT_TRUE(after.status.ok()) << after.status;
   EXPECT_EQ(after.tokens, Reference(kPrompts[0], 16));
@@ -357,8 +356,8 @@ TEST_F(NetnsTest, APrefillHostUnreachableWhileIdleIsSkippedThenUsedAgain) {
   ASSERT_TRUE(net_->Disconnect(away.host).ok());
   const util::Instant cut = util::Instant::Now();
   ASSERT_TRUE(testing::WaitUntil([&] { return healthy_prefill() == 1; }, absl::Seconds(10)));
-  Timing("prefill host unreachable", "marked unhealthy after the cut", util::Instant::Now() - cut);
-  EXPECT_LT(util::Instant::Now() - cut,
+  Timing("prefill host unreachable", "marked unhealthy after the cut", util::Since(cut));
+  EXPECT_LT(util::Since(cut),
             absl::Seconds(2));  // a round's deadline, then the next round
   // The unreachable host costs the other instances nothing: they answer within the same round.
   absl::SleepFor(absl::Seconds(1));  // two more rounds
@@ -375,9 +374,8 @@ TEST_F(NetnsTest, APrefillHostUnreachableWhileIdleIsSkippedThenUsedAgain) {
   ASSERT_TRUE(net_->Reconnect(away.host).ok());
   const util::Instant back = util::Instant::Now();
   ASSERT_TRUE(testing::WaitUntil([&] { return healthy_prefill() == 2; }, absl::Seconds(10)));
-  Timing("prefill host unreachable", "healthy again after the link is back",
-         util::Instant::Now() - back);
-  EXPECT_LT(util::Instant::Now() - back, absl::Seconds(3));
+  Timing("prefill host unreachable", "healthy again after the link is back", util::Since(back));
+  EXPECT_LT(util::Since(back), absl::Seconds(3));
   EXPECT_EQ(away.Metric("tandem_prefill_tokens_total"), prompts_before)
       << "a prompt reached the host while it was unreachable";
   // Fresh prompts cost the same everywhere: the gateway's rotation reaches it again.
@@ -414,7 +412,7 @@ TEST_F(NetnsTest, AGatewayRestartedWhileStreamsAreOpen) {
     Timing("gateway restarted", "a client's error after the kill", outs[i].done - killed);
   }
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(10)), "");
-  Timing("gateway restarted", "everything free after the kill", util::Instant::Now() - killed);
+  Timing("gateway restarted", "everything free after the kill", util::Since(killed));
 
   std::vector<std::string> flags = VirtualNetwork::ListenFlags(cluster->gateway.host, false);
   flags.push_back(absl::StrCat("--grpc_port=", cluster->gateway.ports.grpc_port));
@@ -459,7 +457,7 @@ TEST_F(NetnsTest, ACutBetweenPrefillAndDecodeFailsCleanlyAndHeals) {
       },
       absl::Seconds(30)))
       << after.status;
-  Timing("prefill-decode path cut", "serving again after the heal", util::Instant::Now() - healed);
+  Timing("prefill-decode path cut", "serving again after the heal", util::Since(healed));
   EXPECT_EQ(after.tokens, reference);
   EXPECT_EQ(WaitAllFree(*cluster, absl::Seconds(10)), "");
 }

@@ -119,7 +119,7 @@ void DrawProgress(int done, int total, util::Instant start) {
   const int filled = total > 0 ? done * kWidth / total : kWidth;
   std::cerr << absl::StrFormat("\rbench serve [%s%s] %d/%d requests, %.1f s",
                                std::string(filled, '#'), std::string(kWidth - filled, '.'), done,
-                               total, absl::ToDoubleSeconds(util::Instant::Now() - start))
+                               total, absl::ToDoubleSeconds(util::Since(start)))
             << std::flush;
 }
 
@@ -237,7 +237,7 @@ int BenchServe() {
   bench::Dispatch(arrivals, max_concurrency, send, [&](int done, int total) {
     if (tty) DrawProgress(done, total, start);
   });
-  const double duration = absl::ToDoubleSeconds(util::Instant::Now() - start);
+  const double duration = absl::ToDoubleSeconds(util::Since(start));
   if (tty) std::cerr << "\n";
 
   const bench::Summary summary = bench::Summarize(results, duration, *slos);

@@ -188,7 +188,7 @@ RequestResult RunGrpcRequest(sdk::Client& client, const Prompt& prompt,
   absl::Status status =
       client.GenerateStream(request, [&](const v1::GenerateStreamResponse& chunk) {
         if (chunk.token_ids_size() > 0) {
-          timer.OnChunk(Seconds(util::Instant::Now() - start), chunk.token_ids_size());
+          timer.OnChunk(Seconds(util::Since(start)), chunk.token_ids_size());
           output_ids.insert(output_ids.end(), chunk.token_ids().begin(), chunk.token_ids().end());
         }
         if (chunk.has_usage()) {
@@ -197,7 +197,7 @@ RequestResult RunGrpcRequest(sdk::Client& client, const Prompt& prompt,
         }
       });
   RequestResult result;
-  result.e2el = Seconds(util::Instant::Now() - start);
+  result.e2el = Seconds(util::Since(start));
   Finish(std::move(status), timer, prompt_tokens, completion_tokens, prompt, &result);
   result.output_ids = std::move(output_ids);
   return result;
@@ -271,7 +271,7 @@ RequestResult RunHttpRequest(const HostPort& endpoint, const Prompt& prompt,
   const util::Instant start = util::Instant::Now();
   absl::Status status = PostEventStream(
       endpoint, "/v1/completions", body, start + options.timeout, [&](absl::string_view data) {
-        const double now = Seconds(util::Instant::Now() - start);
+        const double now = Seconds(util::Since(start));
         auto event = ParseCompletionEvent(data);
         if (!event.ok()) {
           event_error = event.status();
@@ -290,7 +290,7 @@ RequestResult RunHttpRequest(const HostPort& endpoint, const Prompt& prompt,
         return true;
       });
   RequestResult result;
-  result.e2el = Seconds(util::Instant::Now() - start);
+  result.e2el = Seconds(util::Since(start));
   if (status.ok() && !event_error.ok()) status = event_error;
   if (status.ok() && !done) status = absl::DataLossError("the event stream ended before [DONE]");
   Finish(std::move(status), timer, prompt_tokens, completion_tokens, prompt, &result);

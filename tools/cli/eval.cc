@@ -283,8 +283,8 @@ int Eval() {
       }
     }
   }
-  std::cerr << absl::StrCat(prompts->size(), " prompts; ",
-                            absl::FormatDuration(util::Instant::Now() - start), "\n");
+  std::cerr << absl::StrCat(prompts->size(), " prompts; ", absl::FormatDuration(util::Since(start)),
+                            "\n");
   if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
     std::ofstream file(out);
     file << doc.dump(1) << "\n";

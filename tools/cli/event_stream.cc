@@ -224,7 +224,7 @@ class Socket {
 absl::StatusOr<short> WaitFor(int fd, short events, util::Instant deadline,
                               absl::string_view what) {
   while (true) {
-    const absl::Duration left = deadline - util::Instant::Now();
+    const absl::Duration left = util::Until(deadline);
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat("deadline passed while ", what));
     }

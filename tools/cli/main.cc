@@ -141,7 +141,7 @@ int GenerateLocally() {
   if (!dir.ok()) return Report(dir.status());
   auto generator = tandem::engine::Generator::Load(**dir, 256, *load);
   if (!generator.ok()) return Report(generator.status());
-  const double load_seconds = absl::ToDoubleSeconds(util::Instant::Now() - load_start);
+  const double load_seconds = absl::ToDoubleSeconds(util::Since(load_start));
   tandem::engine::SamplingParams params;
   params.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   params.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
@@ -200,7 +200,7 @@ int Generate() {
     }
   }
   if (!status.ok()) return Report(status);
-  const double seconds = absl::ToDoubleSeconds(util::Instant::Now() - start);
+  const double seconds = absl::ToDoubleSeconds(util::Since(start));
   std::cerr << absl::StrCat(tokens, " tokens in ", seconds, " s (", tokens / seconds,
                             " tokens/s)\n");
   return 0;
@@ -293,7 +293,7 @@ int Calibrate() {
   out << stats->ToJson().dump(1) << "\n";
   if (!out) return Report(absl::InternalError("cannot write " + absl::GetFlag(FLAGS_out)));
   std::cout << "calibrated " << stats->tokens << " tokens in "
-            << absl::ToDoubleSeconds(util::Instant::Now() - start) << " s; statistics in "
+            << absl::ToDoubleSeconds(util::Since(start)) << " s; statistics in "
             << absl::GetFlag(FLAGS_out) << std::endl;
   return 0;
 }
@@ -356,7 +356,7 @@ int Perplexity() {
   auto result = tandem::engine::EvaluatePerplexity(*model->weights, *model->tokenizer,
                                                    absl::GetFlag(FLAGS_text), ppl_options);
   if (!result.ok()) return Report(result.status());
-  const double seconds = absl::ToDoubleSeconds(util::Instant::Now() - start);
+  const double seconds = absl::ToDoubleSeconds(util::Since(start));
   std::cout << std::fixed << std::setprecision(2) << "perplexity " << result->perplexity << " over "
             << result->tokens << " tokens (" << std::setprecision(0) << result->tokens / seconds
             << " tokens/s)" << std::endl;

@@ -169,7 +169,7 @@ int SelectByBudget(const moe::CalibrationStats& stats, const tandem::v1::Pruning
       "chosen: %s; on the calibration text %.3f of the expert bytes, accuracy loss %.2f%% (%d "
       "scorings in %s)\n",
       Describe(c.options), c.byte_share, 100 * c.accuracy_loss, selection->trials.size(),
-      absl::FormatDuration(util::Instant::Now() - start));
+      absl::FormatDuration(util::Since(start)));
   if (absl::Status s = moe::SavePlan(selection->plan, out); !s.ok()) return Report(s);
   if (const std::string heldout = absl::GetFlag(FLAGS_heldout_text); !heldout.empty()) {
     absl::StatusOr<moe::TierScore> full = ScorePlan(*model, moe::WithoutTiers(base), heldout);
@@ -275,7 +275,7 @@ int Tier() {
     if (!measured.ok()) return Report(measured.status());
     loss = *std::move(measured);
     std::cerr << "masking losses of " << loss.size() << " layers measured in "
-              << absl::FormatDuration(util::Instant::Now() - start) << "\n";
+              << absl::FormatDuration(util::Since(start)) << "\n";
   }
   if (absl::Status s =
           moe::AssignTiers(*stats, options, loss.empty() ? nullptr : &loss, *config, &*plan);

@@ -62,7 +62,7 @@ int Quantize() {
   if (absl::Status s = engine::QuantizeCheckpoint(model, options, out); !s.ok()) return Report(s);
   std::cout << "int" << options.bits << " in groups of " << options.group_size << " ("
             << absl::GetFlag(FLAGS_modules) << "); checkpoint in " << out << " ("
-            << absl::ToDoubleSeconds(util::Instant::Now() - start) << " s)" << std::endl;
+            << absl::ToDoubleSeconds(util::Since(start)) << " s)" << std::endl;
   return 0;
 }
 

@@ -344,7 +344,7 @@ TEST(Jinja, RenderIsFast) {
   constexpr int kRounds = 200;
   const util::Instant start = util::Instant::Now();
   for (int i = 0; i < kRounds; ++i) ASSERT_TRUE(t->Render(context).ok());
-  const absl::Duration each = (util::Instant::Now() - start) / kRounds;
+  const absl::Duration each = util::Since(start) / kRounds;
   std::printf("render of a 10-message conversation: %s\n", absl::FormatDuration(each).c_str());
 #if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #if defined(__has_feature)

@@ -68,7 +68,7 @@ TEST_F(PerplexityTest, MatchesPyTorchOnTestSplit) {
   const util::Instant start = util::Instant::Now();
   auto result = EvaluatePerplexity(*model_->weights, *model_->tokenizer,
                                    root + "/" + split["file"].get<std::string>());
-  const double seconds = absl::ToDoubleSeconds(util::Instant::Now() - start);
+  const double seconds = absl::ToDoubleSeconds(util::Since(start));
   ASSERT_TRUE(result.ok()) << result.status();
 
   EXPECT_EQ(result->tokens, split["tokens"].get<int64_t>());

@@ -225,7 +225,7 @@ TEST_F(AdmissionTest, ARequestWaitsNoLongerThanTheQueueTimeout) {
   const absl::Status status = b->Wait();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()), HasSubstr("--queue_timeout_s"));
-  EXPECT_GE(util::Instant::Now() - start, absl::Milliseconds(190));
+  EXPECT_GE(util::Since(start), absl::Milliseconds(190));
   EXPECT_EQ(service_->queued(), 0);
   EXPECT_THAT(backend_->Running(), ElementsAre("a"));  // b never reached the backend
   backend_->End("a", absl::OkStatus());

@@ -395,7 +395,7 @@ TEST(RunHttpRequestTest, FailuresAreCountedNeverHung) {
     const RequestResult r = RunHttpRequest({"127.0.0.1", server.port()}, prompt, options);
     EXPECT_FALSE(r.success);
     EXPECT_THAT(r.error, HasSubstr("DEADLINE_EXCEEDED"));
-    EXPECT_LT(util::Instant::Now() - start, absl::Seconds(2));
+    EXPECT_LT(util::Since(start), absl::Seconds(2));
   }
 }
 
@@ -415,7 +415,7 @@ TEST(DispatchTest, ArrivalTimesAndTheConcurrencyCap) {
       arrivals, 3,
       [&](int i) {
         absl::MutexLock lock(&mu);
-        started[i] = absl::ToDoubleSeconds(util::Instant::Now() - start);
+        started[i] = absl::ToDoubleSeconds(util::Since(start));
         ++launched;
         most = std::max(most, ++in_flight);
         EXPECT_LE(in_flight, 3);

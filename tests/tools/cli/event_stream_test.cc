@@ -172,7 +172,7 @@ Call Post(const CannedServer& server, absl::Duration timeout = absl::Seconds(10)
                                   call.events.emplace_back(data);
                                   return data != stop_at;
                                 });
-  call.took = util::Instant::Now() - start;
+  call.took = util::Since(start);
   return call;
 }
 
