@@ -13,7 +13,7 @@
 //   avx512       AVX-512 F/BW/VL/DQ; activations float32
 //   avx512vnni   + VNNI: int8/int4 weights meet activations quantized to int8 per group
 //   avx512bf16   + AVX512_BF16: bf16 weights meet activations rounded to bf16 as well
-//   amx          + AMX tiles (TDPBF16PS, TDPBSUD), where Linux grants them to the process
+//   amx          + AMX tiles (TDPBF16PS, TDPBSSD), where Linux grants them to the process
 // The default is the fastest level the CPU has; TANDEM_KERNELS (environment) or SetKernelIsa
 // picks another: a level's name, "auto" (the default) or "exact" (the fastest level that keeps
 // activations float32, whose results match the PyTorch reference to float32 rounding). Every

@@ -230,6 +230,18 @@ extern const LinearKernel kAvx2Int8Linear;  // int8 activations for int8 / int4 
 // kernels over a software model of the tile instructions, for tests on machines without AMX.
 extern const LinearKernel kAmxLinear;
 extern const LinearKernel kAmxEmulatedLinear;
+// linear_avx512.cc's activation rows, for the AMX level's own layout of them: one row quantized
+// as QuantizeRowFn says (AVX-512F), and one rounded to bf16 (AVX512-BF16; out holds cols rounded
+// up to even).
+void Avx512QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales,
+                       int32_t* sums);
+void Avx512Bf16RoundRow(const float* x, int cols, uint16_t* out);
+// The avx512vnni level's int8 / int4 panels [begin, end) of p against rows quantized as
+// QuantizeRowFn says, q (p.b, ldh), scales and sums (p.b, groups); and the panels a thread
+// should take at a time for them.
+void Avx512VnniPanels(const LinearProduct& p, const int8_t* q, int64_t ldh, const float* scales,
+                      const int32_t* sums, int begin, int end);
+int Avx512VnniPanelAlign(int b);
 
 // Rope for the fast paths: the reference's arithmetic, with each angle's sine and cosine
 // computed once for all heads rather than once per head. Results equal the reference's.

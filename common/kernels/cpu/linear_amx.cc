@@ -1,7 +1,8 @@
 // The matrix products over packed weights on AMX tiles (Intel Sapphire Rapids and later): bf16
 // weights against bf16 activations in TDPBF16PS, int8 / int4 weights against int8 activations
-// in TDPBSUD. The panel layout is already the tiles' layout: 16 consecutive 64-byte chunks of a
-// panel (32 bf16 columns, or 64 int8 columns) are one B tile, loaded with a 64-byte stride.
+// in TDPBSSD. The panel layout is already the tiles' layout: 16 consecutive 64-byte chunks of a
+// panel (32 bf16 columns, or 64 int8 columns) are one B tile, loaded with a 64-byte stride; a
+// quantized group's chunks are first made signed int8 (int4 unpacked) into such rows.
 // Activations are laid out once per product in a zero-padded buffer of whole 16-row A tiles.
 //
 // Compiled for AMX and AVX-512 with a target pragma; kernels.cc calls into it only after CPUID
@@ -17,6 +18,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "common/kernels/cpu/intrinsics.h"
 #include "common/kernels/cpu/kernels_internal.h"
@@ -49,6 +51,8 @@ static_assert(sizeof(TileConfig) == 64);
 
 // Tiles used: C0, C1 accumulate two panels; A the activations; B0, B1 the two panels' weights.
 constexpr int kC0 = 0, kC1 = 1, kA = 2, kB0 = 3, kB1 = 4;
+// The largest quantization group (ValidGroup, packed_matrix.cc).
+constexpr int kMaxGroup = 128;
 
 // The tile instructions themselves. GCC's intrinsics paste the tile number into the assembly
 // text, so each tile this file uses is spelled out.
@@ -94,12 +98,12 @@ struct HardwareTiles {
     }
   }
   template <int C, int A, int B>
-  static void DotSignedUnsigned() {
+  static void DotSigned() {
     static_assert(A == kA && ((C == kC0 && B == kB0) || (C == kC1 && B == kB1)));
     if constexpr (C == kC0) {
-      _tile_dpbsud(0, 2, 3);
+      _tile_dpbssd(0, 2, 3);
     } else {
-      _tile_dpbsud(1, 2, 4);
+      _tile_dpbssd(1, 2, 4);
     }
   }
 };
@@ -160,9 +164,9 @@ struct EmulatedTiles {
       }
     }
   }
-  // C[m][n] += sum over i < 4 of signed A[m][4k+i] * unsigned B[k][4n+i], int32.
+  // C[m][n] += sum over i < 4 of signed A[m][4k+i] * signed B[k][4n+i], int32.
   template <int C, int A, int B>
-  static void DotSignedUnsigned() {
+  static void DotSigned() {
     State& s = state();
     for (int m = 0; m < s.config.rows[C]; ++m) {
       for (int k = 0; k < s.config.colsb[A] / 4; ++k) {
@@ -170,8 +174,8 @@ struct EmulatedTiles {
           int32_t acc;
           std::memcpy(&acc, s.tiles[C][m] + 4 * n, 4);
           for (int i = 0; i < 4; ++i) {
-            acc +=
-                static_cast<int8_t>(s.tiles[A][m][4 * k + i]) * int32_t{s.tiles[B][k][4 * n + i]};
+            acc += static_cast<int8_t>(s.tiles[A][m][4 * k + i]) *
+                   static_cast<int8_t>(s.tiles[B][k][4 * n + i]);
           }
           std::memcpy(s.tiles[C][m] + 4 * n, &acc, 4);
         }
@@ -190,17 +194,16 @@ struct AmxArgs {
   int64_t ldh;  // bytes per activation row, a multiple of 64
   const std::byte* x;
   const float* xscale = nullptr;  // int: (rows, groups)
-  const int32_t* xsum = nullptr;  // int: (rows, groups)
 };
 
-// y rows [m0, m0 + 16) (those below b) of panel `panel` from a C tile stored as 16 x 16 floats.
-TANDEM_INLINE void StoreRows(const AmxArgs& a, int m0, int panel, const float* c) {
+// y rows [m0, m0 + 16) (those below b) of panel `panel` from 16 rows of 16 floats, `ld` apart.
+TANDEM_INLINE void StoreRows(const AmxArgs& a, int m0, int panel, const float* c, int ld) {
   const int first = panel * kPanelRows;
   const int count = std::min(kPanelRows, a.w.rows - first);
   if (count <= 0) return;
   const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1u);
   for (int m = 0; m < kPanelRows && m0 + m < a.b; ++m) {
-    _mm512_mask_storeu_ps(a.y + (m0 + m) * a.ldy + first, lanes, _mm512_loadu_ps(c + 16 * m));
+    _mm512_mask_storeu_ps(a.y + (m0 + m) * a.ldy + first, lanes, _mm512_loadu_ps(c + ld * m));
   }
 }
 
@@ -249,16 +252,21 @@ void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
       }
       Tiles::template Store<kC0>(c[0], 64);
       Tiles::template Store<kC1>(c[1], 64);
-      StoreRows(a, m0, p, c[0]);
-      if (two) StoreRows(a, m0, p + 1, c[1]);
+      StoreRows(a, m0, p, c[0], 16);
+      if (two) StoreRows(a, m0, p + 1, c[1], 16);
     }
   }
   Tiles::Release();
 }
 
-// int8 / int4 panels [p_begin, p_end): per pair of panels and 16-row block, per quantization
-// group, C = A B in integers over the group (in steps of up to 64 columns), then folded into
-// float32 accumulators: acc += (C - offset * sum(q_x)) * weight scale * activation scale.
+// int8 / int4 panels [p_begin, p_end): per pair of panels and quantization group, the group's
+// weights are made signed B rows once (int4: the nibbles less 8; int8: the stored q + 128 less
+// 128) and multiplied in TDPBSSD against every 16-row block of activations, in steps of up to
+// 64 columns; each block's integer sums are then folded into its float32 accumulators, acc +=
+// C * (weight scale * activation scale), in group order: the VNNI kernels' sums, so the same
+// bits. The fold, three vector operations per row and panel for each group, is what bounds
+// this kernel; making B once per group (not per row block) and signed (no offset term) keeps
+// it to that.
 template <class Tiles, bool kInt4>
 void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
   const int group = a.w.group;
@@ -277,65 +285,72 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
   }
   Tiles::Configure(config);
   const int64_t group_bytes = int64_t{kPanelRows} * group * (kInt4 ? 4 : 8) / 8;
-  const int offset = kInt4 ? 8 : 128;
+  const int quads = group / 4;  // B rows of a group: 16 outputs x 4 columns, 64 bytes
   const __m512i nibbles = _mm512_set1_epi8(0x0f);
-  alignas(64) uint8_t unpacked[2][16 * 64];
+  const __m512i eight = _mm512_set1_epi8(8);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  // Every row block's accumulators for the pair of panels: row m holds panel p's 16 outputs,
+  // then panel p + 1's.
+  thread_local std::vector<float> acc_here;
+  std::vector<float>& acc = acc_here;
+  alignas(64) int8_t wq[2][kMaxGroup * 16];
   alignas(64) int32_t c[2][16 * 16];
-  alignas(64) float acc[2][16 * 16];
   for (int p = p_begin; p < p_end; p += 2) {
     const bool two = p + 1 < p_end;
     const std::byte* panel[2] = {a.w.data + p * a.w.panel_bytes,
                                  a.w.data + (two ? p + 1 : p) * a.w.panel_bytes};
-    for (int m0 = 0; m0 < a.b; m0 += 16) {
-      const int rows = std::min(16, a.b - m0);
-      std::memset(acc, 0, sizeof(acc));
-      for (int g = 0; g < groups; ++g) {
+    acc.assign(static_cast<size_t>(a.b) * 32, 0.0f);
+    for (int g = 0; g < groups; ++g) {
+      __m512 scale[2];
+      for (int q = 0; q < 2; ++q) {
+        const std::byte* values = panel[q] + g * group_bytes;
+        if constexpr (kInt4) {
+          // Chunk j holds quads 2j (low nibbles) and 2j + 1 (high): B rows in quad order.
+          for (int j = 0; j < quads / 2; ++j) {
+            const __m512i v = _mm512_loadu_si512(values + j * 64);
+            _mm512_store_si512(wq[q] + (2 * j) * 64,
+                               _mm512_sub_epi8(_mm512_and_si512(v, nibbles), eight));
+            _mm512_store_si512(
+                wq[q] + (2 * j + 1) * 64,
+                _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), nibbles), eight));
+          }
+        } else {
+          for (int j = 0; j < quads; ++j) {
+            _mm512_store_si512(wq[q] + j * 64,
+                               _mm512_xor_si512(_mm512_loadu_si512(values + j * 64), flip));
+          }
+        }
+        scale[q] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(panel[q] + a.w.scale_offset + g * kPanelRows * 2)));
+      }
+      for (int m0 = 0; m0 < a.b; m0 += 16) {
         Tiles::template Zero<kC0>();
         Tiles::template Zero<kC1>();
         for (int s = 0; s < group / step; ++s) {
           Tiles::template Load<kA>(a.x + m0 * a.ldh + g * group + s * step, a.ldh);
-          for (int q = 0; q < 2; ++q) {
-            const std::byte* values = panel[q] + g * group_bytes;
-            const void* b_rows;
-            if constexpr (kInt4) {
-              // Chunk j holds quads 2j (low nibbles) and 2j + 1 (high): B rows in quad order.
-              for (int j = 0; j < step / 8; ++j) {
-                const __m512i v = _mm512_loadu_si512(values + (s * step / 8 + j) * 64);
-                _mm512_store_si512(unpacked[q] + (2 * j) * 64, _mm512_and_si512(v, nibbles));
-                _mm512_store_si512(unpacked[q] + (2 * j + 1) * 64,
-                                   _mm512_and_si512(_mm512_srli_epi16(v, 4), nibbles));
-              }
-              b_rows = unpacked[q];
-            } else {
-              b_rows = values + s * (step / 4) * 64;
-            }
-            if (q == 0) {
-              Tiles::template Load<kB0>(b_rows, 64);
-            } else {
-              Tiles::template Load<kB1>(b_rows, 64);
-            }
-          }
-          Tiles::template DotSignedUnsigned<kC0, kA, kB0>();
-          Tiles::template DotSignedUnsigned<kC1, kA, kB1>();
+          Tiles::template Load<kB0>(wq[0] + s * (step / 4) * 64, 64);
+          Tiles::template Load<kB1>(wq[1] + s * (step / 4) * 64, 64);
+          Tiles::template DotSigned<kC0, kA, kB0>();
+          Tiles::template DotSigned<kC1, kA, kB1>();
         }
         Tiles::template Store<kC0>(c[0], 64);
         Tiles::template Store<kC1>(c[1], 64);
-        for (int q = 0; q < 2; ++q) {
-          const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(panel[q] + a.w.scale_offset + g * kPanelRows * 2)));
-          for (int m = 0; m < rows; ++m) {
-            const int row = m0 + m;
-            const __m512i sums =
-                _mm512_sub_epi32(_mm512_load_si512(c[q] + 16 * m),
-                                 _mm512_set1_epi32(offset * a.xsum[row * groups + g]));
-            const __m512 factor = _mm512_mul_ps(scale, _mm512_set1_ps(a.xscale[row * groups + g]));
-            _mm512_store_ps(acc[q] + 16 * m, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), factor,
-                                                             _mm512_load_ps(acc[q] + 16 * m)));
+        const int rows = std::min(16, a.b - m0);
+        for (int m = 0; m < rows; ++m) {
+          const __m512 xs = _mm512_set1_ps(a.xscale[(m0 + m) * groups + g]);
+          float* row = acc.data() + static_cast<size_t>(m0 + m) * 32;
+          for (int q = 0; q < 2; ++q) {
+            _mm512_storeu_ps(
+                row + 16 * q,
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[q] + 16 * m)),
+                                _mm512_mul_ps(scale[q], xs), _mm512_loadu_ps(row + 16 * q)));
           }
         }
       }
-      StoreRows(a, m0, p, acc[0]);
-      if (two) StoreRows(a, m0, p + 1, acc[1]);
+    }
+    for (int m0 = 0; m0 < a.b; m0 += 16) {
+      StoreRows(a, m0, p, acc.data() + static_cast<size_t>(m0) * 32, 32);
+      if (two) StoreRows(a, m0, p + 1, acc.data() + static_cast<size_t>(m0) * 32 + 16, 32);
     }
   }
   Tiles::Release();
@@ -345,6 +360,17 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
 // levels (rows of a multiple of 64) with per-group scales and sums, rows padded with zeros to
 // a multiple of 16.
 int PaddedRows(int b) { return (b + 15) / 16 * 16; }
+
+// Quantized products of fewer rows run on the avx512vnni kernels, over the same activations
+// (so the same bits: LinearTest.QuantizedTilesEqualVnni): a tile product costs the same for 1
+// row as for 16, and its sums go through memory before each group's fold. With fewer rows, VNNI
+// is faster (int4 3584 x 1024 at batch 1: 88 us against 168 on the tiles, Intel Xeon with AMX);
+// from 16 rows the two are level (tandem_kernels_bench, docs/benchmarks.md).
+constexpr int kIntTileMinRows = 16;
+
+int PanelAlign(int b, const PackedMatrix& w) {
+  return w.format != WeightFormat::kBf16 && b < kIntTileMinRows ? Avx512VnniPanelAlign(b) : 2;
+}
 int Bf16RowValues(int cols) { return (cols + 31) / 32 * 32; }
 int Int8RowBytes(int cols) { return (cols + 63) / 64 * 64; }
 
@@ -353,9 +379,8 @@ void PrepareTiles(const float* x, int b, const PackedMatrix& w, ActivationScratc
     const int ldh = Bf16RowValues(w.cols);
     s.bf16.assign(static_cast<size_t>(PaddedRows(b)) * ldh, 0);
     for (int m = 0; m < b; ++m) {
-      for (int c = 0; c < w.cols; ++c) {
-        s.bf16[static_cast<size_t>(m) * ldh + c] = F32ToBf16Bits(x[int64_t{m} * w.cols + c]);
-      }
+      Avx512Bf16RoundRow(x + int64_t{m} * w.cols, w.cols,
+                         s.bf16.data() + static_cast<size_t>(m) * ldh);
     }
     return;
   }
@@ -365,10 +390,10 @@ void PrepareTiles(const float* x, int b, const PackedMatrix& w, ActivationScratc
   s.scales.resize(static_cast<size_t>(b) * groups);
   s.sums.resize(s.scales.size());
   for (int m = 0; m < b; ++m) {
-    QuantizeActivations(x + int64_t{m} * w.cols, w.cols, w.group,
-                        s.q.data() + static_cast<size_t>(m) * ldh,
-                        s.scales.data() + static_cast<size_t>(m) * groups,
-                        s.sums.data() + static_cast<size_t>(m) * groups);
+    Avx512QuantizeRow(x + int64_t{m} * w.cols, w.cols, w.group,
+                      s.q.data() + static_cast<size_t>(m) * ldh,
+                      s.scales.data() + static_cast<size_t>(m) * groups,
+                      s.sums.data() + static_cast<size_t>(m) * groups);
   }
 }
 
@@ -382,9 +407,12 @@ void TilePanels(const LinearProduct& p, const ActivationScratch& s, int begin, i
     return;
   }
   a.ldh = Int8RowBytes(p.w.cols);
+  if (p.b < kIntTileMinRows) {
+    Avx512VnniPanels(p, s.q.data(), a.ldh, s.scales.data(), s.sums.data(), begin, end);
+    return;
+  }
   a.x = reinterpret_cast<const std::byte*>(s.q.data());
   a.xscale = s.scales.data();
-  a.xsum = s.sums.data();
   if (p.w.format == WeightFormat::kInt4) {
     IntPanels<Tiles, true>(a, begin, end);
   } else {
@@ -399,12 +427,12 @@ void TilePanels(const LinearProduct& p, const ActivationScratch& s, int begin, i
 const LinearKernel kAmxLinear{
     .prepare = PrepareTiles,
     .panels = TilePanels<HardwareTiles>,
-    .panel_align = [](int, const PackedMatrix&) { return 2; },
+    .panel_align = PanelAlign,
 };
 const LinearKernel kAmxEmulatedLinear{
     .prepare = PrepareTiles,
     .panels = TilePanels<EmulatedTiles>,
-    .panel_align = [](int, const PackedMatrix&) { return 2; },
+    .panel_align = PanelAlign,
 };
 
 }  // namespace tandem::kernels::cpu::internal

@@ -424,17 +424,18 @@ void QuantizeRows(const float* x, int b, const PackedMatrix& w, ActivationScratc
   QuantizeRowsWith(QuantizeRow, x, b, w, s);
 }
 
-// int8 / int4 panels [begin, end) against the quantized rows.
-void QuantizedPanels(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {
+// int8 / int4 panels [begin, end) against quantized rows q (b, ldh), their scales and sums.
+void QuantizedPanelsOf(const LinearProduct& p, const int8_t* q, int64_t ldh, const float* scales,
+                       const int32_t* sums, int begin, int end) {
   const TileArgs a{.x = p.x,
                    .ldx = p.w.cols,
                    .y = p.y,
                    .ldy = p.w.rows,
                    .w = p.w,
-                   .xq = s.q.data(),
-                   .ldh = p.w.cols,
-                   .xscale = s.scales.data(),
-                   .xsum = s.sums.data()};
+                   .xq = q,
+                   .ldh = ldh,
+                   .xscale = scales,
+                   .xsum = sums};
   const bool int4 = p.w.format == WeightFormat::kInt4;
   if (p.b == 1) {
     if (int4) {
@@ -447,6 +448,10 @@ void QuantizedPanels(const LinearProduct& p, const ActivationScratch& s, int beg
   } else {
     ForTiles<Int8VnniTile, 4, 2>(a, p.b, begin, end);
   }
+}
+
+void QuantizedPanels(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {
+  QuantizedPanelsOf(p, s.q.data(), p.w.cols, s.scales.data(), s.sums.data(), begin, end);
 }
 
 void VnniPanels(const LinearProduct& p, const ActivationScratch& s, int begin, int end) {
@@ -555,6 +560,17 @@ void Bf16DpPanels(const LinearProduct& p, const ActivationScratch& s, int begin,
 
 }  // namespace
 
+void Avx512QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales,
+                       int32_t* sums) {
+  QuantizeRow(x, cols, group, q, scales, sums);
+}
+void Avx512Bf16RoundRow(const float* x, int cols, uint16_t* out) { RoundRowToBf16(x, cols, out); }
+void Avx512VnniPanels(const LinearProduct& p, const int8_t* q, int64_t ldh, const float* scales,
+                      const int32_t* sums, int begin, int end) {
+  QuantizedPanelsOf(p, q, ldh, scales, sums, begin, end);
+}
+int Avx512VnniPanelAlign(int b) { return b == 1 ? 4 : 2; }
+
 const LinearKernel kAvx512Linear{
     .prepare = nullptr,
     .panels = F32Panels,
@@ -565,7 +581,7 @@ const LinearKernel kAvx512VnniLinear{
     .panels = VnniPanels,
     .panel_align =
         [](int b, const PackedMatrix& w) {
-          return w.format == WeightFormat::kBf16 || b != 1 ? 2 : 4;
+          return w.format == WeightFormat::kBf16 ? 2 : Avx512VnniPanelAlign(b);
         },
 };
 const LinearKernel kAvx512Bf16Linear{

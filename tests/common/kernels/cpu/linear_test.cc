@@ -296,6 +296,33 @@ TEST_P(LinearTest, GroupEqualsEachProductAlone) {
   }
 }
 
+// The tiles' integer sums are the VNNI kernels' (signed weights against the same int8
+// activations, each group folded into float32 in the same order), so the amx levels give
+// avx512bf16's bits for quantized weights at every batch and group (the amx level runs the
+// VNNI kernels below 16 rows, the tiles from 16).
+TEST(LinearTilesTest, QuantizedTilesEqualVnni) {
+  const Backend* vnni = FindBackend("avx512bf16");
+  if (vnni == nullptr)
+    GTEST_SKIP() << "this CPU has no AVX512-BF16: no amx level, not even emulated";
+  std::mt19937 rng(77);
+  for (const Backend* tiles : {FindBackend("amx"), AmxEmulatedBackendForTesting()}) {
+    if (tiles == nullptr) continue;  // no AMX here: the emulated tiles only
+    for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4}) {
+      for (int group : {32, 64, 128}) {
+        const Matrix w = RandomMatrix(format, 40, 384, group, rng);
+        for (int b : {1, 5, 16, 17, 33}) {
+          const std::vector<float> x = RandomFloats(size_t{1} * b * 384, rng);
+          std::vector<float> got(size_t{1} * b * 40), want(got.size());
+          tiles->linear(x.data(), b, w.view(), got.data());
+          vnni->linear(x.data(), b, w.view(), want.data());
+          ASSERT_EQ(got, want) << tiles->name << " " << WeightFormatName(format) << " group "
+                               << group << " b=" << b;
+        }
+      }
+    }
+  }
+}
+
 // How far the reduced-precision levels move a product from float32 activations, for the record
 // (docs/kernels.md): bf16 activations (8 significant bits) and int8 per group of 32.
 TEST_P(LinearTest, RoundingErrorIsBounded) {
