@@ -377,19 +377,19 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
 // levels (rows of a multiple of 64) with per-group scales and sums, rows padded with zeros to
 // a multiple of 16.
 int PaddedRows(int b) { return (b + 15) / 16 * 16; }
+int Bf16RowValues(int cols) { return (cols + 31) / 32 * 32; }
+int Int8RowBytes(int cols) { return (cols + 63) / 64 * 64; }
 
 // Quantized products of fewer rows run on the avx512vnni kernels, over the same activations
-// (so the same bits: LinearTest.QuantizedTilesEqualVnni): a tile product costs the same for 1
-// row as for 16, and its sums go through memory before each group's fold. With fewer rows, VNNI
-// is faster (int4 3584 x 1024 at batch 1: 88 us against 168 on the tiles, Intel Xeon with AMX);
-// from 16 rows the two are level (tandem_kernels_bench, docs/benchmarks.md).
+// (so the same bits: LinearTilesTest.QuantizedTilesEqualVnni): a tile product costs the same
+// for 1 row as for 16, and its sums go through memory before each group's fold. With fewer
+// rows VNNI is faster (int4 3584 x 1024 at batch 1: 88 us against 168 on the tiles, Intel Xeon
+// with AMX); from 16 rows the tiles are as fast or faster (tandem_kernels_bench).
 constexpr int kIntTileMinRows = 16;
 
 int PanelAlign(int b, const PackedMatrix& w) {
   return w.format != WeightFormat::kBf16 && b < kIntTileMinRows ? Avx512VnniPanelAlign(b) : 2;
 }
-int Bf16RowValues(int cols) { return (cols + 31) / 32 * 32; }
-int Int8RowBytes(int cols) { return (cols + 63) / 64 * 64; }
 
 void PrepareTiles(const float* x, int b, const PackedMatrix& w, ActivationScratch& s) {
   if (w.format == WeightFormat::kBf16) {
