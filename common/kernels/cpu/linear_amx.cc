@@ -374,8 +374,8 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
 }
 
 // Activations in whole tiles: bf16 rows of a multiple of 32 values for bf16 weights, or int8
-// levels (rows of a multiple of 64) with per-group scales and sums, rows padded with zeros to
-// a multiple of 16.
+// levels (rows of a multiple of 64) with per-group scales and sums (the VNNI kernels' offset
+// term), rows padded with zeros to a multiple of 16 where the tiles will read them.
 int PaddedRows(int b) { return (b + 15) / 16 * 16; }
 int Bf16RowValues(int cols) { return (cols + 31) / 32 * 32; }
 int Int8RowBytes(int cols) { return (cols + 63) / 64 * 64; }
@@ -403,7 +403,11 @@ void PrepareTiles(const float* x, int b, const PackedMatrix& w, ActivationScratc
   }
   const int groups = w.cols / w.group;
   const int ldh = Int8RowBytes(w.cols);
-  s.q.assign(static_cast<size_t>(PaddedRows(b)) * ldh, 0);
+  if (b < kIntTileMinRows) {
+    s.q.resize(static_cast<size_t>(b) * ldh);  // the VNNI kernels read these rows' columns only
+  } else {
+    s.q.assign(static_cast<size_t>(PaddedRows(b)) * ldh, 0);  // whole tiles, zeros past x
+  }
   s.scales.resize(static_cast<size_t>(b) * groups);
   s.sums.resize(s.scales.size());
   for (int m = 0; m < b; ++m) {
