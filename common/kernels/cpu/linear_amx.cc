@@ -208,8 +208,11 @@ TANDEM_INLINE void StoreRows(const AmxArgs& a, int m0, int panel, const float* c
 }
 
 // bf16 panels [p_begin, p_end): per pair of panels and 16-row block, C += A B over 32-column
-// steps. The last step of a column count that is not a multiple of 32 (and a column prefix)
-// reads its B rows from a copy holding only the valid columns, zeros after.
+// steps. A tile load alone leaves too few lines in flight at one or a few rows (a B tile is 16
+// lines, and one tile product's work per step is too short to cover the next tile's misses):
+// with the next step's B rows prefetched, the batch-1 products read 1.13-1.17x faster
+// (docs/benchmarks.md). The last step of a column count that is not a multiple of 32 (and a column
+// prefix) reads its B rows from a copy holding only the valid columns, zeros after.
 template <class Tiles>
 void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
   TileConfig config;
@@ -243,6 +246,16 @@ void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
       Tiles::template Zero<kC0>();
       Tiles::template Zero<kC1>();
       for (int s = 0; s < steps; ++s) {
+        // The first row block asks for the next step's B rows of both panels (16 lines each)
+        // while this step's tiles run; the other blocks find them in cache.
+        if (m0 == 0) {
+          for (int q = 0; q < 2; ++q) {
+            const std::byte* next = panel[q] + (s + 1) * 16 * 64;
+            for (int l = 0; l < 16; ++l) {
+              _mm_prefetch(reinterpret_cast<const char*>(next + 64 * l), _MM_HINT_T0);
+            }
+          }
+        }
         Tiles::template Load<kA>(a.x + m0 * a.ldh + s * 64, a.ldh);
         const bool last = tail && s == steps - 1;
         Tiles::template Load<kB0>(last ? padded[0] : panel[0] + s * 16 * 64, 64);
