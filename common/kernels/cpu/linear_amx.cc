@@ -196,6 +196,11 @@ struct AmxArgs {
   const float* xscale = nullptr;  // int: (rows, groups)
 };
 
+// A weight line asked for ahead (kWeightPrefetchAhead, kernels_internal.h).
+TANDEM_INLINE void Prefetch(const std::byte* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+
 // y rows [m0, m0 + 16) (those below b) of panel `panel` from 16 rows of 16 floats, `ld` apart.
 TANDEM_INLINE void StoreRows(const AmxArgs& a, int m0, int panel, const float* c, int ld) {
   const int first = panel * kPanelRows;
@@ -251,9 +256,7 @@ void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
         if (m0 == 0) {
           for (int q = 0; q < 2; ++q) {
             const std::byte* next = panel[q] + (s + 1) * 16 * 64;
-            for (int l = 0; l < 16; ++l) {
-              _mm_prefetch(reinterpret_cast<const char*>(next + 64 * l), _MM_HINT_T0);
-            }
+            for (int line = 0; line < 16; ++line) Prefetch(next + 64 * line);
           }
         }
         Tiles::template Load<kA>(a.x + m0 * a.ldh + s * 64, a.ldh);
@@ -279,7 +282,8 @@ void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
 // C * (weight scale * activation scale), in group order: the VNNI kernels' sums, so the same
 // bits. The fold, three vector operations per row and panel for each group, is what bounds
 // this kernel; making B once per group (not per row block) and signed (no offset term) keeps
-// it to that.
+// it to that. The lines a kilobyte past the group's are asked for as it is made: at 16 rows
+// (a decode batch) the memory still sets much of the pace.
 template <class Tiles, bool kInt4>
 void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
   const int group = a.w.group;
@@ -340,6 +344,10 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
       __m512 scale[2];
       for (int q = 0; q < 2; ++q) {
         const std::byte* values = panel[q] + g * group_bytes;
+        for (int64_t line = 0; line < group_bytes; line += 64) {
+          Prefetch(values + kWeightPrefetchAhead + line);
+        }
+        Prefetch(panel[q] + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
         if constexpr (kInt4) {
           // Chunk j holds quads 2j (low nibbles) and 2j + 1 (high): B rows in quad order.
           for (int j = 0; j < quads / 2; ++j) {

@@ -324,15 +324,7 @@ void QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales, 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")
 #endif
 
-// How far ahead in a panel the VNNI kernels ask for the weights they will read, and how far
-// ahead in the panel's scales (two groups' worth). A kernel's arithmetic per byte (an int4
-// chunk: three operations to unpack, two vpdpbusd) leaves too few of its loads in flight for
-// the hardware prefetchers alone to keep the memory busy; asked for a kilobyte ahead, the int4
-// products at batch 1 on the Xeon read 1.14-1.25x faster, int8 1.03-1.10x (docs/benchmarks.md).
-// Prefetches past a matrix's end are harmless (they never fault).
-constexpr int kPrefetchAhead = 1024;
-constexpr int kScalePrefetchAhead = 64;
-
+// A weight line asked for ahead (kWeightPrefetchAhead, kernels_internal.h).
 TANDEM_INLINE void Prefetch(const std::byte* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
 }
@@ -379,7 +371,7 @@ struct VnniTileImpl {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
             const __m512i v = _mm512_loadu_si512(chunk);
-            Prefetch(chunk + kPrefetchAhead);
+            Prefetch(chunk + kWeightPrefetchAhead);
             lo[q] = _mm512_and_si512(v, nibbles);
             hi[q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibbles);
           }
@@ -402,7 +394,7 @@ struct VnniTileImpl {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
             wv[q] = _mm512_loadu_si512(chunk);
-            Prefetch(chunk + kPrefetchAhead);
+            Prefetch(chunk + kWeightPrefetchAhead);
           }
 #pragma GCC unroll 16
           for (int m = 0; m < M; ++m) {
