@@ -47,6 +47,11 @@ TANDEM_INLINE const std::byte* Panel(const TileArgs& a, int panel) {
   return a.w.data + panel * a.w.panel_bytes;
 }
 
+// A weight line asked for ahead (kWeightPrefetchAhead, kernels_internal.h).
+TANDEM_INLINE void Prefetch(const std::byte* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+
 // Stores 8 outputs of panel `panel` starting at its row `first` (0 or 8), as many as exist.
 TANDEM_INLINE void StoreHalf(const TileArgs& a, int m, int panel, int first, __m256 v) {
   const int row = panel * kPanelRows + first;
@@ -88,6 +93,7 @@ template <int M>
 TANDEM_INLINE void Bf16Pair(const TileArgs& a, const std::byte* panel, const float* x, int j,
                             bool last_odd, __m256 (&acc)[M][4]) {
   const __m128i keep = last_odd ? _mm_set1_epi32(0xffff) : _mm_set1_epi32(-1);
+  Prefetch(panel + static_cast<int64_t>(j) * kChunkBytes + kWeightPrefetchAhead);
   __m256 wv[4];
   for (int k = 0; k < 4; ++k) {
     wv[k] = WidenBf16(_mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
@@ -251,12 +257,16 @@ struct QuantizedTile {
         for (int q = 0; q < Q; ++q) sums[m][q][0] = sums[m][q][1] = start;
       }
       const int8_t* xg = a.xq + int64_t{m0} * a.ldq + int64_t{g} * group;
+      for (int q = 0; q < Q; ++q) {
+        Prefetch(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
+      }
       if constexpr (kInt4) {
         for (int c = 0; c < group / 8; ++c) {
           __m256i lo[Q][2], hi[Q][2];
           for (int q = 0; q < Q; ++q) {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
+            Prefetch(chunk + kWeightPrefetchAhead);
             for (int h = 0; h < 2; ++h) {
               const __m256i v =
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
@@ -282,6 +292,7 @@ struct QuantizedTile {
           for (int q = 0; q < Q; ++q) {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
+            Prefetch(chunk + kWeightPrefetchAhead);
             for (int h = 0; h < 2; ++h) {
               level[q][h] = _mm256_xor_si256(
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h)), flip);

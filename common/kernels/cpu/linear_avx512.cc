@@ -491,7 +491,9 @@ TANDEM_INLINE void Bf16DpPair(const TileArgs& a, const uint16_t* x, int p0, int 
   __m512bh wv[Q];
 #pragma GCC unroll 4
   for (int q = 0; q < Q; ++q) {
-    wv[q] = (__m512bh)LoadChunk(Panel(a, p0 + q) + static_cast<int64_t>(j) * kChunkBytes, last_odd);
+    const std::byte* chunk = Panel(a, p0 + q) + static_cast<int64_t>(j) * kChunkBytes;
+    wv[q] = (__m512bh)LoadChunk(chunk, last_odd);
+    Prefetch(chunk + kWeightPrefetchAhead);
   }
 #pragma GCC unroll 16
   for (int m = 0; m < M; ++m) {
