@@ -155,6 +155,7 @@ struct IntTileImpl {
       const __m256i offset = _mm256_set1_epi32(kInt4 ? 8 : 128);
       alignas(32) uint8_t levels[2][kChunkBytes];
       for (int g = 0; g < groups; ++g) {
+        Prefetch(panel + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
         alignas(32) float scales[kPanelRows];
         _mm256_store_ps(scales, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
                                     panel + a.w.scale_offset + g * kPanelRows * 2))));
@@ -168,6 +169,7 @@ struct IntTileImpl {
         const int chunks = kInt4 ? group / 8 : group / 4;
         for (int c = 0; c < chunks; ++c) {
           const std::byte* chunk = panel + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
+          Prefetch(chunk + kWeightPrefetchAhead);
           if constexpr (kInt4) {
             const __m256i mask = _mm256_set1_epi8(0x0f);
             for (int h = 0; h < 2; ++h) {

@@ -64,6 +64,11 @@ TANDEM_INLINE const std::byte* Panel(const TileArgs& a, int panel) {
   return a.w.data + panel * a.w.panel_bytes;
 }
 
+// A weight line asked for ahead (kWeightPrefetchAhead, kernels_internal.h).
+TANDEM_INLINE void Prefetch(const std::byte* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+
 template <template <int, int> class Tile, int NP, int... I>
 constexpr auto MakeTileTable(std::integer_sequence<int, I...>) {
   return std::array<void (*)(const TileArgs&, int, int), sizeof...(I)>{
@@ -125,7 +130,9 @@ TANDEM_INLINE void Bf16F32Pair(const TileArgs& a, const float* x, int p0, int j,
   __m512 wl[Q], wh[Q];
 #pragma GCC unroll 4
   for (int q = 0; q < Q; ++q) {
-    const __m512i v = LoadChunk(Panel(a, p0 + q) + static_cast<int64_t>(j) * kChunkBytes, last_odd);
+    const std::byte* chunk = Panel(a, p0 + q) + static_cast<int64_t>(j) * kChunkBytes;
+    const __m512i v = LoadChunk(chunk, last_odd);
+    Prefetch(chunk + kWeightPrefetchAhead);
     wl[q] = WidenBf16(_mm512_castsi512_si256(v));
     wh[q] = WidenBf16(_mm512_extracti64x4_epi64(v, 1));
   }
@@ -216,6 +223,7 @@ struct IntF32TileImpl {
     for (int g = 0; g < groups; ++g) {
       __m512 scale[Q][4];
       for (int q = 0; q < Q; ++q) {
+        Prefetch(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
         const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
             Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2)));
         for (int k = 0; k < 4; ++k) {
@@ -232,8 +240,10 @@ struct IntF32TileImpl {
           const int col = g * group + (kInt4 ? 8 * c + 4 * half : 4 * c);
           __m512 wq[Q][4];
           for (int q = 0; q < Q; ++q) {
-            __m512i v = _mm512_loadu_si512(Panel(a, p0 + q) + g * group_bytes +
-                                           static_cast<int64_t>(c) * kChunkBytes);
+            const std::byte* chunk =
+                Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
+            __m512i v = _mm512_loadu_si512(chunk);
+            if (half == 0) Prefetch(chunk + kWeightPrefetchAhead);
             if constexpr (kInt4) {
               v = half == 0 ? _mm512_and_si512(v, nibbles)
                             : _mm512_and_si512(_mm512_srli_epi16(v, 4), nibbles);
@@ -323,11 +333,6 @@ void QuantizeRow(const float* x, int cols, int group, int8_t* q, float* scales, 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")
 #endif
-
-// A weight line asked for ahead (kWeightPrefetchAhead, kernels_internal.h).
-TANDEM_INLINE void Prefetch(const std::byte* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-}
 
 TANDEM_INLINE __m512i BroadcastQuad(const int8_t* q) {
   int32_t quad;
