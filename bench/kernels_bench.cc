@@ -204,6 +204,44 @@ void BM_ReadBandwidthAllThreads(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * words * 8);
 }
 
+// A packed matrix's bytes (format, d, n as BM_Linear's, from the same kind of 256 MiB pool) read
+// in the order the batch-1 products read them, with none of their arithmetic: both threads, each
+// over its share of blocks of four panels, the four panels side by side one 64-byte line at a
+// time (one 8-byte load a line). The floor a batch-1 product is measured against
+// (docs/benchmarks.md): what its bytes cost in its order.
+void BM_ReadPanels(benchmark::State& state, WeightFormat format) {
+  const int d = static_cast<int>(state.range(0));
+  const int n = static_cast<int>(state.range(1));
+  const PackedPool pool = MakePackedPool(format, d, n, /*small_pages=*/false);
+  const int64_t panel_bytes = pool.layout.panel_bytes();
+  const int64_t blocks = (pool.layout.panels() + 3) / 4;
+  ThreadPool& threads = DefaultThreadPool();
+  size_t call = 0;
+  for (auto _ : state) {
+    const std::byte* bytes = pool.view(call++).data;
+    std::atomic<uint64_t> total{0};
+    threads.ParallelFor(blocks, (blocks + threads.num_threads() - 1) / threads.num_threads(),
+                        [&](int64_t begin, int64_t end) {
+                          uint64_t sum = 0;
+                          for (int64_t block = begin; block < end; ++block) {
+                            const int first = static_cast<int>(4 * block);
+                            const int count = std::min(4, pool.layout.panels() - first);
+                            for (int64_t line = 0; line < panel_bytes; line += 64) {
+                              for (int q = 0; q < count; ++q) {
+                                uint64_t word;
+                                std::memcpy(&word, bytes + (first + q) * panel_bytes + line,
+                                            sizeof(word));
+                                sum += word;
+                              }
+                            }
+                          }
+                          total += sum;
+                        });
+    benchmark::DoNotOptimize(total.load());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * pool.layout.bytes()));
+}
+
 // An expert's bytes copied from a 256 MiB pool (the expert pack in host memory) into a 64 MiB one
 // (the expert cache, in huge pages as the engine's is), a different place of each every call, as
 // moe::HostBacking's Read does on a cache miss. `small_pages`: the pack in 4 KiB pages, as a
@@ -532,6 +570,15 @@ void RegisterBenchmarks() {
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark("ReadBandwidthAllThreads", BM_ReadBandwidthAllThreads)
         ->Args({shape[0], shape[1]})
+        ->ArgNames({"d", "n"})
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
+  for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8, WeightFormat::kInt4}) {
+    const std::string name = std::string("ReadPanels/") + WeightFormatName(format);
+    benchmark::RegisterBenchmark(name.c_str(), BM_ReadPanels, format)
+        ->Args({3584, 1024})
+        ->Args({1024, 3584})
         ->ArgNames({"d", "n"})
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
