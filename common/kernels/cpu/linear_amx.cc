@@ -196,11 +196,6 @@ struct AmxArgs {
   const float* xscale = nullptr;  // int: (rows, groups)
 };
 
-// A weight line asked for ahead (kWeightPrefetchAhead, kernels_internal.h).
-TANDEM_INLINE void Prefetch(const std::byte* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-}
-
 // y rows [m0, m0 + 16) (those below b) of panel `panel` from 16 rows of 16 floats, `ld` apart.
 TANDEM_INLINE void StoreRows(const AmxArgs& a, int m0, int panel, const float* c, int ld) {
   const int first = panel * kPanelRows;
@@ -212,12 +207,12 @@ TANDEM_INLINE void StoreRows(const AmxArgs& a, int m0, int panel, const float* c
   }
 }
 
-// bf16 panels [p_begin, p_end): per pair of panels and 16-row block, C += A B over 32-column
-// steps. A tile load alone leaves too few lines in flight at one or a few rows (a B tile is 16
-// lines, and one tile product's work per step is too short to cover the next tile's misses):
-// with the next step's B rows prefetched, the batch-1 products read 1.13-1.17x faster
-// (docs/benchmarks.md). The last step of a column count that is not a multiple of 32 (and a column
-// prefix) reads its B rows from a copy holding only the valid columns, zeros after.
+// bf16 panels [p_begin, p_end): per pair of panels and 16-row block, C += A B over 32-column steps.
+// A tile load alone leaves too few lines in flight at one or a few rows (a B tile is 16 lines, and
+// one tile product's work per step is too short to cover the next tile's misses): with the next
+// step's B rows prefetched, the batch-1 products read 1.13-1.17x faster (docs/benchmarks.md). The
+// last step of a column count that is not a multiple of 32 (and a column prefix) reads its B rows
+// from a copy holding only the valid columns, zeros after.
 template <class Tiles>
 void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
   TileConfig config;
@@ -255,8 +250,9 @@ void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
         // while this step's tiles run; the other blocks find them in cache.
         if (m0 == 0) {
           for (int q = 0; q < 2; ++q) {
-            const std::byte* next = panel[q] + (s + 1) * 16 * 64;
-            for (int line = 0; line < 16; ++line) Prefetch(next + 64 * line);
+            for (int line = 0; line < 16; ++line) {
+              PrefetchAhead(panel[q], int64_t{s + 1} * 16 * 64 + 64 * line);
+            }
           }
         }
         Tiles::template Load<kA>(a.x + m0 * a.ldh + s * 64, a.ldh);
@@ -345,9 +341,9 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
       for (int q = 0; q < 2; ++q) {
         const std::byte* values = panel[q] + g * group_bytes;
         for (int64_t line = 0; line < group_bytes; line += 64) {
-          Prefetch(values + kWeightPrefetchAhead + line);
+          PrefetchAhead(values, kWeightPrefetchAhead + line);
         }
-        Prefetch(panel[q] + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
+        PrefetchAhead(panel[q] + a.w.scale_offset + g * kPanelRows * 2, kScalePrefetchAhead);
         if constexpr (kInt4) {
           // Chunk j holds quads 2j (low nibbles) and 2j + 1 (high): B rows in quad order.
           for (int j = 0; j < quads / 2; ++j) {

@@ -47,11 +47,6 @@ TANDEM_INLINE const std::byte* Panel(const TileArgs& a, int panel) {
   return a.w.data + panel * a.w.panel_bytes;
 }
 
-// A weight line asked for ahead (kWeightPrefetchAhead, kernels_internal.h).
-TANDEM_INLINE void Prefetch(const std::byte* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-}
-
 // Stores 8 outputs of panel `panel` starting at its row `first` (0 or 8), as many as exist.
 TANDEM_INLINE void StoreHalf(const TileArgs& a, int m, int panel, int first, __m256 v) {
   const int row = panel * kPanelRows + first;
@@ -93,7 +88,7 @@ template <int M>
 TANDEM_INLINE void Bf16Pair(const TileArgs& a, const std::byte* panel, const float* x, int j,
                             bool last_odd, __m256 (&acc)[M][4]) {
   const __m128i keep = last_odd ? _mm_set1_epi32(0xffff) : _mm_set1_epi32(-1);
-  Prefetch(panel + static_cast<int64_t>(j) * kChunkBytes + kWeightPrefetchAhead);
+  PrefetchAhead(panel + static_cast<int64_t>(j) * kChunkBytes, kWeightPrefetchAhead);
   __m256 wv[4];
   for (int k = 0; k < 4; ++k) {
     wv[k] = WidenBf16(_mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
@@ -155,7 +150,7 @@ struct IntTileImpl {
       const __m256i offset = _mm256_set1_epi32(kInt4 ? 8 : 128);
       alignas(32) uint8_t levels[2][kChunkBytes];
       for (int g = 0; g < groups; ++g) {
-        Prefetch(panel + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
+        PrefetchAhead(panel + a.w.scale_offset + g * kPanelRows * 2, kScalePrefetchAhead);
         alignas(32) float scales[kPanelRows];
         _mm256_store_ps(scales, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
                                     panel + a.w.scale_offset + g * kPanelRows * 2))));
@@ -169,7 +164,7 @@ struct IntTileImpl {
         const int chunks = kInt4 ? group / 8 : group / 4;
         for (int c = 0; c < chunks; ++c) {
           const std::byte* chunk = panel + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
-          Prefetch(chunk + kWeightPrefetchAhead);
+          PrefetchAhead(chunk, kWeightPrefetchAhead);
           if constexpr (kInt4) {
             const __m256i mask = _mm256_set1_epi8(0x0f);
             for (int h = 0; h < 2; ++h) {
@@ -260,7 +255,8 @@ struct QuantizedTile {
       }
       const int8_t* xg = a.xq + int64_t{m0} * a.ldq + int64_t{g} * group;
       for (int q = 0; q < Q; ++q) {
-        Prefetch(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
+        PrefetchAhead(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2,
+                      kScalePrefetchAhead);
       }
       if constexpr (kInt4) {
         for (int c = 0; c < group / 8; ++c) {
@@ -268,7 +264,7 @@ struct QuantizedTile {
           for (int q = 0; q < Q; ++q) {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
-            Prefetch(chunk + kWeightPrefetchAhead);
+            PrefetchAhead(chunk, kWeightPrefetchAhead);
             for (int h = 0; h < 2; ++h) {
               const __m256i v =
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h));
@@ -294,7 +290,7 @@ struct QuantizedTile {
           for (int q = 0; q < Q; ++q) {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
-            Prefetch(chunk + kWeightPrefetchAhead);
+            PrefetchAhead(chunk, kWeightPrefetchAhead);
             for (int h = 0; h < 2; ++h) {
               level[q][h] = _mm256_xor_si256(
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * h)), flip);

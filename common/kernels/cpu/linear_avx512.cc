@@ -64,11 +64,6 @@ TANDEM_INLINE const std::byte* Panel(const TileArgs& a, int panel) {
   return a.w.data + panel * a.w.panel_bytes;
 }
 
-// A weight line asked for ahead (kWeightPrefetchAhead, kernels_internal.h).
-TANDEM_INLINE void Prefetch(const std::byte* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-}
-
 template <template <int, int> class Tile, int NP, int... I>
 constexpr auto MakeTileTable(std::integer_sequence<int, I...>) {
   return std::array<void (*)(const TileArgs&, int, int), sizeof...(I)>{
@@ -132,7 +127,7 @@ TANDEM_INLINE void Bf16F32Pair(const TileArgs& a, const float* x, int p0, int j,
   for (int q = 0; q < Q; ++q) {
     const std::byte* chunk = Panel(a, p0 + q) + static_cast<int64_t>(j) * kChunkBytes;
     const __m512i v = LoadChunk(chunk, last_odd);
-    Prefetch(chunk + kWeightPrefetchAhead);
+    PrefetchAhead(chunk, kWeightPrefetchAhead);
     wl[q] = WidenBf16(_mm512_castsi512_si256(v));
     wh[q] = WidenBf16(_mm512_extracti64x4_epi64(v, 1));
   }
@@ -223,7 +218,8 @@ struct IntF32TileImpl {
     for (int g = 0; g < groups; ++g) {
       __m512 scale[Q][4];
       for (int q = 0; q < Q; ++q) {
-        Prefetch(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
+        PrefetchAhead(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2,
+                      kScalePrefetchAhead);
         const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
             Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2)));
         for (int k = 0; k < 4; ++k) {
@@ -243,7 +239,7 @@ struct IntF32TileImpl {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
             __m512i v = _mm512_loadu_si512(chunk);
-            if (half == 0) Prefetch(chunk + kWeightPrefetchAhead);
+            if (half == 0) PrefetchAhead(chunk, kWeightPrefetchAhead);
             if constexpr (kInt4) {
               v = half == 0 ? _mm512_and_si512(v, nibbles)
                             : _mm512_and_si512(_mm512_srli_epi16(v, 4), nibbles);
@@ -366,7 +362,8 @@ struct VnniTileImpl {
       const int8_t* xg = a.xq + m0 * a.ldh + g * group;
 #pragma GCC unroll 4
       for (int q = 0; q < Q; ++q) {
-        Prefetch(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2 + kScalePrefetchAhead);
+        PrefetchAhead(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2,
+                      kScalePrefetchAhead);
       }
       if constexpr (kInt4) {
         for (int c = 0; c < group / 8; ++c) {
@@ -376,7 +373,7 @@ struct VnniTileImpl {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
             const __m512i v = _mm512_loadu_si512(chunk);
-            Prefetch(chunk + kWeightPrefetchAhead);
+            PrefetchAhead(chunk, kWeightPrefetchAhead);
             lo[q] = _mm512_and_si512(v, nibbles);
             hi[q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibbles);
           }
@@ -399,7 +396,7 @@ struct VnniTileImpl {
             const std::byte* chunk =
                 Panel(a, p0 + q) + g * group_bytes + static_cast<int64_t>(c) * kChunkBytes;
             wv[q] = _mm512_loadu_si512(chunk);
-            Prefetch(chunk + kWeightPrefetchAhead);
+            PrefetchAhead(chunk, kWeightPrefetchAhead);
           }
 #pragma GCC unroll 16
           for (int m = 0; m < M; ++m) {
@@ -498,7 +495,7 @@ TANDEM_INLINE void Bf16DpPair(const TileArgs& a, const uint16_t* x, int p0, int 
   for (int q = 0; q < Q; ++q) {
     const std::byte* chunk = Panel(a, p0 + q) + static_cast<int64_t>(j) * kChunkBytes;
     wv[q] = (__m512bh)LoadChunk(chunk, last_odd);
-    Prefetch(chunk + kWeightPrefetchAhead);
+    PrefetchAhead(chunk, kWeightPrefetchAhead);
   }
 #pragma GCC unroll 16
   for (int m = 0; m < M; ++m) {
