@@ -110,6 +110,22 @@ PackedPool MakePackedPool(WeightFormat format, int d, int n, bool small_pages) {
   return pool;
 }
 
+// MakePackedPool's pool, kept while the benchmarks ask for the same one (google benchmark runs
+// a benchmark's function several times to size its iterations): one shape at a time, 256 MiB.
+const PackedPool& CachedPackedPool(WeightFormat format, int d, int n, bool small_pages) {
+  using PoolKey = std::tuple<WeightFormat, int, int, bool>;
+  static std::map<PoolKey, PackedPool>* pools = new std::map<PoolKey, PackedPool>();
+  auto it = pools->find({format, d, n, small_pages});
+  if (it == pools->end()) {
+    pools->clear();
+    it =
+        pools
+            ->emplace(PoolKey{format, d, n, small_pages}, MakePackedPool(format, d, n, small_pages))
+            .first;
+  }
+  return it->second;
+}
+
 // Y (b, d) = X (b, n) @ W^T, W (d, n) packed in `format`. `impl`: "fast" (the level chosen for
 // this CPU), "fast_4k_pages" (the same over weights in 4 KiB pages), or a level's name. Bytes
 // are the packed weights' (scales included).
@@ -123,17 +139,7 @@ void BM_Linear(benchmark::State& state, const std::string& impl, WeightFormat fo
     state.SkipWithError("this CPU cannot run these kernels");
     return;
   }
-  using PoolKey = std::tuple<WeightFormat, int, int, bool>;
-  static std::map<PoolKey, PackedPool>* pools = new std::map<PoolKey, PackedPool>();
-  auto it = pools->find({format, d, n, small_pages});
-  if (it == pools->end()) {
-    pools->clear();  // one shape at a time: 256 MiB each
-    it =
-        pools
-            ->emplace(PoolKey{format, d, n, small_pages}, MakePackedPool(format, d, n, small_pages))
-            .first;
-  }
-  const PackedPool& pool = it->second;
+  const PackedPool& pool = CachedPackedPool(format, d, n, small_pages);
   std::vector<float> x(size_t{1} * b * n);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) * 0.125f - 1.0f;
   std::vector<float> y(size_t{1} * b * d);
@@ -212,7 +218,7 @@ void BM_ReadBandwidthAllThreads(benchmark::State& state) {
 void BM_ReadPanels(benchmark::State& state, WeightFormat format) {
   const int d = static_cast<int>(state.range(0));
   const int n = static_cast<int>(state.range(1));
-  const PackedPool pool = MakePackedPool(format, d, n, /*small_pages=*/false);
+  const PackedPool& pool = CachedPackedPool(format, d, n, /*small_pages=*/false);
   const int64_t panel_bytes = pool.layout.panel_bytes();
   const int64_t blocks = (pool.layout.panels() + 3) / 4;
   ThreadPool& threads = DefaultThreadPool();
