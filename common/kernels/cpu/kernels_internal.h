@@ -258,6 +258,13 @@ inline constexpr int kScalePrefetchAhead = 64;
 inline void PrefetchAhead(const std::byte* p, int64_t ahead) {
   __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + ahead), 0, 3);
 }
+// The scales of group g of `panel` in w's layout, and asking for those kScalePrefetchAhead on.
+inline const std::byte* GroupScales(const std::byte* panel, const PackedMatrix& w, int g) {
+  return panel + w.scale_offset + int64_t{g} * kPanelRows * 2;
+}
+inline void PrefetchScalesAhead(const std::byte* panel, const PackedMatrix& w, int g) {
+  PrefetchAhead(GroupScales(panel, w, g), kScalePrefetchAhead);
+}
 
 // Rope for the fast paths: the reference's arithmetic, with each angle's sine and cosine
 // computed once for all heads rather than once per head. Results equal the reference's.

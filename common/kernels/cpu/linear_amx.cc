@@ -343,7 +343,7 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
         for (int64_t line = 0; line < group_bytes; line += 64) {
           PrefetchAhead(values, kWeightPrefetchAhead + line);
         }
-        PrefetchAhead(panel[q] + a.w.scale_offset + g * kPanelRows * 2, kScalePrefetchAhead);
+        PrefetchScalesAhead(panel[q], a.w, g);
         if constexpr (kInt4) {
           // Chunk j holds quads 2j (low nibbles) and 2j + 1 (high): B rows in quad order.
           for (int j = 0; j < quads / 2; ++j) {
@@ -360,8 +360,8 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
                                _mm512_xor_si512(_mm512_loadu_si512(values + j * 64), flip));
           }
         }
-        scale[q] = _mm512_cvtph_ps(_mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(panel[q] + a.w.scale_offset + g * kPanelRows * 2)));
+        scale[q] = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(GroupScales(panel[q], a.w, g))));
       }
       for (int m0 = 0; m0 < a.b; m0 += 16) {
         Tiles::template Zero<kC0>();

@@ -150,13 +150,13 @@ struct IntTileImpl {
       const __m256i offset = _mm256_set1_epi32(kInt4 ? 8 : 128);
       alignas(32) uint8_t levels[2][kChunkBytes];
       for (int g = 0; g < groups; ++g) {
-        PrefetchAhead(panel + a.w.scale_offset + g * kPanelRows * 2, kScalePrefetchAhead);
+        PrefetchScalesAhead(panel, a.w, g);
         alignas(32) float scales[kPanelRows];
-        _mm256_store_ps(scales, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-                                    panel + a.w.scale_offset + g * kPanelRows * 2))));
+        _mm256_store_ps(scales, _mm256_cvtph_ps(_mm_loadu_si128(
+                                    reinterpret_cast<const __m128i*>(GroupScales(panel, a.w, g)))));
         _mm256_store_ps(scales + 8,
-                        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-                            panel + a.w.scale_offset + g * kPanelRows * 2 + 16))));
+                        _mm256_cvtph_ps(_mm_loadu_si128(
+                            reinterpret_cast<const __m128i*>(GroupScales(panel, a.w, g) + 16))));
         __m256 scale[8];
         for (int i = 0; i < 8; ++i) {
           scale[i] = _mm256_setr_m128(_mm_set1_ps(scales[2 * i]), _mm_set1_ps(scales[2 * i + 1]));
@@ -255,8 +255,7 @@ struct QuantizedTile {
       }
       const int8_t* xg = a.xq + int64_t{m0} * a.ldq + int64_t{g} * group;
       for (int q = 0; q < Q; ++q) {
-        PrefetchAhead(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2,
-                      kScalePrefetchAhead);
+        PrefetchScalesAhead(Panel(a, p0 + q), a.w, g);
       }
       if constexpr (kInt4) {
         for (int c = 0; c < group / 8; ++c) {
@@ -310,7 +309,7 @@ struct QuantizedTile {
         }
       }
       for (int q = 0; q < Q; ++q) {
-        const std::byte* scales = Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2;
+        const std::byte* scales = GroupScales(Panel(a, p0 + q), a.w, g);
         __m256 scale[2];
         for (int h = 0; h < 2; ++h) {
           scale[h] =

@@ -218,10 +218,9 @@ struct IntF32TileImpl {
     for (int g = 0; g < groups; ++g) {
       __m512 scale[Q][4];
       for (int q = 0; q < Q; ++q) {
-        PrefetchAhead(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2,
-                      kScalePrefetchAhead);
-        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-            Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2)));
+        PrefetchScalesAhead(Panel(a, p0 + q), a.w, g);
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(GroupScales(Panel(a, p0 + q), a.w, g))));
         for (int k = 0; k < 4; ++k) {
           const __m512i idx = _mm512_add_epi32(
               _mm512_set1_epi32(4 * k),
@@ -362,8 +361,7 @@ struct VnniTileImpl {
       const int8_t* xg = a.xq + m0 * a.ldh + g * group;
 #pragma GCC unroll 4
       for (int q = 0; q < Q; ++q) {
-        PrefetchAhead(Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2,
-                      kScalePrefetchAhead);
+        PrefetchScalesAhead(Panel(a, p0 + q), a.w, g);
       }
       if constexpr (kInt4) {
         for (int c = 0; c < group / 8; ++c) {
@@ -409,8 +407,8 @@ struct VnniTileImpl {
       __m512 scale[Q];
 #pragma GCC unroll 4
       for (int q = 0; q < Q; ++q) {
-        scale[q] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-            Panel(a, p0 + q) + a.w.scale_offset + g * kPanelRows * 2)));
+        scale[q] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(GroupScales(Panel(a, p0 + q), a.w, g))));
       }
 #pragma GCC unroll 16
       for (int m = 0; m < M; ++m) {
