@@ -326,9 +326,10 @@ enum class AttentionCase { kDecode, kPrefillBlock, kWalk };
 
 // Reads every K and V row of every KV head of positions [0, context) as the avx512bf16 decode
 // kernel does, with none of its arithmetic: tiles of 64 positions, per tile and KV head its K
-// rows then its V rows (and an int8 cache's scales), one 8-byte load a 64-byte line, the next
-// tile's rows of the head prefetched into L2 two positions at a time as the V rows are read
-// (PrefetchSlot's T1 prefetches).
+// rows then its V rows (and an int8 cache's scales), one 8-byte load a 64-byte line, and the
+// next tile's lines asked for into L2 as the kernel asks for them (NextTileLines' T1
+// prefetches, a K line and the V line beside it at a time, in address order: bf16 half a pair a
+// K or V line read, int8 a pair a V line read).
 uint64_t WalkKv(const PagedKv& kv, int context) {
   constexpr int kTile = 64;
   const size_t value_bytes = KvValueBytes(kv.dtype);
@@ -358,29 +359,42 @@ uint64_t WalkKv(const PagedKv& kv, int context) {
     std::memcpy(&x, at, sizeof(x));
     return x;
   };
+  // The next tile's line pairs, position by position (an int8 cache's scale lines with a
+  // position's first).
+  const size_t row_lines = (row_bytes + 63) / 64, head_lines = (head_bytes + 63) / 64;
+  const size_t pairs_a_row = int8 ? head_lines : (head_lines + 1) / 2;
+  int next_j = 0;  // the next pair to ask for: position, line of its row
+  size_t next_line = 0;
+  const auto ask = [&](int next_t0, int n_next) {
+    for (size_t i = 0; i < pairs_a_row && next_j < n_next; ++i) {
+      const int p = next_t0 + next_j;
+      if (int8 && next_line == 0) {
+        __builtin_prefetch(kv.k + scale_at(p, 0), 0, 2);
+        __builtin_prefetch(kv.v + scale_at(p, 0), 0, 2);
+      }
+      __builtin_prefetch(kv.k + row_at(p) + 64 * next_line, 0, 2);
+      __builtin_prefetch(kv.v + row_at(p) + 64 * next_line, 0, 2);
+      if (++next_line == row_lines) {
+        next_line = 0;
+        ++next_j;
+      }
+    }
+  };
   uint64_t sum = 0;
   for (int t0 = 0; t0 < context; t0 += kTile) {
     const int n = std::min(kTile, context - t0);
     const int n_next = std::clamp(context - t0 - kTile, 0, kTile);
+    next_j = 0;
     for (int h = 0; h < kv.num_kv_heads; ++h) {
       const size_t within = static_cast<size_t>(h) * head_bytes;
       for (int j = 0; j < n; ++j) {
+        if (!int8) ask(t0 + kTile, n_next);
         sum += read(kv.k + row_at(t0 + j) + within, head_bytes);
         if (int8)
           sum += read_scale(kv.k + scale_at(t0 + j, h)) + read_scale(kv.v + scale_at(t0 + j, h));
       }
       for (int j = 0; j < n; ++j) {
-        if (j < n_next) {
-          const size_t next = row_at(t0 + kTile + j) + within;
-          for (size_t line = 0; line < head_bytes; line += 64) {
-            __builtin_prefetch(kv.k + next + line, 0, 2);
-            __builtin_prefetch(kv.v + next + line, 0, 2);
-          }
-          if (int8) {
-            __builtin_prefetch(kv.k + scale_at(t0 + kTile + j, h), 0, 2);
-            __builtin_prefetch(kv.v + scale_at(t0 + kTile + j, h), 0, 2);
-          }
-        }
+        ask(t0 + kTile, n_next);
         sum += read(kv.v + row_at(t0 + j) + within, head_bytes);
       }
     }

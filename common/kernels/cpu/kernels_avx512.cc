@@ -476,29 +476,36 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
     const int n = std::min(kTile, context_end - t0);
     const int n_next = std::clamp(context_end - t0 - kTile, 0, kTile);
     slots.Advance(n, n_next);
+    const size_t first = static_cast<size_t>(kv_head_begin) * hd * kValueBytes;
+    const size_t bytes = static_cast<size_t>(kv_head_end - kv_head_begin) * hd * kValueBytes;
     // bf16: nothing prefetched the first tile, so its rows of every KV head of the range are
     // asked for at once, before any is scored (a part of a split context is often 4-8 tiles:
     // the engine's attention at 1,025 positions on 2 threads, bf16, ran 1.13x faster with it,
     // medians of six interleaved rounds; over int8 the tile's widening sets the pace).
     if (D == KvDtype::kBf16 && t0 == context_begin) {
-      const size_t first = static_cast<size_t>(kv_head_begin) * hd * kValueBytes;
-      const size_t bytes = static_cast<size_t>(kv_head_end - kv_head_begin) * hd * kValueBytes;
-      // All key rows before any value row (not PrefetchSlot's K and V a position at a time):
-      // the keys are scored first (four interleaved rounds at 1k: 0.95x with PrefetchSlot).
+      // All key rows before any value row (not K and V a position at a time): the keys are
+      // scored first (four interleaved rounds at 1k: 0.95x with K and V a position at a time).
       for (int j = 0; j < n; ++j) PrefetchPoolSlot(kv.k, slots.at[j], first, bytes);
       for (int j = 0; j < n; ++j) PrefetchPoolSlot(kv.v, slots.at[j], first, bytes);
     }
+    // The next tile's rows, a K and V line pair at a time in address order (NextTileLines):
+    // bf16 half a pair a key line as the keys are scored (spread over the chunks of each 16)
+    // and a pair a value line as the values are summed; int8 all of them as the values are
+    // summed (the tile's widening sets its pace).
+    NextTileLines<D == KvDtype::kInt8> ahead(kv, slots, n_next, first, bytes, row_bytes,
+                                             scales_offset, kv_head_begin);
     for (int kv_head = kv_head_begin; kv_head < kv_head_end; ++kv_head) {
       const int h0 = (kv_head - kv_head_begin) * group;
-      const size_t within = static_cast<size_t>(kv_head) * hd * kValueBytes;
-      // bf16: the next tile's key rows are prefetched as the scores run (line c of key j as
-      // chunk c of key j is scored), its value rows as the value products do, so that lines are
-      // asked for at an even pace through the tile (measured on Zen 4, one thread, from DRAM, two
-      // runs of five interleaved rounds: 1.32x and 1.33x faster than both during the value
-      // products, at the time a bare walk of the same bytes takes). int8: both as the value
+      // bf16: the next tile's lines are asked for as the scores run as well as the value
+      // products, at an even pace through the tile (measured on Zen 4, one thread, from DRAM,
+      // two runs of five interleaved rounds: 1.32x and 1.33x faster than only during the value
+      // products, at the time a bare walk of the same bytes takes). int8: only as the value
       // products run (its widening sets the pace; the split gained nothing).
       constexpr bool kKeysAhead = D == KvDtype::kBf16;
       constexpr int kKeyLines = static_cast<int>((hd * kValueBytes + 63) / 64);  // lines a key row
+      // Line pairs asked for while 16 keys are scored, spread over their chunks: half a pair a
+      // key line.
+      constexpr int kScoreAsks = 16 * ((kKeyLines + 1) / 2);
       // int8: levels widened to int16; the scales multiply scores and weights.
       GatherTileRows<kTile, C, D, Int8RowToInt16<C>>(kv, slots, n, kv_head, row_bytes,
                                                      scales_offset, zero_row, k_tile, v_tile,
@@ -511,12 +518,8 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
             for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
             for (int c = 0; c < 4 * C; ++c) {
               const __m512bh qc = (__m512bh)_mm512_loadu_si512(qk + 32 * c);
+              for (int l = 0; l < kScoreAsks / (4 * C); ++l) ahead.One();
               for (int j = 0; j < 16; ++j) {
-                if (c < kKeyLines && j0 + j < n_next) {
-                  _mm_prefetch(
-                      reinterpret_cast<const char*>(kv.k + slots.next[j0 + j] + within) + 64 * c,
-                      _MM_HINT_T1);
-                }
                 a[j] = _mm512_dpbf16_ps(
                     a[j], qc,
                     (__m512bh)_mm512_broadcast_i32x4(
@@ -569,12 +572,10 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
             for (int j = 0; j < 16; ++j) a[j] = _mm512_setzero_ps();
             for (int c = 0; c < C; ++c) {
               const __m512bh qc = (__m512bh)_mm512_loadu_si512(qh + 32 * c);
+              if (g == 0) {
+                for (int l = 0; l < kScoreAsks / C; ++l) ahead.One();
+              }
               for (int j = 0; j < 16; ++j) {
-                if (g == 0 && c < kKeyLines && j0 + j < n_next) {
-                  _mm_prefetch(
-                      reinterpret_cast<const char*>(kv.k + slots.next[j0 + j] + within) + 64 * c,
-                      _MM_HINT_T1);
-                }
                 a[j] =
                     _mm512_dpbf16_ps(a[j], qc, (__m512bh)_mm512_loadu_si512(krow[j0 + j] + 64 * c));
               }
@@ -670,22 +671,10 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
           }
         }
         for (int j = 0; j < n; j += 2) {
-          // The next tile's value rows of this KV head (int8: and its key rows), two positions
-          // per pair of values, spread over the arithmetic (PrefetchSlot).
+          // As many line pairs of the next tile as a value row of this KV head has lines (int8:
+          // twice as many), spread over the arithmetic.
           if (g0 == 0) {
-            for (int jn = j; jn < std::min(j + 2, n_next); ++jn) {
-              if constexpr (kKeysAhead) {
-                PrefetchPoolSlot(kv.v, slots.next[jn], within, hd * kValueBytes);
-              } else {
-                PrefetchSlot(kv, slots.next[jn], within, hd * kValueBytes);
-              }
-              if constexpr (D == KvDtype::kInt8) {  // and the line of its scales
-                const size_t scale_at = Int8ScaleAt(kv, slots.next[jn], slots.next_offset[jn],
-                                                    row_bytes, scales_offset, kv_head);
-                _mm_prefetch(reinterpret_cast<const char*>(kv.k + scale_at), _MM_HINT_T1);
-                _mm_prefetch(reinterpret_cast<const char*>(kv.v + scale_at), _MM_HINT_T1);
-              }
-            }
+            for (int l = 0; l < (kKeysAhead ? 1 : 2) * kKeyLines; ++l) ahead.One();
           }
           for (int c = 0; c < C; ++c) {
             const __m512i x = _mm512_loadu_si512(vrow[j] + 64 * c);
