@@ -57,7 +57,14 @@ constexpr int kMaxGroup = 128;
 // The tile instructions themselves. GCC's intrinsics paste the tile number into the assembly
 // text, so each tile this file uses is spelled out.
 struct HardwareTiles {
-  static void Configure(const TileConfig& config) { _tile_loadconfig(&config); }
+  static void Configure(const TileConfig& config) {
+    // GCC 12's _tile_loadconfig tells the compiler that it reads the configuration's first 8
+    // bytes (an "m" operand of a pointer's size): unless the whole of it escapes first, the
+    // stores of its rows and columns may be dropped as dead, and the first tile instruction
+    // then raises SIGILL (seen in a kernel whose configuration was built in a small function).
+    __asm__ volatile("" : : "r"(&config) : "memory");
+    _tile_loadconfig(&config);
+  }
   static void Release() { _tile_release(); }
   template <int T>
   static void Load(const void* p, int64_t stride) {
