@@ -77,23 +77,23 @@ inline size_t Int8ScaleAt(const PagedKv& kv, size_t slot, int offset, size_t row
          (static_cast<size_t>(offset) * kv.num_kv_heads + kv_head) * sizeof(float);
 }
 
-// Asks for the next tile's K and V rows of a KV head range into L2, a K line and the V line
-// beside it a call, in address order: position by position, line by line of the range's part of
-// the row (and, kScales, an int8 cache's scale lines as a position's first lines are asked for).
-// A decode kernel reads its tile one KV head at a time, key rows then value rows; asked for in
-// that order, the next tile's lines came from DRAM at 12.6 GB/s on one thread of an Intel Xeon,
-// against 18.5 in address order with the reads unchanged (two threads: 25.3 against 35.7 GB/s;
-// a 4k-position bf16 cache of the dummy-3b layout): pages read along their rows keep the
-// hardware's streams going. The kernel calls One() about as often as the tile has lines of a
-// pool to ask for (each key or value line it reads asks for half a line pair), so that the
-// asking is spread evenly over its arithmetic: a whole tile's prefetches in one burst hold the
-// core until the memory queue drains, and memory and arithmetic then add up rather than overlap
-// (measured: a bf16 decode query over 4k positions read 8-10 GB/s of KV on one thread with the
-// burst, 11-12 with the spread; tandem_kernels_bench --benchmark_filter=Attention). Into L2
+// Asks for the next tile's K and V rows of a KV head range into L2, a K line and the V line beside
+// it a call, in address order: position by position, line by line of the range's part of the row
+// (and, kScales, an int8 cache's scale lines as a position's first lines are asked for). A decode
+// kernel reads its tile one KV head at a time, key rows then value rows; asked for in that order,
+// the next tile's lines came from DRAM at 12.6 GB/s on one thread of an Intel Xeon, against 18.5 in
+// address order with the reads unchanged (two threads: 25.3 against 35.7 GB/s; a 4k-position bf16
+// cache of the dummy-3b layout): pages read along their rows keep the hardware's streams going. The
+// kernel calls One() about as often as the tile has lines of a pool to ask for (the avx512bf16
+// kernel over bf16: half a pair per key or value line it reads; the others a pair per value line),
+// so that the asking is spread evenly over its arithmetic: a whole tile's prefetches in one burst
+// hold the core until the memory queue drains, and memory and arithmetic then add up rather than
+// overlap (measured: a bf16 decode query over 4k positions read 8-10 GB/s of KV on one thread with
+// the burst, 11-12 with the spread; tandem_kernels_bench --benchmark_filter=Attention). Into L2
 // rather than L1 (T1, not T0; the likely reason: a tile's lines outnumber L1's few miss buffers,
-// which a T0 prefetch waits for) (measured on Zen 4, DRAM, five interleaved rounds: 1.85x faster
-// at avx512bf16 over bf16, 1.25x over int8, 1.52x at avx512 over f32, 1.68x at avx2 over bf16).
-// Past the tile's last line One() does nothing.
+// which a T0 prefetch waits for) (measured on Zen 4, DRAM, five interleaved rounds: 1.85x faster at
+// avx512bf16 over bf16, 1.25x over int8, 1.52x at avx512 over f32, 1.68x at avx2 over bf16). Past
+// the tile's last line One() does nothing.
 template <bool kScales>
 class NextTileLines {
  public:
