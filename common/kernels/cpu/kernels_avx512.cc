@@ -342,9 +342,10 @@ constexpr int kDecodeDotTile = 64;
 
 // A tile's key and value rows of one KV head for the dot-product kernels, into krow / vrow: a
 // bf16 cache's where they lie; an int8 cache's widened by `Widen` into k_tile / v_tile (hd
-// 16-bit values a position), with their scales. Positions [n, kTile) read `zero_row` (and
-// scales 0).
-template <int kTile, int C, KvDtype D, void (*Widen)(const std::byte*, uint16_t*)>
+// 16-bit values a position), with their scales, its values left where they lie unless
+// kWidenValues. Positions [n, kTile) read `zero_row` (and scales 0).
+template <int kTile, int C, KvDtype D, void (*Widen)(const std::byte*, uint16_t*),
+          bool kWidenValues = true>
 TANDEM_INLINE void GatherTileRows(const PagedKv& kv, const TileSlots& slots, int n, int kv_head,
                                   size_t row_bytes, size_t scales_offset, const std::byte* zero_row,
                                   uint16_t* k_tile, uint16_t* v_tile, float* k_scales,
@@ -361,11 +362,15 @@ TANDEM_INLINE void GatherTileRows(const PagedKv& kv, const TileSlots& slots, int
       std::memcpy(&k_scales[j], kv.k + scale_at, sizeof(float));
       std::memcpy(&v_scales[j], kv.v + scale_at, sizeof(float));
       uint16_t* kb = k_tile + static_cast<size_t>(j) * hd;
-      uint16_t* vb = v_tile + static_cast<size_t>(j) * hd;
       Widen(kv.k + slots.at[j] + within, kb);
-      Widen(kv.v + slots.at[j] + within, vb);
       krow[j] = reinterpret_cast<const std::byte*>(kb);
-      vrow[j] = reinterpret_cast<const std::byte*>(vb);
+      if constexpr (kWidenValues) {
+        uint16_t* vb = v_tile + static_cast<size_t>(j) * hd;
+        Widen(kv.v + slots.at[j] + within, vb);
+        vrow[j] = reinterpret_cast<const std::byte*>(vb);
+      } else {
+        vrow[j] = kv.v + slots.at[j] + within;
+      }
     }
   }
   for (int j = n; j < kTile; ++j) {
@@ -399,7 +404,8 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   thread_local std::vector<float> scratch;
   // qb (heads, hd) bf16 | acc (heads + kHeadBlock, hd) | scores (group, tile) | pairs (group +
   // kHeadBlock, tile / 2) | max, sum, alpha (heads + kHeadBlock) | a zero row (hd bf16) | int8:
-  // the tile's keys and values as int16 (tile, hd) each, their scales (tile) each, the query and
+  // the tile's keys as int16 (tile, hd), room for its values as int16 (tile, hd; unused: they
+  // are widened as the value products read them), their scales (tile) each, the query and
   // weight levels (heads + kHeadBlock) each | four heads a KV head: the interleaved queries
   // (heads, hd) 16-bit
   const size_t need = static_cast<size_t>(kTile) * (hd + 2) + static_cast<size_t>(heads) * hd / 2 +
@@ -507,9 +513,9 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
       // key line.
       constexpr int kScoreAsks = 16 * ((kKeyLines + 1) / 2);
       // int8: levels widened to int16; the scales multiply scores and weights.
-      GatherTileRows<kTile, C, D, Int8RowToInt16<C>>(kv, slots, n, kv_head, row_bytes,
-                                                     scales_offset, zero_row, k_tile, v_tile,
-                                                     k_scales, v_scales, krow, vrow);
+      GatherTileRows<kTile, C, D, Int8RowToInt16<C>, false>(kv, slots, n, kv_head, row_bytes,
+                                                            scales_offset, zero_row, k_tile, v_tile,
+                                                            k_scales, v_scales, krow, vrow);
       if (packed) {
         const uint16_t* qk = qp + static_cast<size_t>(h0) * hd;
         for (int j0 = 0; j0 < n; j0 += 16) {
@@ -677,8 +683,17 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
             for (int l = 0; l < (kKeysAhead ? 1 : 2) * kKeyLines; ++l) ahead.One();
           }
           for (int c = 0; c < C; ++c) {
-            const __m512i x = _mm512_loadu_si512(vrow[j] + 64 * c);
-            const __m512i y = _mm512_loadu_si512(vrow[j + 1] + 64 * c);
+            // int8: widened as read (not into the tile with the keys).
+            const auto row = [&](int i) {
+              if constexpr (D == KvDtype::kInt8) {
+                return _mm512_cvtepi8_epi16(
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow[i] + 32 * c)));
+              } else {
+                return _mm512_loadu_si512(vrow[i] + 64 * c);
+              }
+            };
+            const __m512i x = row(j);
+            const __m512i y = row(j + 1);
             const __m512i lo = _mm512_unpacklo_epi16(x, y);
             const __m512i hi = _mm512_unpackhi_epi16(x, y);
             for (int k = 0; k < kHeadBlock; ++k) {
