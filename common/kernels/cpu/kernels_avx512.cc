@@ -342,8 +342,8 @@ constexpr int kDecodeDotTile = 64;
 
 // A tile's key and value rows of one KV head for the dot-product kernels, into krow / vrow: a
 // bf16 cache's where they lie; an int8 cache's widened by `Widen` into k_tile / v_tile (hd
-// 16-bit values a position), with their scales, its values left where they lie unless
-// kWidenValues. Positions [n, kTile) read `zero_row` (and scales 0).
+// 16-bit values a position), with their scales, its values left where they lie (and v_tile
+// unused) unless kWidenValues. Positions [n, kTile) read `zero_row` (and scales 0).
 template <int kTile, int C, KvDtype D, void (*Widen)(const std::byte*, uint16_t*),
           bool kWidenValues = true>
 TANDEM_INLINE void GatherTileRows(const PagedKv& kv, const TileSlots& slots, int n, int kv_head,
@@ -404,16 +404,16 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   thread_local std::vector<float> scratch;
   // qb (heads, hd) bf16 | acc (heads + kHeadBlock, hd) | scores (group, tile) | pairs (group +
   // kHeadBlock, tile / 2) | max, sum, alpha (heads + kHeadBlock) | a zero row (hd bf16) | int8:
-  // the tile's keys as int16 (tile, hd), room for its values as int16 (tile, hd; unused: they
-  // are widened as the value products read them), their scales (tile) each, the query and
+  // the tile's keys as int16 (tile, hd; its values are widened as the value products read
+  // them), the keys' and the values' scales (tile) each, the query and
   // weight levels (heads + kHeadBlock) each | four heads a KV head: the interleaved queries
   // (heads, hd) 16-bit
-  const size_t need = static_cast<size_t>(kTile) * (hd + 2) + static_cast<size_t>(heads) * hd / 2 +
-                      static_cast<size_t>(heads + kHeadBlock) * hd +
-                      static_cast<size_t>(group) * kTile +
-                      static_cast<size_t>(group + kHeadBlock) * kTile / 2 +
-                      5 * static_cast<size_t>(heads + kHeadBlock) + hd / 2 + 16 +
-                      static_cast<size_t>(heads) * hd / 2;
+  const size_t need =
+      static_cast<size_t>(kTile) * (hd / 2 + 2) + static_cast<size_t>(heads) * hd / 2 +
+      static_cast<size_t>(heads + kHeadBlock) * hd + static_cast<size_t>(group) * kTile +
+      static_cast<size_t>(group + kHeadBlock) * kTile / 2 +
+      5 * static_cast<size_t>(heads + kHeadBlock) + hd / 2 + 16 +
+      static_cast<size_t>(heads) * hd / 2;
   if (scratch.size() < need) scratch.resize(need);
   auto* qb = reinterpret_cast<uint16_t*>(scratch.data());  // bf16, or int16 for int8 caches
   float* acc = scratch.data() + static_cast<size_t>(heads) * hd / 2;
@@ -427,8 +427,7 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
   std::fill(reinterpret_cast<float*>(alphas + heads + kHeadBlock),
             reinterpret_cast<float*>(alphas + heads + kHeadBlock) + hd / 2, 0.0f);
   auto* k_tile = reinterpret_cast<uint16_t*>(alphas + heads + kHeadBlock + hd / 2);  // int8 only
-  uint16_t* v_tile = k_tile + static_cast<size_t>(kTile) * hd;
-  float* k_scales = reinterpret_cast<float*>(v_tile + static_cast<size_t>(kTile) * hd);
+  float* k_scales = reinterpret_cast<float*>(k_tile + static_cast<size_t>(kTile) * hd);
   float* v_scales = k_scales + kTile;
   // int8: each head's query level (times the scale) and this tile's weight level.
   float* q_levels = v_scales + kTile;
@@ -512,10 +511,10 @@ void AttendBf16Dot(const float* q, int num_heads, const PagedKv& kv, int context
       // Line pairs asked for while 16 keys are scored, spread over their chunks: half a pair a
       // key line.
       constexpr int kScoreAsks = 16 * ((kKeyLines + 1) / 2);
-      // int8: levels widened to int16; the scales multiply scores and weights.
-      GatherTileRows<kTile, C, D, Int8RowToInt16<C>, false>(kv, slots, n, kv_head, row_bytes,
-                                                            scales_offset, zero_row, k_tile, v_tile,
-                                                            k_scales, v_scales, krow, vrow);
+      // int8: key levels widened to int16; the scales multiply scores and weights.
+      GatherTileRows<kTile, C, D, Int8RowToInt16<C>, false>(
+          kv, slots, n, kv_head, row_bytes, scales_offset, zero_row, k_tile,
+          /*v_tile=*/nullptr, k_scales, v_scales, krow, vrow);
       if (packed) {
         const uint16_t* qk = qp + static_cast<size_t>(h0) * hd;
         for (int j0 = 0; j0 < n; j0 += 16) {
