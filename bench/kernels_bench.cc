@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <random>
 #include <string>
@@ -24,7 +25,12 @@
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "common/engine/sampling.h"
+#include "common/kernels/cpu/amx_tiles.h"
 #include "common/kernels/cpu/kernels.h"
 #include "common/kernels/cpu/thread_pool.h"
 #include "common/kernels/kv_format.h"
@@ -465,6 +471,89 @@ void BM_Attention(benchmark::State& state, KvDtype dtype, AttentionCase which) {
                  (from_dram ? ", DRAM" : ", in cache"));
 }
 
+#if defined(__x86_64__)
+// `count` rounds of four independent tile products (two A tiles by two B tiles, into four C
+// tiles of 16 x 16 int32 / float32): TDPBF16PS (bf16) or TDPBSSD, each A row `a_bytes` long
+// (the product's depth: a_bytes / 2 bf16 or a_bytes int8 columns); `stored`: each C tile
+// stored to memory after its product, as a quantized product's group sums are.
+__attribute__((target("amx-tile,amx-int8,amx-bf16"), noinline)) void TileProducts(int64_t count,
+                                                                                  bool bf16,
+                                                                                  int a_bytes,
+                                                                                  bool stored) {
+  AmxTileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  for (int t : {2, 3}) config.colsb[t] = static_cast<uint16_t>(a_bytes);
+  for (int t : {4, 5}) config.rows[t] = static_cast<uint8_t>(a_bytes / 4);
+  alignas(64) static const std::byte operands[16 * 64] = {};
+  __asm__ volatile("" : : "r"(&config) : "memory");  // see linear_amx.cc's Configure
+  _tile_loadconfig(&config);
+  _tile_loadd(2, operands, 64);
+  _tile_loadd(3, operands, 64);
+  _tile_loadd(4, operands, 64);
+  _tile_loadd(5, operands, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(6);
+  _tile_zero(7);
+  alignas(64) std::byte c[4][16 * 64];
+  for (int64_t i = 0; i < count; ++i) {
+    if (stored) {
+      _tile_dpbssd(0, 2, 4);
+      _tile_stored(0, c[0], 64);
+      _tile_dpbssd(1, 2, 5);
+      _tile_stored(1, c[1], 64);
+      _tile_dpbssd(6, 3, 4);
+      _tile_stored(6, c[2], 64);
+      _tile_dpbssd(7, 3, 5);
+      _tile_stored(7, c[3], 64);
+    } else if (bf16) {
+      _tile_dpbf16ps(0, 2, 4);
+      _tile_dpbf16ps(1, 2, 5);
+      _tile_dpbf16ps(6, 3, 4);
+      _tile_dpbf16ps(7, 3, 5);
+    } else {
+      _tile_dpbssd(0, 2, 4);
+      _tile_dpbssd(1, 2, 5);
+      _tile_dpbssd(6, 3, 4);
+      _tile_dpbssd(7, 3, 5);
+    }
+  }
+  _tile_stored(0, c[0], 64);
+  benchmark::DoNotOptimize(c);
+  _tile_release();
+}
+#endif
+
+// The time of one AMX tile product (16 x 16 outputs) on one thread, by instruction and by the
+// bytes of each A row it reads (state.range(0)): TDPBSSD over 32 int8 columns against 64,
+// TDPBF16PS over 32 bf16 columns (64 bytes), and TDPBSSD with its C tile stored after each
+// product. A quantized product in groups of 32 folds each group's sums apart, so its tile
+// products are 32 columns deep and each is followed by a store: docs/benchmarks.md compares
+// their time with bf16's. Runs only where the level in use is amx (Linux granted the tiles).
+void BM_TileProduct(benchmark::State& state, bool bf16, bool stored) {
+  const Backend& backend = ActiveBackend();
+  if (std::string(backend.name) != "amx") {
+    state.SkipWithError(
+        (std::string("needs AMX tiles: this CPU's level is ") + backend.name).c_str());
+    return;
+  }
+#if defined(__x86_64__)
+  constexpr int64_t kRounds = 4096;
+  const int a_bytes = static_cast<int>(state.range(0));
+  for (auto _ : state) TileProducts(kRounds, bf16, a_bytes, stored);
+  const double products = static_cast<double>(state.iterations()) * kRounds * 4;
+  state.counters["ns/product"] = benchmark::Counter(
+      products * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  // Multiply-adds a nanosecond: 16 x 16 outputs, each a_bytes / (2 or 1) columns deep.
+  state.counters["macs/ns"] = benchmark::Counter(
+      products * 256 * (bf16 ? a_bytes / 2 : a_bytes) * 1e-9, benchmark::Counter::kIsRate);
+  state.SetLabel(bf16 ? "TDPBF16PS" : stored ? "TDPBSSD, then TILESTORED" : "TDPBSSD");
+#endif
+}
+
 // One Gated DeltaNet value head (128 x 128, the published Qwen3.6's) over a prompt of
 // state.range(0) tokens on one thread, at the level in use: in one call (chunks of 64, matrix
 // products) or one call per token (the recurrence decode runs). Reports tokens per second.
@@ -537,6 +626,23 @@ void RegisterBenchmarks() {
         ->ArgName("tokens")
         ->Unit(benchmark::kMillisecond);
   }
+
+  benchmark::RegisterBenchmark("TileProduct/int8", BM_TileProduct, /*bf16=*/false,
+                               /*stored=*/false)
+      ->Arg(32)
+      ->Arg(64)
+      ->ArgName("a_row_bytes")
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("TileProduct/int8_stored", BM_TileProduct, /*bf16=*/false,
+                               /*stored=*/true)
+      ->Arg(32)
+      ->ArgName("a_row_bytes")
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("TileProduct/bf16", BM_TileProduct, /*bf16=*/true,
+                               /*stored=*/false)
+      ->Arg(64)
+      ->ArgName("a_row_bytes")
+      ->Unit(benchmark::kMicrosecond);
 
   for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kInt8}) {
     for (const auto& [which, case_name] :
@@ -617,8 +723,9 @@ void RegisterBenchmarks() {
                            "avx512vnni", "avx512bf16"}) {
     for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8, WeightFormat::kInt4}) {
       for (const auto& shape : shapes) {
-        for (int64_t b : {1, 4, 16, 64}) {
+        for (int64_t b : {1, 4, 16, 64, 128}) {
           if (std::string(impl) == "fast_4k_pages" && b > 1) continue;  // batch 1 reads most
+          if (b == 128 && std::string(impl) != "fast") continue;        // a prompt's chunk
           const std::string name = std::string("Linear/") + WeightFormatName(format) + "/" + impl;
           benchmark::RegisterBenchmark(name.c_str(), BM_Linear, std::string(impl), format)
               ->Args({shape[0], shape[1], b})

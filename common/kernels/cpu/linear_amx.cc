@@ -20,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/kernels/cpu/amx_tiles.h"
 #include "common/kernels/cpu/intrinsics.h"
 #include "common/kernels/cpu/kernels_internal.h"
 
@@ -39,15 +40,7 @@ namespace {
 
 #define TANDEM_INLINE inline __attribute__((always_inline))
 
-// The 64-byte operand of LDTILECFG (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64);
+using TileConfig = AmxTileConfig;
 
 // Tiles used: C0, C1 accumulate two panels; A the activations; B0, B1 the two panels' weights.
 constexpr int kC0 = 0, kC1 = 1, kA = 2, kB0 = 3, kB1 = 4;
@@ -283,10 +276,13 @@ void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
 // 128) and multiplied in TDPBSSD against every 16-row block of activations, in steps of up to
 // 64 columns; each block's integer sums are then folded into its float32 accumulators, acc +=
 // C * (weight scale * activation scale), in group order: the VNNI kernels' sums, so the same
-// bits. The fold, three vector operations per row and panel for each group, is what bounds
-// this kernel; making B once per group (not per row block) and signed (no offset term) keeps
-// it to that. The lines a kilobyte past the group's are asked for as it is made: at 16 rows
-// (a decode batch) the memory still sets much of the pace.
+// bits. What bounds it (docs/benchmarks.md, Intel Xeon with AMX): a tile product takes as long
+// over a group of 32 columns as over 64, and as bf16's over 32; each group's sums then leave
+// the tile in a store that takes about as long again; and the fold, three vector operations
+// per row and panel for each group, did not overlap the tile instructions. Making B once per
+// group (not per row block) and signed (no offset term) keeps it to that. The lines a kilobyte
+// past the group's are asked for as it is made: at 16 rows (a decode batch) the memory still
+// sets much of the pace.
 template <class Tiles, bool kInt4>
 void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
   const int group = a.w.group;
