@@ -13,6 +13,7 @@
 
 #include <sys/mman.h>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -487,13 +488,18 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16"), noinline)) void TileProduct
   }
   for (int t : {2, 3}) config.colsb[t] = static_cast<uint16_t>(a_bytes);
   for (int t : {4, 5}) config.rows[t] = static_cast<uint8_t>(a_bytes / 4);
-  alignas(64) static const std::byte operands[16 * 64] = {};
+  // Operands of non-zero values (int8 63, bf16 0.75), in case a unit shortcuts zeros.
+  alignas(64) static const std::array<uint8_t, 16 * 64> operands = [] {
+    std::array<uint8_t, 16 * 64> bytes;
+    bytes.fill(0x3f);
+    return bytes;
+  }();
   __asm__ volatile("" : : "r"(&config) : "memory");  // see linear_amx.cc's Configure
   _tile_loadconfig(&config);
-  _tile_loadd(2, operands, 64);
-  _tile_loadd(3, operands, 64);
-  _tile_loadd(4, operands, 64);
-  _tile_loadd(5, operands, 64);
+  _tile_loadd(2, operands.data(), 64);
+  _tile_loadd(3, operands.data(), 64);
+  _tile_loadd(4, operands.data(), 64);
+  _tile_loadd(5, operands.data(), 64);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(6);
