@@ -40,8 +40,6 @@ namespace {
 
 #define TANDEM_INLINE inline __attribute__((always_inline))
 
-using TileConfig = AmxTileConfig;
-
 // Tiles used: C0, C1 accumulate two panels; A the activations; B0, B1 the two panels' weights.
 constexpr int kC0 = 0, kC1 = 1, kA = 2, kB0 = 3, kB1 = 4;
 // The largest quantization group (ValidGroup, packed_matrix.cc).
@@ -50,7 +48,7 @@ constexpr int kMaxGroup = 128;
 // The tile instructions themselves. GCC's intrinsics paste the tile number into the assembly
 // text, so each tile this file uses is spelled out.
 struct HardwareTiles {
-  static void Configure(const TileConfig& config) {
+  static void Configure(const AmxTileConfig& config) {
     // GCC 12's _tile_loadconfig tells the compiler that it reads the configuration's first 8
     // bytes (an "m" operand of a pointer's size): unless the whole of it escapes first, the
     // stores of its rows and columns may be dropped as dead, and the first tile instruction
@@ -112,14 +110,14 @@ struct HardwareTiles {
 // per thread, rows and bytes per row from the configuration, zeros past them.
 struct EmulatedTiles {
   struct State {
-    TileConfig config;
+    AmxTileConfig config;
     alignas(64) uint8_t tiles[8][16][64];
   };
   static State& state() {
     thread_local State s;
     return s;
   }
-  static void Configure(const TileConfig& config) {
+  static void Configure(const AmxTileConfig& config) {
     state().config = config;
     std::memset(state().tiles, 0, sizeof(state().tiles));
   }
@@ -215,7 +213,7 @@ TANDEM_INLINE void StoreRows(const AmxArgs& a, int m0, int panel, const float* c
 // from a copy holding only the valid columns, zeros after.
 template <class Tiles>
 void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
-  TileConfig config;
+  AmxTileConfig config;
   for (int t : {kC0, kC1, kA, kB0, kB1}) {
     config.rows[t] = 16;
     config.colsb[t] = 64;
@@ -278,7 +276,7 @@ void Bf16Panels(const AmxArgs& a, int p_begin, int p_end) {
 // C * (weight scale * activation scale), in group order: the VNNI kernels' sums, so the same
 // bits. What bounds it (docs/benchmarks.md, Intel Xeon with AMX): a tile product takes as long
 // over a group of 32 columns as over 64, and as bf16's over 32; each group's sums then leave
-// the tile in a store that takes about as long again; and the fold, three vector operations
+// the tile in a store that takes nearly as long again; and the fold, three vector operations
 // per row and panel for each group, did not overlap the tile instructions. Making B once per
 // group (not per row block) and signed (no offset term) keeps it to that. The lines a kilobyte
 // past the group's are asked for as it is made: at 16 rows (a decode batch) the memory still
@@ -288,7 +286,7 @@ void IntPanels(const AmxArgs& a, int p_begin, int p_end) {
   const int group = a.w.group;
   const int groups = a.w.cols / group;
   const int step = std::min(group, 64);  // columns per tile product
-  TileConfig config;
+  AmxTileConfig config;
   for (int t : {kC0, kC1}) {
     config.rows[t] = 16;
     config.colsb[t] = 64;
