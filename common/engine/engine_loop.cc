@@ -131,19 +131,8 @@ void EngineLoop::Run() {
     if (!status.ok()) {
       TANDEM_LOG(ERROR) << "engine step failed: " << status;
     }
-    for (SequenceOutput& out : outputs) {
-      auto ours = by_scheduler_id_.find(out.id);
-      if (ours == by_scheduler_id_.end()) continue;
-      const SequenceId id = ours->second;
-      auto it = live_.find(id);
-      const bool last = out.finish != FinishReason::kNone || !out.status.ok();
-      out.id = id;
-      util::Guarded("engine output callback", [&] { it->second.on_output(out); });
-      if (last) {
-        by_scheduler_id_.erase(ours);
-        live_.erase(it);
-      }
-    }
+    // The step's load and its report first, then its outputs: whatever an output sets off
+    // (a handoff, a reply, a client scraping /metrics after it) sees the step counted.
     {
       absl::MutexLock lock(&mu_);
       load_.running = scheduler_->num_running();
@@ -168,6 +157,19 @@ void EngineLoop::Run() {
       report.prefill_tokens = after.prefill_tokens - before.prefill_tokens;
       for (const SequenceOutput& out : outputs) report.generated += out.token.has_value();
       util::Guarded("engine step observer", [&] { observer_(report); });
+    }
+    for (SequenceOutput& out : outputs) {
+      auto ours = by_scheduler_id_.find(out.id);
+      if (ours == by_scheduler_id_.end()) continue;
+      const SequenceId id = ours->second;
+      auto it = live_.find(id);
+      const bool last = out.finish != FinishReason::kNone || !out.status.ok();
+      out.id = id;
+      util::Guarded("engine output callback", [&] { it->second.on_output(out); });
+      if (last) {
+        by_scheduler_id_.erase(ours);
+        live_.erase(it);
+      }
     }
     // Work that cannot run yet (every sequence waiting on blocks): do not spin.
     if (!scheduler_->idle() && scheduler_->counters().steps == before.steps) {

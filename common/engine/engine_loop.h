@@ -50,8 +50,9 @@ class EngineLoop {
   using StepObserver = std::function<void(const StepReport&)>;
 
   // Takes the scheduler (and through it the forward pass it steps) and starts the thread.
-  // `observer`, if set, is called on the engine thread after every step, and after
-  // cancellations that no step follows.
+  // `observer`, if set, is called on the engine thread after every step (before the step's
+  // outputs go to their callbacks, so that what an output sets off sees the step counted),
+  // and after cancellations that no step follows.
   static std::unique_ptr<EngineLoop> Start(std::unique_ptr<Scheduler> scheduler,
                                            StepObserver observer = nullptr);
   // Stops the thread; every sequence still live gets a last output with status CANCELLED.

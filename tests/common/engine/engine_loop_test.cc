@@ -205,6 +205,29 @@ TEST_F(EngineLoopTest, ObserverSeesTheLoopEmptyAfterACancelThatNoStepFollows) {
   }
 }
 
+TEST_F(EngineLoopTest, AStepIsObservedBeforeItsOutputsLeave) {
+  // Metrics come from the observer, and an output sets off replies and handoffs: a client that
+  // has its tokens and then reads /metrics must find the steps that made them counted.
+  std::atomic<int> observed{0};
+  StartLoop([&](const EngineLoop::StepReport& report) { observed += report.generated; });
+  absl::Cleanup stop_loop = [&] { loop_.reset(); };
+  std::atomic<int> delivered{0}, early{0};
+  SequenceRequest request;
+  request.prompt_ids = Prompt(3);
+  request.params.max_tokens = 6;
+  auto record = Record(0);
+  ASSERT_TRUE(loop_
+                  ->Submit(std::move(request),
+                           [&, record](const SequenceOutput& out) {
+                             if (out.token && ++delivered > observed.load()) ++early;
+                             record(out);
+                           })
+                  .ok());
+  ASSERT_TRUE(testing::WaitUntil([&] { return AllDone(1); }, absl::Seconds(30)));
+  EXPECT_EQ(delivered.load(), 6);
+  EXPECT_EQ(early.load(), 0) << "outputs went out before their step was observed";
+}
+
 TEST_F(EngineLoopTest, ShutdownEndsLiveSequencesWithCancelled) {
   for (int k = 0; k < 3; ++k) {
     SequenceRequest request;
