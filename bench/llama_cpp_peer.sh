@@ -113,18 +113,19 @@ if ((tandem)); then
         dir=$ckpt-int$bits
         # As llama.cpp's Q8_0 quantizes every matrix, int8 includes the lm_head; int4 has an
         # int8 one (Q4_0 keeps its output matrix at 6 bits; an int4 lm_head costs perplexity,
-        # docs/quantization.md).
+        # docs/quantization.md). Groups of 32, as Q8_0's and Q4_0's blocks (tandem quantize's
+        # default on this model is 128).
         modules=experts,attention,shared_expert,dense_mlp,lm_head
-        head_bits=8
+        head_bits=8 group=32
         # $dir.done holds the modules (and head bits) of a finished quantization: an interrupted
         # one, or one of other modules, is made again.
-        if [[ "$(cat "$dir.done" 2>/dev/null)" != "$modules;lm_head_bits=$head_bits" ||
+        if [[ "$(cat "$dir.done" 2>/dev/null)" != "$modules;lm_head_bits=$head_bits;group=$group" ||
               "$ckpt/model.safetensors" -nt "$dir.done" ]]; then
-          say "tandem quantize --bits $bits --modules $modules -> $dir"
+          say "tandem quantize --bits $bits --group_size $group --modules $modules -> $dir"
           rm -rf "$dir" "$dir.done"
           build/bin/tandem quantize --model "$ckpt" --bits "$bits" --modules "$modules" \
-            --lm_head_bits "$head_bits" --out "$dir" >&2
-          echo "$modules;lm_head_bits=$head_bits" > "$dir.done"
+            --lm_head_bits "$head_bits" --group_size "$group" --out "$dir" >&2
+          echo "$modules;lm_head_bits=$head_bits;group=$group" > "$dir.done"
         fi
         printf -v "tandem_int$bits" %s "$dir"
       done

@@ -6,6 +6,7 @@
 #include <map>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine/model_weights.h"
 #include "common/engine/overlay.h"
@@ -17,13 +18,18 @@
 
 namespace tandem::engine {
 
-absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOptions& options,
-                                const std::string& out_dir) {
+absl::StatusOr<int> QuantizeCheckpoint(const std::string& model_dir, const QuantizeOptions& options,
+                                       const std::string& out_dir) {
   namespace fs = std::filesystem;
   using Json = nlohmann::json;
   std::error_code error;
   if (fs::exists(out_dir, error) && fs::equivalent(model_dir, out_dir, error)) {
     return absl::InvalidArgumentError("the quantized checkpoint must go to another directory");
+  }
+  if (options.group_size != 0 && options.group_size != 32 && options.group_size != 64 &&
+      options.group_size != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--group_size must be 32, 64 or 128 (0: the largest that fits), got ", options.group_size));
   }
   if (options.bits != 8 && options.bits != 4) {
     return absl::InvalidArgumentError(absl::StrCat("--bits must be 8 or 4, got ", options.bits));
@@ -61,17 +67,34 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   if (modules.empty()) {
     return absl::InvalidArgumentError("the model has none of the modules chosen to quantize");
   }
-  config_json["quantization_config"] = {{"quant_method", "tandem"},
-                                        {"bits", options.bits},
-                                        {"group_size", options.group_size},
-                                        {"symmetric", true},
-                                        {"modules", modules}};
-  if (options.lm_head_bits != 0 && options.lm_head_bits != options.bits &&
-      !source.tie_word_embeddings) {
-    config_json["quantization_config"]["lm_head_bits"] = options.lm_head_bits;
+  // Parsing the new config checks the group against every quantized matrix's width; without a
+  // group asked for, the largest that passes.
+  absl::StatusOr<model::ModelConfig> parsed = absl::InvalidArgumentError("no group size tried");
+  int group_size = 0;
+  for (int g : options.group_size != 0 ? std::vector<int>{options.group_size}
+                                       : std::vector<int>{128, 64, 32}) {
+    group_size = g;
+    config_json["quantization_config"] = {{"quant_method", "tandem"},
+                                          {"bits", options.bits},
+                                          {"group_size", group_size},
+                                          {"symmetric", true},
+                                          {"modules", modules}};
+    if (options.lm_head_bits != 0 && options.lm_head_bits != options.bits &&
+        !source.tie_word_embeddings) {
+      config_json["quantization_config"]["lm_head_bits"] = options.lm_head_bits;
+    }
+    parsed = model::ParseModelConfig(config_json.dump());
+    // Only a group that does not divide a width makes the next (smaller) one worth a try.
+    if (parsed.ok() ||
+        !absl::StrContains(parsed.status().message(), "quantization_config.group_size")) {
+      break;
+    }
   }
-  // Parsing the new config checks the group against every quantized matrix's width.
-  ASSIGN_OR_RETURN(model::ModelConfig target, model::ParseModelConfig(config_json.dump()));
+  if (!parsed.ok() && options.group_size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no group size of 128, 64 or 32 fits this model: ", parsed.status().message()));
+  }
+  ASSIGN_OR_RETURN(model::ModelConfig target, std::move(parsed));
   ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
   RETURN_IF_ERROR(model::ValidateAgainstConfig(*checkpoint, source));
   // Stacked experts (mlp.experts.gate_up_proj) are read an expert at a time and written one
@@ -98,8 +121,7 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
     const std::vector<float> values = VectorFromTensor(view);
     const kernels::QuantizedRows q = kernels::QuantizeRows(
         values.data(), cols, rows, cols,
-        bits == 8 ? kernels::WeightFormat::kInt8 : kernels::WeightFormat::kInt4,
-        options.group_size);
+        bits == 8 ? kernels::WeightFormat::kInt8 : kernels::WeightFormat::kInt4, group_size);
     std::vector<std::byte> levels(bits == 8 ? q.q.size() : q.q.size() / 2);
     if (bits == 8) {
       std::memcpy(levels.data(), q.q.data(), q.q.size());
@@ -118,7 +140,7 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
     owned.push_back(std::move(scales));
     out.push_back({model::ScaleTensorName(spec.name),
                    model::DType::kF16,
-                   {rows, cols / options.group_size},
+                   {rows, cols / group_size},
                    owned.back().data(),
                    owned.back().size()});
   }
@@ -149,7 +171,8 @@ absl::Status QuantizeCheckpoint(const std::string& model_dir, const QuantizeOpti
   config_out.close();
   if (!config_out)
     return absl::DataLossError(absl::StrCat("writing ", out_dir, "/config.json failed"));
-  return model::WriteSafetensors(out_dir + "/model.safetensors", out, metadata);
+  RETURN_IF_ERROR(model::WriteSafetensors(out_dir + "/model.safetensors", out, metadata));
+  return group_size;
 }
 
 }  // namespace tandem::engine

@@ -67,7 +67,8 @@ void RewriteByte(const std::string& from, const std::string& to, const std::stri
 }
 
 TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
-  ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 4, .group_size = 32, .attention = false}, out_),
+  ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 4, .group_size = 32, .attention = false}, out_)
+                .status(),
             absl::OkStatus());
   auto dir = model::ModelDir::Open(out_);
   ASSERT_TRUE(dir.ok()) << dir.status();
@@ -134,8 +135,9 @@ TEST_F(QuantizeTest, WritesLevelsAndScalesBesideEachQuantizedWeight) {
 
 // The lm_head at its own bits: int8 beside int4 experts, as written, listed and loaded.
 TEST_F(QuantizeTest, TheLmHeadAtItsOwnBits) {
-  ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 4, .lm_head = true, .lm_head_bits = 8}, out_),
-            absl::OkStatus());
+  ASSERT_EQ(
+      QuantizeCheckpoint(Source(), {.bits = 4, .lm_head = true, .lm_head_bits = 8}, out_).status(),
+      absl::OkStatus());
   auto file = model::SafetensorsFile::Open(out_ + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   auto head = (*file)->Get("lm_head.weight");
@@ -149,7 +151,7 @@ TEST_F(QuantizeTest, TheLmHeadAtItsOwnBits) {
   EXPECT_EQ((*int4)->layers[2].moe.experts[5].gate.format(), WeightFormat::kInt4);
   // Without the lm_head among the modules, its bits are refused.
   const absl::Status status =
-      QuantizeCheckpoint(Source(), {.bits = 4, .lm_head_bits = 8}, out_ + ".refused");
+      QuantizeCheckpoint(Source(), {.bits = 4, .lm_head_bits = 8}, out_ + ".refused").status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("lm_head"), std::string::npos) << status;
   EXPECT_FALSE(std::filesystem::exists(out_ + ".refused"));
@@ -163,7 +165,8 @@ TEST_F(QuantizeTest, StackedExpertsAreQuantizedOneTensorEach) {
   const std::string source = testing::SourceDir() + "/tests/golden/arch/qwen3_5_moe_hybrid";
   ASSERT_EQ(
       QuantizeCheckpoint(
-          source, {.bits = 8, .group_size = 32, .attention = false, .shared_expert = false}, out_),
+          source, {.bits = 8, .group_size = 32, .attention = false, .shared_expert = false}, out_)
+          .status(),
       absl::OkStatus());
   auto original = LoadModelWeights(*testing::OpenModelDir(source), LoadFormat::kSafetensors);
   auto quantized = LoadModelWeights(*testing::OpenModelDir(out_), LoadFormat::kSafetensors);
@@ -203,7 +206,8 @@ TEST_F(QuantizeTest, StackedExpertsAreQuantizedOneTensorEach) {
 // reference's on the bf16 weights.
 TEST_F(QuantizeTest, LatentAttentionIsQuantizedButItsLatentUpProjection) {
   const std::string source = testing::SourceDir() + "/tests/golden/arch/deepseek_v3_sigmoid_groups";
-  ASSERT_EQ(QuantizeCheckpoint(source, {.bits = 8, .group_size = 32}, out_), absl::OkStatus());
+  ASSERT_EQ(QuantizeCheckpoint(source, {.bits = 8, .group_size = 32}, out_).status(),
+            absl::OkStatus());
   auto file = model::SafetensorsFile::Open(out_ + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_TRUE((*file)->Get("model.layers.1.self_attn.q_a_proj.weight_scale").ok());
@@ -294,7 +298,8 @@ TEST_F(QuantizeTest, GptOssExpertsQuantizeWithTheirBiasesBesideMxfp4) {
   std::vector<double> errors[2];
   for (const int bits : {8, 4}) {
     std::filesystem::remove_all(out_);
-    ASSERT_EQ(QuantizeCheckpoint(bf16, {.bits = bits, .group_size = 32, .attention = false}, out_),
+    ASSERT_EQ(QuantizeCheckpoint(bf16, {.bits = bits, .group_size = 32, .attention = false}, out_)
+                  .status(),
               absl::OkStatus());
     auto file = model::SafetensorsFile::Open(out_ + "/model.safetensors");
     ASSERT_TRUE(file.ok()) << file.status();
@@ -324,8 +329,9 @@ TEST_F(QuantizeTest, GptOssExpertsQuantizeWithTheirBiasesBesideMxfp4) {
 TEST_F(QuantizeTest, Gemma4ExpertsAndBothAttentionShapesQuantize) {
   const std::string source = testing::SourceDir() + "/tests/golden/arch/gemma4_text_moe";
   // The dense MLP (80 wide) is no multiple of the group: left bf16.
-  ASSERT_EQ(QuantizeCheckpoint(source, {.bits = 8, .group_size = 32, .dense_mlp = false}, out_),
-            absl::OkStatus());
+  ASSERT_EQ(
+      QuantizeCheckpoint(source, {.bits = 8, .group_size = 32, .dense_mlp = false}, out_).status(),
+      absl::OkStatus());
   auto file = model::SafetensorsFile::Open(out_ + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_TRUE((*file)->Get("model.layers.1.experts.3.down_proj.weight_scale").ok());
@@ -366,20 +372,23 @@ TEST_F(QuantizeTest, Mxfp4ExponentsPastFloat16AreRefusedAndTinyOnesFlushed) {
 
 TEST_F(QuantizeTest, RefusesWhatDoesNotFit) {
   // 128 does not divide the hidden size 192.
-  absl::Status status = QuantizeCheckpoint(Source(), {.bits = 8, .group_size = 128}, out_);
+  absl::Status status = QuantizeCheckpoint(Source(), {.bits = 8, .group_size = 128}, out_).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("group_size"), std::string::npos) << status;
-  status = QuantizeCheckpoint(Source(), {.bits = 3}, out_);
+  status = QuantizeCheckpoint(Source(), {.bits = 3}, out_).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  status = QuantizeCheckpoint(
-      Source(), {.experts = false, .attention = false, .shared_expert = false, .dense_mlp = false},
-      out_);
+  status =
+      QuantizeCheckpoint(
+          Source(),
+          {.experts = false, .attention = false, .shared_expert = false, .dense_mlp = false}, out_)
+          .status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(QuantizeCheckpoint(Source(), {}, Source()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(QuantizeCheckpoint(Source(), {}, Source()).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // A quantized checkpoint is not quantized again, nor reordered (that would move columns
   // across groups): reorder first, then quantize.
-  ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 8}, out_), absl::OkStatus());
-  status = QuantizeCheckpoint(out_, {.bits = 4}, out_ + ".again");
+  ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 8}, out_).status(), absl::OkStatus());
+  status = QuantizeCheckpoint(out_, {.bits = 4}, out_ + ".again").status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("already quantized"), std::string::npos) << status;
   status = moe::ReorderCheckpoint(*testing::OpenModelDir(out_), moe::CalibrationStats{},
@@ -390,10 +399,86 @@ TEST_F(QuantizeTest, RefusesWhatDoesNotFit) {
   EXPECT_FALSE(std::filesystem::exists(out_ + ".reordered"));
 }
 
+// A Mixtral of `hidden` x `width` (experts), heads of 16, random float32 weights: a checkpoint
+// whose widths pick the default group size.
+void WriteSmallMixtral(const std::string& dir, int hidden, int width) {
+  const nlohmann::json config = {{"architectures", {"MixtralForCausalLM"}},
+                                 {"model_type", "mixtral"},
+                                 {"hidden_size", hidden},
+                                 {"intermediate_size", width},
+                                 {"num_attention_heads", hidden / 16},
+                                 {"num_key_value_heads", 1},
+                                 {"head_dim", 16},
+                                 {"num_hidden_layers", 2},
+                                 {"num_local_experts", 4},
+                                 {"num_experts_per_tok", 2},
+                                 {"vocab_size", 256},
+                                 {"rms_norm_eps", 1e-5},
+                                 {"rope_theta", 10000.0},
+                                 {"tie_word_embeddings", false}};
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  auto parsed = model::ParseModelConfig(config.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  std::vector<model::TensorView> views;
+  std::vector<std::vector<float>> values;
+  const std::vector<model::TensorSpec> specs = model::ExpectedTensors(*parsed);
+  values.reserve(specs.size());
+  uint32_t state = 7;
+  for (const model::TensorSpec& spec : specs) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    values.emplace_back(n);
+    for (float& v : values.back()) {
+      state = state * 1664525u + 1013904223u;
+      v = static_cast<float>(state >> 8) / (1 << 24) * 0.2f - 0.1f;
+    }
+    views.push_back({spec.name, model::DType::kF32, spec.shape,
+                     reinterpret_cast<const std::byte*>(values.back().data()),
+                     values.back().size() * sizeof(float)});
+  }
+  ASSERT_EQ(model::WriteSafetensors(dir + "/model.safetensors", views, {}), absl::OkStatus());
+}
+
+// Without a group size asked for, the largest of 128, 64 and 32 that divides every quantized
+// matrix's input width; a model that none fits is refused, saying so.
+TEST_F(QuantizeTest, TheDefaultGroupIsTheLargestThatDividesEveryWidth) {
+  auto chosen = QuantizeCheckpoint(Source(), {.bits = 4}, out_ + "/tiny");  // 192 wide, experts 384
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(*chosen, 64);
+  EXPECT_EQ(testing::OpenModelDir(out_ + "/tiny")->config().quantization.group_size, 64);
+  const std::string fine = testing::SourceDir() + "/models/tiny-fg-moe";  // experts 96 wide
+  chosen = QuantizeCheckpoint(fine, {.bits = 8}, out_ + "/fg");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(*chosen, 32);
+  ASSERT_NO_FATAL_FAILURE(WriteSmallMixtral(out_ + "/wide", 128, 256));
+  chosen = QuantizeCheckpoint(out_ + "/wide", {.bits = 4}, out_ + "/wide4");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(*chosen, 128);
+  auto weights =
+      LoadModelWeights(*testing::OpenModelDir(out_ + "/wide4"), LoadFormat::kSafetensors);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ((*weights)->config.quantization.group_size, 128);
+  // Asked for, a group is kept even where a larger one would fit.
+  chosen = QuantizeCheckpoint(out_ + "/wide", {.bits = 4, .group_size = 32}, out_ + "/wide32");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(*chosen, 32);
+  ASSERT_NO_FATAL_FAILURE(WriteSmallMixtral(out_ + "/narrow", 48, 96));
+  const absl::Status refused =
+      QuantizeCheckpoint(out_ + "/narrow", {.bits = 8}, out_ + "/narrow8").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("no group size of 128, 64 or 32"), std::string::npos) << refused;
+  EXPECT_FALSE(std::filesystem::exists(out_ + "/narrow8"));
+  const absl::Status odd =
+      QuantizeCheckpoint(out_ + "/wide", {.bits = 8, .group_size = 48}, out_ + "/odd").status();
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(odd.message().find("--group_size"), std::string::npos) << odd;
+}
+
 // A quantized checkpoint whose levels break the layout is refused when loaded, naming the
 // tensor.
 TEST_F(QuantizeTest, LoadingRefusesLevelsOutsideTheirRange) {
-  ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 8}, out_), absl::OkStatus());
+  ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = 8}, out_).status(), absl::OkStatus());
   ASSERT_NO_FATAL_FAILURE(RewriteByte(out_ + "/model.safetensors", out_ + "/model.safetensors",
                                       "model.layers.0.self_attn.k_proj.weight", 5,
                                       std::byte{0x80}));
@@ -427,7 +512,8 @@ std::vector<float> PromptLogits(const ModelWeights& weights, const kernels::Back
 TEST_F(QuantizeTest, EveryLevelMatchesTheDequantizedReference) {
   for (int bits : {8, 4}) {
     const std::string dir = absl::StrCat(out_, ".", bits);
-    ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = bits}, dir), absl::OkStatus());
+    ASSERT_EQ(QuantizeCheckpoint(Source(), {.bits = bits, .group_size = 32}, dir).status(),
+              absl::OkStatus());
     auto weights = LoadModelWeights(*testing::OpenModelDir(dir), LoadFormat::kSafetensors);
     ASSERT_TRUE(weights.ok()) << weights.status();
     const std::vector<float> want = PromptLogits(**weights, kernels::cpu::FindBackend("reference"));
@@ -454,7 +540,9 @@ TEST_F(QuantizeTest, EveryLevelMatchesTheDequantizedReference) {
         EXPECT_LT(worst, testing::kLogitTolerance) << backend->name << " int" << bits;
       } else {
         // int8 activations per group of 32: a few parts in a thousand, more where routing
-        // flips at a near tie; the next token agrees almost everywhere.
+        // flips at a near tie; the next token agrees almost everywhere. (Larger groups round
+        // activations more coarsely: in groups of 64, this model's default, int4's worst row
+        // was 0.16, its perplexity at this level within 0.01 of the exact level's.)
         EXPECT_LT(worst, 0.1) << backend->name << " int" << bits;
         EXPECT_GE(agree, rows - 2) << backend->name << " int" << bits;
       }

@@ -62,8 +62,9 @@ class ExpertStreamTest : public ::testing::TestWithParam<int> {
     if (bits != 0) {
       const std::string quantized = absl::StrCat(testing::BinDir(), "/expert_stream_test.",
                                                  getpid(), ".", name, ".int", bits);
-      EXPECT_EQ(engine::QuantizeCheckpoint(dir, {.bits = bits, .group_size = 32}, quantized),
-                absl::OkStatus());
+      EXPECT_EQ(
+          engine::QuantizeCheckpoint(dir, {.bits = bits, .group_size = 32}, quantized).status(),
+          absl::OkStatus());
       dir = quantized;
       Cleanup().push_back(quantized);
     }
