@@ -1,9 +1,10 @@
 // tandem quantize on the shipped model: the layout written (I8 / U8 levels and F16 scales
 // beside each quantized weight, everything else byte for byte, config.json's
 // quantization_config, metadata kept and added), what loading it gives (QuantizeRows of the
-// original, packed), what is refused, and the engine on quantized weights against the
-// reference: every kernel level's logits against the reference level (the dequantized weights
-// times float32 activations, summed in double), and perplexity within a bound of bf16.
+// original, packed), the group chosen by default, what is refused, and the engine on quantized
+// weights against the reference: every kernel level's logits against the reference level (the
+// dequantized weights times float32 activations, summed in double), and the architectures'
+// goldens on quantized weights near their bf16 references.
 #include "common/engine/quantize.h"
 
 #include <gtest/gtest.h>
