@@ -6,7 +6,6 @@
 #include <map>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine/model_weights.h"
 #include "common/engine/overlay.h"
@@ -58,43 +57,46 @@ absl::StatusOr<int> QuantizeCheckpoint(const std::string& model_dir, const Quant
         absl::StrCat(model_dir, " is already quantized (its config.json has quantization_config)"));
   }
   ASSIGN_OR_RETURN(model::ModelConfig source, model::ParseModelConfig(config_json.dump()));
-  Json modules = Json::array();
-  if (options.experts) modules.push_back("experts");
-  if (options.attention) modules.push_back("attention");
-  if (options.shared_expert && source.HasSharedExpert()) modules.push_back("shared_expert");
-  if (options.dense_mlp && source.HasDenseLayers()) modules.push_back("dense_mlp");
-  if (options.lm_head && !source.tie_word_embeddings) modules.push_back("lm_head");
-  if (modules.empty()) {
+  // What is written: the modules chosen that the model has, in the group asked for or else the
+  // largest that divides every width they read.
+  model::QuantizationConfig q;
+  q.bits = options.bits;
+  q.experts = options.experts;
+  q.attention = options.attention;
+  q.shared_expert = options.shared_expert && source.HasSharedExpert();
+  q.dense_mlp = options.dense_mlp && source.HasDenseLayers();
+  q.lm_head = options.lm_head && !source.tie_word_embeddings;
+  if (!q.experts && !q.attention && !q.shared_expert && !q.dense_mlp && !q.lm_head) {
     return absl::InvalidArgumentError("the model has none of the modules chosen to quantize");
   }
-  // Parsing the new config checks the group against every quantized matrix's width; without a
-  // group asked for, the largest that passes.
-  absl::StatusOr<model::ModelConfig> parsed = absl::InvalidArgumentError("no group size tried");
-  int group_size = 0;
-  for (int g : options.group_size != 0 ? std::vector<int>{options.group_size}
-                                       : std::vector<int>{128, 64, 32}) {
-    group_size = g;
-    config_json["quantization_config"] = {{"quant_method", "tandem"},
-                                          {"bits", options.bits},
-                                          {"group_size", group_size},
-                                          {"symmetric", true},
-                                          {"modules", modules}};
-    if (options.lm_head_bits != 0 && options.lm_head_bits != options.bits &&
-        !source.tie_word_embeddings) {
-      config_json["quantization_config"]["lm_head_bits"] = options.lm_head_bits;
+  q.group_size = options.group_size;
+  if (q.group_size == 0) {
+    for (int g : {128, 64, 32}) {
+      q.group_size = g;
+      if (model::CheckGroupDividesWidths(source, q).ok()) break;
     }
-    parsed = model::ParseModelConfig(config_json.dump());
-    // Only a group that does not divide a width makes the next (smaller) one worth a try.
-    if (parsed.ok() ||
-        !absl::StrContains(parsed.status().message(), "quantization_config.group_size")) {
-      break;
+    if (absl::Status s = model::CheckGroupDividesWidths(source, q); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no group size of 128, 64 or 32 fits this model: ", s.message()));
     }
   }
-  if (!parsed.ok() && options.group_size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no group size of 128, 64 or 32 fits this model: ", parsed.status().message()));
+  const int group_size = q.group_size;
+  Json modules = Json::array();
+  if (q.experts) modules.push_back("experts");
+  if (q.attention) modules.push_back("attention");
+  if (q.shared_expert) modules.push_back("shared_expert");
+  if (q.dense_mlp) modules.push_back("dense_mlp");
+  if (q.lm_head) modules.push_back("lm_head");
+  config_json["quantization_config"] = {{"quant_method", "tandem"},
+                                        {"bits", q.bits},
+                                        {"group_size", group_size},
+                                        {"symmetric", true},
+                                        {"modules", modules}};
+  if (options.lm_head_bits != 0 && options.lm_head_bits != options.bits && q.lm_head) {
+    config_json["quantization_config"]["lm_head_bits"] = options.lm_head_bits;
   }
-  ASSIGN_OR_RETURN(model::ModelConfig target, std::move(parsed));
+  // Parsing the new config checks the group against every quantized matrix's width.
+  ASSIGN_OR_RETURN(model::ModelConfig target, model::ParseModelConfig(config_json.dump()));
   ASSIGN_OR_RETURN(auto checkpoint, model::SafetensorsModel::Open(model_dir));
   RETURN_IF_ERROR(model::ValidateAgainstConfig(*checkpoint, source));
   // Stacked experts (mlp.experts.gate_up_proj) are read an expert at a time and written one

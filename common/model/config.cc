@@ -117,7 +117,13 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
                       "names lm_head, which is the (unquantized) embedding when "
                       "tie_word_embeddings is true");
   }
-  // Every quantized matrix's input width must be a multiple of the group size.
+  RETURN_IF_ERROR(CheckGroupDividesWidths(c, q));
+  return q;
+}
+
+}  // namespace
+
+absl::Status CheckGroupDividesWidths(const ModelConfig& c, const QuantizationConfig& q) {
   auto divisible = [&](bool on, std::string_view what, int64_t width) -> absl::Status {
     if (!on || width <= 0 || width % q.group_size == 0) return absl::OkStatus();
     return FieldError(
@@ -138,8 +144,10 @@ absl::StatusOr<QuantizationConfig> ParseQuantization(const Json& v, const ModelC
       divisible(q.shared_expert, "shared expert width", c.shared_expert_intermediate_size));
   RETURN_IF_ERROR(divisible(q.dense_mlp && c.dense_intermediate_size > 0, "dense MLP width",
                             c.dense_intermediate_size));
-  return q;
+  return absl::OkStatus();
 }
+
+namespace {
 
 // config.json's "rope_scaling": YaRN (Hugging Face's "yarn" rope type, "type" in older
 // configs). Its attention factor scales cos and sin: ParseModelConfig takes it where RoPE turns

@@ -432,6 +432,11 @@ struct ModelConfig {
   float AttentionScale(int layer = -1) const;
 };
 
+// Every matrix `q` quantizes in a model of `c`'s shapes reads a multiple of q.group_size input
+// columns; INVALID_ARGUMENT naming quantization_config.group_size and the width otherwise.
+// ParseModelConfig checks it; tandem quantize uses it to choose a group.
+absl::Status CheckGroupDividesWidths(const ModelConfig& c, const QuantizationConfig& q);
+
 // Parses config.json text. Every problem is an INVALID_ARGUMENT naming the field. Keys that
 // Tandem does not use are ignored (Hugging Face configs carry many).
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text);

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -425,15 +426,13 @@ void WriteSmallMixtral(const std::string& dir, int hidden, int width) {
   std::vector<std::vector<float>> values;
   const std::vector<model::TensorSpec> specs = model::ExpectedTensors(*parsed);
   values.reserve(specs.size());
-  uint32_t state = 7;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-0.1f, 0.1f);
   for (const model::TensorSpec& spec : specs) {
     int64_t n = 1;
     for (int64_t d : spec.shape) n *= d;
     values.emplace_back(n);
-    for (float& v : values.back()) {
-      state = state * 1664525u + 1013904223u;
-      v = static_cast<float>(state >> 8) / (1 << 24) * 0.2f - 0.1f;
-    }
+    for (float& v : values.back()) v = uniform(rng);
     views.push_back({spec.name, model::DType::kF32, spec.shape,
                      reinterpret_cast<const std::byte*>(values.back().data()),
                      values.back().size() * sizeof(float)});
